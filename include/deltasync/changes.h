@@ -1,0 +1,65 @@
+// Change detection: which elements of the published state the trainer's
+// current weights change, and their new values.
+//
+// A bf16 weight changes only when its fp32 master crosses a bf16 rounding
+// boundary, so between optimizer steps most elements are bit-identical.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "deltasync/status.h"
+#include "deltasync/tensor.h"
+#include "deltasync/weight_state.h"
+
+namespace deltasync {
+
+// The changed elements of one tensor. indices are flat (row-major) element
+// positions, strictly ascending, 64-bit (tensors may exceed 2^31 elements).
+// values holds indices.size() elements of `dtype`, little-endian, back to back.
+struct TensorChanges {
+  std::string name;
+  DType dtype = DType::kBF16;
+  std::vector<uint64_t> indices;
+  std::vector<uint8_t> values;
+
+  size_t count() const { return indices.size(); }
+};
+
+// Rounds fp32 to bf16 with round-to-nearest-even, as PyTorch's CPU cast does
+// (NaN stays NaN, quieted: 0x7FC0 with the sign kept).
+uint16_t Fp32ToBf16(uint32_t fp32_bits);
+
+// Converts `n` fp32 values to bf16 (the same rounding), vectorised.
+void ConvertFp32ToBf16(const float* src, uint16_t* dst, size_t n);
+
+struct DetectOptions {
+  // Refuse NaN/Inf in bf16/fp32/fp16 weights unless true (then their bit
+  // patterns pass through like any other value).
+  bool allow_nonfinite = false;
+  // Worker threads; 0 = std::thread::hardware_concurrency().
+  int threads = 0;
+};
+
+// Compares `current` against `published`, tensor by tensor (matched by name).
+//   - published BF16, current BF16: compared as 16-bit patterns.
+//   - published BF16, current F32: current is rounded to bf16 first.
+//   - any other dtype: current must have the published dtype; elements are
+//     compared bitwise and changed ones carried with their own dtype.
+// Returns one TensorChanges per tensor with at least one change, in the order
+// of published.tensors(); values have the published dtype.
+// Errors (state untouched; nothing returned): a tensor missing on either side,
+// a shape or dtype mismatch, NaN/Inf in current (naming tensor and element)
+// unless allowed — each kInvalidArgument naming the tensor.
+Result<std::vector<TensorChanges>> DetectChanges(const WeightState& published,
+                                                 std::span<const TensorView> current,
+                                                 const DetectOptions& options = {});
+
+// Converts trainer tensors to the published form: bf16 stays, f32 is rounded
+// to bf16, other dtypes are copied. Checks NaN/Inf as DetectChanges does.
+// Used for the first version, when there is nothing to compare against.
+Result<WeightState> ToPublishedState(std::span<const TensorView> current,
+                                     const DetectOptions& options = {});
+
+}  // namespace deltasync

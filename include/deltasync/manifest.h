@@ -1,0 +1,70 @@
+// The manifest: `manifest.json` at the bucket root, written last on every
+// publish. It is the bucket's table of contents and the replicas' root of
+// trust: every object a replica downloads is checked against the size and
+// XXH3-128 listed here, and every state it reaches against the state hash.
+// Byte-level specification: docs/format.md, "Manifest".
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "deltasync/patch.h"
+#include "deltasync/state_hash.h"
+#include "deltasync/status.h"
+#include "deltasync/tensor.h"
+
+namespace deltasync {
+
+inline constexpr std::string_view kManifestKey = "manifest.json";
+
+// "anchors/step_000010.safetensors", "deltas/step_000011.safetensors".
+std::string AnchorKey(uint64_t version);
+std::string DeltaKey(uint64_t version);
+
+// XXH3-128 of `parts` concatenated, as 32 lower-case hex digits (high 64 bits
+// first, each big-endian: XXH3's canonical form).
+std::string Xxh3Hex(std::span<const ByteSpan> parts);
+inline std::string Xxh3Hex(ByteSpan bytes) { return Xxh3Hex(std::span<const ByteSpan>(&bytes, 1)); }
+
+struct ObjectEntry {
+  PatchKind kind = PatchKind::kDelta;
+  std::string key;
+  IndexEncoding encoding = IndexEncoding::kGapDelta;
+  uint64_t size = 0;
+  std::string xxh3_128;                 // 32 hex digits
+  std::optional<uint64_t> base_version;  // deltas only
+};
+
+struct VersionEntry {
+  uint64_t version = 0;
+  StateHash state_hash;        // of the complete state after this version
+  uint64_t total_elements = 0;
+  uint64_t changed_elements = 0;  // relative to the previous version
+  uint64_t created_unix_ms = 0;
+  std::vector<ObjectEntry> objects;  // an anchor, a delta, or both
+
+  const ObjectEntry* anchor() const;
+  const ObjectEntry* delta() const;
+};
+
+struct Manifest {
+  uint64_t anchor_interval = 10;
+  std::vector<VersionEntry> versions;  // strictly ascending by version
+
+  // nullptr when absent.
+  const VersionEntry* Find(uint64_t version) const;
+  // nullptr when empty.
+  const VersionEntry* Latest() const;
+
+  // Deterministic JSON (docs/format.md), ending in '\n'.
+  std::string ToJson() const;
+  // Parses and validates (format tag, versions ascending, keys valid, hashes
+  // 32 hex digits, a delta's base below its version, the first version an
+  // anchor). kCorruption naming `label` and the rule.
+  static Result<Manifest> Parse(ByteSpan json, std::string_view label = kManifestKey);
+};
+
+}  // namespace deltasync

@@ -1,0 +1,91 @@
+// Patches: anchors (full snapshots) and deltas (changed elements) in the TRL
+// sparse_weight_patch format (docs/format.md, "Patch objects";
+// ../shared/reference/trl-wire-format.md).
+//
+//   anchor: one full tensor per parameter under its own name, sparse="False".
+//   delta:  per changed parameter `{name}.idx` (encoded flat indices) and
+//           `{name}.val` (absolute new values, 1-D), sparse="True".
+// Index encodings: raw (I32 absolute positions; I64 when a position exceeds
+// 2^31-1, a deltasync extension) and gap_delta (g = idx[k]-idx[k-1]-1 with
+// idx[-1] = -1, U16 when every gap of the tensor fits, else U32; U64 beyond
+// that, a deltasync extension). The reader also accepts the older layout
+// `{name}.indices` / `{name}.values` and refuses nvcomp_cascaded (kUnsupported).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "deltasync/changes.h"
+#include "deltasync/safetensors.h"
+#include "deltasync/status.h"
+#include "deltasync/tensor.h"
+#include "deltasync/weight_state.h"
+
+namespace deltasync {
+
+enum class PatchKind { kAnchor, kDelta };
+enum class IndexEncoding { kRaw, kGapDelta };
+
+std::string_view EncodingName(IndexEncoding encoding);  // "raw", "gap_delta"
+// kInvalidArgument for unknown names, kUnsupported for "nvcomp_cascaded".
+Result<IndexEncoding> ParseEncoding(std::string_view name);
+
+// What a patch's __metadata__ says (TRL keys plus deltasync's own, which all
+// start with "deltasync_" and which TRL ignores).
+struct PatchInfo {
+  PatchKind kind = PatchKind::kDelta;
+  uint64_t model_version = 0;
+  IndexEncoding encoding = IndexEncoding::kGapDelta;
+  // deltasync_base_version: the version a delta applies to. Absent in files
+  // written by TRL, where a delta is relative to model_version - 1.
+  std::optional<uint64_t> base_version;
+  uint64_t total_elements = 0;
+  uint64_t total_changed_elements = 0;
+  uint64_t num_changed_params = 0;
+};
+
+// An encoded patch as a scatter-gather list for Store::Put: `parts` point
+// into `owned` and into the caller's tensors (anchors are not copied), so the
+// caller's tensors must outlive it.
+struct EncodedPatch {
+  std::vector<std::vector<uint8_t>> owned;
+  std::vector<ByteSpan> parts;
+  uint64_t size = 0;
+};
+
+// An anchor of `tensors` (written in name order) for `model_version`.
+Result<EncodedPatch> EncodeAnchor(uint64_t model_version, std::span<const TensorView> tensors);
+
+// A delta for `info.model_version` holding `changes` (written in name order).
+// info.total_elements must be the element count of the whole state; the
+// changed counts are computed here. Deterministic.
+Result<EncodedPatch> EncodeDelta(const PatchInfo& info, std::span<const TensorChanges> changes);
+
+// A decoded, validated patch. Anchors: `dense` views into `file`. Deltas:
+// `changes` sorted by name, indices strictly ascending.
+struct DecodedPatch {
+  PatchInfo info;
+  std::vector<TensorView> dense;
+  std::vector<TensorChanges> changes;
+  SafetensorsFile file;  // keeps the bytes behind `dense` alive
+};
+
+// Decodes a parsed safetensors file as a patch. Checks metadata (format,
+// version, sparse, model_version, encoding), pairing of idx/val tensors,
+// index dtypes, 1-D shapes, equal lengths, strictly ascending indices without
+// overflow. kCorruption naming file, tensor and rule; kUnsupported for
+// nvcomp_cascaded.
+Result<DecodedPatch> DecodePatch(SafetensorsFile file);
+
+// Checks that `changes` can be applied to `state`: every tensor exists with
+// the same dtype and every index is below its element count. kCorruption
+// naming tensor and index otherwise. Does not modify anything.
+Status ValidateChanges(const WeightState& state, std::span<const TensorChanges> changes);
+
+// Scatters the values into `state`. REQUIRES: ValidateChanges(state, changes) is OK.
+void ApplyChanges(WeightState& state, std::span<const TensorChanges> changes, int threads = 0);
+
+}  // namespace deltasync

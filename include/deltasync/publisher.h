@@ -1,0 +1,80 @@
+// Publisher: the trainer's side. Turns successive full weight states into an
+// anchor every `anchor_interval` versions and deltas between, writes them to
+// the bucket, and commits each version by rewriting the manifest last.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "deltasync/changes.h"
+#include "deltasync/manifest.h"
+#include "deltasync/patch.h"
+#include "deltasync/state_hash.h"
+#include "deltasync/status.h"
+#include "deltasync/store.h"
+#include "deltasync/weight_state.h"
+
+namespace deltasync {
+
+struct PublisherOptions {
+  // An anchor at the first version and then whenever at least this many
+  // versions have passed since the last anchor (version - last_anchor >= N).
+  uint64_t anchor_interval = 10;
+  IndexEncoding encoding = IndexEncoding::kGapDelta;
+  bool allow_nonfinite = false;
+  int threads = 0;  // 0 = hardware concurrency
+};
+
+struct PublishStats {
+  uint64_t version = 0;
+  bool wrote_anchor = false;
+  bool wrote_delta = false;
+  uint64_t total_elements = 0;
+  uint64_t changed_elements = 0;
+  uint64_t delta_bytes = 0;   // size of the delta object (0 when none)
+  uint64_t anchor_bytes = 0;  // size of the anchor object (0 when none)
+  uint64_t full_bytes = 0;    // bytes of the bf16 state
+  double detect_encode_ms = 0;
+  double upload_ms = 0;       // objects + manifest
+  StateHash state_hash;
+};
+
+class Publisher {
+ public:
+  // Opens the bucket. When it already holds versions, the publisher first
+  // rebuilds the newest published state from it (verified like a replica
+  // does), so a new process continues where the last one stopped.
+  static Result<std::unique_ptr<Publisher>> Open(std::shared_ptr<Store> store,
+                                                 PublisherOptions options = {});
+
+  // Publishes `tensors` as `version` and returns once the manifest lists it.
+  // tensors: bf16 or fp32 (rounded to bf16, round-to-nearest-even), other
+  // dtypes carried as they are. After the first version the tensor set,
+  // shapes and dtypes must not change.
+  // Errors: version <= latest published (kInvalidArgument), NaN/Inf,
+  // mismatched tensors, store failures. On error nothing is committed and the
+  // publisher's state is unchanged (objects already uploaded are overwritten
+  // by the next attempt).
+  Result<PublishStats> Publish(uint64_t version, std::span<const TensorView> tensors);
+
+  // The newest committed version, 0 when none.
+  uint64_t latest_version() const;
+  // The published bf16 state at latest_version().
+  const WeightState& state() const { return state_; }
+  const Manifest& manifest() const { return manifest_; }
+
+ private:
+  Publisher(std::shared_ptr<Store> store, PublisherOptions options)
+      : store_(std::move(store)), options_(options) {}
+  Status CommitManifest(Manifest next);
+
+  std::shared_ptr<Store> store_;
+  PublisherOptions options_;
+  Manifest manifest_;
+  WeightState state_;
+  StateHash state_hash_;
+  uint64_t last_anchor_ = 0;
+};
+
+}  // namespace deltasync

@@ -1,0 +1,78 @@
+// Replica: the inference side. Follows a bucket: loads the nearest anchor,
+// replays deltas, and verifies every object (size, XXH3-128) and every state
+// (state hash) against the manifest.
+//
+// Bit-exact or loud: an update either reaches the target version with a
+// verified state or returns an error naming the version and the reason, and
+// the replica stays on its last good version. A delta is decoded and checked
+// completely (and its effect on the state hash computed) before any byte of
+// the state changes, so no undo copy of the model is needed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "deltasync/manifest.h"
+#include "deltasync/state_hash.h"
+#include "deltasync/status.h"
+#include "deltasync/store.h"
+#include "deltasync/weight_state.h"
+
+namespace deltasync {
+
+struct ReplicaOptions {
+  int threads = 0;  // 0 = hardware concurrency
+};
+
+struct UpdateStats {
+  uint64_t from_version = 0;
+  uint64_t to_version = 0;
+  uint64_t anchors_applied = 0;
+  uint64_t deltas_applied = 0;
+  uint64_t bytes_downloaded = 0;
+  double download_ms = 0;
+  double apply_ms = 0;  // decode + verify + scatter
+};
+
+class Replica {
+ public:
+  // Does not download anything yet; call Update().
+  static std::unique_ptr<Replica> Create(std::shared_ptr<Store> store, ReplicaOptions options = {});
+
+  // Moves to `target` (default: the newest version in the manifest). From no
+  // state, or when `target` is not reachable by deltas from the current
+  // version, starts from the nearest anchor at or below `target`.
+  // Errors: target missing from the manifest or older than the held version
+  // (kInvalidArgument/kNotFound), a missing object (kNotFound), bad bytes
+  // (kCorruption), hash mismatch (kIntegrity). On error, the replica holds
+  // the last version it fully verified (possibly one between the start and
+  // `target`) and nothing else.
+  Result<UpdateStats> Update(std::optional<uint64_t> target = std::nullopt);
+
+  // 0 when nothing is loaded yet.
+  uint64_t version() const { return version_; }
+  const WeightState& state() const { return state_; }
+  // Maintained incrementally; verified against the manifest at every version.
+  const StateHash& state_hash() const { return state_hash_; }
+  // The manifest as last read.
+  const Manifest& manifest() const { return manifest_; }
+  // Re-reads the manifest without moving.
+  Status Refresh();
+
+ private:
+  Replica(std::shared_ptr<Store> store, ReplicaOptions options)
+      : store_(std::move(store)), options_(options) {}
+  Result<Blob> FetchVerified(const ObjectEntry& object, UpdateStats& stats);
+  Status LoadAnchor(const VersionEntry& entry, UpdateStats& stats);
+  Status ApplyDelta(const VersionEntry& entry, UpdateStats& stats);
+
+  std::shared_ptr<Store> store_;
+  ReplicaOptions options_;
+  Manifest manifest_;
+  WeightState state_;
+  StateHash state_hash_;
+  uint64_t version_ = 0;
+};
+
+}  // namespace deltasync

@@ -1,0 +1,89 @@
+// Store: the bucket. Every byte deltasync moves between trainer and replicas
+// goes through this interface (a local directory, or S3).
+//
+// Keys are '/'-separated relative paths: non-empty, no leading '/', no empty,
+// "." or ".." segments, no NUL or backslash, at most 1024 bytes. Every Store
+// refuses other keys with kInvalidArgument (see ValidateKey).
+//
+// Thread safety: a Store may be used from several threads at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "deltasync/blob.h"
+#include "deltasync/status.h"
+#include "deltasync/tensor.h"
+
+namespace deltasync {
+
+// OK when `key` follows the rules above.
+Status ValidateKey(std::string_view key);
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // Writes the object `key` as the concatenation of `parts` (a scatter-gather
+  // list, so a safetensors header and tensor bytes need not be copied into one
+  // buffer). Atomic: readers see the old object or the whole new one, never a
+  // prefix. Replaces an existing object.
+  virtual Status Put(std::string_view key, std::span<const ByteSpan> parts) = 0;
+  Status Put(std::string_view key, ByteSpan bytes) { return Put(key, std::span<const ByteSpan>(&bytes, 1)); }
+
+  // The whole object. kNotFound when it does not exist.
+  virtual Result<Blob> Get(std::string_view key) = 0;
+
+  // Bytes [offset, offset+length) of the object. kNotFound when the object
+  // does not exist; kInvalidArgument when the range exceeds the object.
+  virtual Result<Blob> GetRange(std::string_view key, uint64_t offset, uint64_t length) = 0;
+
+  // Size in bytes; kNotFound when the object does not exist.
+  virtual Result<uint64_t> Size(std::string_view key) = 0;
+
+  // Keys that start with `prefix`, sorted ascending. Temporary files of
+  // in-flight writes are never listed.
+  virtual Result<std::vector<std::string>> List(std::string_view prefix) = 0;
+
+  // Removes the object. Deleting a missing object is OK.
+  virtual Status Delete(std::string_view key) = 0;
+
+  // Where this store points, for messages: "file:///abs/dir" or "s3://bucket/prefix".
+  virtual std::string Describe() const = 0;
+};
+
+// A Store over a local directory. Put writes a temporary file in the same
+// directory, fsyncs it, renames it over the key and fsyncs the directory.
+// Keys cannot escape the root: a path component that is a symlink is refused.
+class LocalStore : public Store {
+ public:
+  // Opens (and with create=true creates) the directory `root`.
+  static Result<std::unique_ptr<LocalStore>> Open(const std::string& root, bool create = true);
+
+  Status Put(std::string_view key, std::span<const ByteSpan> parts) override;
+  using Store::Put;
+  Result<Blob> Get(std::string_view key) override;
+  Result<Blob> GetRange(std::string_view key, uint64_t offset, uint64_t length) override;
+  Result<uint64_t> Size(std::string_view key) override;
+  Result<std::vector<std::string>> List(std::string_view prefix) override;
+  Status Delete(std::string_view key) override;
+  std::string Describe() const override;
+
+  const std::string& root() const { return root_; }
+
+ private:
+  explicit LocalStore(std::string root) : root_(std::move(root)) {}
+  Result<std::string> PathFor(std::string_view key, bool create_parents) const;
+  std::string root_;  // absolute, no trailing '/'
+};
+
+// Opens a bucket URL: a directory path, "file:///abs/dir", or (when built
+// with S3 support) "s3://bucket/prefix". `create` creates a missing local
+// directory.
+Result<std::shared_ptr<Store>> OpenStore(std::string_view url, bool create = true);
+
+}  // namespace deltasync

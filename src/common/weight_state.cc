@@ -1,0 +1,59 @@
+#include "deltasync/weight_state.h"
+
+#include <algorithm>
+
+namespace deltasync {
+
+Result<WeightState> WeightState::FromViews(std::span<const TensorView> tensors) {
+  WeightState state;
+  state.tensors_.reserve(tensors.size());
+  for (const TensorView& t : tensors) {
+    auto count = CheckedElementCount(t.shape);
+    if (!count || *count > UINT64_MAX / DTypeSize(t.dtype) ||
+        *count * DTypeSize(t.dtype) != t.data.size()) {
+      return Status::InvalidArgument("tensor '" + t.name + "': " + std::to_string(t.data.size()) +
+                                     " bytes do not match shape " + ShapeToString(t.shape) + " x " +
+                                     std::string(DTypeName(t.dtype)));
+    }
+    state.tensors_.push_back(Tensor{t.name, t.dtype, t.shape, {t.data.begin(), t.data.end()}});
+  }
+  std::sort(state.tensors_.begin(), state.tensors_.end(),
+            [](const Tensor& a, const Tensor& b) { return a.name < b.name; });
+  for (size_t i = 0; i < state.tensors_.size(); ++i) {
+    if (!state.index_.emplace(state.tensors_[i].name, i).second) {
+      return Status::InvalidArgument("tensor '" + state.tensors_[i].name + "' appears twice");
+    }
+  }
+  return state;
+}
+
+std::vector<TensorView> WeightState::views() const {
+  std::vector<TensorView> out;
+  out.reserve(tensors_.size());
+  for (const Tensor& t : tensors_) out.push_back(t.view());
+  return out;
+}
+
+const WeightState::Tensor* WeightState::Find(std::string_view name) const {
+  auto it = index_.find(std::string(name));
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+WeightState::Tensor* WeightState::FindMutable(std::string_view name) {
+  auto it = index_.find(std::string(name));
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+uint64_t WeightState::total_elements() const {
+  uint64_t n = 0;
+  for (const Tensor& t : tensors_) n += t.num_elements();
+  return n;
+}
+
+uint64_t WeightState::total_bytes() const {
+  uint64_t n = 0;
+  for (const Tensor& t : tensors_) n += t.data.size();
+  return n;
+}
+
+}  // namespace deltasync

@@ -1,0 +1,1 @@
+// Keeps ds_testing non-empty.
