@@ -1,0 +1,231 @@
+// safetensors writer: deterministic headers and crash-safe file replacement.
+//
+// The header is built as text rather than through a json object so that the
+// key order is exactly "__metadata__" then the caller's tensor order, and so
+// the same input always gives the same bytes (hashes of published files must
+// reproduce).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "deltasync/safetensors.h"
+
+namespace deltasync {
+namespace {
+
+// A JSON string literal for `s`, or nullopt when `s` is not valid UTF-8.
+// nlohmann's strict serializer refuses overlong forms, surrogates and code
+// points above U+10FFFF, the same set the reader refuses, so whatever is
+// written can be read back.
+std::optional<std::string> JsonString(const std::string& s) {
+  try {
+    return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::string Quote(std::string_view s) {
+  constexpr size_t kMax = 128;
+  if (s.size() <= kMax) return "'" + std::string(s) + "'";
+  return "'" + std::string(s.substr(0, kMax)) + "...'";
+}
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+// Sets `out` to the header JSON (unpadded) for `tensors`, after checking
+// every input rule.
+Status BuildHeaderJson(const Metadata& metadata, std::span<const TensorView> tensors,
+                       std::string* out) {
+  std::string& j = *out;
+  j = "{";
+  if (!metadata.empty()) {
+    j += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [key, value] : metadata) {
+      std::optional<std::string> k = JsonString(key), v = JsonString(value);
+      if (!k) return Status::InvalidArgument("metadata key " + Quote(key) + " is not valid UTF-8");
+      if (!v) {
+        return Status::InvalidArgument("metadata value for key " + Quote(key) +
+                                       " is not valid UTF-8");
+      }
+      if (!first) j += ',';
+      first = false;
+      j += *k + ':' + *v;
+    }
+    j += '}';
+  }
+
+  std::unordered_set<std::string_view> seen;
+  uint64_t offset = 0;
+  for (const TensorView& t : tensors) {
+    if (t.name.empty()) return Status::InvalidArgument("tensor with an empty name");
+    if (t.name == "__metadata__") {
+      return Status::InvalidArgument("tensor name '__metadata__' is reserved for the metadata");
+    }
+    if (!seen.insert(t.name).second) {
+      return Status::InvalidArgument("duplicate tensor name " + Quote(t.name));
+    }
+    std::optional<std::string> name = JsonString(t.name);
+    if (!name) return Status::InvalidArgument("tensor name " + Quote(t.name) + " is not valid UTF-8");
+
+    const std::string prefix = "tensor " + Quote(t.name);
+    const std::string shape_text = ShapeToString(t.shape);
+    std::optional<uint64_t> count = CheckedElementCount(t.shape);
+    uint64_t need;
+    if (!count || __builtin_mul_overflow(*count, DTypeSize(t.dtype), &need)) {
+      return Status::InvalidArgument(prefix + ": shape " + shape_text + " byte size overflows 64 bits");
+    }
+    if (t.data.size() != need) {
+      return Status::InvalidArgument(prefix + ": data is " + std::to_string(t.data.size()) +
+                                     " bytes but shape " + shape_text + " x " +
+                                     std::string(DTypeName(t.dtype)) + " needs " +
+                                     std::to_string(need));
+    }
+    uint64_t end;
+    if (__builtin_add_overflow(offset, need, &end)) {
+      return Status::InvalidArgument(prefix + ": data section would exceed 2^64 bytes");
+    }
+
+    if (j.size() > 1) j += ',';
+    j += *name;
+    j += ":{\"dtype\":\"";
+    j += DTypeName(t.dtype);
+    j += "\",\"shape\":[";
+    for (size_t i = 0; i < t.shape.size(); ++i) {
+      if (i) j += ',';
+      j += std::to_string(t.shape[i]);
+    }
+    j += "],\"data_offsets\":[" + std::to_string(offset) + ',' + std::to_string(end) + "]}";
+    offset = end;
+  }
+  j += '}';
+  return Status::OK();
+}
+
+// Owns a temp file until Commit(); otherwise closes and removes it, so a
+// failed write leaves nothing behind.
+class TempFile {
+ public:
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+
+  Status Create(const std::string& target) {
+    // pid + counter keeps concurrent writers (threads or processes) apart;
+    // O_EXCL makes any remaining clash an error instead of a shared file.
+    static std::atomic<uint64_t> counter{0};
+    std::string path = target + ".tmp." + std::to_string(::getpid()) + "." +
+                       std::to_string(counter.fetch_add(1));
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd_ < 0) return Status::IOError(target + ": cannot create temp file " + path + ": " + ErrnoText(errno));
+    path_ = std::move(path);
+    return Status::OK();
+  }
+
+  Status Write(ByteSpan bytes, const std::string& target) {
+    while (!bytes.empty()) {
+      // Linux writes at most ~2 GiB per call; loop over short writes.
+      size_t chunk = std::min<size_t>(bytes.size(), size_t{1} << 30);
+      ssize_t n = ::write(fd_, bytes.data(), chunk);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return Status::IOError(target + ": write to " + path_ + " failed: " + ErrnoText(errno));
+      }
+      if (n == 0) return Status::IOError(target + ": write to " + path_ + " made no progress");
+      bytes = bytes.subspan(static_cast<size_t>(n));
+    }
+    return Status::OK();
+  }
+
+  // fsync, close and rename over `target`. After this the temp file is gone
+  // either way.
+  Status Commit(const std::string& target) {
+    if (::fsync(fd_) != 0) return Status::IOError(target + ": fsync of " + path_ + " failed: " + ErrnoText(errno));
+    int fd = fd_;
+    fd_ = -1;
+    // close() can report a deferred write error (e.g. on NFS).
+    if (::close(fd) != 0) return Status::IOError(target + ": close of " + path_ + " failed: " + ErrnoText(errno));
+    if (::rename(path_.c_str(), target.c_str()) != 0) {
+      return Status::IOError(target + ": rename from " + path_ + " failed: " + ErrnoText(errno));
+    }
+    path_.clear();
+    return Status::OK();
+  }
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
+// The rename is only durable once the directory entry is on disk.
+Status SyncParentDir(const std::string& target) {
+  size_t slash = target.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : target.substr(0, slash);
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::IOError(target + ": written, but cannot open directory " + dir + ": " + ErrnoText(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) return Status::IOError(target + ": written, but fsync of directory " + dir + " failed: " + ErrnoText(err));
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> EncodeSafetensorsHeader(const Metadata& metadata,
+                                                     std::span<const TensorView> tensors) {
+  std::string text;
+  DS_RETURN_IF_ERROR(BuildHeaderJson(metadata, tensors, &text));
+  // Pad with spaces (valid JSON whitespace) so the data section starts at a
+  // multiple of 8 bytes, as the official writer does; readers can then view
+  // 8-byte elements in place when the buffer itself is aligned.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  if (text.size() > kMaxSafetensorsHeaderBytes) {
+    return Status::InvalidArgument("header would be " + std::to_string(text.size()) +
+                                   " bytes, above the " +
+                                   std::to_string(kMaxSafetensorsHeaderBytes) + "-byte limit");
+  }
+  std::vector<uint8_t> out(8 + text.size());
+  uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(n >> (8 * i));  // little-endian
+  std::memcpy(out.data() + 8, text.data(), text.size());
+  return out;
+}
+
+Result<std::vector<uint8_t>> SerializeSafetensors(const Metadata& metadata,
+                                                  std::span<const TensorView> tensors) {
+  DS_ASSIGN_OR_RETURN(std::vector<uint8_t> out, EncodeSafetensorsHeader(metadata, tensors));
+  size_t total = out.size();
+  for (const TensorView& t : tensors) total += t.data.size();
+  out.reserve(total);
+  for (const TensorView& t : tensors) out.insert(out.end(), t.data.begin(), t.data.end());
+  return out;
+}
+
+Status WriteSafetensorsFile(const std::string& path, const Metadata& metadata,
+                            std::span<const TensorView> tensors) {
+  // Validate before touching the file system: bad input creates nothing.
+  Result<std::vector<uint8_t>> header = EncodeSafetensorsHeader(metadata, tensors);
+  if (!header.ok()) return header.status().WithContext(path);
+
+  TempFile tmp;
+  DS_RETURN_IF_ERROR(tmp.Create(path));
+  DS_RETURN_IF_ERROR(tmp.Write(*header, path));
+  for (const TensorView& t : tensors) DS_RETURN_IF_ERROR(tmp.Write(t.data, path));
+  DS_RETURN_IF_ERROR(tmp.Commit(path));
+  return SyncParentDir(path);
+}
+
+}  // namespace deltasync
