@@ -54,6 +54,20 @@ class Store {
 
   // Where this store points, for messages: "file:///abs/dir" or "s3://bucket/prefix".
   virtual std::string Describe() const = 0;
+
+  // Compare-and-swap, for the manifest: two publishers on one bucket must not
+  // silently overwrite each other's history.
+  struct Versioned {
+    Blob blob;
+    std::string token;  // opaque; changes whenever the object is replaced (an ETag on S3)
+  };
+  // The object with its current token. kNotFound when it does not exist.
+  virtual Result<Versioned> GetVersioned(std::string_view key) = 0;
+  // Writes `key` only if it still has `expected_token` (from GetVersioned),
+  // or, when expected_token is nullopt, only if it does not exist yet.
+  // kConflict when another writer got there first. Returns the new token.
+  virtual Result<std::string> PutIfUnchanged(std::string_view key, std::span<const ByteSpan> parts,
+                                             const std::optional<std::string>& expected_token) = 0;
 };
 
 // A Store over a local directory. Put writes a temporary file in the same
@@ -72,6 +86,9 @@ class LocalStore : public Store {
   Result<std::vector<std::string>> List(std::string_view prefix) override;
   Status Delete(std::string_view key) override;
   std::string Describe() const override;
+  Result<Versioned> GetVersioned(std::string_view key) override;
+  Result<std::string> PutIfUnchanged(std::string_view key, std::span<const ByteSpan> parts,
+                                     const std::optional<std::string>& expected_token) override;
 
   const std::string& root() const { return root_; }
 

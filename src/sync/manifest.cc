@@ -1,0 +1,440 @@
+// The manifest (manifest.h): object keys, XXH3-128 digests, and the JSON
+// form specified in docs/format.md, "Manifest".
+//
+// Parse is the replicas' gate: everything a replica later relies on without
+// checking again (a delta's base is listed, the first version has an anchor,
+// keys are safe, hashes are well-formed) is checked here, one rule at a time,
+// each failure naming the field. nlohmann_json throws; every call into it
+// stays inside a try block.
+#include "deltasync/manifest.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "deltasync/store.h"
+
+namespace deltasync {
+namespace {
+
+using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
+
+constexpr std::string_view kFormatTag = "deltasync-manifest";
+constexpr uint64_t kFormatVersion = 1;
+// A manifest lists a few hundred versions; far beyond that is not a manifest
+// (and parsing it would cost ~10x its size in memory).
+constexpr size_t kMaxManifestBytes = size_t{64} << 20;
+// The schema nests 5 levels; room for extensions, none for abuse.
+constexpr size_t kMaxNesting = 32;
+
+std::string StepKey(const char* dir, uint64_t version) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s/step_%06" PRIu64 ".safetensors", dir, version);
+  return buf;
+}
+
+bool IsLowerHex32(const std::string& s) {
+  if (s.size() != 32) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// A JSON value for a message, cut short: the offending value may be huge.
+// Containers are named, not printed (dump() recurses).
+std::string Snippet(const Json& j) {
+  if (j.is_structured()) return std::string("an ") + j.type_name();
+  std::string s = j.dump();
+  return s.size() <= 60 ? s : s.substr(0, 57) + "...";
+}
+
+// The deepest nesting of arrays and objects in `json`, scanning no further
+// than one level beyond `limit`. Run before parsing: nlohmann builds (and
+// its serializer walks) nested values recursively and ~50 bytes per level,
+// so "[[[[..." must be refused before it becomes a tree.
+size_t NestingDepth(ByteSpan json, size_t limit) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (uint8_t c : json) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) break;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+std::string_view KindName(PatchKind kind) { return kind == PatchKind::kAnchor ? "anchor" : "delta"; }
+
+// One version as a compact JSON object, fields in the documented order.
+OrderedJson VersionToJson(const VersionEntry& v) {
+  OrderedJson out;
+  out["version"] = v.version;
+  out["state_hash"] = v.state_hash.Hex();
+  out["total_elements"] = v.total_elements;
+  out["changed_elements"] = v.changed_elements;
+  out["created_unix_ms"] = v.created_unix_ms;
+  OrderedJson objects = OrderedJson::array();
+  for (const ObjectEntry& o : v.objects) {
+    OrderedJson obj;
+    obj["kind"] = KindName(o.kind);
+    obj["key"] = o.key;
+    obj["encoding"] = EncodingName(o.encoding);
+    obj["size"] = o.size;
+    obj["xxh3_128"] = o.xxh3_128;
+    if (o.base_version) obj["base_version"] = *o.base_version;
+    objects.push_back(std::move(obj));
+  }
+  out["objects"] = std::move(objects);
+  return out;
+}
+
+// Reads fields of one JSON object, turning every problem into kCorruption
+// "<label>: <where>: <what>".
+class FieldReader {
+ public:
+  FieldReader(std::string_view label, std::string where) : label_(label), where_(std::move(where)) {}
+
+  void set_where(std::string where) { where_ = std::move(where); }
+  const std::string& where() const { return where_; }
+
+  Status Fail(const std::string& what, ErrorCode code = ErrorCode::kCorruption) const {
+    std::string msg(label_);
+    if (!where_.empty()) msg += ": " + where_;
+    return Status(code, msg + ": " + what);
+  }
+
+  Result<const Json*> Field(const Json& obj, const char* name) const {
+    auto it = obj.find(name);
+    if (it == obj.end()) return Fail(std::string("missing field '") + name + "'");
+    return &*it;
+  }
+
+  Result<uint64_t> Unsigned(const Json& obj, const char* name) const {
+    DS_ASSIGN_OR_RETURN(const Json* v, Field(obj, name));
+    // Negative numbers parse as number_integer, fractions and values beyond
+    // 2^64-1 as number_float; none of them is a count.
+    if (!v->is_number_unsigned()) {
+      return Fail(std::string("'") + name + "' must be an integer from 0 to 2^64-1, got " + Snippet(*v));
+    }
+    return v->get<uint64_t>();
+  }
+
+  Result<std::string> String(const Json& obj, const char* name) const {
+    DS_ASSIGN_OR_RETURN(const Json* v, Field(obj, name));
+    if (!v->is_string()) return Fail(std::string("'") + name + "' must be a string, got " + Snippet(*v));
+    return v->get<std::string>();
+  }
+
+  Result<std::string> Hex32(const Json& obj, const char* name) const {
+    DS_ASSIGN_OR_RETURN(std::string s, String(obj, name));
+    if (!IsLowerHex32(s)) {
+      return Fail(std::string("'") + name + "' must be 32 lower-case hex digits, got \"" + s + "\"");
+    }
+    return s;
+  }
+
+ private:
+  std::string_view label_;
+  std::string where_;
+};
+
+// Duplicate names in one JSON object would let two readers of the same
+// manifest disagree (nlohmann keeps one silently); they are refused.
+// The parser callback sees every object start/end and key; this tracks them.
+struct DuplicateKeyFinder {
+  std::vector<std::set<std::string>> open;  // one per open object or array
+  std::string duplicate;                    // the first duplicate name, if any
+
+  bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+      case Json::parse_event_t::array_start:
+        open.emplace_back();
+        break;
+      case Json::parse_event_t::object_end:
+      case Json::parse_event_t::array_end:
+        if (!open.empty()) open.pop_back();
+        break;
+      case Json::parse_event_t::key:
+        if (!open.empty() && !open.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
+          duplicate = parsed.get<std::string>();
+        }
+        break;
+      case Json::parse_event_t::value:
+        break;
+    }
+    return true;  // keep everything; the error is reported after parsing
+  }
+};
+
+Result<ObjectEntry> ParseObject(const Json& j, const FieldReader& r) {
+  if (!j.is_object()) return r.Fail("must be a JSON object, got " + Snippet(j));
+  ObjectEntry o;
+  DS_ASSIGN_OR_RETURN(std::string kind, r.String(j, "kind"));
+  if (kind == "anchor") {
+    o.kind = PatchKind::kAnchor;
+  } else if (kind == "delta") {
+    o.kind = PatchKind::kDelta;
+  } else {
+    return r.Fail("unknown kind \"" + kind + "\" (expected \"anchor\" or \"delta\")");
+  }
+  DS_ASSIGN_OR_RETURN(o.key, r.String(j, "key"));
+  // A manifest must never steer a replica outside the bucket.
+  if (Status s = ValidateKey(o.key); !s.ok()) return r.Fail(s.message());
+  DS_ASSIGN_OR_RETURN(std::string encoding, r.String(j, "encoding"));
+  Result<IndexEncoding> parsed = ParseEncoding(encoding);
+  if (!parsed.ok()) {
+    // nvcomp_cascaded is well-formed but not decodable here (kUnsupported);
+    // anything else is not an encoding at all.
+    ErrorCode code =
+        parsed.status().code() == ErrorCode::kUnsupported ? ErrorCode::kUnsupported : ErrorCode::kCorruption;
+    return r.Fail(parsed.status().message(), code);
+  }
+  o.encoding = *parsed;
+  DS_ASSIGN_OR_RETURN(o.size, r.Unsigned(j, "size"));
+  DS_ASSIGN_OR_RETURN(o.xxh3_128, r.Hex32(j, "xxh3_128"));
+  // base_version's relation to other versions is checked in ParseVersion.
+  bool has_base = j.contains("base_version");
+  if (o.kind == PatchKind::kAnchor) {
+    if (has_base) return r.Fail("an anchor has no base_version");
+  } else {
+    if (!has_base) return r.Fail("delta has no base_version");
+    DS_ASSIGN_OR_RETURN(o.base_version, r.Unsigned(j, "base_version"));
+  }
+  return o;
+}
+
+// `listed`: versions seen so far (all lower). `keys`: key -> version, to
+// refuse one object listed twice.
+Result<VersionEntry> ParseVersion(const Json& j, size_t index, uint64_t previous,
+                                  const std::set<uint64_t>& listed, std::map<std::string, uint64_t>& keys,
+                                  FieldReader& r) {
+  std::string at = "versions[" + std::to_string(index) + "]";
+  r.set_where(at);
+  if (!j.is_object()) return r.Fail("must be a JSON object, got " + Snippet(j));
+  VersionEntry v;
+  DS_ASSIGN_OR_RETURN(v.version, r.Unsigned(j, "version"));
+  at += " (version " + std::to_string(v.version) + ")";
+  r.set_where(at);
+  if (v.version == 0) return r.Fail("version must be positive");
+  if (index > 0 && v.version <= previous) {
+    return r.Fail("not above the previous version " + std::to_string(previous) +
+                  "; versions must be strictly ascending");
+  }
+  DS_ASSIGN_OR_RETURN(std::string hash, r.Hex32(j, "state_hash"));
+  Result<StateHash> state_hash = StateHash::FromHex(hash);
+  if (!state_hash.ok()) return r.Fail(state_hash.status().message());
+  v.state_hash = *state_hash;
+  DS_ASSIGN_OR_RETURN(v.total_elements, r.Unsigned(j, "total_elements"));
+  DS_ASSIGN_OR_RETURN(v.changed_elements, r.Unsigned(j, "changed_elements"));
+  if (v.changed_elements > v.total_elements) {
+    return r.Fail("changed_elements " + std::to_string(v.changed_elements) + " exceeds total_elements " +
+                  std::to_string(v.total_elements));
+  }
+  DS_ASSIGN_OR_RETURN(v.created_unix_ms, r.Unsigned(j, "created_unix_ms"));
+
+  DS_ASSIGN_OR_RETURN(const Json* objects, r.Field(j, "objects"));
+  if (!objects->is_array()) return r.Fail("'objects' must be an array, got " + Snippet(*objects));
+  if (objects->empty() || objects->size() > 2) {
+    return r.Fail("has " + std::to_string(objects->size()) +
+                  " objects; a version lists an anchor, a delta, or one of each");
+  }
+  for (size_t i = 0; i < objects->size(); ++i) {
+    FieldReader obj_reader = r;
+    obj_reader.set_where(at + ": objects[" + std::to_string(i) + "]");
+    DS_ASSIGN_OR_RETURN(ObjectEntry o, ParseObject((*objects)[i], obj_reader));
+    if (o.kind == PatchKind::kAnchor ? v.anchor() != nullptr : v.delta() != nullptr) {
+      return obj_reader.Fail(std::string("a second ") + std::string(KindName(o.kind)) +
+                             "; a version has at most one of each kind");
+    }
+    auto [it, inserted] = keys.emplace(o.key, v.version);
+    if (!inserted) {
+      return obj_reader.Fail("key '" + o.key + "' is already listed by version " +
+                             std::to_string(it->second));
+    }
+    v.objects.push_back(std::move(o));
+  }
+  // Checked before the delta's base, so a first version holding only a
+  // delta gets this message rather than "base not listed".
+  if (index == 0 && v.anchor() == nullptr) {
+    return r.Fail("the first listed version has no anchor, so a new replica could not start");
+  }
+  if (const ObjectEntry* d = v.delta()) {
+    if (*d->base_version >= v.version) {
+      return r.Fail("delta base_version " + std::to_string(*d->base_version) + " is not below the version");
+    }
+    if (!listed.count(*d->base_version)) {
+      return r.Fail("delta base_version " + std::to_string(*d->base_version) + " is not a listed version");
+    }
+  }
+  return v;
+}
+
+Result<Manifest> ParseDocument(const Json& doc, std::string_view label) {
+  FieldReader r(label, "");
+  if (!doc.is_object())
+    return r.Fail("the document must be a JSON object, not " + std::string(doc.type_name()));
+  // The tag first: a wrong file gets "not a manifest", not a list of field errors.
+  DS_ASSIGN_OR_RETURN(std::string format, r.String(doc, "format"));
+  if (format != kFormatTag) {
+    return r.Fail("'format' is \"" + format + "\", expected \"" + std::string(kFormatTag) +
+                  "\"; this is not a deltasync manifest");
+  }
+  DS_ASSIGN_OR_RETURN(uint64_t format_version, r.Unsigned(doc, "format_version"));
+  if (format_version == 0) return r.Fail("'format_version' must be positive");
+  if (format_version > kFormatVersion) {
+    return r.Fail("format_version " + std::to_string(format_version) +
+                      " is newer than this deltasync reads (" + std::to_string(kFormatVersion) +
+                      "); upgrade deltasync to follow this bucket",
+                  ErrorCode::kUnsupported);
+  }
+  Manifest m;
+  DS_ASSIGN_OR_RETURN(m.anchor_interval, r.Unsigned(doc, "anchor_interval"));
+  if (m.anchor_interval == 0) return r.Fail("'anchor_interval' must be positive");
+  DS_ASSIGN_OR_RETURN(const Json* versions, r.Field(doc, "versions"));
+  if (!versions->is_array()) return r.Fail("'versions' must be an array, got " + Snippet(*versions));
+
+  std::set<uint64_t> listed;
+  std::map<std::string, uint64_t> keys;
+  uint64_t previous = 0;
+  for (size_t i = 0; i < versions->size(); ++i) {
+    DS_ASSIGN_OR_RETURN(VersionEntry v, ParseVersion((*versions)[i], i, previous, listed, keys, r));
+    previous = v.version;
+    listed.insert(v.version);
+    m.versions.push_back(std::move(v));
+  }
+  return m;
+}
+
+}  // namespace
+
+std::string AnchorKey(uint64_t version) { return StepKey("anchors", version); }
+std::string DeltaKey(uint64_t version) { return StepKey("deltas", version); }
+
+std::string Xxh3Hex(std::span<const ByteSpan> parts) {
+  XXH3_state_t* state = XXH3_createState();
+  XXH128_hash_t hash;
+  if (state != nullptr) {
+    XXH3_128bits_reset(state);
+    for (ByteSpan part : parts) {
+      if (!part.empty()) XXH3_128bits_update(state, part.data(), part.size());
+    }
+    hash = XXH3_128bits_digest(state);
+    XXH3_freeState(state);
+  } else {
+    // Out of memory for 600 bytes of state: hash one joined copy instead
+    // (slow, but the answer is the same and there is no error to report).
+    std::vector<uint8_t> joined;
+    for (ByteSpan part : parts) joined.insert(joined.end(), part.begin(), part.end());
+    hash = XXH3_128bits(joined.data(), joined.size());
+  }
+  // Canonical form: big-endian, high 64 bits first, as xxhsum prints it.
+  XXH128_canonical_t canonical;
+  XXH128_canonicalFromHash(&canonical, hash);
+  static const char kHex[] = "0123456789abcdef";
+  std::string out(32, '0');
+  for (int i = 0; i < 16; ++i) {
+    out[2 * i] = kHex[canonical.digest[i] >> 4];
+    out[2 * i + 1] = kHex[canonical.digest[i] & 15];
+  }
+  return out;
+}
+
+const ObjectEntry* VersionEntry::anchor() const {
+  for (const ObjectEntry& o : objects) {
+    if (o.kind == PatchKind::kAnchor) return &o;
+  }
+  return nullptr;
+}
+
+const ObjectEntry* VersionEntry::delta() const {
+  for (const ObjectEntry& o : objects) {
+    if (o.kind == PatchKind::kDelta) return &o;
+  }
+  return nullptr;
+}
+
+const VersionEntry* Manifest::Find(uint64_t version) const {
+  // versions is strictly ascending (Parse checks it; the publisher appends).
+  auto it = std::lower_bound(versions.begin(), versions.end(), version,
+                             [](const VersionEntry& v, uint64_t want) { return v.version < want; });
+  return it != versions.end() && it->version == version ? &*it : nullptr;
+}
+
+const VersionEntry* Manifest::Latest() const { return versions.empty() ? nullptr : &versions.back(); }
+
+// Layout: the top level indented by two spaces, then one compact line per
+// version, so the file reads (and diffs, and greps) one version per line
+// while staying small. Field order is fixed, so equal manifests give equal bytes.
+std::string Manifest::ToJson() const {
+  // Keys are not checked for UTF-8 here (ValidateKey does not require it);
+  // "replace" keeps dump() from throwing, and Parse then sees the changed key.
+  auto dump = [](const OrderedJson& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
+  std::string out = "{\n";
+  out += "  \"format\": " + dump(OrderedJson(kFormatTag)) + ",\n";
+  out += "  \"format_version\": " + std::to_string(kFormatVersion) + ",\n";
+  out += "  \"anchor_interval\": " + std::to_string(anchor_interval) + ",\n";
+  if (versions.empty()) {
+    out += "  \"versions\": []\n";
+  } else {
+    out += "  \"versions\": [\n";
+    for (size_t i = 0; i < versions.size(); ++i) {
+      out += "    " + dump(VersionToJson(versions[i]));
+      out += i + 1 < versions.size() ? ",\n" : "\n";
+    }
+    out += "  ]\n";
+  }
+  out += "}\n";
+  return out;
+}
+
+Result<Manifest> Manifest::Parse(ByteSpan json, std::string_view label) {
+  if (json.size() > kMaxManifestBytes) {
+    return Status::Corruption(std::string(label) + ": " + std::to_string(json.size()) +
+                              " bytes, more than the " + std::to_string(kMaxManifestBytes >> 20) +
+                              " MiB a manifest may have");
+  }
+  if (NestingDepth(json, kMaxNesting) > kMaxNesting) {
+    return Status::Corruption(std::string(label) + ": arrays and objects nested deeper than " +
+                              std::to_string(kMaxNesting) + " levels");
+  }
+  try {
+    DuplicateKeyFinder finder;
+    Json doc = Json::parse(json.begin(), json.end(), std::ref(finder));
+    if (!finder.duplicate.empty()) {
+      return Status::Corruption(std::string(label) + ": field '" + finder.duplicate +
+                                "' appears twice in one JSON object");
+    }
+    return ParseDocument(doc, label);
+  } catch (const Json::parse_error& e) {
+    return Status::Corruption(std::string(label) + ": not valid JSON: " + e.what());
+  } catch (const std::exception& e) {
+    // Checked accessors above make this unreachable; keep the promise anyway.
+    return Status::Corruption(std::string(label) + ": cannot read manifest: " + e.what());
+  }
+}
+
+}  // namespace deltasync

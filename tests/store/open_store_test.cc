@@ -1,0 +1,67 @@
+// OpenStore: which bucket URLs open what.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <string>
+
+#include "deltasync/store.h"
+
+namespace deltasync {
+namespace {
+
+namespace fs = std::filesystem;
+
+class OpenStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "ds_open_store_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = fs::canonical(tmpl).string();
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::string dir_;
+};
+
+TEST_F(OpenStoreTest, FileUrlAndPlainPathOpenALocalStore) {
+  Result<std::shared_ptr<Store>> by_url = OpenStore("file://" + dir_ + "/b1");
+  ASSERT_TRUE(by_url.ok()) << by_url.status().ToString();
+  EXPECT_EQ((*by_url)->Describe(), "file://" + dir_ + "/b1");
+
+  Result<std::shared_ptr<Store>> by_path = OpenStore(dir_ + "/b2");
+  ASSERT_TRUE(by_path.ok()) << by_path.status().ToString();
+  EXPECT_EQ((*by_path)->Describe(), "file://" + dir_ + "/b2");
+  ASSERT_TRUE((*by_path)->Put("k", ByteSpan()).ok());
+  EXPECT_TRUE(fs::exists(dir_ + "/b2/k"));
+}
+
+TEST_F(OpenStoreTest, CreateFalseNeedsAnExistingDirectory) {
+  EXPECT_EQ(OpenStore(dir_ + "/missing", /*create=*/false).status().code(), ErrorCode::kNotFound);
+  EXPECT_FALSE(fs::exists(dir_ + "/missing"));
+  EXPECT_TRUE(OpenStore("file://" + dir_, /*create=*/false).ok());
+}
+
+TEST_F(OpenStoreTest, S3IsNotBuiltInYet) {
+  Result<std::shared_ptr<Store>> s3 = OpenStore("s3://bucket/prefix");
+  ASSERT_FALSE(s3.ok());
+  EXPECT_EQ(s3.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(s3.status().message().find("s3:// buckets are not built in yet"), std::string::npos);
+}
+
+TEST_F(OpenStoreTest, OtherUrlsAreRefusedByName) {
+  for (std::string url : {"gs://bucket/x", "https://example.com/b", "file://relative/dir", "file://", ""}) {
+    SCOPED_TRACE(url);
+    Result<std::shared_ptr<Store>> r = OpenStore(url);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
+    if (!url.empty()) {
+      EXPECT_NE(r.status().message().find("'" + url + "'"), std::string::npos) << r.status().message();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deltasync
