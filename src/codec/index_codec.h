@@ -1,0 +1,45 @@
+// The index encodings of a delta's `{name}.idx` tensor (internal to
+// src/codec; docs/format/patch.md, "Index encodings"). Pure functions over
+// bytes: the patch writer and reader add names and messages.
+//
+//   raw:       absolute positions, I32 (I64 past 2^31-1, a deltasync extension)
+//   gap_delta: g[k] = idx[k] - idx[k-1] - 1 with idx[-1] = -1, as U16 when
+//              every gap fits, else U32, else U64 (extension)
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "deltasync/tensor.h"
+
+namespace deltasync::indexcodec {
+
+// Encodes `idx` into `out` (resized to fit) and returns the dtype it chose,
+// or nullopt when `idx` is not strictly ascending (then `out` is garbage).
+// Empty input gives TRL's empty tensors: I32 / U16. One pass over `idx` in
+// the common case (raw within I32, gaps within U16).
+std::optional<DType> EncodeRaw(std::span<const uint64_t> idx, std::vector<uint8_t>& out);
+std::optional<DType> EncodeGaps(std::span<const uint64_t> idx, std::vector<uint8_t>& out);
+
+// The first k >= 1 with idx[k] <= idx[k-1], or 0 when strictly ascending.
+size_t FirstNotAscending(std::span<const uint64_t> idx);
+
+// Why decoding stopped, and where (an element position).
+struct DecodeError {
+  enum Kind { kNone, kNegative, kNotAscending, kOverflow };
+  Kind kind = kNone;
+  size_t position = 0;
+  int64_t value = 0;  // kNegative / kNotAscending: the offending raw value
+
+  bool ok() const { return kind == kNone; }
+};
+
+// Decodes `bytes` of `dtype` into absolute positions in `out`. raw: I32 or
+// I64, checked non-negative and strictly ascending; gap_delta: U16, U32 or
+// U64, checked for 64-bit overflow. REQUIRES: dtype is one of those listed.
+DecodeError DecodeRaw(DType dtype, ByteSpan bytes, std::vector<uint64_t>& out);
+DecodeError DecodeGaps(DType dtype, ByteSpan bytes, std::vector<uint64_t>& out);
+
+}  // namespace deltasync::indexcodec
