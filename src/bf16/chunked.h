@@ -1,0 +1,26 @@
+// The chunked entry points behind DetectChanges, ToPublishedState and
+// HashTensors, with the chunk size explicit (internal: tests use tiny chunks
+// to put chunk boundaries everywhere in small tensors).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "deltasync/changes.h"
+#include "deltasync/state_hash.h"
+
+namespace deltasync::bf16 {
+
+// DetectChanges / ToPublishedState / HashTensors, splitting tensors into
+// chunks of `chunk_elements` (see chunks.h). Results do not depend on it.
+Result<std::vector<TensorChanges>> DetectChangesChunked(const WeightState& published,
+                                                        std::span<const TensorView> current,
+                                                        const DetectOptions& options,
+                                                        uint64_t chunk_elements);
+Result<WeightState> ToPublishedStateChunked(std::span<const TensorView> current,
+                                            const DetectOptions& options, uint64_t chunk_elements);
+StateHash HashTensorsChunked(std::span<const TensorView> tensors, int threads,
+                             uint64_t chunk_elements);
+
+}  // namespace deltasync::bf16

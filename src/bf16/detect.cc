@@ -1,0 +1,240 @@
+// DetectChanges: validation, chunking over threads, and assembling the
+// per-chunk results. The per-element work is in detect_kernels.cc.
+
+#include <bit>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "bf16/chunked.h"
+#include "bf16/chunks.h"
+#include "bf16/scan.h"
+#include "bf16/scratch.h"
+#include "bf16/simd_kernels.h"
+#include "common/parallel.h"
+#include "deltasync/changes.h"
+
+namespace deltasync::bf16 {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "tensor bytes are little-endian and compared in place");
+
+// Each worker thread appends the changes of the chunks it scans to its own
+// scratch; chunks record where theirs are. After the scan they are copied,
+// in chunk order, into each tensor's output.
+struct WorkerScratch {
+  ScratchBuffer indices;   // uint64_t entries
+  ScratchBuffer values;    // the entries' values, back to back
+  size_t count = 0;        // entries in use
+  size_t value_bytes = 0;  // bytes of values in use (dtypes differ per chunk)
+};
+
+// What one chunk found.
+struct ChunkResult {
+  size_t worker = 0;
+  size_t offset = 0;        // first entry in the worker's scratch
+  size_t value_offset = 0;  // and the byte where its values start
+  size_t count = 0;
+  uint64_t first_bad = kNoError;  // flat index of the first non-finite element
+  bool out_of_memory = false;
+
+  bool failed() const { return first_bad != kNoError || out_of_memory; }
+};
+
+// Compares elements [begin, begin + n) of a job; see kernels::Compare*.
+size_t CompareSpan(const ScanJob& job, uint64_t begin, size_t n, uint64_t* idx_out,
+                   uint8_t* val_out, size_t* first_bad) {
+  const size_t size = DTypeSize(job.published_dtype);
+  const uint8_t* pub = job.published + begin * size;
+  const uint8_t* cur = job.current + begin * DTypeSize(job.current_dtype);
+  *first_bad = n;
+  // The kernels read through typed pointers with unaligned loads only, and
+  // the outputs are malloc'd, so these casts never dereference misaligned.
+  if (job.f32_to_bf16()) {
+    return kernels::CompareF32ToBf16(
+        reinterpret_cast<const uint16_t*>(pub), reinterpret_cast<const uint32_t*>(cur), n, begin,
+        job.exp_mask != 0, idx_out, reinterpret_cast<uint16_t*>(val_out), first_bad);
+  }
+  switch (size) {
+    case 1: return kernels::Compare8(pub, cur, n, begin, idx_out, val_out);
+    case 2:
+      return kernels::Compare16(reinterpret_cast<const uint16_t*>(pub),
+                                reinterpret_cast<const uint16_t*>(cur), n, begin,
+                                static_cast<uint16_t>(job.exp_mask), idx_out,
+                                reinterpret_cast<uint16_t*>(val_out), first_bad);
+    case 4:
+      return kernels::Compare32(reinterpret_cast<const uint32_t*>(pub),
+                                reinterpret_cast<const uint32_t*>(cur), n, begin,
+                                static_cast<uint32_t>(job.exp_mask), idx_out,
+                                reinterpret_cast<uint32_t*>(val_out), first_bad);
+    default:
+      return kernels::Compare64(reinterpret_cast<const uint64_t*>(pub),
+                                reinterpret_cast<const uint64_t*>(cur), n, begin, job.exp_mask,
+                                idx_out, reinterpret_cast<uint64_t*>(val_out), first_bad);
+  }
+}
+
+// Scans a chunk in blocks, growing the worker's scratch before each block
+// so that the kernel can write a block's worth of changes without checks.
+void ScanChunk(const ScanJob& job, const Chunk& chunk, WorkerScratch& scratch, ChunkResult& out) {
+  constexpr uint64_t kBlock = uint64_t{1} << 16;
+  const size_t value_size = DTypeSize(job.published_dtype);
+  out.offset = scratch.count;
+  // 8-aligned: the kernels store values through typed (up to 8-byte) pointers.
+  out.value_offset = (scratch.value_bytes + 7) & ~size_t{7};
+  for (uint64_t begin = chunk.begin; begin < chunk.end; begin += kBlock) {
+    const size_t n = static_cast<size_t>(std::min(kBlock, chunk.end - begin));
+    const size_t used = out.offset + out.count;
+    const size_t used_bytes = out.value_offset + out.count * value_size;
+    const size_t room = n + kernels::kCompareOutputSlack;
+    if (!scratch.indices.Reserve((used + room) * sizeof(uint64_t)) ||
+        !scratch.values.Reserve(used_bytes + room * value_size)) {
+      out.out_of_memory = true;
+      return;
+    }
+    size_t first_bad = n;
+    const size_t added =
+        CompareSpan(job, begin, n, reinterpret_cast<uint64_t*>(scratch.indices.data()) + used,
+                    scratch.values.data() + used_bytes, &first_bad);
+    if (first_bad < n) {
+      out.first_bad = begin + first_bad;
+      return;
+    }
+    out.count += added;
+  }
+  scratch.count += out.count;
+  scratch.value_bytes = out.value_offset + out.count * value_size;
+}
+
+Result<std::vector<ScanJob>> PlanDetect(const WeightState& published,
+                                        std::span<const TensorView> current,
+                                        const DetectOptions& options) {
+  std::unordered_map<std::string_view, const TensorView*> by_name;
+  for (const TensorView& v : current) {
+    DS_RETURN_IF_ERROR(CheckView(v));
+    if (!by_name.emplace(v.name, &v).second) {
+      return Status::InvalidArgument(Quoted(v.name) + " appears twice in the current weights");
+    }
+  }
+  std::vector<ScanJob> jobs;
+  jobs.reserve(published.tensors().size());
+  for (const WeightState::Tensor& t : published.tensors()) {
+    auto it = by_name.find(t.name);
+    if (it == by_name.end()) {
+      return Status::InvalidArgument(Quoted(t.name) +
+                                     " is in the published state but missing from the current "
+                                     "weights");
+    }
+    const TensorView& cur = *it->second;
+    if (cur.shape != t.shape) {
+      return Status::InvalidArgument(Quoted(t.name) + ": current shape " +
+                                     ShapeToString(cur.shape) + " does not match published shape " +
+                                     ShapeToString(t.shape));
+    }
+    const bool rounds = t.dtype == DType::kBF16 && cur.dtype == DType::kF32;
+    if (cur.dtype != t.dtype && !rounds) {
+      return Status::InvalidArgument(
+          Quoted(t.name) + ": current dtype " + std::string(DTypeName(cur.dtype)) +
+          " cannot be compared with published dtype " + std::string(DTypeName(t.dtype)) +
+          (t.dtype == DType::kBF16 ? " (expected BF16 or F32)" : ""));
+    }
+    ScanJob job;
+    job.name = t.name;
+    job.published_dtype = t.dtype;
+    job.current_dtype = cur.dtype;
+    job.published = t.data.data();
+    job.current = cur.data.data();
+    job.elements = t.num_elements();
+    job.exp_mask = options.allow_nonfinite ? 0 : NonFiniteMask(t.dtype);
+    jobs.push_back(job);
+  }
+  if (by_name.size() != jobs.size()) {
+    for (const TensorView& v : current) {
+      if (published.Find(v.name) == nullptr) {
+        return Status::InvalidArgument(Quoted(v.name) +
+                                       " is in the current weights but not in the published state");
+      }
+    }
+  }
+  return jobs;
+}
+
+}  // namespace
+
+Result<std::vector<TensorChanges>> DetectChangesChunked(const WeightState& published,
+                                                        std::span<const TensorView> current,
+                                                        const DetectOptions& options,
+                                                        uint64_t chunk_elements) {
+  DS_ASSIGN_OR_RETURN(std::vector<ScanJob> jobs, PlanDetect(published, current, options));
+  const std::vector<Chunk> chunks = SplitIntoChunks(ElementCounts(jobs), chunk_elements);
+  std::vector<ChunkResult> results(chunks.size());
+  std::vector<WorkerScratch> scratch(
+      std::min<size_t>(static_cast<size_t>(ResolveThreads(options.threads)), chunks.size()));
+  RunChunks(chunks.size(), options.threads, [&](size_t worker, size_t c) {
+    results[c].worker = worker;
+    ScanChunk(jobs[chunks[c].tensor], chunks[c], scratch[worker], results[c]);
+    return !results[c].failed();
+  });
+
+  // The first failure in chunk order is the first in (tensor, index) order.
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const ScanJob& job = jobs[chunks[c].tensor];
+    if (results[c].first_bad != kNoError) return NonFiniteError(job, results[c].first_bad);
+    if (results[c].out_of_memory) {
+      return Status::Internal(Quoted(job.name) + ": out of memory while collecting changes");
+    }
+  }
+
+  // Concatenate each tensor's chunks in order; tensors are independent, so
+  // the copies run in parallel too.
+  struct Output {
+    size_t job;
+    size_t first_chunk, end_chunk;
+    size_t count;
+  };
+  std::vector<Output> outputs;
+  for (size_t c = 0; c < chunks.size();) {
+    Output o{chunks[c].tensor, c, c, 0};
+    for (; o.end_chunk < chunks.size() && chunks[o.end_chunk].tensor == o.job; ++o.end_chunk) {
+      o.count += results[o.end_chunk].count;
+    }
+    c = o.end_chunk;
+    if (o.count > 0) outputs.push_back(o);
+  }
+  std::vector<TensorChanges> changes(outputs.size());
+  ParallelFor(outputs.size(), options.threads, [&](size_t k) {
+    const Output& o = outputs[k];
+    const ScanJob& job = jobs[o.job];
+    const size_t value_size = DTypeSize(job.published_dtype);
+    TensorChanges& tc = changes[k];
+    tc.name = std::string(job.name);
+    tc.dtype = job.published_dtype;
+    tc.indices.reserve(o.count);
+    tc.values.reserve(o.count * value_size);
+    AdviseHugePages(tc.indices.data(), o.count * sizeof(uint64_t));
+    AdviseHugePages(tc.values.data(), o.count * value_size);
+    for (size_t c = o.first_chunk; c < o.end_chunk; ++c) {
+      const ChunkResult& r = results[c];
+      WorkerScratch& w = scratch[r.worker];
+      const uint64_t* idx = reinterpret_cast<const uint64_t*>(w.indices.data()) + r.offset;
+      const uint8_t* val = w.values.data() + r.value_offset;
+      tc.indices.insert(tc.indices.end(), idx, idx + r.count);
+      tc.values.insert(tc.values.end(), val, val + r.count * value_size);
+    }
+  });
+  return changes;
+}
+
+}  // namespace deltasync::bf16
+
+namespace deltasync {
+
+Result<std::vector<TensorChanges>> DetectChanges(const WeightState& published,
+                                                 std::span<const TensorView> current,
+                                                 const DetectOptions& options) {
+  return bf16::DetectChangesChunked(published, current, options, bf16::kDefaultChunkElements);
+}
+
+}  // namespace deltasync

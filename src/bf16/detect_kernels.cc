@@ -1,0 +1,381 @@
+// SIMD kernels: fp32 -> bf16 rounding, finiteness, change detection.
+//
+// Highway compiles this file once per target (foreach_target.h re-includes
+// it); HWY_EXPORT/HWY_DYNAMIC_DISPATCH at the bottom pick one at run time.
+// Every loop ends with a scalar tail that uses the same scalar definitions
+// (round.h), so results never depend on the target or on n's remainder.
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bf16/round.h"
+#include "bf16/simd_kernels.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "bf16/detect_kernels.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace deltasync::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// RoundFp32ToBf16 on u32 lanes; the bf16 lands in the low 16 bits.
+template <class D32>
+HWY_INLINE hn::Vec<D32> RoundToBf16(D32 d32, hn::Vec<D32> u) {
+  const hn::RebindToSigned<D32> di32;
+  const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(d32, 1u));
+  const auto rounded = hn::ShiftRight<16>(hn::Add(hn::Add(u, hn::Set(d32, 0x7FFFu)), lsb));
+  // |u| > Inf as signed compare: both sides are below 2^31.
+  const auto magnitude = hn::BitCast(di32, hn::And(u, hn::Set(d32, 0x7FFFFFFFu)));
+  const auto is_nan = hn::Gt(magnitude, hn::Set(di32, 0x7F800000));
+  const auto quiet_nan =
+      hn::Or(hn::And(hn::ShiftRight<16>(u), hn::Set(d32, 0x8000u)), hn::Set(d32, 0x7FC0u));
+  return hn::IfThenElse(hn::RebindMask(d32, is_nan), quiet_nan, rounded);
+}
+
+// Returns whether any element was non-finite after rounding.
+template <bool kCheck>
+HWY_INLINE bool ConvertLoop(const uint32_t* HWY_RESTRICT src, uint16_t* HWY_RESTRICT dst,
+                            size_t n) {
+  const hn::ScalableTag<uint32_t> d32;
+  const hn::RebindToSigned<decltype(d32)> di32;
+  const hn::Rebind<uint16_t, decltype(d32)> d16;
+  const size_t N = hn::Lanes(d32);
+  const auto exp = hn::Set(d32, uint32_t{bf16::kBf16ExpMask});
+  auto bad = hn::FirstN(d32, 0);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto r = RoundToBf16(d32, hn::LoadU(d32, src + i));
+    // Results are < 2^16, so the saturating i32 -> u16 demotion is exact.
+    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di32, r)), d16, dst + i);
+    if (kCheck) bad = hn::Or(bad, hn::Eq(hn::And(r, exp), exp));
+  }
+  bool any_bad = kCheck && !hn::AllFalse(d32, bad);
+  for (; i < n; ++i) {
+    dst[i] = bf16::RoundFp32ToBf16(bf16::LoadElement(src, i));
+    if (kCheck) any_bad |= bf16::IsNonFinite(dst[i], bf16::kBf16ExpMask);
+  }
+  return any_bad;
+}
+
+template <typename T>
+HWY_INLINE size_t FindNonFiniteT(const T* HWY_RESTRICT data, size_t n, T exp_mask) {
+  const hn::ScalableTag<T> d;
+  const size_t N = hn::Lanes(d);
+  const auto exp = hn::Set(d, exp_mask);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto bad = hn::Eq(hn::And(hn::LoadU(d, data + i), exp), exp);
+    if (!hn::AllFalse(d, bad)) return i + hn::FindKnownFirstTrue(d, bad);
+  }
+  for (; i < n; ++i) {
+    if (bf16::IsNonFinite(bf16::LoadElement(data, i), exp_mask)) return i;
+  }
+  return n;
+}
+
+// Change detection runs in blocks of kBlock elements, in two passes:
+//  1. vector compares of the whole block -> a bitmap of changed elements
+//     (for fp32 input also the rounded bf16 values, in a block array);
+//  2. the bitmap's set bits -> indices and values.
+// Pass 1 streams through memory with no data-dependent branch, so loads
+// keep flowing. Pass 2 emits each 64-bit word with a fixed number of
+// unconditional stores (kEmitPerWord): at realistic change rates (a few
+// percent, about two changes per word) it never branches on the data, where
+// a loop over set bits would mispredict about once per word.
+constexpr size_t kBlock = 1024;
+constexpr size_t kWords = kBlock / 64;
+constexpr size_t kEmitPerWord = 8;  // the output slack callers provide
+static_assert(kEmitPerWord <= kCompareOutputSlack);
+
+// Puts the bits of an N-lane mask (N a power of two) into the bitmap at
+// element `pos` (a multiple of N).
+template <class D>
+HWY_INLINE void SetMaskBits(D d, hn::Mask<D> m, size_t pos, uint8_t* HWY_RESTRICT bitmap) {
+  if (hn::Lanes(d) >= 8) {
+    // Whole bytes: store them in place (no read-modify-write).
+    hn::StoreMaskBits(d, m, bitmap + pos / 8);
+  } else {
+    uint8_t bits = 0;
+    hn::StoreMaskBits(d, m, &bits);
+    bitmap[pos / 8] |= static_cast<uint8_t>(bits << (pos % 8));
+  }
+}
+
+// Emits the changes of a word of 64 elements that all exist (values[0..63]
+// are readable). Slots past the word's real count get scratch writes, which
+// the caller's slack absorbs and later words overwrite.
+template <typename V>
+HWY_INLINE size_t EmitFullWord(uint64_t bits, uint64_t index0, const V* HWY_RESTRICT values,
+                               uint64_t* HWY_RESTRICT idx_out, V* HWY_RESTRICT val_out,
+                               size_t count) {
+  const size_t total = static_cast<size_t>(__builtin_popcountll(bits));
+  for (size_t k = 0; k < kEmitPerWord; ++k) {
+    // Once bits runs out, bit 63 stands in: ctz stays defined, reads stay in range.
+    const size_t t = static_cast<size_t>(__builtin_ctzll(bits | (uint64_t{1} << 63)));
+    idx_out[count + k] = index0 + t;
+    val_out[count + k] = bf16::LoadElement(values, t);
+    bits &= bits - 1;
+  }
+  for (size_t k = kEmitPerWord; bits != 0; ++k) {  // dense words only
+    const size_t t = static_cast<size_t>(__builtin_ctzll(bits));
+    idx_out[count + k] = index0 + t;
+    val_out[count + k] = bf16::LoadElement(values, t);
+    bits &= bits - 1;
+  }
+  return count + total;
+}
+
+// The same for the last, partial word of a call: exact, one bit at a time.
+template <typename V>
+HWY_INLINE size_t EmitPartialWord(uint64_t bits, uint64_t index0, const V* HWY_RESTRICT values,
+                                  uint64_t* HWY_RESTRICT idx_out, V* HWY_RESTRICT val_out,
+                                  size_t count) {
+  for (; bits != 0; bits &= bits - 1) {
+    const size_t t = static_cast<size_t>(__builtin_ctzll(bits));
+    idx_out[count] = index0 + t;
+    val_out[count++] = bf16::LoadElement(values, t);
+  }
+  return count;
+}
+
+// Pass 2 over one block's bitmap; `values` holds the block's new values.
+template <typename V>
+HWY_INLINE size_t EmitBlock(const uint8_t* bitmap, size_t len, uint64_t index0,
+                            const V* HWY_RESTRICT values, uint64_t* HWY_RESTRICT idx_out,
+                            V* HWY_RESTRICT val_out, size_t count) {
+  uint64_t words[kWords];
+  std::memcpy(words, bitmap, sizeof(words));
+  uint64_t any = 0;
+  for (size_t w = 0; w < kWords; ++w) any |= words[w];
+  if (any == 0) return count;  // common when nothing changed: skip the stores
+  for (size_t w = 0; w < (len + 63) / 64; ++w) {
+    if (64 * (w + 1) <= len) {
+      count = EmitFullWord(words[w], index0 + 64 * w, values + 64 * w, idx_out, val_out, count);
+    } else {
+      count = EmitPartialWord(words[w], index0 + 64 * w, values + 64 * w, idx_out, val_out, count);
+    }
+  }
+  return count;
+}
+
+// cur vs pub for same-width elements. The finiteness check ORs per-vector
+// masks and looks only at the end: the rare failing call then locates the
+// first bad element.
+template <typename T, bool kCheck>
+HWY_INLINE size_t CompareLoop(const T* HWY_RESTRICT pub, const T* HWY_RESTRICT cur, size_t n,
+                              uint64_t base, T exp_mask, uint64_t* HWY_RESTRICT idx_out,
+                              T* HWY_RESTRICT val_out, size_t* first_bad) {
+  const hn::ScalableTag<T> d;
+  const size_t N = hn::Lanes(d);
+  const auto exp = hn::Set(d, exp_mask);
+  auto bad = hn::FirstN(d, 0);
+  bool any_bad = false;
+  size_t count = 0;
+  for (size_t start = 0; start < n; start += kBlock) {
+    const size_t len = std::min(kBlock, n - start);
+    const T* HWY_RESTRICT p = pub + start;
+    const T* HWY_RESTRICT c = cur + start;
+    HWY_ALIGN uint8_t bitmap[kBlock / 8] = {};
+    size_t i = 0;
+    for (; i + N <= len; i += N) {
+      const auto cv = hn::LoadU(d, c + i);
+      if (kCheck) bad = hn::Or(bad, hn::Eq(hn::And(cv, exp), exp));
+      SetMaskBits(d, hn::Ne(cv, hn::LoadU(d, p + i)), i, bitmap);
+    }
+    for (; i < len; ++i) {
+      const T cv = bf16::LoadElement(c, i);
+      if (kCheck) any_bad |= bf16::IsNonFinite(cv, exp_mask);
+      bitmap[i / 8] |= static_cast<uint8_t>((cv != bf16::LoadElement(p, i)) << (i % 8));
+    }
+    count = EmitBlock(bitmap, len, base + start, c, idx_out, val_out, count);
+  }
+  any_bad |= kCheck && !hn::AllFalse(d, bad);
+  *first_bad = any_bad ? FindNonFiniteT(cur, n, exp_mask) : n;
+  return count;
+}
+
+template <typename T>
+HWY_INLINE size_t CompareT(const T* pub, const T* cur, size_t n, uint64_t base, T exp_mask,
+                           uint64_t* idx_out, T* val_out, size_t* first_bad) {
+  if (exp_mask == 0)
+    return CompareLoop<T, false>(pub, cur, n, base, 0, idx_out, val_out, first_bad);
+  return CompareLoop<T, true>(pub, cur, n, base, exp_mask, idx_out, val_out, first_bad);
+}
+
+// bf16 pub vs fp32 cur rounded to bf16. Compares in u32 lanes (pub widened)
+// and keeps the rounded block in `rounded` for pass 2.
+template <bool kCheck>
+HWY_INLINE size_t CompareF32Loop(const uint16_t* HWY_RESTRICT pub, const uint32_t* HWY_RESTRICT cur,
+                                 size_t n, uint64_t base, uint64_t* HWY_RESTRICT idx_out,
+                                 uint16_t* HWY_RESTRICT val_out, size_t* first_bad) {
+  const hn::ScalableTag<uint32_t> d32;
+  const hn::RebindToSigned<decltype(d32)> di32;
+  const hn::Rebind<uint16_t, decltype(d32)> d16;
+  const size_t N = hn::Lanes(d32);
+  const auto exp = hn::Set(d32, uint32_t{bf16::kBf16ExpMask});
+  auto bad = hn::FirstN(d32, 0);
+  bool any_bad = false;
+  size_t count = 0;
+  for (size_t start = 0; start < n; start += kBlock) {
+    const size_t len = std::min(kBlock, n - start);
+    const uint16_t* HWY_RESTRICT p = pub + start;
+    const uint32_t* HWY_RESTRICT c = cur + start;
+    HWY_ALIGN uint8_t bitmap[kBlock / 8] = {};
+    HWY_ALIGN uint16_t rounded[kBlock];
+    size_t i = 0;
+    for (; i + N <= len; i += N) {
+      const auto r = RoundToBf16(d32, hn::LoadU(d32, c + i));
+      if (kCheck) bad = hn::Or(bad, hn::Eq(hn::And(r, exp), exp));
+      SetMaskBits(d32, hn::Ne(r, hn::PromoteTo(d32, hn::LoadU(d16, p + i))), i, bitmap);
+      hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di32, r)), d16, rounded + i);
+    }
+    for (; i < len; ++i) {
+      rounded[i] = bf16::RoundFp32ToBf16(bf16::LoadElement(c, i));
+      if (kCheck) any_bad |= bf16::IsNonFinite(rounded[i], bf16::kBf16ExpMask);
+      bitmap[i / 8] |= static_cast<uint8_t>((rounded[i] != bf16::LoadElement(p, i)) << (i % 8));
+    }
+    count = EmitBlock(bitmap, len, base + start, rounded, idx_out, val_out, count);
+  }
+  any_bad |= kCheck && !hn::AllFalse(d32, bad);
+  *first_bad = n;
+  if (any_bad) {
+    for (size_t k = 0; k < n; ++k) {
+      if (bf16::IsNonFinite(bf16::RoundFp32ToBf16(bf16::LoadElement(cur, k)), bf16::kBf16ExpMask)) {
+        *first_bad = k;
+        break;
+      }
+    }
+  }
+  return count;
+}
+
+// ---- exported (one symbol per target) ----
+
+void ConvertF32ToBf16Impl(const uint32_t* src, uint16_t* dst, size_t n) {
+  ConvertLoop<false>(src, dst, n);
+}
+size_t ConvertF32ToBf16CheckedImpl(const uint32_t* src, uint16_t* dst, size_t n) {
+  if (!ConvertLoop<true>(src, dst, n)) return n;
+  return FindNonFiniteT<uint16_t>(dst, n, bf16::kBf16ExpMask);
+}
+size_t FindNonFinite16Impl(const uint16_t* data, size_t n, uint16_t exp_mask) {
+  return FindNonFiniteT(data, n, exp_mask);
+}
+size_t FindNonFinite32Impl(const uint32_t* data, size_t n, uint32_t exp_mask) {
+  return FindNonFiniteT(data, n, exp_mask);
+}
+size_t FindNonFinite64Impl(const uint64_t* data, size_t n, uint64_t exp_mask) {
+  return FindNonFiniteT(data, n, exp_mask);
+}
+size_t Compare8Impl(const uint8_t* pub, const uint8_t* cur, size_t n, uint64_t base,
+                    uint64_t* idx_out, uint8_t* val_out) {
+  size_t unused;
+  return CompareLoop<uint8_t, false>(pub, cur, n, base, 0, idx_out, val_out, &unused);
+}
+size_t Compare16Impl(const uint16_t* pub, const uint16_t* cur, size_t n, uint64_t base,
+                     uint16_t exp_mask, uint64_t* idx_out, uint16_t* val_out, size_t* first_bad) {
+  return CompareT(pub, cur, n, base, exp_mask, idx_out, val_out, first_bad);
+}
+size_t Compare32Impl(const uint32_t* pub, const uint32_t* cur, size_t n, uint64_t base,
+                     uint32_t exp_mask, uint64_t* idx_out, uint32_t* val_out, size_t* first_bad) {
+  return CompareT(pub, cur, n, base, exp_mask, idx_out, val_out, first_bad);
+}
+size_t Compare64Impl(const uint64_t* pub, const uint64_t* cur, size_t n, uint64_t base,
+                     uint64_t exp_mask, uint64_t* idx_out, uint64_t* val_out, size_t* first_bad) {
+  return CompareT(pub, cur, n, base, exp_mask, idx_out, val_out, first_bad);
+}
+size_t CompareF32ToBf16Impl(const uint16_t* pub, const uint32_t* cur, size_t n, uint64_t base,
+                            bool check_finite, uint64_t* idx_out, uint16_t* val_out,
+                            size_t* first_bad) {
+  if (check_finite) return CompareF32Loop<true>(pub, cur, n, base, idx_out, val_out, first_bad);
+  return CompareF32Loop<false>(pub, cur, n, base, idx_out, val_out, first_bad);
+}
+const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace deltasync::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace deltasync::kernels {
+
+HWY_EXPORT(ConvertF32ToBf16Impl);
+HWY_EXPORT(ConvertF32ToBf16CheckedImpl);
+HWY_EXPORT(FindNonFinite16Impl);
+HWY_EXPORT(FindNonFinite32Impl);
+HWY_EXPORT(FindNonFinite64Impl);
+HWY_EXPORT(Compare8Impl);
+HWY_EXPORT(Compare16Impl);
+HWY_EXPORT(Compare32Impl);
+HWY_EXPORT(Compare64Impl);
+HWY_EXPORT(CompareF32ToBf16Impl);
+HWY_EXPORT(TargetNameImpl);
+
+void ConvertF32ToBf16(const uint32_t* src, uint16_t* dst, size_t n) {
+  HWY_DYNAMIC_DISPATCH(ConvertF32ToBf16Impl)(src, dst, n);
+}
+size_t ConvertF32ToBf16Checked(const uint32_t* src, uint16_t* dst, size_t n) {
+  return HWY_DYNAMIC_DISPATCH(ConvertF32ToBf16CheckedImpl)(src, dst, n);
+}
+size_t FindNonFinite16(const uint16_t* data, size_t n, uint16_t exp_mask) {
+  return HWY_DYNAMIC_DISPATCH(FindNonFinite16Impl)(data, n, exp_mask);
+}
+size_t FindNonFinite32(const uint32_t* data, size_t n, uint32_t exp_mask) {
+  return HWY_DYNAMIC_DISPATCH(FindNonFinite32Impl)(data, n, exp_mask);
+}
+size_t FindNonFinite64(const uint64_t* data, size_t n, uint64_t exp_mask) {
+  return HWY_DYNAMIC_DISPATCH(FindNonFinite64Impl)(data, n, exp_mask);
+}
+size_t Compare8(const uint8_t* pub, const uint8_t* cur, size_t n, uint64_t base, uint64_t* idx_out,
+                uint8_t* val_out) {
+  return HWY_DYNAMIC_DISPATCH(Compare8Impl)(pub, cur, n, base, idx_out, val_out);
+}
+size_t Compare16(const uint16_t* pub, const uint16_t* cur, size_t n, uint64_t base,
+                 uint16_t exp_mask, uint64_t* idx_out, uint16_t* val_out, size_t* first_bad) {
+  return HWY_DYNAMIC_DISPATCH(Compare16Impl)(pub, cur, n, base, exp_mask, idx_out, val_out,
+                                             first_bad);
+}
+size_t Compare32(const uint32_t* pub, const uint32_t* cur, size_t n, uint64_t base,
+                 uint32_t exp_mask, uint64_t* idx_out, uint32_t* val_out, size_t* first_bad) {
+  return HWY_DYNAMIC_DISPATCH(Compare32Impl)(pub, cur, n, base, exp_mask, idx_out, val_out,
+                                             first_bad);
+}
+size_t Compare64(const uint64_t* pub, const uint64_t* cur, size_t n, uint64_t base,
+                 uint64_t exp_mask, uint64_t* idx_out, uint64_t* val_out, size_t* first_bad) {
+  return HWY_DYNAMIC_DISPATCH(Compare64Impl)(pub, cur, n, base, exp_mask, idx_out, val_out,
+                                             first_bad);
+}
+size_t CompareF32ToBf16(const uint16_t* pub, const uint32_t* cur, size_t n, uint64_t base,
+                        bool check_finite, uint64_t* idx_out, uint16_t* val_out,
+                        size_t* first_bad) {
+  return HWY_DYNAMIC_DISPATCH(CompareF32ToBf16Impl)(pub, cur, n, base, check_finite, idx_out,
+                                                    val_out, first_bad);
+}
+
+std::string ActiveTargetName() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
+
+std::vector<std::string> SupportedTargetNames() {
+  std::vector<std::string> names;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets())
+    names.push_back(hwy::TargetName(target));
+  return names;
+}
+
+bool UseOnlyTarget(std::string_view name) {
+  // Lift any earlier restriction first, so every target can be found again.
+  hwy::SetSupportedTargetsForTest(0);
+  if (name.empty()) return true;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    if (name == hwy::TargetName(target)) {
+      hwy::SetSupportedTargetsForTest(target);
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace deltasync::kernels
+#endif  // HWY_ONCE

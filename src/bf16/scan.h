@@ -1,0 +1,82 @@
+// What DetectChanges and ToPublishedState share (internal): the plan for
+// scanning one tensor, validation and error messages, and running chunks of
+// tensors on worker threads.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/parallel.h"
+#include "deltasync/status.h"
+#include "deltasync/tensor.h"
+
+namespace deltasync::bf16 {
+
+inline constexpr uint64_t kNoError = UINT64_MAX;
+
+// How one tensor is scanned: compared against its published form
+// (DetectChanges), or rounded/checked into it (ToPublishedState).
+struct ScanJob {
+  std::string_view name;
+  DType published_dtype = DType::kU8;
+  DType current_dtype = DType::kU8;
+  const uint8_t* published = nullptr;  // nullptr in ToPublishedState
+  const uint8_t* current = nullptr;
+  uint8_t* converted = nullptr;  // ToPublishedState: where f32 -> bf16 goes
+  uint64_t elements = 0;
+  // Bits that are all set in a non-finite value of the published dtype
+  // (current values are checked after rounding), or 0 for no check.
+  uint64_t exp_mask = 0;
+
+  bool f32_to_bf16() const {
+    return published_dtype == DType::kBF16 && current_dtype == DType::kF32;
+  }
+};
+
+// Bits that are all set exactly in the Inf/NaN values of `dtype`, or 0 for
+// dtypes that are not checked.
+uint64_t NonFiniteMask(DType dtype);
+
+// "tensor 'name'"
+std::string Quoted(std::string_view name);
+
+// kInvalidArgument unless v.data holds exactly shape x dtype bytes.
+Status CheckView(const TensorView& v);
+
+// The refusal of element `index` of `job`'s current tensor, naming the tensor,
+// the index and the value (NaN, +Inf, -Inf, or an fp32 that rounds to Inf).
+Status NonFiniteError(const ScanJob& job, uint64_t index);
+
+// The element counts of `jobs`, for SplitIntoChunks.
+std::vector<uint64_t> ElementCounts(const std::vector<ScanJob>& jobs);
+
+// Runs fn(worker, chunk), which returns false on failure, over all chunks
+// on up to `threads` workers; `worker` < the returned worker count, and no
+// two calls with the same worker overlap. Chunks are handed out in ascending
+// order, so every chunk before a failed one has started and will report:
+// chunks after the first failure are skipped, yet the first failure in
+// chunk order is always found, whatever the thread count.
+template <typename Fn>
+inline size_t RunChunks(size_t chunks, int threads, const Fn& fn) {
+  const size_t workers =
+      std::max<size_t>(1, std::min(static_cast<size_t>(ResolveThreads(threads)), chunks));
+  std::atomic<size_t> next{0};
+  std::atomic<size_t> first_failed{SIZE_MAX};
+  ParallelFor(workers, static_cast<int>(workers), [&](size_t worker) {
+    for (size_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
+      if (c > first_failed.load(std::memory_order_relaxed)) continue;
+      if (fn(worker, c)) continue;
+      size_t seen = first_failed.load(std::memory_order_relaxed);
+      while (c < seen && !first_failed.compare_exchange_weak(seen, c)) {
+      }
+    }
+  });
+  return workers;
+}
+
+}  // namespace deltasync::bf16

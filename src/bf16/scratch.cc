@@ -1,0 +1,102 @@
+#include "bf16/scratch.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+namespace deltasync::bf16 {
+namespace {
+
+constexpr size_t kPage = 4096;
+constexpr size_t kHugePage = size_t{2} << 20;
+
+size_t RoundUp(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
+
+}  // namespace
+
+void AdviseHugePages(void* p, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  // Only whole 2 MiB pages inside the range can be huge, so smaller ranges
+  // gain nothing; and none of the range is committed beyond what it spans.
+  if (bytes < kHugePage) return;
+  // madvise wants page-aligned ranges: advise the whole pages inside.
+  const auto begin = RoundUp(reinterpret_cast<uintptr_t>(p), kPage);
+  const auto end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~uintptr_t{kPage - 1};
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#endif
+}
+
+#if defined(__linux__)
+
+namespace {
+
+// A fresh mapping of `bytes` (a multiple of 2 MiB), 2 MiB-aligned so that
+// all of it can be backed by huge pages. nullptr when out of memory.
+uint8_t* MapHugeAligned(size_t bytes) {
+  void* raw =
+      mmap(nullptr, bytes + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const auto start = reinterpret_cast<uintptr_t>(raw);
+  const auto aligned = RoundUp(start, kHugePage);
+  if (aligned > start) munmap(raw, aligned - start);
+  const size_t tail = start + bytes + kHugePage - (aligned + bytes);
+  if (tail > 0) munmap(reinterpret_cast<void*>(aligned + bytes), tail);
+  AdviseHugePages(reinterpret_cast<void*>(aligned), bytes);
+  return reinterpret_cast<uint8_t*>(aligned);
+}
+
+}  // namespace
+
+// Small buffers grow by mremap (page tables move, bytes are not copied);
+// from 2 MiB on, each growth maps a fresh huge-page-aligned region and
+// copies (the copies add up to less than the final size).
+ScratchBuffer::~ScratchBuffer() {
+  if (data_ != nullptr) munmap(data_, capacity_);
+}
+
+bool ScratchBuffer::Reserve(size_t bytes) {
+  if (bytes <= capacity_) return true;
+  const size_t wanted = std::max({bytes, capacity_ * 2, size_t{64} << 10});
+  if (wanted >= kHugePage) {
+    const size_t grown = RoundUp(wanted, kHugePage);
+    uint8_t* p = MapHugeAligned(grown);
+    if (p == nullptr) return false;
+    if (data_ != nullptr) {
+      std::memcpy(p, data_, capacity_);
+      munmap(data_, capacity_);
+    }
+    data_ = p;
+    capacity_ = grown;
+    return true;
+  }
+  const size_t grown = RoundUp(wanted, kPage);
+  void* p = data_ == nullptr
+                ? mmap(nullptr, grown, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                : mremap(data_, capacity_, grown, MREMAP_MAYMOVE);
+  if (p == MAP_FAILED) return false;
+  data_ = static_cast<uint8_t*>(p);
+  capacity_ = grown;
+  return true;
+}
+
+#else  // portable fallback
+
+ScratchBuffer::~ScratchBuffer() { std::free(data_); }
+
+bool ScratchBuffer::Reserve(size_t bytes) {
+  if (bytes <= capacity_) return true;
+  const size_t grown = std::max({bytes, capacity_ * 2, size_t{64} << 10});
+  void* p = std::realloc(data_, grown);
+  if (p == nullptr) return false;
+  data_ = static_cast<uint8_t*>(p);
+  capacity_ = grown;
+  return true;
+}
+
+#endif
+
+}  // namespace deltasync::bf16

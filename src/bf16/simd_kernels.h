@@ -1,0 +1,100 @@
+// SIMD kernels of change detection and the state hash (internal).
+//
+// Each kernel is compiled for several x86 targets (SSSE3, SSE4, AVX2,
+// AVX-512) and for a portable fallback (Highway's one-lane HWY_SCALAR, or
+// EMU128 with GCC >= 12.3); the first call picks the best target this CPU
+// supports (Highway dynamic dispatch), so one binary runs on any x86-64.
+// Every target returns bit-identical results: they are tested against each
+// other and against the scalar definitions.
+//
+// The kernels are single-threaded and work on one span of one tensor; the
+// callers (detect.cc, state_hash.cc) split tensors into chunks and spread the
+// chunks over threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace deltasync::kernels {
+
+// --- fp32 -> bf16 --------------------------------------------------------
+
+// Rounds n fp32 bit patterns to bf16 as bf16::RoundFp32ToBf16 does.
+void ConvertF32ToBf16(const uint32_t* src, uint16_t* dst, size_t n);
+
+// The same, and returns the offset of the first element whose bf16 result is
+// Inf or NaN (finite fp32 above the bf16 range rounds to Inf), or n if none.
+// dst is fully written either way.
+size_t ConvertF32ToBf16Checked(const uint32_t* src, uint16_t* dst, size_t n);
+
+// --- finiteness -----------------------------------------------------------
+
+// Offset of the first element with every bit of `exp_mask` set (the IEEE
+// exponent field all ones: Inf or NaN), or n if none.
+size_t FindNonFinite16(const uint16_t* data, size_t n, uint16_t exp_mask);
+size_t FindNonFinite32(const uint32_t* data, size_t n, uint32_t exp_mask);
+size_t FindNonFinite64(const uint64_t* data, size_t n, uint64_t exp_mask);
+
+// --- change detection -----------------------------------------------------
+
+// Extra output room the Compare kernels need beyond n elements: they emit
+// changes with unconditional stores and may write scratch values just past
+// the real count.
+inline constexpr size_t kCompareOutputSlack = 8;
+
+// Compares n elements of `cur` with `pub`. For every offset k where they
+// differ, in ascending order, writes base + k to idx_out and cur[k] to
+// val_out, and returns how many it wrote: callers give both outputs room for
+// n + kCompareOutputSlack elements.
+//
+// exp_mask == 0: no finiteness check; *first_bad = n.
+// exp_mask != 0: *first_bad = offset of the first element of `cur` that is
+// non-finite under exp_mask (see FindNonFinite), or n. When it is < n the
+// outputs are unspecified (the caller reports an error instead).
+size_t Compare8(const uint8_t* pub, const uint8_t* cur, size_t n, uint64_t base, uint64_t* idx_out,
+                uint8_t* val_out);
+size_t Compare16(const uint16_t* pub, const uint16_t* cur, size_t n, uint64_t base,
+                 uint16_t exp_mask, uint64_t* idx_out, uint16_t* val_out, size_t* first_bad);
+size_t Compare32(const uint32_t* pub, const uint32_t* cur, size_t n, uint64_t base,
+                 uint32_t exp_mask, uint64_t* idx_out, uint32_t* val_out, size_t* first_bad);
+size_t Compare64(const uint64_t* pub, const uint64_t* cur, size_t n, uint64_t base,
+                 uint64_t exp_mask, uint64_t* idx_out, uint64_t* val_out, size_t* first_bad);
+
+// As Compare16, with `cur` fp32 rounded to bf16 first (values written are the
+// rounded bf16). check_finite checks the rounded value.
+size_t CompareF32ToBf16(const uint16_t* pub, const uint32_t* cur, size_t n, uint64_t base,
+                        bool check_finite, uint64_t* idx_out, uint16_t* val_out, size_t* first_bad);
+
+// --- state hash (terms defined in hash_term.h) ----------------------------
+
+// Adds sum_{k<n} ElementTerm(lane, seed[lane], base + k, data[k]) to
+// sums[lane], mod 2^64, for both lanes.
+void HashElements8(const uint8_t* data, size_t n, uint64_t base, const uint64_t seed[2],
+                   uint64_t sums[2]);
+void HashElements16(const uint16_t* data, size_t n, uint64_t base, const uint64_t seed[2],
+                    uint64_t sums[2]);
+void HashElements32(const uint32_t* data, size_t n, uint64_t base, const uint64_t seed[2],
+                    uint64_t sums[2]);
+void HashElements64(const uint64_t* data, size_t n, uint64_t base, const uint64_t seed[2],
+                    uint64_t sums[2]);
+
+// Adds sum_{k<n} ElementTerm(index[k], new_bits[k]) - ElementTerm(index[k],
+// old_bits[k]) to sums[lane], for both lanes.
+void HashTermDiffs(const uint64_t* index, const uint64_t* new_bits, const uint64_t* old_bits,
+                   size_t n, const uint64_t seed[2], uint64_t sums[2]);
+
+// --- targets (tests and benchmarks) ----------------------------------------
+
+// The target the kernels dispatch to now, e.g. "AVX3", "AVX2", "EMU128".
+std::string ActiveTargetName();
+// Every compiled target this CPU supports, best first.
+std::vector<std::string> SupportedTargetNames();
+// Restricts dispatch to the named target (one of SupportedTargetNames());
+// "" lifts the restriction. False if the name is unknown. For tests: not
+// thread-safe against concurrent kernel calls.
+bool UseOnlyTarget(std::string_view name);
+
+}  // namespace deltasync::kernels

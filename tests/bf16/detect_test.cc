@@ -1,0 +1,473 @@
+// DetectChanges and ToPublishedState against straightforward references,
+// across change rates, sizes, thread counts, chunk sizes and SIMD targets.
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bf16/bf16_test_util.h"
+#include "bf16/chunked.h"
+#include "bf16/chunks.h"
+#include "bf16/scratch.h"
+#include "deltasync/changes.h"
+
+namespace deltasync {
+namespace {
+
+using testing_bf16::ElementBits;
+using testing_bf16::ExpectSameChanges;
+using testing_bf16::ForEachTarget;
+using testing_bf16::Mutate;
+using testing_bf16::OwnedTensor;
+using testing_bf16::RandomTensor;
+using testing_bf16::ReferenceDetect;
+using testing_bf16::SetElementBits;
+using testing_bf16::Views;
+
+WeightState StateOf(const std::vector<OwnedTensor>& tensors) {
+  auto state = WeightState::FromViews(Views(tensors));
+  EXPECT_TRUE(state.ok()) << state.status().ToString();
+  return std::move(state).value();
+}
+
+// A model-like mix: bf16 weights of awkward sizes (not multiples of any
+// vector width), an empty tensor, and other dtypes carried bitwise.
+std::vector<OwnedTensor> MixedTensors(std::mt19937_64& rng) {
+  return {
+      RandomTensor(rng, "layers.0.attn.q_proj.weight", DType::kBF16, {67, 129}),
+      RandomTensor(rng, "layers.0.mlp.down_proj.weight", DType::kBF16, {3001}),
+      RandomTensor(rng, "layers.0.norm.weight", DType::kBF16, {7}),
+      RandomTensor(rng, "layers.0.empty", DType::kBF16, {0, 5}),
+      RandomTensor(rng, "layers.0.router.bias", DType::kF32, {131}),
+      RandomTensor(rng, "layers.0.f16", DType::kF16, {77}),
+      RandomTensor(rng, "layers.0.f64", DType::kF64, {45}),
+      RandomTensor(rng, "layers.0.steps", DType::kI64, {9}),
+      RandomTensor(rng, "layers.0.ids", DType::kI32, {65}),
+      RandomTensor(rng, "layers.0.mask", DType::kBool, {200}),
+      RandomTensor(rng, "layers.0.fp8", DType::kF8_E4M3, {333}),
+      RandomTensor(rng, "a.scalar", DType::kBF16, {}),
+  };
+}
+
+TEST(DetectChangesTest, MatchesReferenceAtEveryChangeRate) {
+  for (double rate : {0.0, 0.001, 0.034, 0.5, 1.0}) {
+    SCOPED_TRACE("rate " + std::to_string(rate));
+    std::mt19937_64 rng(static_cast<uint64_t>(rate * 1000) + 1);
+    std::vector<OwnedTensor> tensors = MixedTensors(rng);
+    const WeightState published = StateOf(tensors);
+    for (OwnedTensor& t : tensors) Mutate(rng, t, rate);
+    const auto want = ReferenceDetect(published, tensors);
+    if (rate == 1.0) {
+      uint64_t changed = 0;
+      for (const auto& tc : want) changed += tc.count();
+      EXPECT_EQ(changed, published.total_elements());
+    }
+    ForEachTarget([&] {
+      auto got = DetectChanges(published, Views(tensors), {.threads = 2});
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ExpectSameChanges(*got, want);
+    });
+  }
+}
+
+TEST(DetectChangesTest, ZeroChangesGivesEmptyResult) {
+  std::mt19937_64 rng(3);
+  const std::vector<OwnedTensor> tensors = MixedTensors(rng);
+  const WeightState published = StateOf(tensors);
+  auto got = DetectChanges(published, Views(tensors));
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(got->empty());
+}
+
+// Chunk boundaries anywhere, and any thread count, give the same output.
+TEST(DetectChangesTest, ChunkSizeAndThreadsDoNotMatter) {
+  std::mt19937_64 rng(11);
+  std::vector<OwnedTensor> tensors = MixedTensors(rng);
+  const WeightState published = StateOf(tensors);
+  for (OwnedTensor& t : tensors) Mutate(rng, t, 0.05);
+  const auto want = ReferenceDetect(published, tensors);
+  for (uint64_t chunk :
+       {uint64_t{1}, uint64_t{3}, uint64_t{64}, uint64_t{1000}, bf16::kDefaultChunkElements}) {
+    for (int threads : {1, 4}) {
+      SCOPED_TRACE("chunk " + std::to_string(chunk) + " threads " + std::to_string(threads));
+      auto got = bf16::DetectChangesChunked(published, Views(tensors), {.threads = threads}, chunk);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ExpectSameChanges(*got, want);
+    }
+  }
+}
+
+// fp32 masters against a bf16 published state: rounding happens first, so
+// fp32 changes below half a bf16 ulp are not changes.
+TEST(DetectChangesTest, Fp32CurrentIsRoundedBeforeComparing) {
+  std::mt19937_64 rng(5);
+  OwnedTensor master = RandomTensor(rng, "w", DType::kF32, {4099});
+  OwnedTensor bf{"w", DType::kBF16, {4099}, std::vector<uint8_t>(4099 * 2)};
+  ConvertFp32ToBf16(reinterpret_cast<const float*>(master.data.data()),
+                    reinterpret_cast<uint16_t*>(bf.data.data()), 4099);
+  const WeightState published = StateOf({bf});
+  for (uint64_t i = 0; i < 4099; ++i) {
+    uint64_t bits = ElementBits(master.data.data(), 4, i);
+    if (rng() % 4 == 0) bits ^= (rng() & 0x3F) << 16;  // moves the bf16 value
+    bits ^= rng() & 0x7FFF;  // below the rounding bit: may or may not round differently
+    SetElementBits(master.data.data(), 4, i, bits);
+  }
+  const auto want = ReferenceDetect(published, {master});
+  ASSERT_EQ(want.size(), 1u);
+  EXPECT_GT(want[0].count(), 500u);
+  EXPECT_LT(want[0].count(), 4099u);
+  ForEachTarget([&] {
+    for (uint64_t chunk : {uint64_t{7}, bf16::kDefaultChunkElements}) {
+      auto got = bf16::DetectChangesChunked(published, Views({master}), {.threads = 3}, chunk);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ExpectSameChanges(*got, want);
+      EXPECT_EQ((*got)[0].dtype, DType::kBF16);
+    }
+  });
+}
+
+TEST(DetectChangesTest, OtherDtypesAreCarriedWithTheirDtype) {
+  std::mt19937_64 rng(8);
+  std::vector<OwnedTensor> tensors = {RandomTensor(rng, "router.bias", DType::kF32, {10}),
+                                      RandomTensor(rng, "w", DType::kBF16, {10})};
+  const WeightState published = StateOf(tensors);
+  SetElementBits(tensors[0].data.data(), 4, 3, 0x3F800000);  // 1.0f
+  auto got = DetectChanges(published, Views(tensors));
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->size(), 1u);
+  const TensorChanges& tc = (*got)[0];
+  EXPECT_EQ(tc.name, "router.bias");
+  EXPECT_EQ(tc.dtype, DType::kF32);
+  EXPECT_EQ(tc.indices, std::vector<uint64_t>{3});
+  EXPECT_EQ(tc.values, (std::vector<uint8_t>{0x00, 0x00, 0x80, 0x3F}));
+}
+
+// Results come in published (sorted) order whatever order current is in.
+TEST(DetectChangesTest, OutputFollowsPublishedOrder) {
+  std::mt19937_64 rng(9);
+  std::vector<OwnedTensor> tensors = {RandomTensor(rng, "c", DType::kBF16, {50}),
+                                      RandomTensor(rng, "a", DType::kBF16, {50}),
+                                      RandomTensor(rng, "b", DType::kBF16, {50})};
+  const WeightState published = StateOf(tensors);
+  for (OwnedTensor& t : tensors) Mutate(rng, t, 1.0);
+  auto got = DetectChanges(published, Views(tensors));
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->size(), 3u);
+  EXPECT_EQ((*got)[0].name, "a");
+  EXPECT_EQ((*got)[1].name, "b");
+  EXPECT_EQ((*got)[2].name, "c");
+}
+
+class NonFiniteTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::mt19937_64 rng(21);
+    tensors_ = {RandomTensor(rng, "a.ok", DType::kBF16, {300}),
+                RandomTensor(rng, "b.weight", DType::kBF16, {3000}),
+                RandomTensor(rng, "c.ids", DType::kI32, {20})};
+    published_ = StateOf(tensors_);
+  }
+  std::vector<OwnedTensor> tensors_;
+  WeightState published_;
+};
+
+TEST_F(NonFiniteTest, NaNIsRefusedNamingTensorAndFirstIndex) {
+  SetElementBits(tensors_[1].data.data(), 2, 2500, 0xFFC1);  // NaN
+  SetElementBits(tensors_[1].data.data(), 2, 1777, 0x7F80);  // +Inf, earlier
+  // An integer whose bits look like Inf is not a float: never refused.
+  SetElementBits(tensors_[2].data.data(), 4, 0, 0x7F800000);
+  for (uint64_t chunk : {uint64_t{1}, uint64_t{100}, bf16::kDefaultChunkElements}) {
+    for (int threads : {1, 4}) {
+      auto got =
+          bf16::DetectChangesChunked(published_, Views(tensors_), {.threads = threads}, chunk);
+      ASSERT_FALSE(got.ok());
+      EXPECT_EQ(got.status().code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(got.status().message().find("tensor 'b.weight': element 1777 is +Inf"),
+                std::string::npos)
+          << got.status().message();
+    }
+  }
+}
+
+TEST_F(NonFiniteTest, AllowNonfinitePassesBitsThrough) {
+  SetElementBits(tensors_[1].data.data(), 2, 2500, 0xFFC1);
+  auto got = DetectChanges(published_, Views(tensors_), {.allow_nonfinite = true});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameChanges(*got, ReferenceDetect(published_, tensors_));
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_EQ((*got)[0].indices, std::vector<uint64_t>{2500});
+  EXPECT_EQ((*got)[0].values, (std::vector<uint8_t>{0xC1, 0xFF}));
+}
+
+TEST_F(NonFiniteTest, UnchangedNaNIsStillRefused) {
+  // The published state itself may hold a NaN (published with
+  // allow_nonfinite); the current weights are what is checked.
+  SetElementBits(tensors_[0].data.data(), 2, 5, 0x7FC0);
+  auto nan_published = WeightState::FromViews(Views(tensors_));
+  ASSERT_TRUE(nan_published.ok());
+  auto got = DetectChanges(*nan_published, Views(tensors_));
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("tensor 'a.ok': element 5 is NaN"), std::string::npos)
+      << got.status().message();
+}
+
+TEST(DetectNonFiniteTest, Fp32OverflowAndOtherFloatDtypes) {
+  std::mt19937_64 rng(4);
+  OwnedTensor master = RandomTensor(rng, "w", DType::kF32, {40});
+  OwnedTensor bf{"w", DType::kBF16, {40}, std::vector<uint8_t>(80)};
+  const WeightState published = StateOf({bf});
+  SetElementBits(master.data.data(), 4, 33, 0x7F7FFFFF);  // finite, rounds to +Inf
+  auto got = DetectChanges(published, Views({master}));
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(
+      got.status().message().find("tensor 'w': element 33 is fp32 3.40282347e+38, which rounds "
+                                  "to bf16 +Inf"),
+      std::string::npos)
+      << got.status().message();
+
+  for (DType dtype : {DType::kF16, DType::kF32, DType::kF64}) {
+    OwnedTensor t = RandomTensor(rng, "x", dtype, {19});
+    const WeightState pub = StateOf({t});
+    const size_t size = DTypeSize(dtype);
+    const uint64_t neg_inf = dtype == DType::kF16   ? 0xFC00
+                             : dtype == DType::kF32 ? 0xFF800000
+                                                    : 0xFFF0000000000000;
+    SetElementBits(t.data.data(), size, 18, neg_inf);
+    auto r = DetectChanges(pub, Views({t}));
+    ASSERT_FALSE(r.ok()) << DTypeName(dtype);
+    EXPECT_NE(r.status().message().find("tensor 'x': element 18 is -Inf"), std::string::npos)
+        << r.status().message();
+    EXPECT_TRUE(DetectChanges(pub, Views({t}), {.allow_nonfinite = true}).ok());
+  }
+}
+
+TEST(DetectErrorsTest, MismatchesNameTheTensor) {
+  std::mt19937_64 rng(6);
+  const std::vector<OwnedTensor> tensors = {RandomTensor(rng, "a", DType::kBF16, {2, 3}),
+                                            RandomTensor(rng, "b", DType::kF32, {4})};
+  const WeightState published = StateOf(tensors);
+  auto expect_error = [&](std::vector<OwnedTensor> current, const std::string& text) {
+    auto got = DetectChanges(published, Views(current));
+    ASSERT_FALSE(got.ok()) << text;
+    EXPECT_EQ(got.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(got.status().message().find(text), std::string::npos) << got.status().message();
+  };
+  expect_error({tensors[0]}, "tensor 'b' is in the published state but missing");
+  expect_error({tensors[0], tensors[1], RandomTensor(rng, "z", DType::kBF16, {1})},
+               "tensor 'z' is in the current weights but not in the published state");
+  expect_error({tensors[0], tensors[1], tensors[1]}, "tensor 'b' appears twice");
+  OwnedTensor reshaped = tensors[0];
+  reshaped.shape = {3, 2};
+  expect_error({reshaped, tensors[1]},
+               "tensor 'a': current shape [3, 2] does not match published shape [2, 3]");
+  OwnedTensor f16 = tensors[0];
+  f16.dtype = DType::kF16;
+  expect_error({f16, tensors[1]},
+               "tensor 'a': current dtype F16 cannot be compared with published dtype BF16");
+  // F32 -> BF16 rounding applies only to a bf16 published tensor.
+  OwnedTensor b16{"b", DType::kBF16, {4}, std::vector<uint8_t>(8)};
+  expect_error({tensors[0], b16},
+               "tensor 'b': current dtype BF16 cannot be compared with published dtype F32");
+  OwnedTensor short_data = tensors[0];
+  short_data.data.pop_back();
+  expect_error({short_data, tensors[1]}, "tensor 'a': 11 bytes do not match shape [2, 3] x BF16");
+}
+
+TEST(ToPublishedStateTest, RoundsF32AndCopiesTheRest) {
+  std::mt19937_64 rng(12);
+  const std::vector<OwnedTensor> current = {RandomTensor(rng, "z.master", DType::kF32, {1000, 3}),
+                                            RandomTensor(rng, "a.bf16", DType::kBF16, {33}),
+                                            RandomTensor(rng, "m.ids", DType::kI64, {5}),
+                                            RandomTensor(rng, "f.half", DType::kF16, {9})};
+  for (uint64_t chunk : {uint64_t{5}, bf16::kDefaultChunkElements}) {
+    for (int threads : {1, 3}) {
+      auto state = bf16::ToPublishedStateChunked(Views(current), {.threads = threads}, chunk);
+      ASSERT_TRUE(state.ok()) << state.status().ToString();
+      ASSERT_EQ(state->tensors().size(), 4u);
+      EXPECT_EQ(state->tensors()[0].name, "a.bf16");  // sorted by name
+      const WeightState::Tensor* master = state->Find("z.master");
+      ASSERT_NE(master, nullptr);
+      EXPECT_EQ(master->dtype, DType::kBF16);
+      EXPECT_EQ(master->shape, (std::vector<uint64_t>{1000, 3}));
+      for (uint64_t i = 0; i < 3000; ++i) {
+        ASSERT_EQ(ElementBits(master->data.data(), 2, i),
+                  testing_bf16::ReferenceFp32ToBf16(
+                      static_cast<uint32_t>(ElementBits(current[0].data.data(), 4, i))));
+      }
+      EXPECT_EQ(state->Find("a.bf16")->data, current[1].data);
+      EXPECT_EQ(state->Find("m.ids")->data, current[2].data);
+      EXPECT_EQ(state->Find("f.half")->dtype, DType::kF16);
+      // Nothing changed since: detection against itself finds nothing.
+      auto changes = DetectChanges(*state, Views(current));
+      ASSERT_TRUE(changes.ok());
+      EXPECT_TRUE(changes->empty());
+    }
+  }
+}
+
+TEST(ToPublishedStateTest, RefusesNonFiniteUnlessAllowed) {
+  std::mt19937_64 rng(13);
+  std::vector<OwnedTensor> current = {RandomTensor(rng, "b", DType::kF32, {100}),
+                                      RandomTensor(rng, "a", DType::kF16, {100})};
+  SetElementBits(current[0].data.data(), 4, 64, 0x7FC00000);
+  SetElementBits(current[1].data.data(), 2, 99, 0x7C00);
+  for (uint64_t chunk : {uint64_t{8}, bf16::kDefaultChunkElements}) {
+    auto state = bf16::ToPublishedStateChunked(Views(current), {.threads = 4}, chunk);
+    ASSERT_FALSE(state.ok());
+    // "a" sorts first, so it is the one reported.
+    EXPECT_NE(state.status().message().find("tensor 'a': element 99 is +Inf"), std::string::npos)
+        << state.status().message();
+  }
+  auto allowed = ToPublishedState(Views(current), {.allow_nonfinite = true});
+  ASSERT_TRUE(allowed.ok());
+  EXPECT_EQ(ElementBits(allowed->Find("b")->data.data(), 2, 64), 0x7FC0u);
+  auto dup = ToPublishedState(Views({current[0], current[0]}));
+  EXPECT_FALSE(dup.ok());
+}
+
+// Enough changes that the per-worker scratch grows past 2 MiB, where it
+// switches from mremap to fresh huge-page-aligned mappings plus a copy.
+TEST(DetectChangesTest, LargeOutputsSurviveScratchGrowth) {
+  std::mt19937_64 rng(14);
+  std::vector<OwnedTensor> tensors = {RandomTensor(rng, "big", DType::kBF16, {700001}),
+                                      RandomTensor(rng, "f64", DType::kF64, {3})};
+  const WeightState published = StateOf(tensors);
+  for (OwnedTensor& t : tensors) Mutate(rng, t, 1.0);
+  auto got = DetectChanges(published, Views(tensors), {.threads = 1});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameChanges(*got, ReferenceDetect(published, tensors));
+}
+
+TEST(ScratchBufferTest, GrowthKeepsContents) {
+  bf16::ScratchBuffer buffer;
+  size_t filled = 0;
+  for (size_t size : {size_t{100}, size_t{70000}, size_t{3} << 20, size_t{9} << 20}) {
+    ASSERT_TRUE(buffer.Reserve(size));
+    for (size_t i = 0; i < filled; ++i) ASSERT_EQ(buffer.data()[i], static_cast<uint8_t>(i * 7));
+    for (size_t i = filled; i < size; ++i) buffer.data()[i] = static_cast<uint8_t>(i * 7);
+    filled = size;
+  }
+  EXPECT_TRUE(buffer.Reserve(10));  // shrinking requests keep what is there
+  EXPECT_EQ(buffer.data()[(size_t{9} << 20) - 1],
+            static_cast<uint8_t>(((size_t{9} << 20) - 1) * 7));
+}
+
+// ---- kernels and chunking: 64-bit index math without 2^32-element tensors
+
+TEST(ChunksTest, SplitsWithSixtyFourBitCounts) {
+  const std::vector<uint64_t> counts = {0, 5, uint64_t{1} << 40, 0, UINT64_MAX};
+  const auto chunks = bf16::SplitIntoChunks(counts, uint64_t{1} << 63);
+  ASSERT_EQ(chunks.size(), 4u);
+  EXPECT_EQ(chunks[0].tensor, 1u);
+  EXPECT_EQ(chunks[0].end, 5u);
+  EXPECT_EQ(chunks[1].tensor, 2u);
+  EXPECT_EQ(chunks[1].end, uint64_t{1} << 40);
+  EXPECT_EQ(chunks[2].tensor, 4u);
+  EXPECT_EQ(chunks[2].end, uint64_t{1} << 63);
+  EXPECT_EQ(chunks[3].begin, uint64_t{1} << 63);
+  EXPECT_EQ(chunks[3].end, UINT64_MAX);
+  const auto small = bf16::SplitIntoChunks(std::vector<uint64_t>{10}, 4);
+  ASSERT_EQ(small.size(), 3u);
+  EXPECT_EQ(small[2].begin, 8u);
+  EXPECT_EQ(small[2].end, 10u);
+}
+
+TEST(CompareKernelTest, IndicesAboveTwoToThe32) {
+  const uint64_t base = (uint64_t{1} << 32) - 40;
+  std::vector<uint16_t> pub(100, 0x3F80), cur = pub;
+  for (size_t k : {0u, 39u, 40u, 41u, 99u}) cur[k] = 0x4000;
+  ForEachTarget([&] {
+    std::vector<uint64_t> idx(100 + kernels::kCompareOutputSlack);
+    std::vector<uint16_t> val(100 + kernels::kCompareOutputSlack);
+    size_t bad = 0;
+    const size_t n =
+        kernels::Compare16(pub.data(), cur.data(), 100, base, 0x7F80, idx.data(), val.data(), &bad);
+    EXPECT_EQ(bad, 100u);
+    ASSERT_EQ(n, 5u);
+    EXPECT_EQ(idx[0], base);
+    EXPECT_EQ(idx[1], (uint64_t{1} << 32) - 1);
+    EXPECT_EQ(idx[2], uint64_t{1} << 32);
+    EXPECT_EQ(idx[3], (uint64_t{1} << 32) + 1);
+    EXPECT_EQ(idx[4], base + 99);
+  });
+}
+
+// Every element width, every target, unaligned inputs, all tail lengths.
+TEST(CompareKernelTest, AllWidthsMatchScalar) {
+  std::mt19937_64 rng(31);
+  std::vector<uint64_t> raw_pub(300), raw_cur(300);
+  for (size_t i = 0; i < raw_pub.size(); ++i) {
+    raw_pub[i] = rng();
+    raw_cur[i] = rng() % 3 == 0 ? rng() : raw_pub[i];
+  }
+  auto check = [&](auto zero, auto compare) {
+    using T = decltype(zero);
+    // Byte offset 1: misaligned for every width > 1.
+    const auto* pub = reinterpret_cast<const uint8_t*>(raw_pub.data()) + 1;
+    const auto* cur = reinterpret_cast<const uint8_t*>(raw_cur.data()) + 1;
+    for (size_t n = 0; n <= 130; ++n) {
+      std::vector<uint64_t> idx(n + kernels::kCompareOutputSlack);
+      std::vector<T> val(n + kernels::kCompareOutputSlack);
+      const size_t got = compare(reinterpret_cast<const T*>(pub), reinterpret_cast<const T*>(cur),
+                                 n, idx.data(), val.data());
+      size_t want = 0;
+      for (size_t k = 0; k < n; ++k) {
+        T p, c;
+        std::memcpy(&p, pub + k * sizeof(T), sizeof(T));
+        std::memcpy(&c, cur + k * sizeof(T), sizeof(T));
+        if (p == c) continue;
+        ASSERT_LT(want, got);
+        EXPECT_EQ(idx[want], 1000 + k);
+        EXPECT_EQ(val[want], c);
+        ++want;
+      }
+      ASSERT_EQ(got, want) << "n=" << n;
+    }
+  };
+  ForEachTarget([&] {
+    size_t bad;
+    check(uint8_t{}, [](const uint8_t* p, const uint8_t* c, size_t n, uint64_t* i, uint8_t* v) {
+      return kernels::Compare8(p, c, n, 1000, i, v);
+    });
+    check(uint16_t{},
+          [&](const uint16_t* p, const uint16_t* c, size_t n, uint64_t* i, uint16_t* v) {
+            return kernels::Compare16(p, c, n, 1000, 0, i, v, &bad);
+          });
+    check(uint32_t{},
+          [&](const uint32_t* p, const uint32_t* c, size_t n, uint64_t* i, uint32_t* v) {
+            return kernels::Compare32(p, c, n, 1000, 0, i, v, &bad);
+          });
+    check(uint64_t{},
+          [&](const uint64_t* p, const uint64_t* c, size_t n, uint64_t* i, uint64_t* v) {
+            return kernels::Compare64(p, c, n, 1000, 0, i, v, &bad);
+          });
+  });
+}
+
+TEST(CompareKernelTest, FindsFirstNonFiniteAtEveryOffset) {
+  ForEachTarget([] {
+    for (size_t n : {1u, 31u, 64u, 70u}) {
+      for (size_t at = 0; at < n; ++at) {
+        std::vector<uint16_t> pub(n, 0x3F80), cur(n, 0x3F80);
+        std::vector<uint64_t> idx(n + kernels::kCompareOutputSlack);
+        std::vector<uint16_t> val(n + kernels::kCompareOutputSlack);
+        cur[at] = 0xFF80;
+        if (at + 1 < n) cur[n - 1] = 0x7FC0;
+        size_t bad = 0;
+        kernels::Compare16(pub.data(), cur.data(), n, 0, 0x7F80, idx.data(), val.data(), &bad);
+        ASSERT_EQ(bad, at) << "n=" << n;
+        std::vector<uint32_t> cur32(n, 0x3F800000);
+        cur32[at] = 0x7F800001;
+        kernels::CompareF32ToBf16(pub.data(), cur32.data(), n, 0, true, idx.data(), val.data(),
+                                  &bad);
+        ASSERT_EQ(bad, at) << "n=" << n;
+      }
+    }
+  });
+}
+
+}  // namespace
+}  // namespace deltasync

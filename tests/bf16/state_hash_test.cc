@@ -1,0 +1,271 @@
+// StateHash: the SIMD sums against the scalar definition, incremental
+// updates against full recomputation, sensitivity, hex, and a known answer
+// that pins the function (it is part of the wire format).
+
+#include "deltasync/state_hash.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bf16/bf16_test_util.h"
+#include "bf16/chunked.h"
+#include "bf16/chunks.h"
+#include "bf16/hash_term.h"
+
+namespace deltasync {
+namespace {
+
+using testing_bf16::ElementBits;
+using testing_bf16::ForEachTarget;
+using testing_bf16::Mutate;
+using testing_bf16::OwnedTensor;
+using testing_bf16::RandomTensor;
+using testing_bf16::SetElementBits;
+using testing_bf16::Views;
+
+// The definition, one element at a time.
+StateHash ReferenceHash(const std::vector<TensorView>& tensors) {
+  StateHash h;
+  for (const TensorView& t : tensors) {
+    const auto seeds = state_hash::SeedsFor(t.name, t.dtype, t.shape);
+    h += StateHash{seeds.descriptor_term[0], seeds.descriptor_term[1]};
+    const size_t size = DTypeSize(t.dtype);
+    for (uint64_t i = 0; i < t.num_elements(); ++i) {
+      const uint64_t bits = ElementBits(t.data.data(), size, i);
+      h.lo += state_hash::ElementTerm(0, seeds.element_seed[0], i, bits);
+      h.hi += state_hash::ElementTerm(1, seeds.element_seed[1], i, bits);
+    }
+  }
+  return h;
+}
+
+std::vector<OwnedTensor> SomeTensors(std::mt19937_64& rng) {
+  return {RandomTensor(rng, "embed", DType::kBF16, {37, 61}),
+          RandomTensor(rng, "norm", DType::kBF16, {5}),
+          RandomTensor(rng, "bias", DType::kF32, {130}),
+          RandomTensor(rng, "f16", DType::kF16, {33}),
+          RandomTensor(rng, "steps", DType::kI64, {17}),
+          RandomTensor(rng, "mask", DType::kBool, {99}),
+          RandomTensor(rng, "empty", DType::kBF16, {0}),
+          RandomTensor(rng, "scalar", DType::kF64, {})};
+}
+
+TEST(StateHashTest, EveryTargetMatchesTheScalarDefinition) {
+  std::mt19937_64 rng(1);
+  const std::vector<OwnedTensor> tensors = SomeTensors(rng);
+  const StateHash want = ReferenceHash(Views(tensors));
+  ForEachTarget([&] {
+    for (uint64_t chunk : {uint64_t{1}, uint64_t{13}, bf16::kDefaultChunkElements}) {
+      for (int threads : {1, 3}) {
+        EXPECT_EQ(bf16::HashTensorsChunked(Views(tensors), threads, chunk), want);
+      }
+    }
+  });
+}
+
+// Every tail length and misaligned data, per element width.
+TEST(StateHashTest, KernelTailsAndAlignment) {
+  std::mt19937_64 rng(2);
+  std::vector<uint8_t> bytes(8 * 80 + 1);
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+  ForEachTarget([&] {
+    for (DType dtype : {DType::kU8, DType::kBF16, DType::kF32, DType::kI64}) {
+      const size_t size = DTypeSize(dtype);
+      for (uint64_t n = 0; n <= 80; ++n) {
+        const TensorView t{"t", dtype, {n}, ByteSpan(bytes.data() + 1, n * size)};
+        ASSERT_EQ(HashTensors(std::vector<TensorView>{t}, 1), ReferenceHash({t}))
+            << DTypeName(dtype) << " n=" << n;
+      }
+    }
+  });
+}
+
+// The flat index enters the term as a 64-bit product: check spans that
+// start near and above 2^32 without allocating such tensors.
+TEST(StateHashTest, KernelIndicesAboveTwoToThe32) {
+  std::mt19937_64 rng(3);
+  std::vector<uint16_t> data(200);
+  for (uint16_t& v : data) v = static_cast<uint16_t>(rng());
+  const uint64_t seed[2] = {rng(), rng()};
+  for (uint64_t base : {(uint64_t{1} << 32) - 77, (uint64_t{1} << 40) + 3, UINT64_MAX - 500}) {
+    uint64_t want[2] = {0, 0};
+    for (size_t k = 0; k < data.size(); ++k) {
+      for (int lane = 0; lane < 2; ++lane) {
+        want[lane] += state_hash::ElementTerm(lane, seed[lane], base + k, data[k]);
+      }
+    }
+    ForEachTarget([&] {
+      uint64_t got[2] = {0, 0};
+      kernels::HashElements16(data.data(), data.size(), base, seed, got);
+      EXPECT_EQ(got[0], want[0]);
+      EXPECT_EQ(got[1], want[1]);
+      // The delta kernel computes the same terms from explicit indices.
+      std::vector<uint64_t> idx(data.size()), bits(data.size()), zeros(data.size(), 0);
+      uint64_t zero_terms[2] = {0, 0};
+      for (size_t k = 0; k < data.size(); ++k) {
+        idx[k] = base + k;
+        bits[k] = data[k];
+        for (int lane = 0; lane < 2; ++lane) {
+          zero_terms[lane] += state_hash::ElementTerm(lane, seed[lane], base + k, 0);
+        }
+      }
+      uint64_t diff[2] = {0, 0};
+      kernels::HashTermDiffs(idx.data(), bits.data(), zeros.data(), idx.size(), seed, diff);
+      EXPECT_EQ(diff[0], want[0] - zero_terms[0]);
+      EXPECT_EQ(diff[1], want[1] - zero_terms[1]);
+    });
+  }
+}
+
+// Applies detected changes to `state` in place.
+void Apply(WeightState& state, const std::vector<TensorChanges>& changes) {
+  for (const TensorChanges& tc : changes) {
+    WeightState::Tensor* t = state.FindMutable(tc.name);
+    const size_t size = DTypeSize(t->dtype);
+    for (size_t k = 0; k < tc.count(); ++k) {
+      std::memcpy(t->data.data() + tc.indices[k] * size, tc.values.data() + k * size, size);
+    }
+  }
+}
+
+TEST(StateHashTest, IncrementalEqualsFullOverManyRounds) {
+  std::mt19937_64 rng(4);
+  std::vector<OwnedTensor> current = SomeTensors(rng);
+  auto state_or = WeightState::FromViews(Views(current));
+  ASSERT_TRUE(state_or.ok());
+  WeightState state = std::move(state_or).value();
+  StateHash h = HashState(state);
+  ForEachTarget([&] {
+    for (int round = 0; round < 25; ++round) {
+      const double rate = round % 5 == 0 ? 1.0 : 0.02 * (round % 5);
+      for (OwnedTensor& t : current) Mutate(rng, t, rate);
+      auto changes = DetectChanges(state, Views(current), {.threads = 2});
+      ASSERT_TRUE(changes.ok()) << changes.status().ToString();
+      for (const TensorChanges& tc : *changes) h += HashDelta(state.Find(tc.name)->view(), tc);
+      Apply(state, *changes);
+      ASSERT_EQ(h, HashState(state, 2)) << "round " << round;
+    }
+  });
+}
+
+TEST(StateHashTest, HashDeltaOfNoOpAndOutOfRange) {
+  std::mt19937_64 rng(5);
+  const OwnedTensor t = RandomTensor(rng, "w", DType::kBF16, {10});
+  // Rewriting an element with its own value changes nothing.
+  TensorChanges same{"w", DType::kBF16, {4}, {t.data[8], t.data[9]}};
+  EXPECT_EQ(HashDelta(t.view(), same), StateHash{});
+  // Indices past the end break the REQUIRES; they are skipped, not read.
+  TensorChanges bad{"w", DType::kBF16, {10, 1ull << 60}, {1, 2, 3, 4}};
+  EXPECT_EQ(HashDelta(t.view(), bad), StateHash{});
+}
+
+StateHash HashOne(const OwnedTensor& t) { return HashTensors(std::vector<TensorView>{t.view()}); }
+
+TEST(StateHashTest, SensitiveToPositionNameShapeAndDtype) {
+  std::mt19937_64 rng(6);
+  const OwnedTensor base = RandomTensor(rng, "w", DType::kBF16, {2, 3});
+  const StateHash h = HashOne(base);
+
+  OwnedTensor swapped = base;  // swap the values of elements 1 and 4
+  std::swap_ranges(swapped.data.begin() + 2, swapped.data.begin() + 4, swapped.data.begin() + 8);
+  ASSERT_NE(swapped.data, base.data);
+  EXPECT_NE(HashOne(swapped), h);
+
+  OwnedTensor moved = base;  // element 0's value moved to element 5, 0 zeroed
+  std::copy(base.data.begin(), base.data.begin() + 2, moved.data.begin() + 10);
+  moved.data[0] = moved.data[1] = 0;
+  EXPECT_NE(HashOne(moved), h);
+
+  OwnedTensor renamed = base;
+  renamed.name = "v";
+  EXPECT_NE(HashOne(renamed), h);
+
+  OwnedTensor reshaped = base;
+  reshaped.shape = {3, 2};
+  EXPECT_NE(HashOne(reshaped), h);
+
+  OwnedTensor retyped = base;
+  retyped.dtype = DType::kF16;  // same bytes, other dtype
+  EXPECT_NE(HashOne(retyped), h);
+
+  // Two tensors with the same bytes but different names.
+  OwnedTensor a = base, b = base;
+  b.name = "w2";
+  EXPECT_NE(HashOne(a), HashOne(b));
+
+  // A state is a set of tensors: their order in the list does not matter.
+  const std::vector<OwnedTensor> ab = {a, b}, ba = {b, a};
+  EXPECT_EQ(HashTensors(Views(ab)), HashTensors(Views(ba)));
+}
+
+// The term is a bijection of the element bits, so any single-element change
+// moves both lanes.
+TEST(StateHashTest, EverySingleElementChangeMovesBothLanes) {
+  std::mt19937_64 rng(7);
+  OwnedTensor t = RandomTensor(rng, "w", DType::kBF16, {64});
+  const StateHash h = HashOne(t);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const uint64_t i = rng() % 64;
+    const uint64_t old = ElementBits(t.data.data(), 2, i);
+    const uint64_t now = old ^ (1 + rng() % 0xFFFF);
+    TensorChanges tc{
+        "w", DType::kBF16, {i}, {static_cast<uint8_t>(now), static_cast<uint8_t>(now >> 8)}};
+    const StateHash d = HashDelta(t.view(), tc);
+    ASSERT_NE(d.lo, 0u);
+    ASSERT_NE(d.hi, 0u);
+  }
+  EXPECT_EQ(HashOne(t), h);
+}
+
+TEST(StateHashTest, HexRoundTrip) {
+  const StateHash h{0x0123456789ABCDEFull, 0xFEDCBA9876543210ull};
+  EXPECT_EQ(h.Hex(), "fedcba98765432100123456789abcdef");
+  auto parsed = StateHash::FromHex(h.Hex());
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(*parsed, h);
+  EXPECT_EQ(StateHash{}.Hex(), std::string(32, '0'));
+  std::mt19937_64 rng(8);
+  for (int i = 0; i < 100; ++i) {
+    const StateHash r{rng(), rng()};
+    EXPECT_EQ(StateHash::FromHex(r.Hex()).value(), r);
+  }
+}
+
+TEST(StateHashTest, FromHexRejectsBadInput) {
+  for (const std::string& bad : std::vector<std::string>{
+           "", "0", std::string(31, '0'), std::string(33, '0'),
+           "FEDCBA98765432100123456789ABCDEF",  // upper case
+           "fedcba98765432100123456789abcdeg", " edcba98765432100123456789abcdef",
+           "0x dcba98765432100123456789abcdef", std::string(31, '0') + '\0'}) {
+    auto r = StateHash::FromHex(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("state hash"), std::string::npos);
+  }
+}
+
+// The state described in docs/format/state-hash.md ("Test vector"). If this
+// fails the function changed: that breaks every stored manifest.
+TEST(StateHashTest, KnownAnswer) {
+  const std::vector<uint8_t> a = {0x80, 0x3F, 0x80, 0xBF, 0x00, 0x00,   // 1, -1, 0
+                                  0x00, 0x80, 0x7F, 0x7F, 0x01, 0x00};  // -0, max, min subnormal
+  const std::vector<uint8_t> b = {0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x20, 0xC0};  // 1.0f, -2.5f
+  const std::vector<uint8_t> c = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};  // -1
+  const std::vector<uint8_t> d = {};
+  const std::vector<TensorView> state = {
+      {"model.layers.0.weight", DType::kBF16, {2, 3}, a},
+      {"model.bias", DType::kF32, {2}, b},
+      {"step", DType::kI64, {}, c},
+      {"empty", DType::kU8, {0}, d},
+  };
+  const StateHash h = HashTensors(state, 1);
+  EXPECT_EQ(h, ReferenceHash(state));
+  EXPECT_EQ(h.Hex(), "d39810e37cd7c6ba08863f903193d45c");
+}
+
+}  // namespace
+}  // namespace deltasync
