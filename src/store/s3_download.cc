@@ -1,0 +1,240 @@
+// S3Store reads: Get, GetRange, GetVersioned.
+//
+// One ranged GET of part_size bytes comes first: small objects (manifests,
+// most deltas) arrive in that single request, and for large ones its
+// Content-Range gives the total size. The rest is then fetched as parallel
+// ranged GETs written straight into one buffer. Every later range carries
+// If-Match with the first answer's ETag, so an object replaced meanwhile
+// makes the download start over instead of mixing two versions.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <optional>
+
+#include "common/parallel.h"
+#include "deltasync/s3_store.h"
+#include "store/s3_client.h"
+
+namespace deltasync {
+namespace {
+
+using s3::HttpResponse;
+using s3::S3Call;
+using s3::S3Client;
+
+// A download that saw the object change under it is tried this many times.
+constexpr int kMaxRounds = 3;
+
+struct ContentRange {
+  uint64_t first = 0, last = 0, total = 0;
+};
+
+// "bytes 0-99/1000"; "bytes */1000" (416 answers) gives total only.
+std::optional<ContentRange> ParseContentRange(const std::string& v, bool total_only = false) {
+  ContentRange cr;
+  unsigned long long a = 0, b = 0, t = 0;
+  if (total_only) {
+    if (std::sscanf(v.c_str(), "bytes */%llu", &t) != 1) return std::nullopt;
+    cr.total = t;
+    return cr;
+  }
+  if (std::sscanf(v.c_str(), "bytes %llu-%llu/%llu", &a, &b, &t) != 3 || b < a || b >= t) return std::nullopt;
+  cr.first = a;
+  cr.last = b;
+  cr.total = t;
+  return cr;
+}
+
+std::string RangeHeader(uint64_t first, uint64_t end) {  // [first, end)
+  return "bytes=" + std::to_string(first) + "-" + std::to_string(end - 1);
+}
+
+// A zero-filled buffer of n bytes. Touching a fresh gigabyte costs ~262,000
+// page faults, which one thread takes a good fraction of a second to serve
+// (seconds on a busy VM): the pages are populated from `threads` threads
+// first (MADV_POPULATE_WRITE, Linux 5.14+; skipped where unsupported), so
+// the zero-fill below and the downloads after it run on resident memory.
+std::vector<uint8_t> ZeroedBuffer(size_t n, int threads) {
+  std::vector<uint8_t> v;
+  v.reserve(n);
+#ifdef MADV_POPULATE_WRITE
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(v.data()) + page - 1) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(v.data()) + n) & ~(page - 1);
+  if (end > begin && n >= (64u << 20)) {
+    const size_t pieces = static_cast<size_t>(std::max(threads, 1)) * 4;
+    const uintptr_t step = ((end - begin) / pieces + page) & ~(page - 1);
+    ParallelFor(pieces, threads, [&](size_t i) {
+      uintptr_t lo = begin + i * step;
+      uintptr_t hi = std::min(end, lo + step);
+      if (lo < hi) (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE);
+    });
+  }
+#endif
+  v.resize(n);
+  return v;
+}
+
+struct Fetched {
+  std::vector<uint8_t> bytes;
+  std::string etag;
+};
+
+Status RangeTooLong(const S3Client& c, const std::string& object, uint64_t offset, uint64_t end,
+                    std::optional<uint64_t> total) {
+  return Status::InvalidArgument(c.Url(object) + ": range [" + std::to_string(offset) + ", " +
+                                 std::to_string(end) + ") exceeds the object" +
+                                 (total ? " (" + std::to_string(*total) + " bytes)" : ""));
+}
+
+// A zero-length read still has to prove the object exists and the offset
+// lies within it.
+Result<Fetched> FetchEmpty(S3Client& c, const std::string& object, uint64_t offset) {
+  S3Call head{"HEAD", object};
+  HttpResponse r = c.Send(head);
+  if (!r.ok()) return c.Error(head, r);
+  uint64_t size = std::strtoull(r.Header("content-length").c_str(), nullptr, 10);
+  if (offset > size) return RangeTooLong(c, object, offset, offset, size);
+  return Fetched{{}, r.Header("etag")};
+}
+
+// Fetches [offset, offset + length) (to the end when length is unset) once.
+// Sets *changed when the object was replaced mid-way (the caller retries).
+Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offset,
+                          std::optional<uint64_t> length, bool* changed) {
+  const uint64_t chunk = std::max<uint64_t>(c.options().part_size, 1);
+  if (length && *length == 0) return FetchEmpty(c, object, offset);
+  uint64_t first_len = length ? std::min(*length, chunk) : chunk;
+
+  Fetched out;
+  S3Call first{"GET", object};
+  first.headers = {{"range", RangeHeader(offset, offset + first_len)}};
+  first.grow_into = &out.bytes;
+  HttpResponse r = c.Send(first);
+  if (r.transport_error == 0 && r.status == 416) {
+    // S3 refuses every range of an empty object: read it whole instead.
+    if (offset == 0 && !length) {
+      S3Call whole{"GET", object};
+      whole.grow_into = &out.bytes;
+      r = c.Send(whole);
+      if (!r.ok()) return c.Error(whole, r);
+      out.etag = r.Header("etag");
+      return out;
+    }
+    std::optional<ContentRange> cr = ParseContentRange(r.Header("content-range"), true);
+    return RangeTooLong(c, object, offset, offset + first_len,
+                        cr ? std::optional<uint64_t>(cr->total) : std::nullopt);
+  }
+  if (!r.ok()) return c.Error(first, r);
+  out.etag = r.Header("etag");
+
+  if (r.status == 200) {
+    // The whole object (a server that ignores Range): cut out what was asked.
+    uint64_t total = out.bytes.size();
+    uint64_t end = length ? offset + *length : total;
+    if (offset > total || end > total) return RangeTooLong(c, object, offset, end, total);
+    out.bytes = std::vector<uint8_t>(out.bytes.begin() + static_cast<ptrdiff_t>(offset),
+                                     out.bytes.begin() + static_cast<ptrdiff_t>(end));
+    return out;
+  }
+  std::optional<ContentRange> cr = ParseContentRange(r.Header("content-range"));
+  if (!cr || cr->first != offset || out.bytes.size() != cr->last - cr->first + 1) {
+    return Status::IOError(c.Url(object) + ": GET: malformed partial answer (Content-Range '" +
+                           r.Header("content-range") + "', " + std::to_string(out.bytes.size()) +
+                           " bytes) at " + c.EndpointDescription());
+  }
+  uint64_t end = length ? offset + *length : cr->total;
+  if (end > cr->total) return RangeTooLong(c, object, offset, end, cr->total);
+  uint64_t got = out.bytes.size();
+  if (offset + got >= end) return out;
+
+  // Large: one buffer for everything, the rest fetched in parallel into it.
+  std::vector<uint8_t> all;
+  try {
+    all = ZeroedBuffer(end - offset, c.options().parallelism);
+  } catch (const std::bad_alloc&) {
+    return Status::IOError(c.Url(object) + ": cannot allocate " + std::to_string(end - offset) +
+                           " bytes for the download");
+  }
+  std::memcpy(all.data(), out.bytes.data(), got);
+  out.bytes = std::vector<uint8_t>();
+  const uint64_t rest_begin = offset + got;
+  const size_t n = static_cast<size_t>((end - rest_begin + chunk - 1) / chunk);
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  Status failure;
+  ParallelFor(n, c.options().parallelism, [&](size_t i) {
+    if (stop.load()) return;
+    uint64_t lo = rest_begin + i * chunk;
+    uint64_t hi = std::min(lo + chunk, end);
+    S3Call part{"GET", object};
+    part.headers = {{"range", RangeHeader(lo, hi)}, {"if-match", out.etag}};
+    part.into = MutableByteSpan(all.data() + (lo - offset), hi - lo);
+    HttpResponse pr = c.Send(part);
+    Status st;
+    if (pr.transport_error == 0 && pr.status == 412) {
+      *changed = true;
+      st = Status::Conflict(c.Url(object) + ": replaced while being downloaded");
+    } else if (!pr.ok()) {
+      st = c.Error(part, pr);
+    } else if (pr.status != 206 || pr.sink_bytes != hi - lo) {
+      st = Status::IOError(c.Url(object) + ": GET " + RangeHeader(lo, hi) + ": got " +
+                           std::to_string(pr.sink_bytes) + " bytes (HTTP " + std::to_string(pr.status) + ")");
+    }
+    if (!st.ok()) {
+      stop.store(true);
+      std::lock_guard<std::mutex> lock(mu);
+      if (failure.ok()) failure = st;
+    }
+  });
+  if (!failure.ok()) return failure;
+  out.bytes = std::move(all);
+  return out;
+}
+
+Result<Fetched> Fetch(S3Client& c, const std::string& object, uint64_t offset, std::optional<uint64_t> length) {
+  for (int round = 1;; ++round) {
+    bool changed = false;
+    Result<Fetched> r = FetchOnce(c, object, offset, length, &changed);
+    if (!changed) return r;
+    if (round == kMaxRounds) {
+      return Status::IOError(c.Url(object) + ": the object was replaced during each of " +
+                             std::to_string(kMaxRounds) + " download attempts");
+    }
+  }
+}
+
+}  // namespace
+
+Result<Blob> S3Store::Get(std::string_view key) {
+  DS_ASSIGN_OR_RETURN(std::string object, client_->ObjectKey(key));
+  DS_ASSIGN_OR_RETURN(Fetched f, Fetch(*client_, object, 0, std::nullopt));
+  return Blob::FromVector(std::move(f.bytes));
+}
+
+Result<Blob> S3Store::GetRange(std::string_view key, uint64_t offset, uint64_t length) {
+  DS_ASSIGN_OR_RETURN(std::string object, client_->ObjectKey(key));
+  if (length > UINT64_MAX - offset) {
+    return Status::InvalidArgument(client_->Url(object) + ": range offset + length overflows");
+  }
+  DS_ASSIGN_OR_RETURN(Fetched f, Fetch(*client_, object, offset, length));
+  return Blob::FromVector(std::move(f.bytes));
+}
+
+Result<Store::Versioned> S3Store::GetVersioned(std::string_view key) {
+  DS_ASSIGN_OR_RETURN(std::string object, client_->ObjectKey(key));
+  DS_ASSIGN_OR_RETURN(Fetched f, Fetch(*client_, object, 0, std::nullopt));
+  if (f.etag.empty()) {
+    return Status::IOError(client_->Url(object) + ": the server sent no ETag, which conditional writes need");
+  }
+  return Versioned{Blob::FromVector(std::move(f.bytes)), std::move(f.etag)};
+}
+
+}  // namespace deltasync

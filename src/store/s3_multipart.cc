@@ -1,0 +1,191 @@
+// Multipart uploads: large objects as parallel parts, and the cleanup of
+// uploads that were never completed (a publisher killed mid-upload).
+//
+// Parts are read straight from the caller's spans (a part may begin in one
+// span and end in another), so no part is ever copied into its own buffer.
+// Any failure aborts the upload: S3 keeps (and bills) the parts of an
+// unfinished upload forever otherwise, invisible to ListObjects.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <mutex>
+#include <optional>
+
+#include "common/parallel.h"
+#include "deltasync/s3_store.h"
+#include "store/s3_client.h"
+#include "store/s3_xml.h"
+
+namespace deltasync {
+namespace {
+
+using s3::HttpResponse;
+using s3::S3Call;
+using s3::S3Client;
+
+constexpr uint64_t kMinPartSize = 5ull << 20;
+constexpr uint64_t kMaxPartSize = 5ull << 30;
+constexpr uint64_t kMaxParts = 10000;
+
+// The part size for an object of `size` bytes: the configured size, grown so
+// that the object fits in S3's 10,000 parts.
+uint64_t PartSizeFor(uint64_t configured, uint64_t size) {
+  uint64_t needed = (size + kMaxParts - 1) / kMaxParts;
+  return std::max({configured, needed, kMinPartSize});
+}
+
+Status Abort(S3Client& c, const std::string& object, const std::string& upload_id) {
+  S3Call del{"DELETE", object};
+  del.query = {{"uploadId", upload_id}};
+  HttpResponse r = c.Send(del);
+  if (r.ok() || (r.transport_error == 0 && r.status == 404)) return Status::OK();
+  return c.Error(del, r);
+}
+
+// CompleteMultipartUpload can fail inside a 200 answer (S3 sends the status
+// before it has finished assembling): the body then holds an <Error>.
+Status Complete(S3Client& c, const std::string& object, const std::string& upload_id,
+                const std::vector<std::string>& etags, uint64_t size) {
+  std::string xml = "<CompleteMultipartUpload>";
+  for (size_t i = 0; i < etags.size(); ++i) {
+    xml += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + s3::XmlEscape(etags[i]) +
+           "</ETag></Part>";
+  }
+  xml += "</CompleteMultipartUpload>";
+  ByteSpan span(reinterpret_cast<const uint8_t*>(xml.data()), xml.size());
+  S3Call post{"POST", object};
+  post.query = {{"uploadId", upload_id}};
+  post.headers = {{"content-type", "application/xml"}};
+  post.body = {std::span<const ByteSpan>(&span, 1), 0, xml.size()};
+  int max_attempts = std::max(1, c.options().max_attempts);
+  for (int round = 1;; ++round) {
+    HttpResponse r = c.Send(post);
+    bool error_in_body = r.ok() && s3::XmlText(r.body, "Error").has_value();
+    if (r.ok() && !error_in_body) return Status::OK();
+    if (r.transport_error == 0 && r.status == 404 && (r.attempts > 1 || round > 1)) {
+      // NoSuchUpload after a retry: an earlier attempt may have completed it.
+      // It did if the object now has exactly our size.
+      S3Call head{"HEAD", object};
+      HttpResponse h = c.Send(head);
+      if (h.ok() && std::strtoull(h.Header("content-length").c_str(), nullptr, 10) == size) {
+        return Status::OK();
+      }
+    }
+    std::string code = s3::S3ErrorCode(r);
+    bool retry = error_in_body && (code == "InternalError" || code == "SlowDown");
+    if (!retry || round >= max_attempts) {
+      if (error_in_body) {
+        return Status::IOError(c.Url(object) + ": CompleteMultipartUpload failed: " + code + ": " +
+                               s3::XmlText(r.body, "Message").value_or(""));
+      }
+      return c.Error(post, r);
+    }
+  }
+}
+
+// Seconds since the epoch for "2024-05-01T12:00:00.000Z"; nullopt if malformed.
+std::optional<int64_t> ParseIsoTime(const std::string& s) {
+  std::tm tm{};
+  int y, mo, d, h, mi, sec;
+  if (std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d", &y, &mo, &d, &h, &mi, &sec) != 6) return std::nullopt;
+  tm.tm_year = y - 1900;
+  tm.tm_mon = mo - 1;
+  tm.tm_mday = d;
+  tm.tm_hour = h;
+  tm.tm_min = mi;
+  tm.tm_sec = sec;
+  return static_cast<int64_t>(timegm(&tm));
+}
+
+}  // namespace
+
+Status S3Store::PutMultipart(const std::string& object, std::span<const ByteSpan> parts, uint64_t size) {
+  S3Client& c = *client_;
+  const uint64_t part_size = PartSizeFor(c.options().part_size, size);
+  if (part_size > kMaxPartSize) {
+    return Status::InvalidArgument(c.Url(object) + ": " + std::to_string(size) +
+                                   " bytes exceed what 10,000 parts of at most 5 GiB can hold");
+  }
+  const size_t n = static_cast<size_t>((size + part_size - 1) / part_size);
+
+  S3Call init{"POST", object};
+  init.query = {{"uploads", ""}};
+  HttpResponse r = c.Send(init);
+  if (!r.ok()) return c.Error(init, r).WithContext("starting a multipart upload");
+  std::string upload_id = s3::XmlText(r.body, "UploadId").value_or("");
+  if (upload_id.empty()) {
+    return Status::IOError(c.Url(object) + ": CreateMultipartUpload answered without an UploadId");
+  }
+
+  std::vector<std::string> etags(n);
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  Status failure;
+  ParallelFor(n, c.options().parallelism, [&](size_t i) {
+    if (stop.load()) return;
+    uint64_t offset = i * part_size;
+    S3Call put{"PUT", object};
+    put.query = {{"partNumber", std::to_string(i + 1)}, {"uploadId", upload_id}};
+    put.body = {parts, offset, std::min(part_size, size - offset)};
+    HttpResponse pr = c.Send(put);
+    Status st;
+    if (!pr.ok()) {
+      st = c.Error(put, pr).WithContext("part " + std::to_string(i + 1) + " of " + std::to_string(n));
+    } else if (pr.Header("etag").empty()) {
+      st = Status::IOError(c.Url(object) + ": part " + std::to_string(i + 1) + " answered without an ETag");
+    } else {
+      etags[i] = pr.Header("etag");
+    }
+    if (!st.ok()) {
+      stop.store(true);
+      std::lock_guard<std::mutex> lock(mu);
+      if (failure.ok()) failure = st;
+    }
+  });
+  if (failure.ok()) failure = Complete(c, object, upload_id, etags, size);
+  if (failure.ok()) return Status::OK();
+
+  Status aborted = Abort(c, object, upload_id);
+  if (!aborted.ok()) {
+    return Status(failure.code(), failure.message() + "; aborting the upload failed too (" +
+                                      aborted.message() + "); `deltasync gc` removes it later");
+  }
+  return failure;
+}
+
+Status S3Store::AbortStaleUploads(std::chrono::seconds older_than, size_t* aborted) {
+  S3Client& c = *client_;
+  if (aborted != nullptr) *aborted = 0;
+  const int64_t cutoff = static_cast<int64_t>(std::time(nullptr)) - older_than.count();
+  std::string key_marker, id_marker;
+  // ListMultipartUploads pages by (key, upload id) markers; they must advance.
+  for (;;) {
+    S3Call list{"GET", ""};
+    list.query = {{"uploads", ""}, {"prefix", c.prefix()}};
+    if (!key_marker.empty()) list.query.emplace_back("key-marker", key_marker);
+    if (!id_marker.empty()) list.query.emplace_back("upload-id-marker", id_marker);
+    HttpResponse r = c.Send(list);
+    if (!r.ok()) return c.Error(list, r).WithContext("listing multipart uploads");
+    for (std::string_view upload : s3::XmlElements(r.body, "Upload")) {
+      std::string key = s3::XmlText(upload, "Key").value_or("");
+      std::string id = s3::XmlText(upload, "UploadId").value_or("");
+      std::optional<int64_t> started = ParseIsoTime(s3::XmlText(upload, "Initiated").value_or(""));
+      if (key.empty() || id.empty() || !started || *started > cutoff) continue;
+      DS_RETURN_IF_ERROR(Abort(c, key, id).WithContext("aborting upload " + id));
+      if (aborted != nullptr) ++*aborted;
+    }
+    if (s3::XmlText(r.body, "IsTruncated").value_or("false") != "true") break;
+    std::string next_key = s3::XmlText(r.body, "NextKeyMarker").value_or("");
+    std::string next_id = s3::XmlText(r.body, "NextUploadIdMarker").value_or("");
+    if (next_key == key_marker && next_id == id_marker) {
+      return Status::IOError(c.Url(c.prefix()) + ": upload listing is truncated but its markers do not advance");
+    }
+    key_marker = std::move(next_key);
+    id_marker = std::move(next_id);
+  }
+  return Status::OK();
+}
+
+}  // namespace deltasync
