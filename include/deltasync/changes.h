@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,12 @@ struct DetectOptions {
   bool allow_nonfinite = false;
   // Worker threads; 0 = std::thread::hardware_concurrency().
   int threads = 0;
+  // F32 tensors for which this returns true are published as F32 (carried
+  // bitwise, like other dtypes) instead of being rounded to bf16: parameters
+  // that inference keeps in fp32, such as an MoE router's score-correction
+  // bias. Only consulted when there is no published state yet
+  // (ToPublishedState); afterwards the published dtype decides.
+  std::function<bool(std::string_view name)> keep_fp32;
 };
 
 // Compares `current` against `published`, tensor by tensor (matched by name).
@@ -57,7 +65,7 @@ Result<std::vector<TensorChanges>> DetectChanges(const WeightState& published,
                                                  const DetectOptions& options = {});
 
 // Converts trainer tensors to the published form: bf16 stays, f32 is rounded
-// to bf16, other dtypes are copied. Checks NaN/Inf as DetectChanges does.
+// to bf16 (unless options.keep_fp32 says otherwise), other dtypes are copied. Checks NaN/Inf as DetectChanges does.
 // Used for the first version, when there is nothing to compare against.
 Result<WeightState> ToPublishedState(std::span<const TensorView> current,
                                      const DetectOptions& options = {});

@@ -5,6 +5,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 #include <span>
 
 #include "deltasync/changes.h"
@@ -17,13 +20,28 @@
 
 namespace deltasync {
 
+class Notifier;  // src/sync/notifier.h
+
 struct PublisherOptions {
-  // An anchor at the first version and then whenever at least this many
-  // versions have passed since the last anchor (version - last_anchor >= N).
+  // An anchor at the first version, and then at every version that reaches
+  // or crosses a multiple of N since the last anchor
+  // (version / N > last_anchor / N). Without gaps that is TRL's cadence
+  // (1, N, 2N, ...); with gaps an anchor is never skipped.
   uint64_t anchor_interval = 10;
   IndexEncoding encoding = IndexEncoding::kGapDelta;
   bool allow_nonfinite = false;
   int threads = 0;  // 0 = hardware concurrency
+  // F32 tensors whose names end with one of these are published as F32
+  // (bitwise) rather than rounded to bf16: inference engines keep MoE
+  // router score-correction biases in fp32.
+  std::vector<std::string> keep_fp32_suffixes = {"e_score_correction_bias"};
+  // Replica daemons (`deltasync serve`) to wake after each commit: base URLs
+  // such as "http://10.0.0.7:8470". Each gets POST /notify {"version": V},
+  // with "Authorization: Bearer <notify_token>" when the token is non-empty.
+  // Fire and forget: Publish never waits for them or fails because of them
+  // (a failure is logged to stderr once per URL; replicas still poll).
+  std::vector<std::string> notify_urls;
+  std::string notify_token;
 };
 
 struct PublishStats {
@@ -72,6 +90,8 @@ class Publisher {
   std::shared_ptr<Store> store_;
   PublisherOptions options_;
   Manifest manifest_;
+  std::optional<std::string> manifest_token_;  // nullopt: no manifest yet
+  std::shared_ptr<Notifier> notifier_;  // created on the first commit with notify_urls
   WeightState state_;
   StateHash state_hash_;
   uint64_t last_anchor_ = 0;

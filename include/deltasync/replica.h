@@ -59,6 +59,8 @@ class Replica {
   const Manifest& manifest() const { return manifest_; }
   // Re-reads the manifest without moving.
   Status Refresh();
+  // Gives up the state (the replica is empty afterwards).
+  WeightState ReleaseState() &&;
 
  private:
   Replica(std::shared_ptr<Store> store, ReplicaOptions options)

@@ -98,9 +98,11 @@ class LocalStore : public Store {
   std::string root_;  // absolute, no trailing '/'
 };
 
-// Opens a bucket URL: a directory path, "file:///abs/dir", or (when built
-// with S3 support) "s3://bucket/prefix". `create` creates a missing local
-// directory.
-Result<std::shared_ptr<Store>> OpenStore(std::string_view url, bool create = true);
+// Opens a bucket URL: a directory path, "file:///abs/dir", or
+// "s3://bucket/prefix" (S3Store, configured from AWS_* variables and
+// ~/.aws profiles; see docs/s3.md). `create` creates a missing local
+// directory; `create_bucket` creates a missing S3 bucket (otherwise a missing
+// bucket is a kNotFound error naming it).
+Result<std::shared_ptr<Store>> OpenStore(std::string_view url, bool create = true, bool create_bucket = false);
 
 }  // namespace deltasync

@@ -1,6 +1,6 @@
 // The state hash's per-element term, in plain C++ (internal).
 //
-// This is the definition that docs/format/state-hash.md specifies; the SIMD
+// This is the definition that docs/format.md, "State hash" specifies; the SIMD
 // kernels in hash_kernels.cc compute exactly the same values, faster. Any
 // change here changes the wire format (tests/bf16/state_hash_test.cc pins a
 // known answer).

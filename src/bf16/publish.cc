@@ -26,7 +26,7 @@ Result<WeightState> ToPublishedStateChunked(std::span<const TensorView> current,
   for (const TensorView& v : current) {
     DS_RETURN_IF_ERROR(CheckView(v));
     TensorView view = v;
-    if (v.dtype == DType::kF32) {
+    if (v.dtype == DType::kF32 && !(options.keep_fp32 && options.keep_fp32(v.name))) {
       view.dtype = DType::kBF16;
       view.data = v.data.first(v.data.size() / 2);
     }

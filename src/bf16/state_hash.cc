@@ -1,5 +1,5 @@
 // StateHash: hex form, full hashes (chunked over threads) and delta hashes.
-// The function itself is specified in docs/format/state-hash.md; the
+// The function itself is specified in docs/format.md, "State hash"; the
 // element term is in hash_term.h, its SIMD form in hash_kernels.cc.
 
 #include "deltasync/state_hash.h"

@@ -1,5 +1,5 @@
 // The index encodings of a delta's `{name}.idx` tensor (internal to
-// src/codec; docs/format/patch.md, "Index encodings"). Pure functions over
+// src/codec; docs/format.md, "Patch objects", "Index encodings"). Pure functions over
 // bytes: the patch writer and reader add names and messages.
 //
 //   raw:       absolute positions, I32 (I64 past 2^31-1, a deltasync extension)

@@ -1,5 +1,5 @@
 // Decodes a parsed safetensors file as a TRL sparse_weight_patch (anchor or
-// delta), checking every rule of docs/format/patch.md. Input is untrusted:
+// delta), checking every rule of docs/format.md, "Patch objects". Input is untrusted:
 // every count, dtype, shape and index is checked before use, and a violation
 // is a Status naming the file, the tensor and the rule.
 #include <algorithm>

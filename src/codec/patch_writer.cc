@@ -1,5 +1,5 @@
 // Encodes anchors and deltas in TRL's sparse_weight_patch layout
-// (docs/format/patch.md). Runs on the trainer's hot path: tensors' indices
+// (docs/format.md, "Patch objects"). Runs on the trainer's hot path: tensors' indices
 // are encoded (index_codec.h) in parallel across tensors. Anchor tensors are
 // referenced, not copied; a delta owns its bytes (patch.h: only anchors point
 // into the caller's memory), which costs one copy of the sparse values.

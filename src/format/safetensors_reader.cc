@@ -4,7 +4,7 @@
 // strict UTF-8 + JSON pass (SAX, so nesting depth and duplicate keys are
 // caught while parsing), then the schema and byte-layout rules on the parsed
 // header. The rules and their messages are listed in
-// docs/format/safetensors.md; keep the two in step.
+// docs/format.md, "safetensors rules"; keep the two in step.
 #include <algorithm>
 #include <cstring>
 #include <exception>

@@ -4,6 +4,7 @@
 #include <string>
 #include <string_view>
 
+#include "deltasync/s3_store.h"
 #include "deltasync/store.h"
 
 namespace deltasync {
@@ -32,7 +33,7 @@ Result<std::shared_ptr<Store>> OpenLocal(const std::string& dir, bool create) {
 
 }  // namespace
 
-Result<std::shared_ptr<Store>> OpenStore(std::string_view url, bool create) {
+Result<std::shared_ptr<Store>> OpenStore(std::string_view url, bool create, bool create_bucket) {
   if (url.empty()) {
     return Status::InvalidArgument(
         "empty bucket URL: give a directory, file:///abs/dir or s3://bucket/prefix");
@@ -47,10 +48,7 @@ Result<std::shared_ptr<Store>> OpenStore(std::string_view url, bool create) {
     }
     return OpenLocal(std::string(path), create);
   }
-  if (url.substr(0, kS3Scheme.size()) == kS3Scheme) {
-    return Status::Unsupported("bucket URL '" + std::string(url) +
-                               "': s3:// buckets are not built in yet; use a directory or file:///abs/dir");
-  }
+  if (url.substr(0, kS3Scheme.size()) == kS3Scheme) return OpenS3StoreFromUrl(url, create_bucket);
   if (HasScheme(url)) {
     return Status::InvalidArgument(
         "bucket URL '" + std::string(url) +

@@ -248,7 +248,7 @@ TEST(StateHashTest, FromHexRejectsBadInput) {
   }
 }
 
-// The state described in docs/format/state-hash.md ("Test vector"). If this
+// The state described in docs/format.md, "State hash" ("Test vector"). If this
 // fails the function changed: that breaks every stored manifest.
 TEST(StateHashTest, KnownAnswer) {
   const std::vector<uint8_t> a = {0x80, 0x3F, 0x80, 0xBF, 0x00, 0x00,   // 1, -1, 0

@@ -1,4 +1,4 @@
-// DecodePatch: every rule of docs/format/patch.md broken at least once, the
+// DecodePatch: every rule of docs/format.md, "Patch objects" broken at least once, the
 // older TRL layout, and the tolerance TRL's own reader has for missing keys.
 #include <gtest/gtest.h>
 

@@ -44,11 +44,11 @@ TEST_F(OpenStoreTest, CreateFalseNeedsAnExistingDirectory) {
   EXPECT_TRUE(OpenStore("file://" + dir_, /*create=*/false).ok());
 }
 
-TEST_F(OpenStoreTest, S3IsNotBuiltInYet) {
-  Result<std::shared_ptr<Store>> s3 = OpenStore("s3://bucket/prefix");
+TEST_F(OpenStoreTest, S3UrlWithoutBucketIsRefusedByName) {
+  Result<std::shared_ptr<Store>> s3 = OpenStore("s3://");
   ASSERT_FALSE(s3.ok());
-  EXPECT_EQ(s3.status().code(), ErrorCode::kUnsupported);
-  EXPECT_NE(s3.status().message().find("s3:// buckets are not built in yet"), std::string::npos);
+  EXPECT_EQ(s3.status().code(), ErrorCode::kInvalidArgument) << s3.status().ToString();
+  EXPECT_NE(s3.status().message().find("s3://"), std::string::npos) << s3.status().message();
 }
 
 TEST_F(OpenStoreTest, OtherUrlsAreRefusedByName) {

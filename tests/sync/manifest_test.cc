@@ -176,18 +176,16 @@ TEST(ManifestTest, DeterministicLayout) {
 }
 
 // The example in the format document is a valid manifest in the exact layout
-// ToJson writes. The section may live in docs/format.md or docs/format/manifest.md.
+// ToJson writes (docs/format.md, "Manifest").
 TEST(ManifestTest, DocumentedExampleParsesAndIsCanonical) {
   const std::string marker = "```json\n{\n  \"format\": \"deltasync-manifest\"";
   std::string example;
-  for (const char* doc : {"/docs/format.md", "/docs/format/manifest.md"}) {
-    std::ifstream in(std::string(DS_SOURCE_DIR) + doc);
-    std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    size_t start = text.find(marker);
-    if (start == std::string::npos) continue;
+  std::ifstream in(std::string(DS_SOURCE_DIR) + "/docs/format.md");
+  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  size_t start = text.find(marker);
+  if (start != std::string::npos) {
     start += 8;  // past "```json\n"
     example = text.substr(start, text.find("```", start) - start);
-    break;
   }
   ASSERT_FALSE(example.empty()) << "no manifest example found in docs/";
   Result<Manifest> parsed = Manifest::Parse(Span(example));

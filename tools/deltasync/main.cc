@@ -1,2 +1,149 @@
-// Placeholder until the CLI lands in this folder.
-int main() { return 0; }
+// deltasync: command-line front end. Exit codes: 0 success, 1 any error (one
+// line on stderr), 2 usage error.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "commands.h"
+
+namespace {
+
+// The path of this executable, for spawning replica processes.
+std::string SelfExe(const char* argv0) {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) return std::string(buf, static_cast<size_t>(n));
+  return argv0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace deltasync::cli;
+  CLI::App app{"deltasync: ship only the bf16 weights that changed, from an RL trainer to its replicas"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "deltasync 0.1.0");
+
+  DiffArgs diff;
+  auto* diff_cmd = app.add_subcommand("diff", "Write a TRL delta from two safetensors files with the same tensors");
+  diff_cmd->add_option("old", diff.old_path, "Base weights (bf16 or fp32; fp32 is rounded to bf16)")->required();
+  diff_cmd->add_option("new", diff.new_path, "New weights (bf16 or fp32)")->required();
+  diff_cmd->add_option("-o,--output", diff.out_path, "Patch file to write")->required();
+  diff_cmd->add_option("--encoding", diff.encoding, "Index encoding")->check(CLI::IsMember({"raw", "gap_delta"}));
+  diff_cmd->add_option("--version", diff.version, "model_version written into the patch")->check(CLI::PositiveNumber);
+  diff_cmd->add_flag("--allow-nonfinite", diff.allow_nonfinite, "Pass NaN/Inf bit patterns through");
+
+  ApplyArgs apply;
+  auto* apply_cmd = app.add_subcommand("apply", "Apply anchors/deltas to a base file; writes OUT only on success");
+  apply_cmd->add_option("base", apply.base_path, "Base safetensors file")->required();
+  apply_cmd->add_option("patches", apply.patch_paths, "Patches, applied in order")->required();
+  apply_cmd->add_option("-o,--output", apply.out_path, "Output safetensors file")->required();
+
+  InspectArgs inspect;
+  auto* inspect_cmd = app.add_subcommand("inspect", "Describe a safetensors file or patch");
+  inspect_cmd->add_option("file", inspect.path)->required();
+  inspect_cmd->add_flag("--json", inspect.json, "One JSON object (keys in docs/cli.md)");
+
+  PublishArgs publish;
+  auto* publish_cmd = app.add_subcommand("publish", "Publish a full-state checkpoint as version V");
+  publish_cmd->add_option("bucket", publish.bucket, "Bucket: a directory, file:// or s3://bucket/prefix URL")
+      ->required();
+  publish_cmd->add_flag("--create-bucket", publish.create_bucket, "Create a missing S3 bucket");
+  publish_cmd->add_option("file", publish.file, "Checkpoint (.safetensors, bf16 or fp32)")->required();
+  publish_cmd->add_option("--version", publish.version, "Version to publish")->required()->check(CLI::PositiveNumber);
+  publish_cmd->add_option("--anchor-interval", publish.anchor_interval, "Anchor every N versions")
+      ->check(CLI::PositiveNumber);
+  publish_cmd->add_option("--encoding", publish.encoding)->check(CLI::IsMember({"raw", "gap_delta"}));
+  publish_cmd->add_flag("--allow-nonfinite", publish.allow_nonfinite, "Pass NaN/Inf bit patterns through");
+  publish_cmd->add_option("--notify", publish.notify, "Replica daemon URL to wake after the commit (repeatable)");
+  publish_cmd->add_option("--notify-token-file", publish.notify_token_file, "Bearer token for --notify");
+
+  PullArgs pull;
+  std::optional<uint64_t> pull_version;
+  auto* pull_cmd = app.add_subcommand("pull", "Rebuild a version from the bucket, verified, into a file");
+  pull_cmd->add_option("bucket", pull.bucket)->required();
+  pull_cmd->add_option("-o,--output", pull.out_path)->required();
+  pull_cmd->add_option("--version", pull_version, "Default: the newest")->check(CLI::PositiveNumber);
+
+  FollowArgs follow;
+  auto* follow_cmd = app.add_subcommand("follow", "");  // hidden: replica process of the demo
+  follow_cmd->group("");
+  follow_cmd->add_option("bucket", follow.bucket)->required();
+  follow_cmd->add_option("--until", follow.until)->required();
+  follow_cmd->add_option("--poll-ms", follow.poll_ms);
+  follow_cmd->add_option("--timeout", follow.timeout_s);
+  follow_cmd->add_option("--threads", follow.threads);
+
+  GcArgs gc;
+  auto* gc_cmd = app.add_subcommand("gc", "Clean up a bucket: abort stale S3 multipart uploads");
+  gc_cmd->add_option("bucket", gc.bucket)->required();
+  gc_cmd->add_option("--abort-uploads-older-than", gc.abort_uploads_older_than_h, "Hours (default 24)")
+      ->check(CLI::NonNegativeNumber);
+
+  BenchArgs bench;
+  auto* bench_cmd = app.add_subcommand("bench", "Measure detect+encode and apply against memcpy");
+  bench_cmd->add_flag("--quick", bench.quick, "A smaller model, for CI smoke runs");
+  bench_cmd->add_flag("--json", bench.json, "Print one JSON object on the last line");
+  bench_cmd->add_option("--threads", bench.threads)->check(CLI::PositiveNumber);
+
+  DemoArgs demo;
+  auto* demo_cmd = app.add_subcommand("demo", "Train a synthetic Qwen3-0.6B-shaped model; two replicas follow");
+  demo_cmd->add_option("--bucket", demo.bucket, "Bucket directory or s3://bucket/prefix (recreated)");
+  demo_cmd->add_flag("--create-bucket", demo.create_bucket, "Create a missing S3 bucket");
+  demo_cmd->add_option("--steps", demo.steps, "Versions to publish")->check(CLI::PositiveNumber);
+  demo_cmd->add_option("--lr", demo.lr, "AdamW learning rate")->check(CLI::PositiveNumber);
+  demo_cmd->add_option("--layers", demo.layers, "Decoder layers (Qwen3-0.6B has 28)")->check(CLI::Range(1, 28));
+  demo_cmd->add_option("--anchor-interval", demo.anchor_interval)->check(CLI::PositiveNumber);
+  demo_cmd->add_option("--seed", demo.seed);
+  demo_cmd->add_option("--replicas", demo.replicas, "Replica processes")->check(CLI::Range(1, 8));
+  demo_cmd->add_option("--encoding", demo.encoding)->check(CLI::IsMember({"raw", "gap_delta"}));
+  demo_cmd->add_flag("--serve", demo.serve, "Run the replicas as 'serve' daemons, woken by /notify");
+
+  ServeArgs serve;
+  auto* serve_cmd = app.add_subcommand("serve", "Replica daemon: follows the bucket, speaks TRL's control plane over HTTP");
+  serve_cmd->add_option("--bucket", serve.bucket, "Bucket: a directory, file:// or s3://bucket/prefix URL")->required();
+  serve_cmd->add_option("--listen", serve.listen, "HOST:PORT to bind (port 0: any free port)");
+  auto* out_opt = serve_cmd->add_option("--out", serve.out_dir, "Write each version held to DIR as a safetensors file");
+  serve_cmd->add_option("--keep", serve.keep, "--out files kept (newest)")->check(CLI::PositiveNumber)->needs(out_opt);
+  serve_cmd->add_option("--shm", serve.shm, "POSIX shared-memory object holding the state (docs/shm.md)");
+  serve_cmd->add_option("--token-file", serve.token_file, "Bearer token required on POST routes");
+  serve_cmd->add_option("--poll", serve.poll, "Seconds between manifest reads")->check(CLI::PositiveNumber);
+  auto* cert_opt = serve_cmd->add_option("--tls-cert", serve.tls_cert, "PEM certificate: serve HTTPS");
+  auto* key_opt = serve_cmd->add_option("--tls-key", serve.tls_key, "PEM private key for --tls-cert");
+  cert_opt->needs(key_opt);
+  key_opt->needs(cert_opt);
+  serve_cmd->add_option("--threads", serve.threads, "Threads to apply versions (0: all cores)")->check(CLI::NonNegativeNumber);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::cerr << "deltasync: usage error: " << e.what() << "\n(run 'deltasync --help')\n";
+    return 2;
+  }
+  if (pull_version) pull.version = *pull_version;
+
+  deltasync::Status status;
+  try {
+    if (*diff_cmd) status = RunDiff(diff);
+    else if (*apply_cmd) status = RunApply(apply);
+    else if (*inspect_cmd) status = RunInspect(inspect);
+    else if (*publish_cmd) status = RunPublish(publish);
+    else if (*pull_cmd) status = RunPull(pull);
+    else if (*follow_cmd) status = RunFollow(follow);
+    else if (*gc_cmd) status = RunGc(gc);
+    else if (*bench_cmd) status = RunBench(bench);
+    else if (*demo_cmd) status = RunDemo(demo, SelfExe(argv[0]));
+    else if (*serve_cmd) status = RunServe(serve);
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc
+    status = deltasync::Status::Internal(e.what());
+  }
+  if (!status.ok()) {
+    std::cout.flush();
+    std::fprintf(stderr, "deltasync: error: %s\n", status.message().c_str());
+    return 1;
+  }
+  return 0;
+}

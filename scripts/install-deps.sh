@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs everything deltasync needs to build and test on Debian 12:
+# Debian's -dev packages for the C++ side and a Python venv (.venv) with the
+# Python test dependencies. Idempotent and quiet when all is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libzstd-dev libxxhash-dev nlohmann-json3-dev libcli11-dev libhwy-dev
+  libcurl4-openssl-dev libssl-dev libcpp-httplib-dev
+  python3 python3-venv curl
+)
+if [[ "${DS_WITH_S3:-1}" == 1 ]]; then
+  APT_PACKAGES+=(ceph-mon ceph-osd radosgw ceph-common)
+fi
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: apt-get install ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) == 0 ]] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Python: a venv beside the checkout; the interop tests use the official
+# safetensors package.
+PY_PACKAGES=(pytest==9.2.0 numpy==2.4.6 ml_dtypes==0.6.0 safetensors==0.8.0)
+if [[ ! -x .venv/bin/python ]]; then
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python -c "import pytest, numpy, ml_dtypes, safetensors" 2>/dev/null; then
+  echo "install-deps: pip install ${PY_PACKAGES[*]}"
+  .venv/bin/python -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+fi

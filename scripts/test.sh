@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The test command: installs dependencies, builds, and runs every test suite.
+#   1. unit tests (GoogleTest under CTest) and fuzz-corpus replays
+#   2. Python interop tests (pytest, official safetensors package)
+#   3. an end-to-end demo on a reduced model, and a quick benchmark run
+#   4. unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer
+#   5. each libFuzzer target for FUZZ_SECONDS (default 30)
+# Set QUICK=1 to skip 4 and 5 while iterating.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS="${JOBS:-$(nproc)}"
+FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
+step() { printf '\n=== %s\n' "$*"; }
+
+step "dependencies"
+scripts/install-deps.sh
+
+step "build (build/)"
+scripts/build.sh
+
+step "unit tests"
+ctest --test-dir build --output-on-failure -j "$JOBS"
+demo_dir=$(mktemp -d)
+trap 'rm -rf "$demo_dir"' EXIT
+
+step "S3: store suite and demo against a Ceph RADOS Gateway on 127.0.0.1"
+rgw_env=$(scripts/start-rgw.sh)
+# shellcheck disable=SC1090
+source "$rgw_env"
+trap 'scripts/stop-rgw.sh "$DS_RGW_DIR" >/dev/null 2>&1 || true; rm -rf "$demo_dir"' EXIT
+# The S3 instantiations register only when AWS_ENDPOINT_URL is set at start,
+# so this runs the binary directly rather than through CTest's list.
+build/tests/store_tests --gtest_brief=1 --gtest_filter='*S3*:SigV4*:*Conformance*'
+build/deltasync demo --layers 2 --steps 5 --anchor-interval 3 --bucket s3://deltasync-ci/demo --create-bucket
+build/deltasync gc s3://deltasync-ci/demo
+scripts/stop-rgw.sh "$DS_RGW_DIR"
+unset AWS_ENDPOINT_URL AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION DS_RGW_DIR CEPH_CONF
+trap 'rm -rf "$demo_dir"' EXIT
+
+step "python tests"
+DELTASYNC_BIN="$PWD/build/deltasync" .venv/bin/python -m pytest -q tests/python
+
+step "demo on a reduced model (2 layers, 12 versions)"
+build/deltasync demo --layers 2 --steps 12 --anchor-interval 5 --bucket "$demo_dir/bucket"
+
+step "benchmark (--quick; figures, not pass/fail)"
+build/deltasync bench --quick
+
+if [[ "${QUICK:-0}" == 1 ]]; then
+  echo "QUICK=1: skipping the sanitizer build and the fuzzers"
+  exit 0
+fi
+
+step "unit tests under ASan + UBSan (build-asan/)"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDS_SANITIZE=ON -DDS_BENCH=OFF >/dev/null
+cmake --build build-asan -j "$JOBS"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure -j "$JOBS" -L unit
+
+step "fuzzers, ${FUZZ_SECONDS}s each (build-fuzz/, clang + libFuzzer)"
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDS_FUZZ=ON \
+  -DDS_BENCH=OFF -DDS_TESTS=ON >/dev/null
+fuzzers=()
+for src in tests/fuzz/*_fuzz.cc; do fuzzers+=("$(basename "$src" .cc)"); done
+cmake --build build-fuzz -j "$JOBS" --target "${fuzzers[@]}"
+for f in "${fuzzers[@]}"; do
+  name=${f%_fuzz}
+  scratch=$(mktemp -d)
+  log="$scratch.log"
+  if ! build-fuzz/tests/$f -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 "$scratch" \
+      "tests/fuzz/corpus/$name" >"$log" 2>&1; then
+    tail -40 "$log"
+    echo "fuzzer $f found a failure (the input is saved as crash-* in $PWD)"
+    exit 1
+  fi
+  echo "$f: $(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}') inputs in ${FUZZ_SECONDS}s, no failure"
+  rm -rf "$scratch" "$log"
+done
+echo "all test suites passed"

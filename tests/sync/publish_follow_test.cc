@@ -1,0 +1,418 @@
+// Publisher + Replica end to end on a LocalStore: bit-exactness over many
+// versions, and "bit-exact or loud" under every kind of damage.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "deltasync/manifest.h"
+#include "deltasync/publisher.h"
+#include "deltasync/replica.h"
+#include "deltasync/safetensors.h"
+#include "testing/fault_store.h"
+#include "testing/random_model.h"
+#include "testing/temp_dir.h"
+
+namespace deltasync {
+namespace {
+
+using testing::FaultStore;
+using testing::RandomModel;
+using testing::TempDir;
+
+std::shared_ptr<Store> OpenDir(const std::string& dir) {
+  auto s = LocalStore::Open(dir);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return std::shared_ptr<Store>(std::move(*s));
+}
+
+// The expected published state: the model's tensors as they are (bf16 and F32).
+void ExpectStateEquals(const WeightState& state, const RandomModel& model) {
+  std::vector<TensorView> views = model.Views();
+  ASSERT_EQ(state.tensors().size(), views.size());
+  for (const TensorView& v : views) {
+    const WeightState::Tensor* t = state.Find(v.name);
+    ASSERT_NE(t, nullptr) << v.name;
+    ASSERT_EQ(t->dtype, v.dtype) << v.name;
+    ASSERT_EQ(t->shape, v.shape) << v.name;
+    ASSERT_TRUE(std::equal(t->data.begin(), t->data.end(), v.data.begin(), v.data.end())) << v.name;
+  }
+}
+
+Manifest ReadManifest(Store& store) {
+  auto blob = store.Get(kManifestKey);
+  EXPECT_TRUE(blob.ok());
+  auto m = Manifest::Parse(blob->bytes());
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return *m;
+}
+
+void WriteManifest(Store& store, const Manifest& m) {
+  std::string json = m.ToJson();
+  ASSERT_TRUE(store.Put(kManifestKey, ByteSpan(reinterpret_cast<const uint8_t*>(json.data()), json.size())).ok());
+}
+
+TEST(PublishFollowTest, BitExactOverManyVersionsWithGapsAndRandomAnchors) {
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    TempDir dir;
+    auto store = OpenDir(dir.path());
+    std::mt19937_64 rng(seed);
+    PublisherOptions options;
+    options.anchor_interval = 1 + rng() % 7;
+    options.encoding = seed % 2 ? IndexEncoding::kGapDelta : IndexEncoding::kRaw;
+    auto publisher = Publisher::Open(store, options);
+    ASSERT_TRUE(publisher.ok()) << publisher.status().ToString();
+    RandomModel model(seed);
+    auto follower = Replica::Create(store);
+    std::vector<std::pair<uint64_t, StateHash>> history;
+    std::vector<std::vector<uint8_t>> snapshots;  // serialized expected state per version
+
+    uint64_t version = 0;
+    for (int i = 0; i < 55; ++i) {
+      version += 1 + rng() % 3;  // gaps are allowed
+      if (i > 0) model.Step(std::uniform_real_distribution<double>(0.0, 0.2)(rng));
+      auto stats = (*publisher)->Publish(version, model.Views());
+      ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+      EXPECT_EQ(stats->state_hash, HashTensors(model.Views())) << "version " << version;
+      history.emplace_back(version, stats->state_hash);
+
+      auto update = follower->Update();
+      ASSERT_TRUE(update.ok()) << update.status().ToString();
+      ASSERT_EQ(follower->version(), version);
+      ExpectStateEquals(follower->state(), model);
+      EXPECT_EQ(HashState(follower->state()), stats->state_hash);
+      if (i > 0) EXPECT_EQ(update->anchors_applied, 0u) << "a following replica must never re-download a full model";
+    }
+    // Fresh replicas catch up to arbitrary versions from the nearest anchor.
+    for (int k = 0; k < 8; ++k) {
+      auto [v, hash] = history[rng() % history.size()];
+      auto fresh = Replica::Create(store);
+      auto update = fresh->Update(v);
+      ASSERT_TRUE(update.ok()) << update.status().ToString();
+      EXPECT_EQ(fresh->version(), v);
+      EXPECT_EQ(HashState(fresh->state()), hash);
+      EXPECT_LE(update->deltas_applied, options.anchor_interval);
+    }
+    // The manifest records an anchor every anchor_interval versions.
+    Manifest m = ReadManifest(*store);
+    uint64_t last_anchor = 0;
+    for (const VersionEntry& e : m.versions) {
+      bool due = last_anchor == 0 || e.version / options.anchor_interval > last_anchor / options.anchor_interval;
+      EXPECT_EQ(e.anchor() != nullptr, due) << "version " << e.version;
+      if (e.anchor()) last_anchor = e.version;
+      if (e.version != m.versions.front().version) EXPECT_NE(e.delta(), nullptr);
+    }
+  }
+}
+
+TEST(PublishFollowTest, Fp32MastersAreRoundedToNearestEven) {
+  TempDir dir;
+  auto store = OpenDir(dir.path());
+  auto publisher = Publisher::Open(store);
+  ASSERT_TRUE(publisher.ok());
+  // 1.0 + 2^-8 is a tie between bf16 1.0 (even) and the next value: rounds down.
+  // 1.0 + 2^-8 + 2^-20 is above the tie: rounds up.
+  std::vector<float> w = {1.0f + 1.0f / 256, 1.0f + 1.0f / 256 + 1.0f / (1 << 20), -2.5f, 0.0f};
+  TensorView t{"w", DType::kF32, {4}, ByteSpan(reinterpret_cast<const uint8_t*>(w.data()), 16)};
+  ASSERT_TRUE((*publisher)->Publish(1, std::span<const TensorView>(&t, 1)).ok());
+  const WeightState::Tensor* got = (*publisher)->state().Find("w");
+  ASSERT_NE(got, nullptr);
+  ASSERT_EQ(got->dtype, DType::kBF16);
+  uint16_t v[4];
+  std::memcpy(v, got->data.data(), 8);
+  EXPECT_EQ(v[0], 0x3F80);
+  EXPECT_EQ(v[1], 0x3F81);
+  EXPECT_EQ(v[2], 0xC020);
+  EXPECT_EQ(v[3], 0x0000);
+}
+
+class DamageTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = OpenDir(dir_.path());
+    PublisherOptions options;
+    options.anchor_interval = 4;
+    auto publisher = Publisher::Open(store_, options);
+    ASSERT_TRUE(publisher.ok());
+    publisher_ = std::move(*publisher);
+    for (uint64_t v = 1; v <= 3; ++v) {
+      if (v > 1) model_.Step(0.05);
+      ASSERT_TRUE(publisher_->Publish(v, model_.Views()).ok());
+    }
+    replica_ = Replica::Create(store_);
+    ASSERT_TRUE(replica_->Update().ok());
+    ASSERT_EQ(replica_->version(), 3u);
+    good_hash_ = HashState(replica_->state());
+    model_.Step(0.05);
+    ASSERT_TRUE(publisher_->Publish(4, model_.Views()).ok());  // anchor + delta
+  }
+
+  // The replica must still be on version 3, bit for bit.
+  void ExpectStillOnGoodVersion() {
+    EXPECT_EQ(replica_->version(), 3u);
+    EXPECT_EQ(HashState(replica_->state()), good_hash_);
+    EXPECT_EQ(replica_->state_hash(), good_hash_);
+  }
+
+  void Rewrite(const std::string& key, const std::function<void(std::vector<uint8_t>&)>& edit) {
+    auto blob = store_->Get(key);
+    ASSERT_TRUE(blob.ok());
+    std::vector<uint8_t> bytes(blob->bytes().begin(), blob->bytes().end());
+    edit(bytes);
+    ASSERT_TRUE(store_->Put(key, bytes).ok());
+  }
+
+  TempDir dir_;
+  std::shared_ptr<Store> store_;
+  std::unique_ptr<Publisher> publisher_;
+  std::unique_ptr<Replica> replica_;
+  RandomModel model_{7};
+  StateHash good_hash_;
+};
+
+TEST_F(DamageTest, CorruptedDeltaIsRefused) {
+  Rewrite(DeltaKey(4), [](std::vector<uint8_t>& b) { b[b.size() - 3] ^= 0x40; });
+  auto r = replica_->Update();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kIntegrity);
+  EXPECT_NE(r.status().message().find("version 4"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("xxh3-128 mismatch"), std::string::npos) << r.status().message();
+  ExpectStillOnGoodVersion();
+}
+
+TEST_F(DamageTest, TruncatedDeltaIsRefused) {
+  Rewrite(DeltaKey(4), [](std::vector<uint8_t>& b) { b.resize(b.size() / 2); });
+  auto r = replica_->Update();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kIntegrity);
+  EXPECT_NE(r.status().message().find("truncated"), std::string::npos) << r.status().message();
+  ExpectStillOnGoodVersion();
+}
+
+TEST_F(DamageTest, MissingDeltaIsRefused) {
+  ASSERT_TRUE(store_->Delete(DeltaKey(4)).ok());
+  auto r = replica_->Update();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kNotFound);
+  EXPECT_NE(r.status().message().find(DeltaKey(4)), std::string::npos) << r.status().message();
+  ExpectStillOnGoodVersion();
+}
+
+TEST_F(DamageTest, WrongStateHashInManifestIsRefused) {
+  Manifest m = ReadManifest(*store_);
+  m.versions.back().state_hash.lo ^= 1;
+  WriteManifest(*store_, m);
+  auto r = replica_->Update();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kIntegrity);
+  EXPECT_NE(r.status().message().find("stays on version 3"), std::string::npos) << r.status().message();
+  ExpectStillOnGoodVersion();
+}
+
+// A well-formed delta with matching object hash but the wrong content (a
+// publisher bug, or a delta computed against another base): only the state
+// hash can catch it.
+TEST_F(DamageTest, ValidDeltaWithWrongContentIsCaughtByStateHash) {
+  auto blob = store_->Get(DeltaKey(4));
+  ASSERT_TRUE(blob.ok());
+  auto file = SafetensorsFile::Parse(*blob, "d");
+  ASSERT_TRUE(file.ok());
+  auto patch = DecodePatch(std::move(*file));
+  ASSERT_TRUE(patch.ok());
+  ASSERT_FALSE(patch->changes.empty());
+  patch->changes[0].values[0] ^= 0x01;  // one value off by one bit
+  auto encoded = EncodeDelta(patch->info, patch->changes);
+  ASSERT_TRUE(encoded.ok());
+  ASSERT_TRUE(store_->Put(DeltaKey(4), encoded->parts).ok());
+  Manifest m = ReadManifest(*store_);
+  ObjectEntry& obj = m.versions.back().objects[0].kind == PatchKind::kDelta ? m.versions.back().objects[0]
+                                                                           : m.versions.back().objects[1];
+  obj.size = encoded->size;
+  obj.xxh3_128 = Xxh3Hex(encoded->parts);
+  WriteManifest(*store_, m);
+
+  auto r = replica_->Update();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kIntegrity) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("state"), std::string::npos) << r.status().message();
+  ExpectStillOnGoodVersion();
+}
+
+TEST_F(DamageTest, OutOfRangeIndexIsRefused) {
+  auto blob = store_->Get(DeltaKey(4));
+  auto file = SafetensorsFile::Parse(*blob, "d");
+  ASSERT_TRUE(file.ok());
+  auto patch = DecodePatch(std::move(*file));
+  ASSERT_TRUE(patch.ok());
+  patch->changes[0].indices.back() = 1ull << 40;
+  auto encoded = EncodeDelta(patch->info, patch->changes);
+  ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
+  ASSERT_TRUE(store_->Put(DeltaKey(4), encoded->parts).ok());
+  Manifest m = ReadManifest(*store_);
+  for (ObjectEntry& obj : m.versions.back().objects) {
+    if (obj.kind != PatchKind::kDelta) continue;
+    obj.size = encoded->size;
+    obj.xxh3_128 = Xxh3Hex(encoded->parts);
+  }
+  WriteManifest(*store_, m);
+  auto r = replica_->Update();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kCorruption) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(patch->changes[0].name), std::string::npos) << r.status().message();
+  ExpectStillOnGoodVersion();
+}
+
+TEST_F(DamageTest, FreshReplicaRefusesCorruptAnchor) {
+  Rewrite(AnchorKey(4), [](std::vector<uint8_t>& b) { b[b.size() / 2] ^= 0x01; });
+  auto fresh = Replica::Create(store_);
+  auto r = fresh->Update(4);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kIntegrity);
+  EXPECT_NE(r.status().message().find("anchor of version 4"), std::string::npos) << r.status().message();
+  EXPECT_EQ(fresh->version(), 0u);
+  // The follower does not need the anchor: it still moves on by the delta.
+  auto follow = replica_->Update();
+  ASSERT_TRUE(follow.ok()) << follow.status().ToString();
+  EXPECT_EQ(replica_->version(), 4u);
+}
+
+TEST_F(DamageTest, MidChainFailureKeepsLastVerifiedVersion) {
+  for (uint64_t v = 5; v <= 6; ++v) {
+    model_.Step(0.05);
+    ASSERT_TRUE(publisher_->Publish(v, model_.Views()).ok());
+  }
+  ASSERT_TRUE(store_->Delete(DeltaKey(6)).ok());
+  auto r = replica_->Update();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(replica_->version(), 5u) << "versions 4 and 5 verified before 6 failed";
+  EXPECT_EQ(HashState(replica_->state()), replica_->state_hash());
+}
+
+TEST_F(DamageTest, ManifestRolledBackIsRefused) {
+  Manifest m = ReadManifest(*store_);
+  m.versions.resize(2);
+  WriteManifest(*store_, m);
+  auto r = replica_->Update();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kIntegrity);
+  ExpectStillOnGoodVersion();
+}
+
+TEST(PublisherTest, RefusesOldVersionsAndNonFinite) {
+  TempDir dir;
+  auto store = OpenDir(dir.path());
+  auto pub = Publisher::Open(store);
+  ASSERT_TRUE(pub.ok());
+  RandomModel model(3);
+  ASSERT_TRUE((*pub)->Publish(5, model.Views()).ok());
+  for (uint64_t v : {0u, 3u, 5u}) {
+    auto r = (*pub)->Publish(v, model.Views());
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
+  }
+  uint16_t nan = 0x7FC0;
+  std::memcpy(model.tensors()[1].data.data() + 6, &nan, 2);
+  auto r = (*pub)->Publish(6, model.Views());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(model.tensors()[1].name), std::string::npos) << r.status().message();
+  EXPECT_EQ((*pub)->latest_version(), 5u);
+}
+
+// A crash between objects and manifest: the objects are there, the manifest
+// is not updated; the publisher is unchanged and a retry succeeds.
+TEST(PublisherTest, FailedManifestWriteLeavesNothingCommitted) {
+  TempDir dir;
+  auto faulty = std::make_shared<FaultStore>(OpenDir(dir.path()));
+  auto pub = Publisher::Open(faulty);
+  ASSERT_TRUE(pub.ok());
+  RandomModel model(4);
+  ASSERT_TRUE((*pub)->Publish(1, model.Views()).ok());
+  StateHash before = HashState((*pub)->state());
+  model.Step(0.1);
+  faulty->fail_write = [](std::string_view key) {
+    return key == kManifestKey ? Status::IOError("injected: disk full") : Status::OK();
+  };
+  auto r = (*pub)->Publish(2, model.Views());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("injected"), std::string::npos);
+  EXPECT_EQ((*pub)->latest_version(), 1u);
+  EXPECT_EQ(HashState((*pub)->state()), before) << "a failed publish must roll the state back";
+
+  auto replica = Replica::Create(faulty);
+  ASSERT_TRUE(replica->Update().ok());
+  EXPECT_EQ(replica->version(), 1u);
+
+  faulty->fail_write = nullptr;
+  auto retry = (*pub)->Publish(2, model.Views());
+  ASSERT_TRUE(retry.ok()) << retry.status().ToString();
+  ASSERT_TRUE(replica->Update().ok());
+  ExpectStateEquals(replica->state(), model);
+}
+
+TEST(PublisherTest, ReopenContinuesFromTheBucket) {
+  TempDir dir;
+  auto store = OpenDir(dir.path());
+  RandomModel model(5);
+  {
+    auto pub = Publisher::Open(store);
+    ASSERT_TRUE(pub.ok());
+    for (uint64_t v = 1; v <= 3; ++v) {
+      if (v > 1) model.Step(0.05);
+      ASSERT_TRUE((*pub)->Publish(v, model.Views()).ok());
+    }
+  }
+  auto pub = Publisher::Open(store);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  EXPECT_EQ((*pub)->latest_version(), 3u);
+  model.Step(0.05);
+  auto stats = (*pub)->Publish(4, model.Views());
+  ASSERT_TRUE(stats.ok());
+  EXPECT_TRUE(stats->wrote_delta);
+  EXPECT_FALSE(stats->wrote_anchor);
+  auto replica = Replica::Create(store);
+  ASSERT_TRUE(replica->Update().ok());
+  ExpectStateEquals(replica->state(), model);
+}
+
+TEST(PublisherTest, TwoPublishersCannotOverwriteEachOther) {
+  TempDir dir;
+  auto store = OpenDir(dir.path());
+  RandomModel model(6);
+  auto a = Publisher::Open(store);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE((*a)->Publish(1, model.Views()).ok());
+  auto b = Publisher::Open(store);
+  ASSERT_TRUE(b.ok());
+  model.Step(0.05);
+  ASSERT_TRUE((*b)->Publish(2, model.Views()).ok());
+  model.Step(0.05);
+  auto r = (*a)->Publish(3, model.Views());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kConflict) << r.status().ToString();
+  EXPECT_EQ(ReadManifest(*store).Latest()->version, 2u);
+}
+
+TEST(ReplicaTest, ClearErrorsForEmptyBucketAndUnknownVersions) {
+  TempDir dir;
+  auto store = OpenDir(dir.path());
+  auto replica = Replica::Create(store);
+  auto r = replica->Update();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kNotFound);
+  EXPECT_NE(r.status().message().find("manifest.json"), std::string::npos);
+
+  auto pub = Publisher::Open(store);
+  RandomModel model(8);
+  ASSERT_TRUE((*pub)->Publish(2, model.Views()).ok());
+  auto missing = replica->Update(3);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), ErrorCode::kNotFound);
+  ASSERT_TRUE(replica->Update(2).ok());
+  auto back = replica->Update(1);
+  ASSERT_FALSE(back.ok());
+  EXPECT_EQ(back.status().code(), ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace deltasync

@@ -1,0 +1,168 @@
+// diff, apply, inspect: commands on local safetensors files.
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "deltasync/changes.h"
+#include "deltasync/patch.h"
+#include "deltasync/publisher.h"
+#include "deltasync/safetensors.h"
+#include "output.h"
+
+namespace deltasync::cli {
+namespace {
+
+bool IsPatch(const SafetensorsFile& f) {
+  auto it = f.metadata().find("format");
+  return it != f.metadata().end() && it->second == "sparse_weight_patch";
+}
+
+std::optional<uint64_t> ParseU64(const Metadata& m, const std::string& key) {
+  auto it = m.find(key);
+  if (it == m.end() || it->second.empty()) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : it->second) {
+    if (c < '0' || c > '9' || v > (UINT64_MAX - 9) / 10) return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return v;
+}
+
+}  // namespace
+
+Status RunDiff(const DiffArgs& args) {
+  DS_ASSIGN_OR_RETURN(IndexEncoding encoding, ParseEncoding(args.encoding));
+  DS_ASSIGN_OR_RETURN(SafetensorsFile old_file, SafetensorsFile::Open(args.old_path));
+  DS_ASSIGN_OR_RETURN(SafetensorsFile new_file, SafetensorsFile::Open(args.new_path));
+  // The same fp32 policy as the Publisher's default.
+  DetectOptions options{args.allow_nonfinite, 0, [](std::string_view name) {
+                          for (const std::string& suffix : PublisherOptions{}.keep_fp32_suffixes) {
+                            if (name.ends_with(suffix)) return true;
+                          }
+                          return false;
+                        }};
+  Result<WeightState> base = ToPublishedState(old_file.tensors(), options);
+  if (!base.ok()) return base.status().WithContext(args.old_path);
+  Result<std::vector<TensorChanges>> changes = DetectChanges(*base, new_file.tensors(), options);
+  if (!changes.ok()) return changes.status().WithContext("comparing " + args.old_path + " with " + args.new_path);
+  PatchInfo info;
+  info.kind = PatchKind::kDelta;
+  info.model_version = args.version;
+  info.encoding = encoding;
+  info.total_elements = base->total_elements();
+  DS_ASSIGN_OR_RETURN(EncodedPatch patch, EncodeDelta(info, *changes));
+  DS_RETURN_IF_ERROR(WritePatchFile(args.out_path, patch));
+  uint64_t changed = 0;
+  for (const TensorChanges& c : *changes) changed += c.count();
+  double total = static_cast<double>(info.total_elements);
+  std::printf("wrote %s: %zu tensors changed, %llu of %llu elements (%.3f%%), %s (%.2f B per changed element)\n",
+              args.out_path.c_str(), changes->size(), static_cast<unsigned long long>(changed),
+              static_cast<unsigned long long>(info.total_elements), total > 0 ? 100.0 * changed / total : 0.0,
+              HumanBytes(static_cast<double>(patch.size)).c_str(),
+              changed ? static_cast<double>(patch.size) / static_cast<double>(changed) : 0.0);
+  return Status::OK();
+}
+
+Status RunApply(const ApplyArgs& args) {
+  DS_ASSIGN_OR_RETURN(SafetensorsFile base_file, SafetensorsFile::Open(args.base_path));
+  DS_ASSIGN_OR_RETURN(WeightState state, WeightState::FromViews(base_file.tensors()));
+  std::optional<uint64_t> version = ParseU64(base_file.metadata(), "model_version");
+  for (const std::string& path : args.patch_paths) {
+    DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
+    DS_ASSIGN_OR_RETURN(DecodedPatch patch, DecodePatch(std::move(file)));
+    if (patch.info.kind == PatchKind::kAnchor) {
+      DS_ASSIGN_OR_RETURN(state, WeightState::FromViews(patch.dense));
+    } else {
+      if (patch.info.base_version && version && *patch.info.base_version != *version) {
+        return Status::FailedPrecondition(path + ": applies to version " + std::to_string(*patch.info.base_version) +
+                                          " but the state is at version " + std::to_string(*version));
+      }
+      DS_RETURN_IF_ERROR(ValidateChanges(state, patch.changes).WithContext(path));
+      ApplyChanges(state, patch.changes);
+    }
+    version = patch.info.model_version;
+  }
+  DS_RETURN_IF_ERROR(WriteStateFile(args.out_path, state, version.value_or(0)));
+  std::printf("wrote %s: version %llu, %zu tensors, %llu elements\n", args.out_path.c_str(),
+              static_cast<unsigned long long>(version.value_or(0)), state.tensors().size(),
+              static_cast<unsigned long long>(state.total_elements()));
+  return Status::OK();
+}
+
+Status RunInspect(const InspectArgs& args) {
+  DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(args.path));
+  const uint64_t size = file.blob().size();
+  nlohmann::ordered_json out;
+  out["path"] = args.path;
+  out["size_bytes"] = size;
+  out["metadata"] = file.metadata();
+  nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
+  for (const TensorView& t : file.tensors()) {
+    tensors.push_back({{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"bytes", t.data.size()}});
+  }
+
+  uint64_t total = 0, changed = 0, params = 0;
+  if (!IsPatch(file)) {
+    out["kind"] = "plain";
+    for (const TensorView& t : file.tensors()) total += t.num_elements();
+    changed = total;
+    params = file.tensors().size();
+  } else {
+    DS_ASSIGN_OR_RETURN(DecodedPatch patch, DecodePatch(std::move(file)));
+    const PatchInfo& info = patch.info;
+    out["kind"] = info.kind == PatchKind::kAnchor ? "anchor" : "delta";
+    out["model_version"] = info.model_version;
+    out["base_version"] = info.base_version ? nlohmann::ordered_json(*info.base_version) : nlohmann::ordered_json();
+    out["encoding"] = EncodingName(info.encoding);
+    if (info.kind == PatchKind::kAnchor) {
+      for (const TensorView& t : patch.dense) total += t.num_elements();
+      changed = total;
+      params = patch.dense.size();
+    } else {
+      nlohmann::ordered_json per = nlohmann::ordered_json::array();
+      for (const TensorChanges& c : patch.changes) {
+        changed += c.count();
+        per.push_back({{"name", c.name}, {"dtype", DTypeName(c.dtype)}, {"changed", c.count()}});
+      }
+      params = patch.changes.size();
+      total = info.total_elements;
+      out["changed_tensors"] = per;
+    }
+  }
+  out["total_elements"] = total;
+  out["changed_elements"] = changed;
+  out["changed_params"] = params;
+  out["sparsity"] = total ? 1.0 - static_cast<double>(changed) / static_cast<double>(total) : 0.0;
+  out["bytes_per_changed_element"] = changed ? static_cast<double>(size) / static_cast<double>(changed) : 0.0;
+  out["tensors"] = tensors;
+
+  if (args.json) {
+    std::cout << out.dump() << "\n";
+    return Status::OK();
+  }
+  std::printf("%s: %s, %s\n", args.path.c_str(), out["kind"].get<std::string>().c_str(),
+              HumanBytes(static_cast<double>(size)).c_str());
+  if (out["kind"] != "plain") {
+    std::printf("  model_version %llu, encoding %s%s\n",
+                static_cast<unsigned long long>(out["model_version"].get<uint64_t>()),
+                out["encoding"].get<std::string>().c_str(),
+                out["base_version"].is_null()
+                    ? ""
+                    : (", base version " + std::to_string(out["base_version"].get<uint64_t>())).c_str());
+  }
+  std::printf("  %llu of %llu elements %s in %llu tensors (sparsity %.4f), %.2f bytes per changed element\n",
+              static_cast<unsigned long long>(changed), static_cast<unsigned long long>(total),
+              out["kind"] == "delta" ? "changed" : "stored", static_cast<unsigned long long>(params),
+              out["sparsity"].get<double>(), out["bytes_per_changed_element"].get<double>());
+  std::printf("  metadata:\n");
+  for (const auto& [k, v] : out["metadata"].items()) std::printf("    %s = %s\n", k.c_str(), v.get<std::string>().c_str());
+  std::printf("  tensors (%zu):\n", out["tensors"].size());
+  for (const auto& t : out["tensors"]) {
+    std::printf("    %-60s %-5s %s\n", t["name"].get<std::string>().c_str(), t["dtype"].get<std::string>().c_str(),
+                t["shape"].dump().c_str());
+  }
+  return Status::OK();
+}
+
+}  // namespace deltasync::cli

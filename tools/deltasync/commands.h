@@ -1,0 +1,113 @@
+// The deltasync CLI's subcommands. Each Run* function does one command and
+// returns a Status; main.cc turns a non-OK one into "deltasync: error: ..."
+// and exit code 1. The CLI uses only the public headers in include/deltasync/.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "deltasync/status.h"
+
+namespace deltasync::cli {
+
+struct DiffArgs {
+  std::string old_path, new_path, out_path;
+  std::string encoding = "gap_delta";
+  uint64_t version = 1;
+  bool allow_nonfinite = false;
+};
+Status RunDiff(const DiffArgs& args);
+
+struct ApplyArgs {
+  std::string base_path;
+  std::vector<std::string> patch_paths;
+  std::string out_path;
+};
+Status RunApply(const ApplyArgs& args);
+
+struct InspectArgs {
+  std::string path;
+  bool json = false;
+};
+Status RunInspect(const InspectArgs& args);
+
+struct PublishArgs {
+  std::string bucket, file;
+  uint64_t version = 0;
+  uint64_t anchor_interval = 10;
+  std::string encoding = "gap_delta";
+  bool allow_nonfinite = false;
+  std::vector<std::string> notify;  // replica daemon URLs to wake after the commit
+  std::string notify_token_file;
+  bool create_bucket = false;
+};
+Status RunPublish(const PublishArgs& args);
+
+struct PullArgs {
+  std::string bucket, out_path;
+  std::optional<uint64_t> version;
+};
+Status RunPull(const PullArgs& args);
+
+// Hidden: a replica process for the demo. Follows the bucket one version at a
+// time up to `until`, printing one JSON line per version on stdout.
+struct FollowArgs {
+  std::string bucket;
+  uint64_t until = 0;
+  int poll_ms = 20;
+  int timeout_s = 600;
+  int threads = 1;
+};
+Status RunFollow(const FollowArgs& args);
+
+// Bucket maintenance. Today: abort S3 multipart uploads older than
+// `abort_uploads_older_than_h` hours that a crashed publisher left behind.
+struct GcArgs {
+  std::string bucket;
+  double abort_uploads_older_than_h = 24;
+};
+Status RunGc(const GcArgs& args);
+
+struct BenchArgs {
+  bool quick = false;
+  bool json = false;
+  int threads = 2;
+};
+Status RunBench(const BenchArgs& args);
+
+struct DemoArgs {
+  std::string bucket = "./deltasync-demo";
+  uint64_t steps = 20;
+  double lr = 3e-6;
+  int layers = 28;
+  uint64_t anchor_interval = 10;
+  uint64_t seed = 1234;
+  int replicas = 2;
+  std::string encoding = "gap_delta";
+  bool serve = false;  // replicas as `serve` daemons, woken by /notify
+  bool create_bucket = false;
+};
+Status RunDemo(const DemoArgs& args, const std::string& self_exe);
+
+// serve: a replica daemon (include/deltasync/server.h, docs/serve.md). Runs
+// until SIGTERM or SIGINT; prints "listening on ADDR" once it accepts requests.
+struct ServeArgs {
+  std::string bucket;
+  std::string listen = "127.0.0.1:8470";
+  std::string out_dir;
+  int keep = 2;
+  std::string shm;
+  std::string token_file;
+  double poll = 1.0;
+  std::string tls_cert, tls_key;
+  int threads = 0;
+};
+Status RunServe(const ServeArgs& args);
+
+// A bearer token from a file: its contents without surrounding whitespace;
+// an error for an empty file or one that is not a single printable token.
+Result<std::string> ReadTokenFile(const std::string& path);
+
+}  // namespace deltasync::cli
