@@ -48,4 +48,9 @@ StateHash HashTensors(std::span<const TensorView> tensors, int threads = 0);
 // REQUIRES: `before` is that tensor (same name and dtype), indices in range.
 StateHash HashDelta(const TensorView& before, const TensorChanges& changes);
 
+// The sum of HashDelta over every entry of `changes` against the matching
+// tensor of `state`, computed on up to `threads` threads (0 = hardware
+// concurrency). REQUIRES: ValidateChanges(state, changes) is OK.
+StateHash HashChanges(const WeightState& state, std::span<const TensorChanges> changes, int threads = 0);
+
 }  // namespace deltasync

@@ -90,17 +90,18 @@ uint64_t BitsAt(const uint8_t* data, uint64_t index) {
 }
 
 template <typename T>
-StateHash HashDeltaT(const TensorView& before, const TensorChanges& changes) {
+StateHash HashDeltaT(const TensorView& before, const TensorChanges& changes, size_t first = 0,
+                     size_t last = SIZE_MAX) {
   const state_hash::TensorSeeds seeds =
       state_hash::SeedsFor(before.name, before.dtype, before.shape);
   const uint64_t elements = before.num_elements();
-  const size_t count = std::min(changes.indices.size(), changes.values.size() / sizeof(T));
+  const size_t count = std::min({changes.indices.size(), changes.values.size() / sizeof(T), last});
   // Gather old and new bits block by block into u64 arrays the kernel can
   // load as vectors; the old values are scattered reads of `before`.
   constexpr size_t kBlock = 512;
   uint64_t indices[kBlock], new_bits[kBlock], old_bits[kBlock];
   uint64_t sums[2] = {0, 0};
-  for (size_t start = 0; start < count; start += kBlock) {
+  for (size_t start = first; start < count; start += kBlock) {
     const size_t end = std::min(count, start + kBlock);
     size_t m = 0;
     for (size_t k = start; k < end; ++k) {
@@ -193,13 +194,45 @@ StateHash HashState(const WeightState& state, int threads) {
   return HashTensors(views, threads);
 }
 
-StateHash HashDelta(const TensorView& before, const TensorChanges& changes) {
+static StateHash HashDeltaRange(const TensorView& before, const TensorChanges& changes, size_t first,
+                                size_t last) {
   switch (DTypeSize(before.dtype)) {
-    case 1: return HashDeltaT<uint8_t>(before, changes);
-    case 2: return HashDeltaT<uint16_t>(before, changes);
-    case 4: return HashDeltaT<uint32_t>(before, changes);
-    default: return HashDeltaT<uint64_t>(before, changes);
+    case 1: return HashDeltaT<uint8_t>(before, changes, first, last);
+    case 2: return HashDeltaT<uint16_t>(before, changes, first, last);
+    case 4: return HashDeltaT<uint32_t>(before, changes, first, last);
+    default: return HashDeltaT<uint64_t>(before, changes, first, last);
   }
+}
+
+StateHash HashDelta(const TensorView& before, const TensorChanges& changes) {
+  return HashDeltaRange(before, changes, 0, SIZE_MAX);
+}
+
+StateHash HashChanges(const WeightState& state, std::span<const TensorChanges> changes, int threads) {
+  // Work items of at most 1 Mi changes, so one big tensor (an embedding)
+  // spreads over every thread; each item sums into its own slot and the
+  // slots are added at the end (addition mod 2^64 is order-independent).
+  constexpr size_t kItem = size_t{1} << 20;
+  struct Item {
+    const WeightState::Tensor* tensor;
+    const TensorChanges* changes;
+    size_t first, last;
+  };
+  std::vector<Item> items;
+  for (const TensorChanges& c : changes) {
+    const WeightState::Tensor* t = state.Find(c.name);
+    if (t == nullptr) continue;  // breaks the REQUIRES; the hash will not match
+    for (size_t first = 0; first < c.count(); first += kItem) {
+      items.push_back({t, &c, first, std::min(c.count(), first + kItem)});
+    }
+  }
+  std::vector<StateHash> sums(items.size());
+  ParallelFor(items.size(), threads, [&](size_t i) {
+    sums[i] = HashDeltaRange(items[i].tensor->view(), *items[i].changes, items[i].first, items[i].last);
+  });
+  StateHash total;
+  for (const StateHash& h : sums) total += h;
+  return total;
 }
 
 }  // namespace deltasync

@@ -117,8 +117,7 @@ Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const Tensor
     info.base_version = previous;
     info.total_elements = state_.total_elements();
     DS_ASSIGN_OR_RETURN(delta, EncodeDelta(info, changes));
-    next_hash = state_hash_;
-    for (const TensorChanges& c : changes) next_hash += HashDelta(state_.Find(c.name)->view(), c);
+    next_hash = state_hash_ + HashChanges(state_, changes, options_.threads);
     undo = UndoLogFor(state_, changes);
     ApplyChanges(state_, changes, options_.threads);
   }

@@ -191,8 +191,7 @@ Status Replica::ApplyDelta(const VersionEntry& entry, UpdateStats& stats) {
   }
   Status valid = ValidateChanges(state_, patch->changes);
   if (!valid.ok()) return fail(valid.WithContext(object.key));
-  StateHash next = state_hash_;
-  for (const TensorChanges& c : patch->changes) next += HashDelta(state_.Find(c.name)->view(), c);
+  StateHash next = state_hash_ + HashChanges(state_, patch->changes, options_.threads);
   if (next != entry.state_hash) {
     return fail(Status::Integrity("the state after it would hash to " + next.Hex() + ", the manifest says " +
                                   entry.state_hash.Hex() + "; the replica stays on " + V(version_)));
