@@ -1,0 +1,94 @@
+// deltasync-native patch encodings (docs/compact.md), not readable by TRL:
+//
+//   compact delta:      a delta that names its exact base (version and state
+//                       hash) and codes each changed element relative to the
+//                       base: positions as gaps counted among base elements of
+//                       the same exponent class (LEB128 varints), bf16 value
+//                       changes as zigzag differences of bit patterns (ULPs),
+//                       raw values where that does not fit (escapes), each
+//                       stream Huffman-coded (literal-only zstd). One U8
+//                       tensor `{name}.cmp` per changed parameter. Metadata
+//                       encoding="compact".
+//   compressed anchor:  a full snapshot with each bf16 element split into an
+//                       exponent byte plane (zstd, i.e. Huffman-coded) and a
+//                       sign+mantissa byte plane (stored), in chunks of up to
+//                       1 Mi elements so decoding runs in parallel. One U8
+//                       tensor `{name}.zan` per parameter.
+//
+// Both are safetensors files (so safe_open can list them). Decoders treat
+// their input as untrusted: every length, count and index is checked, and
+// decompressed sizes are bounded by what the base / the header allow before
+// any allocation. Violations are kCorruption naming file, tensor and rule.
+// Thread safety: all functions are reentrant.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "deltasync/changes.h"
+#include "deltasync/patch.h"
+#include "deltasync/safetensors.h"
+#include "deltasync/state_hash.h"
+#include "deltasync/status.h"
+#include "deltasync/tensor.h"
+#include "deltasync/weight_state.h"
+
+namespace deltasync {
+
+inline constexpr std::string_view kCompactEncodingName = "compact";
+// Metadata key: StateHash::Hex() of the base a compact delta applies to.
+inline constexpr std::string_view kBaseStateHashKey = "deltasync_base_state_hash";
+
+// A compact delta for info.model_version against `base` (whose hash is
+// `base_hash`, version *info.base_version). REQUIRES of the caller, checked
+// (kInvalidArgument): info.base_version set and < info.model_version; every
+// changes[i].name a tensor of `base` with the same dtype, named once, indices
+// strictly ascending and below its element count, values sized count x dtype.
+// info.encoding, total_elements and changed counts are ignored / computed
+// (total_elements = base.total_elements()). Deterministic: the same input
+// gives the same bytes. Tensors encoded in parallel on up to `threads`
+// threads (0 = hardware concurrency). The result owns all its bytes.
+Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& base_hash,
+                                        const WeightState& base, std::span<const TensorChanges> changes,
+                                        int threads = 0);
+
+// A decoded compact delta. `changes` sorted by name, indices strictly
+// ascending and in range for the base it was decoded against, values in the
+// base tensor's dtype: ValidateChanges(base, changes) holds, so
+// ApplyChanges(base, changes) may follow directly.
+struct CompactDelta {
+  PatchInfo info;  // info.encoding is meaningless (compact is not an IndexEncoding)
+  StateHash base_hash;
+  std::vector<TensorChanges> changes;
+};
+
+// True when `file`'s metadata says encoding="compact" (no other check).
+bool IsCompactDelta(const SafetensorsFile& file);
+
+// Decodes `file` against `base`, whose state hash is `base_hash`.
+// kFailedPrecondition (naming both hashes) when the patch names another base
+// hash; kCorruption for any format violation. `base` is only read.
+Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, const WeightState& base,
+                                        const StateHash& base_hash, int threads = 0);
+
+// A compressed anchor of `tensors` (written in name order; names unique) for
+// `model_version`. Deterministic. The result owns all its bytes.
+Result<EncodedPatch> EncodeCompressedAnchor(uint64_t model_version, std::span<const TensorView> tensors,
+                                            int threads = 0);
+
+struct DecodedAnchor {
+  uint64_t model_version = 0;
+  std::vector<WeightState::Tensor> tensors;  // sorted by name
+
+  std::vector<TensorView> views() const;  // into `tensors`
+};
+
+// True when `file`'s metadata says format="deltasync_compressed_anchor".
+bool IsCompressedAnchor(const SafetensorsFile& file);
+
+// Decodes a compressed anchor, chunks in parallel on up to `threads` threads.
+Result<DecodedAnchor> DecodeCompressedAnchor(const SafetensorsFile& file, int threads = 0);
+
+}  // namespace deltasync

@@ -1,0 +1,390 @@
+// The compact delta encoding (docs/compact.md, "Compact delta"): per changed
+// tensor one U8 tensor `{name}.cmp` = header, then for bf16 tensors the
+// positions as gaps counted within the base elements' exponent class (the
+// replica holds the base, so it rebuilds the classes; elements of a class
+// change at a similar rate, which makes the gaps cheap), zigzag ULP
+// differences and escaped raw values, each stream class by class and
+// Huffman-coded (literal-only zstd); other dtypes: plain gaps and raw values.
+// Tensors are encoded and decoded in parallel.
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "codec/compact_streams.h"
+#include "codec/patch_metadata.h"
+#include "common/parallel.h"
+#include "deltasync/compact.h"
+
+namespace deltasync {
+namespace {
+
+namespace pm = patchmeta;
+using compact::PutBlock;
+using compact::PutVarint;
+using compact::Reader;
+
+constexpr std::string_view kSuffix = ".cmp";
+constexpr uint8_t kStreamVersion = 1;
+constexpr uint8_t kModeBf16 = 0;
+constexpr uint8_t kModeRaw = 1;
+constexpr uint8_t kEscape = 0xFF;
+constexpr int kZstdLevel = 3;  // raw values of non-bf16 tensors
+// Below this many changed elements in total, work stays on one thread.
+constexpr uint64_t kParallelMin = uint64_t{1} << 16;
+
+uint16_t Load16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// The base value's context: its bf16 exponent, in 16 classes.
+constexpr int kClasses = 16;
+inline int Class(uint16_t b) {
+  const int e = (b >> 7) & 0xFF;
+  return e <= 112 ? 0 : e >= 127 ? 15 : e - 112;
+}
+
+bool NonFinite(uint16_t b) { return (b & 0x7F80) == 0x7F80; }
+
+// The diff byte for old -> new, or kEscape when the change must carry the raw
+// new value: sign change, NaN/Inf on either side, or |diff| too large.
+uint8_t DiffByte(uint16_t old_bits, uint16_t new_bits) {
+  if (((old_bits ^ new_bits) & 0x8000) || NonFinite(old_bits) || NonFinite(new_bits)) return kEscape;
+  const uint32_t z = compact::ZigZag(static_cast<int32_t>(new_bits) - static_cast<int32_t>(old_bits));
+  return z < kEscape ? static_cast<uint8_t>(z) : kEscape;
+}
+
+Status EncodeTensor(const TensorChanges& c, const WeightState::Tensor& base, std::vector<uint8_t>& out) {
+  const size_t esize = DTypeSize(c.dtype);
+  if (c.dtype != base.dtype) {
+    return Status::InvalidArgument("tensor '" + c.name + "': changes are " + std::string(DTypeName(c.dtype)) +
+                                   ", base is " + std::string(DTypeName(base.dtype)));
+  }
+  if (c.values.size() != c.count() * esize) {
+    return Status::InvalidArgument("tensor '" + c.name + "': " + std::to_string(c.values.size()) +
+                                   " value bytes for " + std::to_string(c.count()) + " values");
+  }
+  const uint64_t n = base.num_elements();
+  uint64_t next = 0;  // idx[k-1] + 1
+  for (size_t k = 0; k < c.count(); ++k) {
+    const uint64_t i = c.indices[k];
+    if (i >= n || i < next) {
+      return Status::InvalidArgument("tensor '" + c.name + "': index " + std::to_string(i) + " at position " +
+                                     std::to_string(k) + (i >= n ? " is out of range" : " is not ascending"));
+    }
+    next = i + 1;
+  }
+  out.push_back(kStreamVersion);
+  const bool bf16 = c.dtype == DType::kBF16;
+  out.push_back(bf16 ? kModeBf16 : kModeRaw);
+  PutVarint(out, c.count());
+  if (!bf16) {
+    std::vector<uint8_t> gaps;
+    next = 0;
+    for (uint64_t i : c.indices) {
+      PutVarint(gaps, i - next);
+      next = i + 1;
+    }
+    PutBlock(out, gaps, compact::kLiteralsOnly);
+    PutBlock(out, c.values, kZstdLevel);
+    return Status::OK();
+  }
+  // Class-ordered streams: the j-th change of class cl comes gaps[cl][j]
+  // unchanged class-cl elements after the previous change of that class.
+  std::array<std::vector<uint8_t>, kClasses> gaps_c, diffs_c, escapes_c;
+  std::array<uint64_t, kClasses> skip{};
+  const uint8_t* b = base.data.data();
+  const uint64_t end = c.count() ? c.indices.back() + 1 : 0;
+  size_t k = 0;
+  for (uint64_t i = 0; i < end; ++i) {
+    const uint16_t o = Load16(b + 2 * i);
+    const int cl = Class(o);
+    if (c.indices[k] != i) {
+      ++skip[cl];
+      continue;
+    }
+    PutVarint(gaps_c[cl], skip[cl]);
+    skip[cl] = 0;
+    const uint16_t v = Load16(c.values.data() + 2 * k);
+    const uint8_t d = DiffByte(o, v);
+    diffs_c[cl].push_back(d);
+    if (d == kEscape) escapes_c[cl].insert(escapes_c[cl].end(), c.values.data() + 2 * k, c.values.data() + 2 * k + 2);
+    ++k;
+  }
+  std::vector<uint8_t> gaps, diffs, escapes;
+  for (int cl = 0; cl < kClasses; ++cl) {
+    PutVarint(out, diffs_c[cl].size());
+    gaps.insert(gaps.end(), gaps_c[cl].begin(), gaps_c[cl].end());
+    diffs.insert(diffs.end(), diffs_c[cl].begin(), diffs_c[cl].end());
+    escapes.insert(escapes.end(), escapes_c[cl].begin(), escapes_c[cl].end());
+  }
+  PutBlock(out, gaps, compact::kLiteralsOnly);
+  PutBlock(out, diffs, compact::kLiteralsOnly);
+  PutBlock(out, escapes, compact::kLiteralsOnly);
+  return Status::OK();
+}
+
+Status Corrupt(const std::string& label, std::string_view tensor, const std::string& msg) {
+  return Status::Corruption(label + ": tensor '" + std::string(tensor) + "': " + msg);
+}
+
+Status DecodeTensor(const std::string& label, const TensorView& stream, const WeightState::Tensor& base,
+                    TensorChanges& c) {
+  auto bad = [&](const std::string& msg) { return Corrupt(label, stream.name, msg); };
+  Reader in(stream.data);
+  std::optional<uint8_t> version = in.Byte();
+  std::optional<uint8_t> mode = in.Byte();
+  if (!version || !mode) return bad("truncated stream header");
+  if (*version != kStreamVersion) return bad("unknown stream version " + std::to_string(*version));
+  const bool bf16 = base.dtype == DType::kBF16;
+  if (*mode != (bf16 ? kModeBf16 : kModeRaw)) {
+    return bad("mode " + std::to_string(*mode) + " does not fit base dtype " + std::string(DTypeName(base.dtype)));
+  }
+  const uint64_t n = base.num_elements();
+  std::optional<uint64_t> count = in.Varint();
+  if (!count) return bad("truncated or malformed count");
+  if (*count > n) return bad("count " + std::to_string(*count) + " exceeds the base's " + std::to_string(n) + " elements");
+  c.name = base.name;
+  c.dtype = base.dtype;
+  const size_t esize = DTypeSize(base.dtype);
+
+  std::array<uint64_t, kClasses + 1> class_begin{};  // class cl: changes [begin[cl], begin[cl+1])
+  if (bf16) {
+    for (int cl = 0; cl < kClasses; ++cl) {
+      std::optional<uint64_t> m = in.Varint();
+      if (!m || *m > *count - class_begin[cl]) return bad("class counts are malformed or exceed the count");
+      class_begin[cl + 1] = class_begin[cl] + *m;
+    }
+    if (class_begin[kClasses] != *count) return bad("class counts do not sum to the count");
+  }
+  std::vector<uint8_t> gap_bytes;
+  // A gap varint takes at most 10 bytes.
+  if (auto err = compact::GetBlock(in, std::nullopt, *count * 10, gap_bytes)) return bad("gap block: " + *err);
+  std::vector<uint64_t> gaps(*count);
+  Reader g(gap_bytes);
+  for (uint64_t k = 0; k < *count; ++k) {
+    std::optional<uint64_t> gap = g.Varint();
+    if (!gap) return bad("gap " + std::to_string(k) + " is truncated or malformed");
+    gaps[k] = *gap;
+  }
+  if (g.remaining() != 0) return bad(std::to_string(g.remaining()) + " trailing bytes in the gap block");
+
+  c.indices.resize(*count);
+  if (!bf16) {
+    uint64_t next = 0;
+    for (uint64_t k = 0; k < *count; ++k) {
+      if (next >= n || gaps[k] >= n - next) {  // next + gap >= n, without overflow
+        return bad("index at position " + std::to_string(k) + " is out of range (" + std::to_string(n) + " elements)");
+      }
+      c.indices[k] = next + gaps[k];
+      next = c.indices[k] + 1;
+    }
+    if (auto err = compact::GetBlock(in, *count * esize, 0, c.values)) return bad("value block: " + *err);
+  } else {
+    std::vector<uint8_t> diffs, escapes;
+    if (auto err = compact::GetBlock(in, *count, 0, diffs)) return bad("diff block: " + *err);
+    const uint64_t n_escapes = static_cast<uint64_t>(std::count(diffs.begin(), diffs.end(), kEscape));
+    if (auto err = compact::GetBlock(in, 2 * n_escapes, 0, escapes)) return bad("escape block: " + *err);
+    // Per class: next change (p), its escape cursor (e), and how many more
+    // class elements to skip before it (rem; ~0 once the class is done).
+    std::array<uint64_t, kClasses> p, e, rem;
+    uint64_t esc = 0;
+    for (int cl = 0; cl < kClasses; ++cl) {
+      p[cl] = class_begin[cl];
+      e[cl] = esc;
+      esc += static_cast<uint64_t>(std::count(diffs.begin() + class_begin[cl], diffs.begin() + class_begin[cl + 1], kEscape));
+      rem[cl] = p[cl] < class_begin[cl + 1] ? gaps[p[cl]] : ~uint64_t{0};
+    }
+    c.values.resize(2 * *count);
+    const uint8_t* b = base.data.data();
+    uint64_t k = 0;
+    for (uint64_t i = 0; i < n && k < *count; ++i) {
+      const uint16_t o = Load16(b + 2 * i);
+      const int cl = Class(o);
+      if (rem[cl] != 0) {
+        --rem[cl];  // from ~0 it never reaches 0 within n < 2^60 elements
+        continue;
+      }
+      const uint64_t j = p[cl]++;
+      rem[cl] = p[cl] < class_begin[cl + 1] ? gaps[p[cl]] : ~uint64_t{0};
+      uint16_t v;
+      if (diffs[j] == kEscape) {
+        v = Load16(escapes.data() + 2 * e[cl]++);
+      } else {
+        v = static_cast<uint16_t>(o + compact::UnZigZag(diffs[j]));
+      }
+      if (DiffByte(o, v) != diffs[j]) {  // canonical: an escape exactly when needed
+        return bad("element " + std::to_string(i) + ": non-canonical change code " + std::to_string(diffs[j]));
+      }
+      c.indices[k] = i;
+      std::memcpy(c.values.data() + 2 * k, &v, 2);
+      ++k;
+    }
+    if (k != *count) return bad("gaps run past the elements of their exponent class");
+  }
+  if (in.remaining() != 0) return bad(std::to_string(in.remaining()) + " trailing bytes after the last block");
+  return Status::OK();
+}
+
+Metadata BuildMetadata(const PatchInfo& info, const StateHash& base_hash, uint64_t params, uint64_t changed,
+                       uint64_t total) {
+  Metadata m;
+  m.emplace(pm::kFormat, pm::kFormatValue);
+  m.emplace(pm::kVersion, pm::kVersionValue);
+  m.emplace(pm::kSparse, pm::kTrue);
+  m.emplace(pm::kModelVersion, std::to_string(info.model_version));
+  m.emplace(pm::kNumChangedParams, std::to_string(params));
+  m.emplace(pm::kTotalChangedElements, std::to_string(changed));
+  m.emplace(pm::kTotalElements, std::to_string(total));
+  m.emplace(pm::kSparsity, pm::PythonFloatRepr(pm::Sparsity(changed, total)));
+  m.emplace(pm::kEncoding, kCompactEncodingName);
+  m.emplace(pm::kBaseVersion, std::to_string(*info.base_version));
+  m.emplace(kBaseStateHashKey, base_hash.Hex());
+  return m;
+}
+
+std::string Show(std::string_view v) {
+  std::string out;
+  for (char ch : v.substr(0, 40)) out += (ch >= 0x20 && ch < 0x7f) ? ch : '?';
+  return "'" + out + (v.size() > 40 ? "...'" : "'");
+}
+
+}  // namespace
+
+bool IsCompactDelta(const SafetensorsFile& file) {
+  auto it = file.metadata().find(std::string(pm::kEncoding));
+  return it != file.metadata().end() && it->second == kCompactEncodingName;
+}
+
+Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& base_hash, const WeightState& base,
+                                        std::span<const TensorChanges> changes, int threads) {
+  if (!info.base_version) return Status::InvalidArgument("a compact delta needs info.base_version");
+  if (*info.base_version >= info.model_version) {
+    return Status::InvalidArgument("base version " + std::to_string(*info.base_version) +
+                                   " is not older than model_version " + std::to_string(info.model_version));
+  }
+  std::vector<const TensorChanges*> order;
+  std::vector<const WeightState::Tensor*> bases;
+  for (const TensorChanges& c : changes) order.push_back(&c);
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  uint64_t changed = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (i > 0 && order[i]->name == order[i - 1]->name) {
+      return Status::InvalidArgument("tensor '" + order[i]->name + "' appears twice in the changes");
+    }
+    const WeightState::Tensor* t = base.Find(order[i]->name);
+    if (!t) return Status::InvalidArgument("tensor '" + order[i]->name + "' is not in the base state");
+    bases.push_back(t);
+    changed += order[i]->count();
+  }
+  EncodedPatch out;
+  out.owned.resize(1 + order.size());
+  std::vector<Status> errors(order.size());
+  ParallelFor(order.size(), changed >= kParallelMin ? threads : 1,
+              [&](size_t i) { errors[i] = EncodeTensor(*order[i], *bases[i], out.owned[1 + i]); });
+  for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
+
+  std::vector<TensorView> views;
+  for (size_t i = 0; i < order.size(); ++i) {
+    views.push_back({order[i]->name + std::string(kSuffix), DType::kU8, {out.owned[1 + i].size()}, out.owned[1 + i]});
+  }
+  Metadata metadata = BuildMetadata(info, base_hash, order.size(), changed, base.total_elements());
+  DS_ASSIGN_OR_RETURN(out.owned[0], EncodeSafetensorsHeader(metadata, views));
+  for (const std::vector<uint8_t>& part : out.owned) {
+    if (part.empty()) continue;
+    out.parts.push_back(part);
+    out.size += part.size();
+  }
+  return out;
+}
+
+Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, const WeightState& base,
+                                        const StateHash& base_hash, int threads) {
+  const std::string& label = file.label();
+  auto bad = [&](const std::string& msg) { return Status::Corruption(label + ": " + msg); };
+  const Metadata& m = file.metadata();
+  auto get = [&](std::string_view key) -> const std::string* {
+    auto it = m.find(std::string(key));
+    return it == m.end() ? nullptr : &it->second;
+  };
+  auto expect = [&](std::string_view key, std::string_view want) -> Status {
+    const std::string* v = get(key);
+    if (!v) return bad("__metadata__ lacks '" + std::string(key) + "'");
+    if (*v != want) return bad("__metadata__ '" + std::string(key) + "' is " + Show(*v) + ", expected '" + std::string(want) + "'");
+    return Status::OK();
+  };
+  auto integer = [&](std::string_view key) -> Result<uint64_t> {
+    const std::string* v = get(key);
+    if (!v) return bad("__metadata__ lacks '" + std::string(key) + "'");
+    std::optional<uint64_t> x = pm::ParseDecimal(*v);
+    if (!x) return bad("__metadata__ '" + std::string(key) + "' is " + Show(*v) + ", not a non-negative integer");
+    return *x;
+  };
+  DS_RETURN_IF_ERROR(expect(pm::kFormat, pm::kFormatValue));
+  DS_RETURN_IF_ERROR(expect(pm::kVersion, pm::kVersionValue));
+  DS_RETURN_IF_ERROR(expect(pm::kEncoding, kCompactEncodingName));
+  DS_RETURN_IF_ERROR(expect(pm::kSparse, pm::kTrue));
+  CompactDelta out;
+  out.info.kind = PatchKind::kDelta;
+  DS_ASSIGN_OR_RETURN(out.info.model_version, integer(pm::kModelVersion));
+  DS_ASSIGN_OR_RETURN(uint64_t base_version, integer(pm::kBaseVersion));
+  if (base_version >= out.info.model_version) {
+    return bad("base version " + std::to_string(base_version) + " is not older than model_version " +
+               std::to_string(out.info.model_version));
+  }
+  out.info.base_version = base_version;
+  const std::string* hash_hex = get(kBaseStateHashKey);
+  if (!hash_hex) return bad("__metadata__ lacks '" + std::string(kBaseStateHashKey) + "'");
+  Result<StateHash> hash = StateHash::FromHex(*hash_hex);
+  if (!hash.ok()) return bad("__metadata__ '" + std::string(kBaseStateHashKey) + "' is " + Show(*hash_hex) + ", not 32 hex digits");
+  out.base_hash = *hash;
+  if (!(out.base_hash == base_hash)) {
+    return Status::FailedPrecondition(label + ": compact delta to version " + std::to_string(out.info.model_version) +
+                                      " applies to base version " + std::to_string(base_version) + " with state hash " +
+                                      out.base_hash.Hex() + ", but the given base has state hash " + base_hash.Hex());
+  }
+  DS_ASSIGN_OR_RETURN(out.info.total_elements, integer(pm::kTotalElements));
+  DS_ASSIGN_OR_RETURN(out.info.total_changed_elements, integer(pm::kTotalChangedElements));
+  DS_ASSIGN_OR_RETURN(out.info.num_changed_params, integer(pm::kNumChangedParams));
+  if (out.info.total_elements != base.total_elements()) {
+    return bad("total_elements " + std::to_string(out.info.total_elements) + " differs from the base's " +
+               std::to_string(base.total_elements()));
+  }
+
+  // Tensors, in name order; each `{param}.cmp` of a base tensor, U8, 1-D.
+  std::vector<const TensorView*> streams;
+  for (const TensorView& t : file.tensors()) streams.push_back(&t);
+  std::sort(streams.begin(), streams.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  if (streams.size() != out.info.num_changed_params) {
+    return bad("num_changed_params " + std::to_string(out.info.num_changed_params) + " but " +
+               std::to_string(streams.size()) + " tensors");
+  }
+  std::vector<const WeightState::Tensor*> bases;
+  uint64_t stream_bytes = 0;
+  for (const TensorView* s : streams) {
+    const std::string& name = s->name;
+    if (name.size() <= kSuffix.size() || name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0) {
+      return Corrupt(label, name, "name does not end in '.cmp'");
+    }
+    if (s->dtype != DType::kU8 || s->shape.size() != 1) return Corrupt(label, name, "not a 1-D U8 tensor");
+    const WeightState::Tensor* t = base.Find(std::string_view(name).substr(0, name.size() - kSuffix.size()));
+    if (!t) return Corrupt(label, name, "names a tensor the base does not have");
+    bases.push_back(t);
+    stream_bytes += s->data.size();
+  }
+  out.changes.resize(streams.size());
+  std::vector<Status> errors(streams.size());
+  ParallelFor(streams.size(), stream_bytes >= kParallelMin ? threads : 1,
+              [&](size_t i) { errors[i] = DecodeTensor(label, *streams[i], *bases[i], out.changes[i]); });
+  for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
+  uint64_t changed = 0;
+  for (const TensorChanges& c : out.changes) changed += c.count();
+  if (changed != out.info.total_changed_elements) {
+    return bad("total_changed_elements " + std::to_string(out.info.total_changed_elements) + " but the tensors hold " +
+               std::to_string(changed));
+  }
+  return out;
+}
+
+}  // namespace deltasync

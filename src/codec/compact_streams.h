@@ -1,0 +1,83 @@
+// Byte-level helpers of the compact codecs (internal to src/codec;
+// docs/compact.md): LEB128 varints, zigzag, and "blocks" (a byte stream
+// stored raw or as one zstd frame, with its decompressed length up front).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "deltasync/status.h"
+#include "deltasync/tensor.h"
+
+namespace deltasync::compact {
+
+inline void PutVarint(std::vector<uint8_t>& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<uint8_t>(v) | 0x80);
+    v >>= 7;
+  }
+  out.push_back(static_cast<uint8_t>(v));
+}
+
+inline uint32_t ZigZag(int32_t v) { return (static_cast<uint32_t>(v) << 1) ^ static_cast<uint32_t>(v >> 31); }
+inline int32_t UnZigZag(uint32_t v) { return static_cast<int32_t>(v >> 1) ^ -static_cast<int32_t>(v & 1); }
+
+// A bounds-checked reader over untrusted bytes.
+class Reader {
+ public:
+  explicit Reader(ByteSpan bytes) : bytes_(bytes) {}
+  size_t remaining() const { return bytes_.size() - pos_; }
+  size_t position() const { return pos_; }
+  std::optional<uint8_t> Byte() {
+    if (pos_ >= bytes_.size()) return std::nullopt;
+    return bytes_[pos_++];
+  }
+  // A canonical LEB128 varint of at most 10 bytes that fits uint64 (no
+  // redundant trailing zero groups).
+  std::optional<uint64_t> Varint();
+  std::optional<ByteSpan> Take(size_t n) {
+    if (n > remaining()) return std::nullopt;
+    ByteSpan s = bytes_.subspan(pos_, n);
+    pos_ += n;
+    return s;
+  }
+
+ private:
+  ByteSpan bytes_;
+  size_t pos_ = 0;
+};
+
+// Block methods.
+inline constexpr uint8_t kStored = 0;
+inline constexpr uint8_t kZstd = 1;
+
+// PutBlock's `level` for a literal-only zstd frame (order-0 Huffman per
+// 128 KiB block, no matches): near the order-0 entropy on match-free data.
+inline constexpr int kLiteralsOnly = -1000;
+
+// Appends `data` as a block: u8 method, varint raw length, varint stored
+// length, stored bytes. zstd at `level` when that is smaller, else stored.
+// Deterministic.
+void PutBlock(std::vector<uint8_t>& out, ByteSpan data, int level);
+
+// Reads a block whose raw length must be exactly `expected_raw` when set,
+// else at most `max_raw`. Decompresses into `out` (resized). On failure, a
+// short reason (the caller adds file and tensor).
+std::optional<std::string> GetBlock(Reader& in, std::optional<uint64_t> expected_raw, uint64_t max_raw,
+                                    std::vector<uint8_t>& out);
+
+// A view of a block without decompressing it (for anchors: decode later, in
+// parallel). raw_len and the payload bounds are checked; the payload not.
+struct BlockRef {
+  uint8_t method = kStored;
+  uint64_t raw_len = 0;
+  ByteSpan payload;
+};
+std::optional<std::string> PeekBlock(Reader& in, uint64_t expected_raw, BlockRef& out);
+// Decompresses `ref` into exactly ref.raw_len bytes at `dst`.
+std::optional<std::string> DecodeBlock(const BlockRef& ref, uint8_t* dst);
+
+}  // namespace deltasync::compact

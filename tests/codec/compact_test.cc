@@ -1,0 +1,344 @@
+// The compact delta and compressed anchor codecs (deltasync/compact.h):
+// round trips against the reference scatter, base-hash refusal, corrupted
+// input, determinism.
+#include "deltasync/compact.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "codec/patch_test_util.h"
+
+namespace deltasync {
+namespace {
+
+using testing::Flatten;
+using testing::ParseBytes;
+
+struct Base {
+  WeightState state;
+  StateHash hash;
+};
+
+// A base with bf16 tensors "a" (4096 elems, ~N(0, 0.02)), "b" (shape 3x5),
+// "e" (empty), "f" (F32, 100), "one" (1 elem).
+Base MakeBase(uint64_t seed = 1) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<TensorView> views;
+  auto add = [&](std::string name, DType dtype, std::vector<uint64_t> shape) {
+    uint64_t n = 1;
+    for (uint64_t d : shape) n *= d;
+    std::vector<uint8_t> bytes(n * DTypeSize(dtype));
+    for (uint64_t k = 0; k < n; ++k) {
+      uint32_t f;
+      float x = normal(rng);
+      std::memcpy(&f, &x, 4);
+      if (dtype == DType::kBF16) {
+        uint16_t b = Fp32ToBf16(f);
+        std::memcpy(bytes.data() + 2 * k, &b, 2);
+      } else {
+        std::memcpy(bytes.data() + 4 * k, &f, 4);
+      }
+    }
+    storage.push_back(std::move(bytes));
+    views.push_back({std::move(name), dtype, std::move(shape), {}});
+  };
+  add("a", DType::kBF16, {4096});
+  add("b", DType::kBF16, {3, 5});
+  add("e", DType::kBF16, {0});
+  add("f", DType::kF32, {100});
+  add("one", DType::kBF16, {1});
+  for (size_t i = 0; i < views.size(); ++i) views[i].data = storage[i];
+  Base b{std::move(WeightState::FromViews(views)).value(), {}};
+  b.hash = HashState(b.state, 1);
+  return b;
+}
+
+uint16_t BaseBits(const WeightState& s, std::string_view name, uint64_t i) {
+  uint16_t v;
+  std::memcpy(&v, s.Find(name)->data.data() + 2 * i, 2);
+  return v;
+}
+
+// bf16 changes of tensor `name` at `indices`, new value = f(old bits).
+TensorChanges Changes(const WeightState& s, std::string name, std::vector<uint64_t> indices,
+                      const std::function<uint16_t(uint16_t, uint64_t)>& f) {
+  TensorChanges c;
+  c.name = name;
+  c.dtype = DType::kBF16;
+  for (uint64_t i : indices) {
+    uint16_t v = f(BaseBits(s, name, i), i);
+    c.values.push_back(static_cast<uint8_t>(v));
+    c.values.push_back(static_cast<uint8_t>(v >> 8));
+  }
+  c.indices = std::move(indices);
+  return c;
+}
+
+PatchInfo Info() {
+  PatchInfo info;
+  info.model_version = 8;
+  info.base_version = 7;
+  return info;
+}
+
+std::vector<uint8_t> Encode(const Base& b, const std::vector<TensorChanges>& changes) {
+  Result<EncodedPatch> e = EncodeCompactDelta(Info(), b.hash, b.state, changes);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return e.ok() ? Flatten(*e) : std::vector<uint8_t>();
+}
+
+Result<CompactDelta> DecodeBytes(std::vector<uint8_t> bytes, const Base& b, int threads = 0) {
+  DS_ASSIGN_OR_RETURN(SafetensorsFile f, ParseBytes(std::move(bytes), "compact.safetensors"));
+  return DecodeCompactDelta(f, b.state, b.hash, threads);
+}
+
+void ExpectRoundTrip(const Base& b, std::vector<TensorChanges> changes) {
+  std::vector<uint8_t> bytes = Encode(b, changes);
+  Result<CompactDelta> d = DecodeBytes(bytes, b);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  std::sort(changes.begin(), changes.end(), [](auto& x, auto& y) { return x.name < y.name; });
+  ASSERT_EQ(d->changes.size(), changes.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < changes.size(); ++i) {
+    EXPECT_EQ(d->changes[i].name, changes[i].name);
+    EXPECT_EQ(d->changes[i].dtype, changes[i].dtype);
+    EXPECT_EQ(d->changes[i].indices, changes[i].indices);
+    EXPECT_EQ(d->changes[i].values, changes[i].values);
+    total += changes[i].count();
+  }
+  EXPECT_EQ(d->info.model_version, 8u);
+  EXPECT_EQ(d->info.base_version, std::optional<uint64_t>(7));
+  EXPECT_EQ(d->info.total_changed_elements, total);
+  EXPECT_EQ(d->info.total_elements, b.state.total_elements());
+  EXPECT_TRUE(d->base_hash == b.hash);
+  EXPECT_TRUE(ValidateChanges(b.state, d->changes).ok());
+  // Deterministic.
+  EXPECT_EQ(Encode(b, changes), bytes);
+}
+
+TEST(CompactDelta, PlusMinusOneUlp) {
+  Base b = MakeBase();
+  std::vector<uint64_t> idx;
+  for (uint64_t i = 0; i < 4096; i += 3) idx.push_back(i);
+  ExpectRoundTrip(b, {Changes(b.state, "a", idx, [](uint16_t o, uint64_t i) {
+                    return static_cast<uint16_t>(o + ((i & 4) ? 1 : -1));
+                  })});
+}
+
+TEST(CompactDelta, RandomValuesAndPatterns) {
+  Base b = MakeBase();
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<uint64_t> idx = testing::RandomIndices(rng, 4096, rng() % 3000);
+    const int kind = round % 4;
+    ExpectRoundTrip(b, {Changes(b.state, "a", idx, [&](uint16_t o, uint64_t) -> uint16_t {
+                      if (kind == 0) return static_cast<uint16_t>(rng());                   // anything
+                      if (kind == 1) return static_cast<uint16_t>(o + (rng() % 255) - 127);  // near
+                      if (kind == 2) return static_cast<uint16_t>(o + (rng() % 4000) - 2000);  // far
+                      return static_cast<uint16_t>(o ^ 0x8000);                               // sign flip
+                    })});
+  }
+}
+
+TEST(CompactDelta, SignFlipsNanInfAndAllChanged) {
+  Base b = MakeBase();
+  std::vector<uint64_t> all(4096);
+  for (uint64_t i = 0; i < all.size(); ++i) all[i] = i;
+  const uint16_t specials[] = {0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x0000, 0x8000, 0x0001, 0x807F, 0x7F7F};
+  ExpectRoundTrip(b, {Changes(b.state, "a", all, [&](uint16_t o, uint64_t i) -> uint16_t {
+                    return i % 2 ? specials[i % 9] : static_cast<uint16_t>(o ^ 0x8000);
+                  })});
+  // From a NaN/Inf base: every change escapes.
+  std::vector<uint8_t> bytes(8);
+  const uint16_t base_vals[] = {0x7F80, 0xFFC0, 0x3F80, 0x0000};
+  std::memcpy(bytes.data(), base_vals, 8);
+  std::vector<TensorView> v{{"x", DType::kBF16, {4}, bytes}};
+  Base nb{std::move(WeightState::FromViews(v)).value(), {}};
+  nb.hash = HashState(nb.state, 1);
+  ExpectRoundTrip(nb, {Changes(nb.state, "x", {0, 1, 2, 3}, [](uint16_t o, uint64_t) {
+                     return static_cast<uint16_t>(o + 1);
+                   })});
+}
+
+TEST(CompactDelta, EmptyOneElementNonBf16AndLargeGaps) {
+  Base b = MakeBase();
+  TensorChanges f;
+  f.name = "f";
+  f.dtype = DType::kF32;
+  f.indices = {0, 17, 99};
+  f.values = testing::Bytes<float>(std::vector<float>{1.5f, -2.0f, NAN});
+  TensorChanges e;
+  e.name = "e";
+  ExpectRoundTrip(b, {Changes(b.state, "one", {0}, [](uint16_t o, uint64_t) { return static_cast<uint16_t>(o + 1); }),
+                      f, e, Changes(b.state, "a", {0, 4095}, [](uint16_t, uint64_t) { return uint16_t{0x3F80}; })});
+  ExpectRoundTrip(b, {});
+}
+
+TEST(CompactDelta, ParallelDecodeMatches) {
+  Base b = MakeBase();
+  std::mt19937_64 rng(3);
+  std::vector<TensorChanges> changes{
+      Changes(b.state, "a", testing::RandomIndices(rng, 4096, 2000), [](uint16_t o, uint64_t) { return static_cast<uint16_t>(o + 1); }),
+      Changes(b.state, "b", {1, 2, 14}, [](uint16_t o, uint64_t) { return static_cast<uint16_t>(o - 1); })};
+  std::vector<uint8_t> bytes = Encode(b, changes);
+  Result<CompactDelta> one = DecodeBytes(bytes, b, 1);
+  Result<CompactDelta> four = DecodeBytes(bytes, b, 4);
+  ASSERT_TRUE(one.ok() && four.ok());
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(one->changes[i].values, four->changes[i].values);
+}
+
+TEST(CompactDelta, EncoderRefusesBadInput) {
+  Base b = MakeBase();
+  auto enc = [&](std::vector<TensorChanges> c, PatchInfo info = Info()) {
+    return EncodeCompactDelta(info, b.hash, b.state, c).status().code();
+  };
+  auto inc = [](uint16_t o, uint64_t) { return static_cast<uint16_t>(o + 1); };
+  EXPECT_EQ(enc({Changes(b.state, "a", {5, 5}, inc)}), ErrorCode::kInvalidArgument);
+  TensorChanges out_of_range = testing::MakeChanges("b", {15});  // b has 15 elements
+  EXPECT_EQ(enc({out_of_range}), ErrorCode::kInvalidArgument);
+  TensorChanges missing = testing::MakeChanges("zz", {1});
+  EXPECT_EQ(enc({missing}), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(enc({Changes(b.state, "a", {1}, inc), Changes(b.state, "a", {2}, inc)}), ErrorCode::kInvalidArgument);
+  PatchInfo no_base = Info();
+  no_base.base_version.reset();
+  EXPECT_EQ(enc({}, no_base), ErrorCode::kInvalidArgument);
+}
+
+TEST(CompactDelta, WrongBaseHashRefused) {
+  Base b = MakeBase();
+  std::vector<uint8_t> bytes = Encode(b, {Changes(b.state, "a", {1, 2}, [](uint16_t o, uint64_t) {
+                                           return static_cast<uint16_t>(o + 1);
+                                         })});
+  Result<SafetensorsFile> f = ParseBytes(bytes, "x.safetensors");
+  ASSERT_TRUE(f.ok());
+  EXPECT_TRUE(IsCompactDelta(*f));
+  StateHash other = b.hash;
+  other.lo ^= 1;
+  Result<CompactDelta> d = DecodeCompactDelta(*f, b.state, other);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_NE(d.status().message().find(b.hash.Hex()), std::string::npos) << d.status().message();
+  EXPECT_NE(d.status().message().find(other.Hex()), std::string::npos) << d.status().message();
+  // A TRL reader refuses it too (unknown encoding), rather than misreading.
+  EXPECT_FALSE(DecodePatch(std::move(*f)).ok());
+}
+
+// Every single-byte corruption and every truncation of a small patch: never
+// a crash; whatever decodes is still valid for the base.
+TEST(CompactDelta, CorruptedAndTruncatedNeverCrash) {
+  Base b = MakeBase();
+  std::mt19937_64 rng(5);
+  TensorChanges f;
+  f.name = "f";
+  f.dtype = DType::kF32;
+  f.indices = {3, 40};
+  f.values = testing::Bytes<float>(std::vector<float>{1.0f, 2.0f});
+  std::vector<uint8_t> bytes = Encode(b, {Changes(b.state, "a", testing::RandomIndices(rng, 4096, 60),
+                                                  [&](uint16_t o, uint64_t i) {
+                                                    return static_cast<uint16_t>(i % 7 ? o + 1 : o ^ 0x8000);
+                                                  }),
+                                          f});
+  ASSERT_FALSE(bytes.empty());
+  int decoded = 0;
+  for (size_t pos = 0; pos < bytes.size(); ++pos) {
+    for (uint8_t x : {uint8_t{0x01}, uint8_t{0x80}, uint8_t{0xFF}}) {
+      std::vector<uint8_t> c = bytes;
+      c[pos] ^= x;
+      Result<CompactDelta> d = DecodeBytes(c, b, 1);
+      if (d.ok()) {
+        ++decoded;
+        EXPECT_TRUE(ValidateChanges(b.state, d->changes).ok());
+      }
+    }
+  }
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    EXPECT_FALSE(DecodeBytes(std::vector<uint8_t>(bytes.begin(), bytes.begin() + len), b, 1).ok()) << len;
+  }
+  SUCCEED() << decoded << " corrupted variants decoded";
+}
+
+TEST(CompressedAnchor, RoundTripBitExact) {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<TensorView> views;
+  auto add = [&](std::string name, DType dtype, std::vector<uint64_t> shape, bool random_bits) {
+    uint64_t n = 1;
+    for (uint64_t d : shape) n *= d;
+    std::vector<uint8_t> bytes(n * DTypeSize(dtype));
+    if (random_bits) {
+      for (uint8_t& x : bytes) x = static_cast<uint8_t>(rng());
+    } else {
+      for (uint64_t k = 0; k < n; ++k) {
+        float x = normal(rng);
+        uint32_t u;
+        std::memcpy(&u, &x, 4);
+        uint16_t h = Fp32ToBf16(u);
+        std::memcpy(bytes.data() + 2 * k, &h, 2);
+      }
+    }
+    storage.push_back(std::move(bytes));
+    views.push_back({std::move(name), dtype, std::move(shape), {}});
+  };
+  add("w", DType::kBF16, {1100, 1000}, false);  // > 1 chunk
+  add("r", DType::kBF16, {333}, true);           // NaN/Inf/subnormals included
+  add("z", DType::kBF16, {0}, false);
+  add("i", DType::kI64, {7, 3}, true);
+  add("g", DType::kF32, {2, 2, 2}, true);
+  for (size_t i = 0; i < views.size(); ++i) views[i].data = storage[i];
+
+  Result<EncodedPatch> e = EncodeCompressedAnchor(3, views, 2);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  std::vector<uint8_t> bytes = Flatten(*e);
+  Result<EncodedPatch> again = EncodeCompressedAnchor(3, views, 1);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(Flatten(*again), bytes);
+  EXPECT_LT(bytes.size(), 1100u * 1000 * 2 * 3 / 4);  // the exponent plane compresses
+
+  Result<SafetensorsFile> f = ParseBytes(bytes, "anchor.safetensors");
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_TRUE(IsCompressedAnchor(*f));
+  EXPECT_FALSE(IsCompactDelta(*f));
+  Result<DecodedAnchor> d = DecodeCompressedAnchor(*f, 3);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->model_version, 3u);
+  ASSERT_EQ(d->tensors.size(), views.size());
+  std::vector<TensorView> sorted = views;
+  std::sort(sorted.begin(), sorted.end(), [](auto& x, auto& y) { return x.name < y.name; });
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    EXPECT_EQ(d->tensors[i].name, sorted[i].name);
+    EXPECT_EQ(d->tensors[i].dtype, sorted[i].dtype);
+    EXPECT_EQ(d->tensors[i].shape, sorted[i].shape);
+    EXPECT_TRUE(std::equal(d->tensors[i].data.begin(), d->tensors[i].data.end(), sorted[i].data.begin(),
+                           sorted[i].data.end()))
+        << sorted[i].name;
+  }
+}
+
+TEST(CompressedAnchor, CorruptedNeverCrashes) {
+  std::vector<uint8_t> w(2 * 300), x(16);
+  for (size_t k = 0; k < w.size(); ++k) w[k] = static_cast<uint8_t>(k % 2 ? 0x3C : k * 7);
+  for (size_t k = 0; k < x.size(); ++k) x[k] = static_cast<uint8_t>(k);
+  std::vector<TensorView> views{{"w", DType::kBF16, {300}, w}, {"x", DType::kF32, {4}, x}};
+  Result<EncodedPatch> e = EncodeCompressedAnchor(1, views, 1);
+  ASSERT_TRUE(e.ok());
+  std::vector<uint8_t> bytes = Flatten(*e);
+  for (size_t pos = 0; pos < bytes.size(); ++pos) {
+    std::vector<uint8_t> c = bytes;
+    c[pos] ^= 0x41;
+    Result<SafetensorsFile> f = ParseBytes(c);
+    if (f.ok()) (void)DecodeCompressedAnchor(*f, 1);
+  }
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    Result<SafetensorsFile> f = ParseBytes(std::vector<uint8_t>(bytes.begin(), bytes.begin() + len));
+    if (f.ok()) EXPECT_FALSE(DecodeCompressedAnchor(*f, 1).ok()) << len;
+  }
+}
+
+}  // namespace
+}  // namespace deltasync
