@@ -1,0 +1,82 @@
+// serve: the replica daemon's process. The library does the work
+// (deltasync::Server); this file turns flags into ServerOptions, logs events
+// to stderr and waits for SIGTERM/SIGINT. The signals are blocked before any
+// thread starts, so every thread inherits the mask and only sigwait() here
+// sees them: a clean stop, never a handler running on some random thread.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "commands.h"
+#include "deltasync/server.h"
+
+namespace deltasync::cli {
+
+Result<std::string> ReadTokenFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::IOError(path + ": cannot read the token file: " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::string token = text.str();
+  size_t begin = token.find_first_not_of(" \t\r\n");
+  size_t end = token.find_last_not_of(" \t\r\n");
+  token = begin == std::string::npos ? "" : token.substr(begin, end - begin + 1);
+  if (token.empty()) return Status::InvalidArgument(path + ": the token file is empty");
+  for (char c : token) {
+    if (c <= ' ' || c > '~') {
+      // Never echo the token itself.
+      return Status::InvalidArgument(path + ": the token must be one line of printable ASCII without spaces");
+    }
+  }
+  if (token.size() > 4096) return Status::InvalidArgument(path + ": the token is longer than 4096 characters");
+  return token;
+}
+
+Status RunServe(const ServeArgs& args) {
+  ServerOptions options;
+  options.bucket = args.bucket;
+  options.listen = args.listen;
+  options.out_dir = args.out_dir;
+  options.keep = args.keep;
+  options.shm_name = args.shm;
+  options.poll_seconds = args.poll;
+  options.tls_cert = args.tls_cert;
+  options.tls_key = args.tls_key;
+  options.threads = args.threads;
+  if (!args.token_file.empty()) {
+    DS_ASSIGN_OR_RETURN(options.token, ReadTokenFile(args.token_file));
+  }
+  options.log = [](std::string_view line) {
+    std::fprintf(stderr, "deltasync serve: %.*s\n", static_cast<int>(line.size()), line.data());
+  };
+
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  sigset_t previous;
+  pthread_sigmask(SIG_BLOCK, &stop_signals, &previous);
+  // A client that hangs up mid-response (TLS writes) must not kill the daemon.
+  ::signal(SIGPIPE, SIG_IGN);
+
+  Result<std::unique_ptr<Server>> server = Server::Start(std::move(options));
+  if (!server.ok()) {
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    return server.status();
+  }
+  std::printf("listening on %s\n", (*server)->address().c_str());
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  std::fprintf(stderr, "deltasync serve: %s: stopping\n", strsignal(signal_number));
+  (*server)->Stop();
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  return Status::OK();
+}
+
+}  // namespace deltasync::cli
