@@ -2,9 +2,7 @@
 // every version goes to the bucket; replica processes follow the bucket and
 // report, per version, a full hash of their state, which must equal the hash
 // the trainer computes from its own weights.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,8 +21,6 @@
 #include "deltasync/store.h"
 #include "output.h"
 #include "synthetic_model.h"
-
-extern char** environ;
 
 namespace deltasync::cli {
 namespace {
@@ -72,26 +68,10 @@ struct ReplicaProcess {
 };
 
 Result<ReplicaProcess> SpawnReplica(const std::string& exe, const std::string& bucket, uint64_t until) {
-  int fds[2];
-  if (::pipe(fds) != 0) return Status::IOError("pipe failed");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&actions, fds[0]);
-  std::string until_s = std::to_string(until);
-  std::vector<std::string> argv_s = {exe, "follow", bucket, "--until", until_s, "--threads", "1"};
-  std::vector<char*> argv;
-  for (auto& s : argv_s) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(fds[1]);
-  if (rc != 0) {
-    ::close(fds[0]);
-    return Status::IOError("cannot start replica process " + exe + ": " + std::strerror(rc));
-  }
-  return ReplicaProcess{pid, ::fdopen(fds[0], "r")};
+  DS_ASSIGN_OR_RETURN(ChildProcess child,
+                      SpawnWithStdoutPipe({exe, "follow", bucket, "--until", std::to_string(until), "--threads", "1"},
+                                          /*quiet_stderr=*/false));
+  return ReplicaProcess{child.pid, child.out};
 }
 
 // The replica's next report, or an error when it died.

@@ -3,9 +3,7 @@
 // reach the demo through /status (last_error) instead.
 #include "demo_serve.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,7 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-extern char** environ;
+#include "output.h"
 
 namespace deltasync::cli {
 namespace {
@@ -39,29 +37,14 @@ Result<std::unique_ptr<ServeReplicas>> ServeReplicas::Spawn(const std::string& e
                                                             int count) {
   auto replicas = std::make_unique<ServeReplicas>();
   for (int i = 0; i < count; ++i) {
-    int fds[2];
-    if (::pipe(fds) != 0) return Status::IOError(std::string("pipe failed: ") + std::strerror(errno));
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&actions, fds[0]);
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-    std::vector<std::string> argv_s = {exe,     "serve",   "--bucket", bucket, "--listen", "127.0.0.1:0",
-                                       "--poll", "1",      "--threads", "1"};
-    std::vector<char*> argv;
-    for (auto& s : argv_s) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    int rc = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(fds[1]);
-    if (rc != 0) {
-      ::close(fds[0]);
-      return Status::IOError("cannot start " + exe + " serve: " + std::strerror(rc));
-    }
+    DS_ASSIGN_OR_RETURN(ChildProcess child,
+                        SpawnWithStdoutPipe({exe, "serve", "--bucket", bucket, "--listen", "127.0.0.1:0", "--poll",
+                                             "1", "--threads", "1"},
+                                            /*quiet_stderr=*/true));
+    pid_t pid = child.pid;
     replicas->daemons_.push_back(Daemon{pid, ""});
     // The one line the daemon prints on stdout.
-    FILE* out = ::fdopen(fds[0], "r");
+    FILE* out = child.out;
     char line[256] = {};
     bool got = out && std::fgets(line, sizeof line, out);
     if (out) std::fclose(out);
