@@ -50,8 +50,19 @@ struct VersionEntry {
   const ObjectEntry* delta() const;
 };
 
+// Who wrote the manifest last: a publisher's random id and its commit count.
+// A publisher whose conditional manifest write was retried after the first
+// attempt landed (S3 then answers 412) recognises its own write by this.
+struct WriterStamp {
+  std::string id;    // 1-128 printable ASCII characters
+  uint64_t seq = 0;  // this writer's commits to this bucket, counting from 1
+
+  friend bool operator==(const WriterStamp&, const WriterStamp&) = default;
+};
+
 struct Manifest {
   uint64_t anchor_interval = 10;
+  std::optional<WriterStamp> writer;  // absent in manifests not written by a Publisher
   std::vector<VersionEntry> versions;  // strictly ascending by version
 
   // nullptr when absent.

@@ -91,6 +91,7 @@ class Publisher {
   PublisherOptions options_;
   Manifest manifest_;
   std::optional<std::string> manifest_token_;  // nullopt: no manifest yet
+  std::string writer_id_;                       // this instance's WriterStamp id
   std::shared_ptr<Notifier> notifier_;  // created on the first commit with notify_urls
   WeightState state_;
   StateHash state_hash_;

@@ -314,6 +314,18 @@ Result<Manifest> ParseDocument(const Json& doc, std::string_view label) {
   Manifest m;
   DS_ASSIGN_OR_RETURN(m.anchor_interval, r.Unsigned(doc, "anchor_interval"));
   if (m.anchor_interval == 0) return r.Fail("'anchor_interval' must be positive");
+  if (doc.contains("writer")) {
+    const Json& w = doc["writer"];
+    if (!w.is_object()) return r.Fail("'writer' must be an object, got " + Snippet(w));
+    WriterStamp stamp;
+    FieldReader wr(label, "writer");
+    DS_ASSIGN_OR_RETURN(stamp.id, wr.String(w, "id"));
+    DS_ASSIGN_OR_RETURN(stamp.seq, wr.Unsigned(w, "seq"));
+    bool printable = !stamp.id.empty() && stamp.id.size() <= 128;
+    for (char c : stamp.id) printable = printable && c >= 0x21 && c <= 0x7E;
+    if (!printable) return r.Fail("'writer.id' must be 1-128 printable ASCII characters without spaces");
+    m.writer = std::move(stamp);
+  }
   DS_ASSIGN_OR_RETURN(const Json* versions, r.Field(doc, "versions"));
   if (!versions->is_array()) return r.Fail("'versions' must be an array, got " + Snippet(*versions));
 
@@ -397,6 +409,10 @@ std::string Manifest::ToJson() const {
   out += "  \"format\": " + dump(OrderedJson(kFormatTag)) + ",\n";
   out += "  \"format_version\": " + std::to_string(kFormatVersion) + ",\n";
   out += "  \"anchor_interval\": " + std::to_string(anchor_interval) + ",\n";
+  if (writer) {
+    out += "  \"writer\": {\"id\": " + dump(OrderedJson(writer->id)) + ", \"seq\": " + std::to_string(writer->seq) +
+           "},\n";
+  }
   if (versions.empty()) {
     out += "  \"versions\": []\n";
   } else {

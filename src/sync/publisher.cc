@@ -12,6 +12,10 @@
 
 #include "common/clock.h"
 #include "deltasync/replica.h"
+
+#include <unistd.h>
+
+#include <random>
 #include "sync/notifier.h"
 
 namespace deltasync {
@@ -46,6 +50,16 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(std::shared_ptr<Store> store,
     return Status::InvalidArgument("anchor interval must be at least 1");
   }
   std::unique_ptr<Publisher> pub(new Publisher(store, options));
+  // A random id per Publisher instance: "<host>-<pid>-<64 random bits>".
+  char host[64] = "host";
+  ::gethostname(host, sizeof host - 1);
+  std::random_device rd;
+  char id[160];
+  std::snprintf(id, sizeof id, "%s-%d-%08x%08x", host, static_cast<int>(::getpid()), rd(), rd());
+  pub->writer_id_ = id;
+  for (char& c : pub->writer_id_) {
+    if (c < 0x21 || c > 0x7E) c = '_';
+  }
   Result<Store::Versioned> current = store->GetVersioned(kManifestKey);
   if (!current.ok()) {
     if (current.status().code() != ErrorCode::kNotFound) return current.status();
@@ -175,6 +189,8 @@ Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const Tensor
   if (uploaded.ok()) {
     Manifest next = manifest_;
     next.anchor_interval = options_.anchor_interval;
+    uint64_t seq = manifest_.writer && manifest_.writer->id == writer_id_ ? manifest_.writer->seq : 0;
+    next.writer = WriterStamp{writer_id_, seq + 1};
     next.versions.push_back(std::move(entry));
     uploaded = CommitManifest(std::move(next));
   }
@@ -200,6 +216,20 @@ Status Publisher::CommitManifest(Manifest next) {
       store_->PutIfUnchanged(kManifestKey, std::span<const ByteSpan>(&bytes, 1), manifest_token_);
   if (!token.ok()) {
     if (token.status().code() == ErrorCode::kConflict) {
+      // A retried conditional write whose first attempt landed also ends in
+      // a conflict: if the manifest now is exactly this writer's next
+      // commit, it is ours, not another publisher's.
+      Result<Store::Versioned> now = store_->GetVersioned(kManifestKey);
+      if (now.ok()) {
+        Result<Manifest> current = Manifest::Parse(now->blob.bytes());
+        if (current.ok() && current->writer == next.writer && current->Latest() && next.Latest() &&
+            current->Latest()->version == next.Latest()->version &&
+            current->Latest()->state_hash == next.Latest()->state_hash) {
+          manifest_token_ = now->token;
+          manifest_ = std::move(next);
+          return Status::OK();
+        }
+      }
       return Status::Conflict("another publisher wrote " + std::string(kManifestKey) +
                               " since this one read it; refusing to overwrite its history (" +
                               token.status().message() + ")");

@@ -483,3 +483,32 @@ TEST(ManifestParseTest, RandomCorruptionNeverEscapes) {
 
 }  // namespace
 }  // namespace deltasync
+
+namespace deltasync {
+namespace {
+
+TEST(ManifestWriterTest, StampRoundTripsAndIsValidated) {
+  Manifest m;
+  m.writer = WriterStamp{"trainer-0-1234-deadbeefcafef00d", 7};
+  std::string json = m.ToJson();
+  EXPECT_NE(json.find("\"writer\": {\"id\": \"trainer-0-1234-deadbeefcafef00d\", \"seq\": 7}"), std::string::npos)
+      << json;
+  auto parsed = Manifest::Parse(ByteSpan(reinterpret_cast<const uint8_t*>(json.data()), json.size()));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  ASSERT_TRUE(parsed->writer.has_value());
+  EXPECT_EQ(*parsed->writer, *m.writer);
+  EXPECT_EQ(parsed->ToJson(), json);
+
+  for (std::string bad : {"\"writer\": 3", "\"writer\": {\"id\": \"has space\", \"seq\": 1}",
+                          "\"writer\": {\"id\": \"\", \"seq\": 1}", "\"writer\": {\"id\": \"a\", \"seq\": -1}"}) {
+    std::string doc = "{\"format\": \"deltasync-manifest\", \"format_version\": 1, \"anchor_interval\": 10, " + bad +
+                      ", \"versions\": []}";
+    auto r = Manifest::Parse(ByteSpan(reinterpret_cast<const uint8_t*>(doc.data()), doc.size()));
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), ErrorCode::kCorruption);
+    EXPECT_NE(r.status().message().find("writer"), std::string::npos) << r.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace deltasync

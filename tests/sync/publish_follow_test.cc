@@ -393,6 +393,38 @@ TEST(PublisherTest, TwoPublishersCannotOverwriteEachOther) {
   EXPECT_EQ(ReadManifest(*store).Latest()->version, 2u);
 }
 
+// S3 answers 412 to a retried conditional PUT whose first attempt landed:
+// the publisher must recognise its own commit by the writer stamp.
+TEST(PublisherTest, RecognisesItsOwnManifestWriteAfterAConflictingRetry) {
+  TempDir dir;
+  auto faulty = std::make_shared<FaultStore>(OpenDir(dir.path()));
+  auto pub = Publisher::Open(faulty);
+  ASSERT_TRUE(pub.ok());
+  RandomModel model(9);
+  faulty->fail_after_conditional_write = [](std::string_view) {
+    return Status::Conflict("injected: 412 Precondition Failed on a retried PUT");
+  };
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) model.Step(0.05);
+    auto r = (*pub)->Publish(v, model.Views());
+    ASSERT_TRUE(r.ok()) << "version " << v << ": " << r.status().ToString();
+  }
+  Manifest m = ReadManifest(*faulty);
+  ASSERT_TRUE(m.writer.has_value());
+  EXPECT_EQ(m.writer->seq, 3u);
+  // Another publisher's commit in between is still a conflict.
+  auto other = Publisher::Open(faulty);
+  ASSERT_TRUE(other.ok());
+  faulty->fail_after_conditional_write = nullptr;
+  model.Step(0.05);
+  ASSERT_TRUE((*other)->Publish(4, model.Views()).ok());
+  model.Step(0.05);
+  auto lost = (*pub)->Publish(5, model.Views());
+  ASSERT_FALSE(lost.ok());
+  EXPECT_EQ(lost.status().code(), ErrorCode::kConflict) << lost.status().ToString();
+  EXPECT_NE(ReadManifest(*faulty).writer->id, m.writer->id);
+}
+
 TEST(ReplicaTest, ClearErrorsForEmptyBucketAndUnknownVersions) {
   TempDir dir;
   auto store = OpenDir(dir.path());

@@ -19,6 +19,9 @@ class FaultStore : public Store {
   // Called before every write (Put, PutIfUnchanged) with the key; a non-OK
   // status is returned instead of writing.
   std::function<Status(std::string_view key)> fail_write;
+  // Called after a PutIfUnchanged that succeeded: a non-OK status is returned
+  // although the write landed (a response lost, then a retry answered 412).
+  std::function<Status(std::string_view key)> fail_after_conditional_write;
   // Called before every read (Get, GetRange, GetVersioned).
   std::function<Status(std::string_view key)> fail_read;
 
@@ -46,7 +49,9 @@ class FaultStore : public Store {
   Result<std::string> PutIfUnchanged(std::string_view key, std::span<const ByteSpan> parts,
                                      const std::optional<std::string>& expected_token) override {
     if (fail_write) DS_RETURN_IF_ERROR(fail_write(key));
-    return base_->PutIfUnchanged(key, parts, expected_token);
+    Result<std::string> token = base_->PutIfUnchanged(key, parts, expected_token);
+    if (token.ok() && fail_after_conditional_write) DS_RETURN_IF_ERROR(fail_after_conditional_write(key));
+    return token;
   }
 
  private:
