@@ -1,7 +1,7 @@
 // Measures the compact delta codec and compressed anchors on a synthetic
 // Qwen3-0.6B-shaped model (embedding 151936x1024 + --layers layers): fp32
 // masters ~N(0, 0.02) (norms 1.0), AdamW steps at lr 3e-6 on noise gradients
-// with log-normal per-row scales (as tools/deltasync/synthetic_model.cc), and
+// with log-normal per-row scales (tools/deltasync/synthetic_model.cc), and
 // the per-step delta at the last step. Prints figures, never pass/fail.
 //
 //   compact_bench [--layers 2] [--steps 10] [--vocab 151936] [--reps 3]
@@ -24,111 +24,12 @@
 #include "deltasync/compact.h"
 #include "deltasync/patch.h"
 #include "deltasync/state_hash.h"
+#include "synthetic_model.h"
 
 namespace {
 
 using namespace deltasync;
 using Clock = std::chrono::steady_clock;
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-float Gauss(uint64_t key) {  // Irwin-Hall n=4, as synthetic_model.cc
-  uint64_t r = SplitMix64(key);
-  float s = static_cast<float>((r & 0xFFFF) + ((r >> 16) & 0xFFFF) + ((r >> 32) & 0xFFFF) + (r >> 48));
-  return (s - 2.0f * 65535.0f) * (1.7320508f / 65535.0f);
-}
-
-std::vector<std::pair<std::string, std::vector<uint64_t>>> Qwen3Shapes(int layers, uint64_t vocab) {
-  const uint64_t hidden = 1024, heads = 16, kv_heads = 8, head_dim = 128, inter = 3072;
-  std::vector<std::pair<std::string, std::vector<uint64_t>>> out;
-  auto add = [&](std::string name, std::vector<uint64_t> shape) { out.emplace_back(std::move(name), std::move(shape)); };
-  add("model.embed_tokens.weight", {vocab, hidden});
-  for (int l = 0; l < layers; ++l) {
-    std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {hidden});
-    add(p + "post_attention_layernorm.weight", {hidden});
-    add(p + "self_attn.q_proj.weight", {heads * head_dim, hidden});
-    add(p + "self_attn.k_proj.weight", {kv_heads * head_dim, hidden});
-    add(p + "self_attn.v_proj.weight", {kv_heads * head_dim, hidden});
-    add(p + "self_attn.o_proj.weight", {hidden, heads * head_dim});
-    add(p + "self_attn.q_norm.weight", {head_dim});
-    add(p + "self_attn.k_norm.weight", {head_dim});
-    add(p + "mlp.gate_proj.weight", {inter, hidden});
-    add(p + "mlp.up_proj.weight", {inter, hidden});
-    add(p + "mlp.down_proj.weight", {hidden, inter});
-  }
-  add("model.norm.weight", {hidden});
-  return out;
-}
-
-struct Param {
-  std::string name;
-  std::vector<uint64_t> shape;
-  std::vector<float> w, m, v, row_scale;
-};
-
-constexpr uint64_t kSeed = 1234;
-constexpr size_t kChunk = 1 << 20;
-
-void ForChunks(std::vector<Param>& params, const std::function<void(Param&, size_t, size_t, uint64_t)>& fn) {
-  struct Task { size_t p, b, e; };
-  std::vector<Task> tasks;
-  for (size_t i = 0; i < params.size(); ++i)
-    for (size_t b = 0; b < params[i].w.size(); b += kChunk) tasks.push_back({i, b, std::min(params[i].w.size(), b + kChunk)});
-  ParallelFor(tasks.size(), 0, [&](size_t t) {
-    fn(params[tasks[t].p], tasks[t].b, tasks[t].e, static_cast<uint64_t>(tasks[t].p) << 44);
-  });
-}
-
-void Init(std::vector<Param>& params, int layers, uint64_t vocab) {
-  for (auto& [name, shape] : Qwen3Shapes(layers, vocab)) params.push_back({name, shape, {}, {}, {}, {}});
-  for (size_t i = 0; i < params.size(); ++i) {
-    Param& p = params[i];
-    uint64_t n = 1;
-    for (uint64_t d : p.shape) n *= d;
-    p.w.resize(n);
-    p.m.assign(n, 0.0f);
-    p.v.assign(n, 0.0f);
-    const uint64_t rows = p.shape.size() == 2 ? p.shape[0] : 1;
-    p.row_scale.resize(rows);
-    for (uint64_t r = 0; r < rows; ++r)
-      p.row_scale[r] = 1e-3f * std::exp(1.5f * Gauss(kSeed ^ (i << 40) ^ (r * 0x51ED27ull) ^ 0xABCDEFull));
-  }
-  ForChunks(params, [](Param& p, size_t b, size_t e, uint64_t salt) {
-    const bool norm = p.shape.size() == 1;
-    for (size_t k = b; k < e; ++k) p.w[k] = norm ? 1.0f : 0.02f * Gauss(kSeed * 0x9E37ull ^ salt ^ k);
-  });
-}
-
-void Step(std::vector<Param>& params, int step) {
-  const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, lr = 3e-6f, wd = 0.01f;
-  const float c1 = 1.0f - std::pow(b1, static_cast<float>(step));
-  const float c2 = 1.0f - std::pow(b2, static_cast<float>(step));
-  const uint64_t key = SplitMix64(kSeed + step * 0x632BE59BD9B4E019ull);
-  ForChunks(params, [&](Param& p, size_t b, size_t e, uint64_t salt) {
-    const uint64_t cols = p.shape.size() == 2 ? p.shape[1] : p.w.size();
-    for (size_t k = b; k < e; ++k) {
-      const float g = p.row_scale[k / cols] * Gauss(key ^ salt ^ k);
-      const float m = b1 * p.m[k] + (1 - b1) * g;
-      const float v = b2 * p.v[k] + (1 - b2) * g * g;
-      p.m[k] = m;
-      p.v[k] = v;
-      p.w[k] -= lr * ((m / c1) / (std::sqrt(v / c2) + eps) + wd * p.w[k]);
-    }
-  });
-}
-
-std::vector<TensorView> Views(const std::vector<Param>& params) {
-  std::vector<TensorView> out;
-  for (const Param& p : params)
-    out.push_back({p.name, DType::kF32, p.shape, ByteSpan(reinterpret_cast<const uint8_t*>(p.w.data()), p.w.size() * 4)});
-  return out;
-}
 
 std::vector<uint8_t> Flatten(const EncodedPatch& e) {
   std::vector<uint8_t> out;
@@ -167,12 +68,16 @@ int main(int argc, char** argv) {
     else if (a == "--vocab") vocab = std::strtoull(argv[i + 1], nullptr, 10);
     else if (a == "--reps") reps = std::atoi(argv[i + 1]);
   }
-  std::vector<Param> params;
-  Init(params, layers, vocab);
-  for (int s = 1; s < steps; ++s) Step(params, s);
-  WeightState base = std::move(ToPublishedState(Views(params))).value();
-  Step(params, steps);
-  std::vector<TensorChanges> changes = std::move(DetectChanges(base, Views(params))).value();
+  // The demo's trainer (tools/deltasync/synthetic_model.h), so the change
+  // pattern is the one `deltasync demo` measures.
+  cli::SyntheticModelOptions model;
+  model.layers = layers;
+  model.vocab = vocab;
+  cli::SyntheticTrainer trainer(model);
+  for (int s = 1; s < steps; ++s) trainer.Step();
+  WeightState base = std::move(ToPublishedState(trainer.MasterViews())).value();
+  trainer.Step();
+  std::vector<TensorChanges> changes = std::move(DetectChanges(base, trainer.MasterViews())).value();
   const StateHash base_hash = HashState(base);
   const double model_bytes = static_cast<double>(base.total_bytes());
   uint64_t changed = 0;
