@@ -36,18 +36,6 @@ static_assert(std::endian::native == std::endian::little, "the --shm layout is l
 
 size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-void Put32(uint8_t* p, size_t off, uint32_t v) { std::memcpy(p + off, &v, 4); }
-void Put64(uint8_t* p, size_t off, uint64_t v) { std::memcpy(p + off, &v, 8); }
-uint64_t Get64(const uint8_t* p, size_t off) {
-  uint64_t v;
-  std::memcpy(&v, p + off, 8);
-  return v;
-}
-uint32_t Get32(const uint8_t* p, size_t off) {
-  uint32_t v;
-  std::memcpy(&v, p + off, 4);
-  return v;
-}
 
 std::string Errno() { return std::strerror(errno); }
 
@@ -109,8 +97,8 @@ Result<std::unique_ptr<ShmExport>> ShmExport::Create(const std::string& name) {
       void* p = ::mmap(nullptr, kHeaderBytes, PROT_READ, MAP_SHARED, fd, 0);
       if (p != MAP_FAILED) {
         const uint8_t* h = static_cast<const uint8_t*>(p);
-        pid_t pid = static_cast<pid_t>(Get64(h, kOffWriterPid));
-        bool live = std::memcmp(h + kOffMagic, kMagic, 8) == 0 && !(Get32(h, kOffFlags) & kFlagClosed) &&
+        pid_t pid = static_cast<pid_t>(ShmGet64(h, kOffWriterPid));
+        bool live = std::memcmp(h + kOffMagic, kMagic, 8) == 0 && !(ShmGet32(h, kOffFlags) & kFlagClosed) &&
                     pid > 0 && pid != ::getpid() && (::kill(pid, 0) == 0 || errno == EPERM);
         ::munmap(p, kHeaderBytes);
         if (live) {
@@ -132,7 +120,7 @@ ShmExport::~ShmExport() {
   if (!base_) return;
   {
     WriteSection section(base_);
-    Put32(base_, kOffFlags, Get32(base_, kOffFlags) | kFlagClosed);
+    ShmPut32(base_, kOffFlags, ShmGet32(base_, kOffFlags) | kFlagClosed);
   }
   ::munmap(base_, size_);
   ::shm_unlink(name_.c_str());
@@ -187,31 +175,31 @@ Status ShmExport::CreateRegion(const WeightState& state) {
 
   // Everything but the magic; the magic goes last (see Export), so a reader
   // that opens the object early finds "not ready" instead of half a header.
-  Put32(base_, kOffLayoutVersion, kLayoutVersion);
-  Put32(base_, kOffHeaderBytes, kHeaderBytes);
-  Put64(base_, kOffRegionBytes, size_);
-  Put64(base_, kOffTensorCount, tensors.size());
-  Put64(base_, kOffTableOffset, kHeaderBytes);
-  Put64(base_, kOffTableEntryBytes, kTableEntryBytes);
-  Put64(base_, kOffNamesOffset, names_offset);
-  Put64(base_, kOffDataOffset, data_offset);
-  Put64(base_, kOffDataBytes, data_bytes);
-  Put64(base_, kOffChangesOffset, changes_offset_);
-  Put64(base_, kOffChangesCapacity, changes_capacity_);
-  Put64(base_, kOffWriterPid, static_cast<uint64_t>(::getpid()));
+  ShmPut32(base_, kOffLayoutVersion, kLayoutVersion);
+  ShmPut32(base_, kOffHeaderBytes, kHeaderBytes);
+  ShmPut64(base_, kOffRegionBytes, size_);
+  ShmPut64(base_, kOffTensorCount, tensors.size());
+  ShmPut64(base_, kOffTableOffset, kHeaderBytes);
+  ShmPut64(base_, kOffTableEntryBytes, kTableEntryBytes);
+  ShmPut64(base_, kOffNamesOffset, names_offset);
+  ShmPut64(base_, kOffDataOffset, data_offset);
+  ShmPut64(base_, kOffDataBytes, data_bytes);
+  ShmPut64(base_, kOffChangesOffset, changes_offset_);
+  ShmPut64(base_, kOffChangesCapacity, changes_capacity_);
+  ShmPut64(base_, kOffWriterPid, static_cast<uint64_t>(::getpid()));
   size_t name_cursor = names_offset;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
     uint8_t* e = base_ + slots_[i].entry_offset;
-    Put64(e, kEntNameOffset, name_cursor);
-    Put32(e, kEntNameBytes, static_cast<uint32_t>(t.name.size()));
-    Put32(e, kEntNdim, static_cast<uint32_t>(t.shape.size()));
+    ShmPut64(e, kEntNameOffset, name_cursor);
+    ShmPut32(e, kEntNameBytes, static_cast<uint32_t>(t.name.size()));
+    ShmPut32(e, kEntNdim, static_cast<uint32_t>(t.shape.size()));
     std::string_view dtype = DTypeName(t.dtype);
     std::memcpy(e + kEntDtype, dtype.data(), std::min<size_t>(dtype.size(), 8));
-    Put64(e, kEntDataOffset, slots_[i].data_offset);
-    Put64(e, kEntDataBytes, slots_[i].data_bytes);
-    Put64(e, kEntChangesOffset, changes_offset_);
-    for (size_t d = 0; d < t.shape.size(); ++d) Put64(e, kEntShape + 8 * d, t.shape[d]);
+    ShmPut64(e, kEntDataOffset, slots_[i].data_offset);
+    ShmPut64(e, kEntDataBytes, slots_[i].data_bytes);
+    ShmPut64(e, kEntChangesOffset, changes_offset_);
+    for (size_t d = 0; d < t.shape.size(); ++d) ShmPut64(e, kEntShape + 8 * d, t.shape[d]);
     std::memcpy(base_ + name_cursor, t.name.data(), t.name.size());
     name_cursor += t.name.size() + 1;
   }
@@ -268,22 +256,22 @@ void ShmExport::WriteVersion(uint64_t version, const StateHash& hash, const Weig
         std::memcpy(base_ + s.data_offset + idx * s.width, tensors[i].data.data() + idx * s.width, s.width);
       }
       if (!changed[i].empty()) std::memcpy(base_ + cursor, changed[i].data(), changed[i].size() * 8);
-      Put64(entry, kEntChangesOffset, cursor);
-      Put64(entry, kEntChangesCount, changed[i].size());
+      ShmPut64(entry, kEntChangesOffset, cursor);
+      ShmPut64(entry, kEntChangesCount, changed[i].size());
       cursor += changed[i].size() * 8;
     } else {
       if (s.data_bytes) std::memcpy(base_ + s.data_offset, tensors[i].data.data(), s.data_bytes);
-      Put64(entry, kEntChangesOffset, changes_offset_);
-      Put64(entry, kEntChangesCount, 0);
+      ShmPut64(entry, kEntChangesOffset, changes_offset_);
+      ShmPut64(entry, kEntChangesCount, 0);
     }
   }
-  Put64(base_, kOffVersion, version);
-  Put64(base_, kOffStateHashHi, hash.hi);
-  Put64(base_, kOffStateHashLo, hash.lo);
-  Put64(base_, kOffBaseVersion, first ? 0 : version_);
-  Put32(base_, kOffChangesComplete, complete ? 1 : 0);
-  Put64(base_, kOffChangedElements, complete ? listed : 0);
-  Put64(base_, kOffUpdatedUnixMs, UnixMillis());
+  ShmPut64(base_, kOffVersion, version);
+  ShmPut64(base_, kOffStateHashHi, hash.hi);
+  ShmPut64(base_, kOffStateHashLo, hash.lo);
+  ShmPut64(base_, kOffBaseVersion, first ? 0 : version_);
+  ShmPut32(base_, kOffChangesComplete, complete ? 1 : 0);
+  ShmPut64(base_, kOffChangedElements, complete ? listed : 0);
+  ShmPut64(base_, kOffUpdatedUnixMs, UnixMillis());
   version_ = version;
 }
 

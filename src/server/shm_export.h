@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,21 @@
 #include "server/sink.h"
 
 namespace deltasync::server {
+
+// Little-endian field access in the --shm region (docs/shm.md), shared by the
+// writer (shm_export.cc) and the reader (shm_reader.cc).
+inline void ShmPut32(uint8_t* p, size_t off, uint32_t v) { std::memcpy(p + off, &v, 4); }
+inline void ShmPut64(uint8_t* p, size_t off, uint64_t v) { std::memcpy(p + off, &v, 8); }
+inline uint32_t ShmGet32(const uint8_t* p, size_t off) {
+  uint32_t v;
+  std::memcpy(&v, p + off, 4);
+  return v;
+}
+inline uint64_t ShmGet64(const uint8_t* p, size_t off) {
+  uint64_t v;
+  std::memcpy(&v, p + off, 8);
+  return v;
+}
 
 // "/name" for a valid --shm argument ("name" or "/name": 1-200 characters
 // from [A-Za-z0-9._-], no other '/'); kInvalidArgument otherwise.

@@ -22,16 +22,6 @@ namespace {
 
 using namespace shm_layout;
 
-uint64_t Get64(const uint8_t* p, size_t off) {
-  uint64_t v;
-  std::memcpy(&v, p + off, 8);
-  return v;
-}
-uint32_t Get32(const uint8_t* p, size_t off) {
-  uint32_t v;
-  std::memcpy(&v, p + off, 4);
-  return v;
-}
 
 // [offset, offset + bytes) lies inside a region of `size` bytes.
 bool Inside(uint64_t offset, uint64_t bytes, size_t size) { return offset <= size && bytes <= size - offset; }
@@ -78,21 +68,21 @@ Result<std::unique_ptr<ShmReader>> ShmReader::Open(const std::string& name) {
     return Status::NotFound(label + " is being created; retry");
   }
   if (std::memcmp(magic, kMagic, 8) != 0) return Status::Corruption(label + ": bad magic; not a deltasync region");
-  if (Get32(h, kOffLayoutVersion) != kLayoutVersion) {
-    return Status::Unsupported(label + ": layout version " + std::to_string(Get32(h, kOffLayoutVersion)) +
+  if (server::ShmGet32(h, kOffLayoutVersion) != kLayoutVersion) {
+    return Status::Unsupported(label + ": layout version " + std::to_string(server::ShmGet32(h, kOffLayoutVersion)) +
                                ", this reader knows 1");
   }
-  if (Get32(h, kOffHeaderBytes) != kHeaderBytes || Get64(h, kOffRegionBytes) > size ||
-      Get64(h, kOffTableEntryBytes) != kTableEntryBytes) {
+  if (server::ShmGet32(h, kOffHeaderBytes) != kHeaderBytes || server::ShmGet64(h, kOffRegionBytes) > size ||
+      server::ShmGet64(h, kOffTableEntryBytes) != kTableEntryBytes) {
     return Status::Corruption(label + ": header sizes disagree with the layout or the object's size");
   }
-  uint64_t count = Get64(h, kOffTensorCount);
-  uint64_t table = Get64(h, kOffTableOffset);
+  uint64_t count = server::ShmGet64(h, kOffTensorCount);
+  uint64_t table = server::ShmGet64(h, kOffTableOffset);
   if (count > size / kTableEntryBytes || !Inside(table, count * kTableEntryBytes, size)) {
     return Status::Corruption(label + ": the tensor table lies outside the region");
   }
-  reader->changes_offset_ = Get64(h, kOffChangesOffset);
-  uint64_t capacity = Get64(h, kOffChangesCapacity);
+  reader->changes_offset_ = server::ShmGet64(h, kOffChangesOffset);
+  uint64_t capacity = server::ShmGet64(h, kOffChangesCapacity);
   if (capacity > size / 8 || !Inside(reader->changes_offset_, capacity * 8, size)) {
     return Status::Corruption(label + ": the change lists lie outside the region");
   }
@@ -101,9 +91,9 @@ Result<std::unique_ptr<ShmReader>> ShmReader::Open(const std::string& name) {
     size_t e = table + i * kTableEntryBytes;
     TensorInfo t;
     t.entry_offset = e;
-    uint64_t name_off = Get64(h, e + kEntNameOffset);
-    uint32_t name_len = Get32(h, e + kEntNameBytes);
-    uint32_t ndim = Get32(h, e + kEntNdim);
+    uint64_t name_off = server::ShmGet64(h, e + kEntNameOffset);
+    uint32_t name_len = server::ShmGet32(h, e + kEntNameBytes);
+    uint32_t ndim = server::ShmGet32(h, e + kEntNdim);
     if (!Inside(name_off, name_len, size) || ndim > kMaxDims) {
       return Status::Corruption(label + ": tensor entry " + std::to_string(i) + " is malformed");
     }
@@ -113,9 +103,9 @@ Result<std::unique_ptr<ShmReader>> ShmReader::Open(const std::string& name) {
     std::optional<DType> parsed = ParseDType(dtype);
     if (!parsed) return Status::Corruption(label + ": tensor '" + t.name + "' has unknown dtype '" + dtype + "'");
     t.dtype = *parsed;
-    for (uint32_t d = 0; d < ndim; ++d) t.shape.push_back(Get64(h, e + kEntShape + 8 * d));
-    t.data_offset = Get64(h, e + kEntDataOffset);
-    t.data_bytes = Get64(h, e + kEntDataBytes);
+    for (uint32_t d = 0; d < ndim; ++d) t.shape.push_back(server::ShmGet64(h, e + kEntShape + 8 * d));
+    t.data_offset = server::ShmGet64(h, e + kEntDataOffset);
+    t.data_bytes = server::ShmGet64(h, e + kEntDataBytes);
     std::optional<uint64_t> elements = CheckedElementCount(t.shape);
     if (!Inside(t.data_offset, t.data_bytes, size) || !elements ||
         *elements > t.data_bytes / DTypeSize(t.dtype) || *elements * DTypeSize(t.dtype) != t.data_bytes) {
@@ -139,13 +129,13 @@ bool ShmReader::CopyOnce(ShmSnapshot& out) const {
   uint64_t s1 = seq.load(std::memory_order_acquire);
   if (s1 & 1) return false;
   out.sequence = s1;
-  out.version = Get64(h, kOffVersion);
-  out.state_hash.hi = Get64(h, kOffStateHashHi);
-  out.state_hash.lo = Get64(h, kOffStateHashLo);
-  out.base_version = Get64(h, kOffBaseVersion);
-  out.changes_complete = Get32(h, kOffChangesComplete) == 1;
-  out.closed = (Get32(h, kOffFlags) & kFlagClosed) != 0;
-  out.updated_unix_ms = Get64(h, kOffUpdatedUnixMs);
+  out.version = server::ShmGet64(h, kOffVersion);
+  out.state_hash.hi = server::ShmGet64(h, kOffStateHashHi);
+  out.state_hash.lo = server::ShmGet64(h, kOffStateHashLo);
+  out.base_version = server::ShmGet64(h, kOffBaseVersion);
+  out.changes_complete = server::ShmGet32(h, kOffChangesComplete) == 1;
+  out.closed = (server::ShmGet32(h, kOffFlags) & kFlagClosed) != 0;
+  out.updated_unix_ms = server::ShmGet64(h, kOffUpdatedUnixMs);
   out.tensors.resize(tensors_.size());
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const TensorInfo& t = tensors_[i];
@@ -154,8 +144,8 @@ bool ShmReader::CopyOnce(ShmSnapshot& out) const {
     o.dtype = t.dtype;
     o.shape = t.shape;
     o.data.assign(h + t.data_offset, h + t.data_offset + t.data_bytes);
-    uint64_t off = Get64(h, t.entry_offset + kEntChangesOffset);
-    uint64_t n = Get64(h, t.entry_offset + kEntChangesCount);
+    uint64_t off = server::ShmGet64(h, t.entry_offset + kEntChangesOffset);
+    uint64_t n = server::ShmGet64(h, t.entry_offset + kEntChangesCount);
     // Garbage only while the writer is inside: discard, never follow it.
     if (off < changes_offset_ || n > (changes_end_ - changes_offset_) / 8 || !Inside(off, n * 8, changes_end_)) {
       return false;
