@@ -21,8 +21,18 @@ namespace deltasync {
 inline constexpr std::string_view kManifestKey = "manifest.json";
 
 // "anchors/step_000010.safetensors", "deltas/step_000011.safetensors".
+// TRL's names, for TRL-format objects (encodings raw and gap_delta).
 std::string AnchorKey(uint64_t version);
 std::string DeltaKey(uint64_t version);
+// deltasync-native objects live under ds/, so that a TRL reader listing
+// anchors/ and deltas/ never meets a file it cannot read:
+// "ds/anchors/step_000010.safetensors" (compressed anchor),
+// "ds/deltas/step_000011.safetensors" (compact delta),
+// "ds/cumulative/step_000015_from_000010.compact.safetensors" (a delta from
+// an anchor, in any encoding).
+std::string CompressedAnchorKey(uint64_t version);
+std::string CompactDeltaKey(uint64_t version);
+std::string CumulativeDeltaKey(uint64_t base_version, uint64_t version, IndexEncoding encoding);
 
 // XXH3-128 of `parts` concatenated, as 32 lower-case hex digits (high 64 bits
 // first, each big-endian: XXH3's canonical form).
@@ -44,9 +54,14 @@ struct VersionEntry {
   uint64_t total_elements = 0;
   uint64_t changed_elements = 0;  // relative to the previous version
   uint64_t created_unix_ms = 0;
-  std::vector<ObjectEntry> objects;  // an anchor, a delta, or both
+  // At most one anchor (raw: TRL; compact: compressed) and deltas from
+  // distinct base versions: the step delta from the previous version and,
+  // optionally, a cumulative delta from the last anchor.
+  std::vector<ObjectEntry> objects;
 
   const ObjectEntry* anchor() const;
+  // The delta with the newest base (normally the previous version); nullptr
+  // when none.
   const ObjectEntry* delta() const;
 };
 

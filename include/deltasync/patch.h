@@ -27,9 +27,11 @@
 namespace deltasync {
 
 enum class PatchKind { kAnchor, kDelta };
-enum class IndexEncoding { kRaw, kGapDelta };
+// kRaw and kGapDelta are TRL's; kCompact is deltasync's own (compact deltas
+// and compressed anchors, include/deltasync/compact.h), which TRL cannot read.
+enum class IndexEncoding { kRaw, kGapDelta, kCompact };
 
-std::string_view EncodingName(IndexEncoding encoding);  // "raw", "gap_delta"
+std::string_view EncodingName(IndexEncoding encoding);  // "raw", "gap_delta", "compact"
 // kInvalidArgument for unknown names, kUnsupported for "nvcomp_cascaded".
 Result<IndexEncoding> ParseEncoding(std::string_view name);
 

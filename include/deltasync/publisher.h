@@ -21,14 +21,31 @@
 namespace deltasync {
 
 class Notifier;  // src/sync/notifier.h
+class Stopwatch;  // src/common/clock.h
 
 struct PublisherOptions {
   // An anchor at the first version, and then at every version that reaches
   // or crosses a multiple of N since the last anchor
   // (version / N > last_anchor / N). Without gaps that is TRL's cadence
   // (1, N, 2N, ...); with gaps an anchor is never skipped.
+  // At least 1; a very large N leaves anchors to anchor_max_fraction.
   uint64_t anchor_interval = 10;
-  IndexEncoding encoding = IndexEncoding::kGapDelta;
+  // kCompact (the default between deltasync peers): compact deltas and
+  // compressed anchors under ds/. kGapDelta / kRaw: TRL's sparse_weight_patch
+  // deltas and raw anchors under deltas/ and anchors/, readable by TRL.
+  IndexEncoding encoding = IndexEncoding::kCompact;
+  // Every `cumulative_interval`-th version after an anchor also gets a
+  // cumulative delta from that anchor (under ds/cumulative/), so a replica
+  // catching up downloads one cumulative delta instead of many steps.
+  // 0 = none.
+  uint64_t cumulative_interval = 0;
+  // Adaptive anchors: when > 0, a version also becomes an anchor when its
+  // cumulative delta from the last anchor would exceed this fraction of that
+  // anchor's size (computed every version). 0 = off.
+  double anchor_max_fraction = 0;
+  // Also encode each delta as TRL gap_delta, only to report its size in
+  // PublishStats::gap_delta_bytes (the demo's side-by-side column).
+  bool measure_gap_delta = false;
   bool allow_nonfinite = false;
   int threads = 0;  // 0 = hardware concurrency
   // F32 tensors whose names end with one of these are published as F32
@@ -52,6 +69,8 @@ struct PublishStats {
   uint64_t changed_elements = 0;
   uint64_t delta_bytes = 0;   // size of the delta object (0 when none)
   uint64_t anchor_bytes = 0;  // size of the anchor object (0 when none)
+  uint64_t cumulative_bytes = 0;  // size of the cumulative delta (0 when none)
+  uint64_t gap_delta_bytes = 0;   // with measure_gap_delta: the TRL gap_delta size
   uint64_t full_bytes = 0;    // bytes of the bf16 state
   double detect_encode_ms = 0;
   double upload_ms = 0;       // objects + manifest
@@ -76,6 +95,19 @@ class Publisher {
   // by the next attempt).
   Result<PublishStats> Publish(uint64_t version, std::span<const TensorView> tensors);
 
+  // Publishes `version` as state() with `changes` applied: for trainers that
+  // find the changed elements themselves (on a GPU, so that only the changed
+  // elements cross PCIe). Each entry names a tensor of state() and carries
+  // its dtype as published (state().Find(name)->dtype: bf16 for fp32/bf16
+  // sources), flat indices strictly ascending and below its element count,
+  // and values count x dtype bytes. Entries that set an element to the value
+  // it already holds are allowed (and counted as changed).
+  // Errors: as Publish; kFailedPrecondition before the first version (which
+  // must come through Publish: there is no base yet); kInvalidArgument for
+  // changes that do not fit state(), and for NaN/Inf bf16 values unless
+  // allow_nonfinite. On error nothing changes.
+  Result<PublishStats> PublishChanges(uint64_t version, std::span<const TensorChanges> changes);
+
   // The newest committed version, 0 when none.
   uint64_t latest_version() const;
   // The published bf16 state at latest_version().
@@ -85,6 +117,17 @@ class Publisher {
  private:
   Publisher(std::shared_ptr<Store> store, PublisherOptions options)
       : store_(std::move(store)), options_(options) {}
+  Status CheckNewVersion(uint64_t version) const;
+  DetectOptions Detection() const;
+  // Encodes `changes` (relative to `base`) in options_.encoding.
+  Result<EncodedPatch> EncodeDeltaFrom(uint64_t version, uint64_t base_version, const StateHash& base_hash,
+                                       const WeightState& base, std::span<const TensorChanges> changes) const;
+  // Everything after the changes are known: encode, upload, commit; rolls
+  // back on failure. `first_state` for the first version, else `changes`.
+  Result<PublishStats> Commit(uint64_t version, std::optional<WeightState> first_state,
+                              std::vector<TensorChanges> changes, const Stopwatch& clock);
+  void RememberAnchor();
+  // Writes `next` (stamped with this writer) with compare-and-swap.
   Status CommitManifest(Manifest next);
 
   std::shared_ptr<Store> store_;
@@ -96,6 +139,11 @@ class Publisher {
   WeightState state_;
   StateHash state_hash_;
   uint64_t last_anchor_ = 0;
+  uint64_t last_anchor_bytes_ = 0;     // size of its anchor object
+  uint64_t versions_since_anchor_ = 0;
+  // With cumulative deltas or adaptive anchors: the state at last_anchor_.
+  WeightState anchor_state_;
+  StateHash anchor_hash_;
 };
 
 }  // namespace deltasync

@@ -12,7 +12,11 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "deltasync/changes.h"
 #include "deltasync/manifest.h"
 #include "deltasync/state_hash.h"
 #include "deltasync/status.h"
@@ -23,6 +27,20 @@ namespace deltasync {
 
 struct ReplicaOptions {
   int threads = 0;  // 0 = hardware concurrency
+  // Record which elements each update changes, for TakeChanges(): costs the
+  // changed indices (8 bytes each) between two TakeChanges() calls.
+  bool track_changes = false;
+};
+
+// The elements of the held state that changed since the last TakeChanges().
+struct ChangedElements {
+  // True on the first call, after an anchor was loaded, and always without
+  // ReplicaOptions::track_changes: treat every element as changed.
+  bool everything = true;
+  // When !everything: the tensors with changed elements, sorted by name,
+  // each with its flat indices strictly ascending (the union over every
+  // delta applied since the last call).
+  std::vector<std::pair<std::string, std::vector<uint64_t>>> tensors;
 };
 
 struct UpdateStats {
@@ -50,7 +68,9 @@ class Replica {
   // `target`) and nothing else.
   Result<UpdateStats> Update(std::optional<uint64_t> target = std::nullopt);
 
-  // 0 when nothing is loaded yet.
+  // 0 when nothing is loaded yet. The tensors' buffers keep their addresses
+  // across updates while the tensor set (names, dtypes, shapes) stays the
+  // same: anchors are copied into them after verification.
   uint64_t version() const { return version_; }
   const WeightState& state() const { return state_; }
   // Maintained incrementally; verified against the manifest at every version.
@@ -59,6 +79,10 @@ class Replica {
   const Manifest& manifest() const { return manifest_; }
   // Re-reads the manifest without moving.
   Status Refresh();
+  // What changed since the previous call (see ChangedElements), and resets
+  // the record. A consumer that mirrors the state elsewhere (a GPU copy)
+  // copies only these elements.
+  ChangedElements TakeChanges();
   // Gives up the state (the replica is empty afterwards).
   WeightState ReleaseState() &&;
 
@@ -66,8 +90,9 @@ class Replica {
   Replica(std::shared_ptr<Store> store, ReplicaOptions options)
       : store_(std::move(store)), options_(options) {}
   Result<Blob> FetchVerified(const ObjectEntry& object, UpdateStats& stats);
-  Status LoadAnchor(const VersionEntry& entry, UpdateStats& stats);
-  Status ApplyDelta(const VersionEntry& entry, UpdateStats& stats);
+  Status LoadAnchor(const VersionEntry& entry, const ObjectEntry& object, UpdateStats& stats);
+  Status ApplyDelta(const VersionEntry& entry, const ObjectEntry& object, UpdateStats& stats);
+  void RecordChanges(std::span<const TensorChanges> changes);
 
   std::shared_ptr<Store> store_;
   ReplicaOptions options_;
@@ -75,6 +100,7 @@ class Replica {
   WeightState state_;
   StateHash state_hash_;
   uint64_t version_ = 0;
+  ChangedElements pending_;  // since the last TakeChanges()
 };
 
 }  // namespace deltasync

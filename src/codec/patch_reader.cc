@@ -101,7 +101,12 @@ Result<Header> ReadHeader(const Metadata& m, const Errors& err) {
 
   if (const std::string* encoding = Find(m, pm::kEncoding)) {
     Result<IndexEncoding> parsed = ParseEncoding(*encoding);
-    if (parsed.ok()) {
+    if (parsed.ok() && *parsed == IndexEncoding::kCompact) {
+      // Compact deltas and compressed anchors decode only through compact.h
+      // (a compact delta needs its base).
+      return Status::Unsupported(err.label() + ": a deltasync compact object (encoding 'compact'); it decodes with "
+                                 "its base state (deltasync apply BASE PATCH), not as a TRL patch");
+    } else if (parsed.ok()) {
       h.info.encoding = *parsed;
       h.encoding_given = true;
     } else if (parsed.status().code() == ErrorCode::kUnsupported) {

@@ -98,6 +98,10 @@ Result<EncodedPatch> EncodeDelta(const PatchInfo& info, std::span<const TensorCh
     return Status::InvalidArgument("total_elements " + std::to_string(info.total_elements) + " is less than the " +
                                    std::to_string(changed) + " changed elements");
   }
+  if (info.encoding == IndexEncoding::kCompact) {
+    return Status::InvalidArgument("EncodeDelta writes TRL encodings (gap_delta, raw); compact deltas come from "
+                                   "EncodeCompactDelta");
+  }
   if (info.base_version && *info.base_version >= info.model_version) {
     return Status::InvalidArgument("base version " + std::to_string(*info.base_version) +
                                    " is not older than model_version " + std::to_string(info.model_version));

@@ -35,6 +35,8 @@ constexpr uint64_t kFormatVersion = 1;
 constexpr size_t kMaxManifestBytes = size_t{64} << 20;
 // The schema nests 5 levels; room for extensions, none for abuse.
 constexpr size_t kMaxNesting = 32;
+// An anchor, the step delta, a cumulative delta, and room for one more.
+constexpr size_t kMaxObjectsPerVersion = 4;
 
 std::string StepKey(const char* dir, uint64_t version) {
   char buf[64];
@@ -258,17 +260,23 @@ Result<VersionEntry> ParseVersion(const Json& j, size_t index, uint64_t previous
 
   DS_ASSIGN_OR_RETURN(const Json* objects, r.Field(j, "objects"));
   if (!objects->is_array()) return r.Fail("'objects' must be an array, got " + Snippet(*objects));
-  if (objects->empty() || objects->size() > 2) {
-    return r.Fail("has " + std::to_string(objects->size()) +
-                  " objects; a version lists an anchor, a delta, or one of each");
+  if (objects->empty() || objects->size() > kMaxObjectsPerVersion) {
+    return r.Fail("has " + std::to_string(objects->size()) + " objects; a version lists 1 to " +
+                  std::to_string(kMaxObjectsPerVersion) + " (at most one anchor, deltas from distinct bases)");
   }
   for (size_t i = 0; i < objects->size(); ++i) {
     FieldReader obj_reader = r;
     obj_reader.set_where(at + ": objects[" + std::to_string(i) + "]");
     DS_ASSIGN_OR_RETURN(ObjectEntry o, ParseObject((*objects)[i], obj_reader));
-    if (o.kind == PatchKind::kAnchor ? v.anchor() != nullptr : v.delta() != nullptr) {
-      return obj_reader.Fail(std::string("a second ") + std::string(KindName(o.kind)) +
-                             "; a version has at most one of each kind");
+    if (o.kind == PatchKind::kAnchor && v.anchor() != nullptr) {
+      return obj_reader.Fail("a second anchor; a version has at most one");
+    }
+    if (o.kind == PatchKind::kDelta) {
+      for (const ObjectEntry& other : v.objects) {
+        if (other.kind == PatchKind::kDelta && other.base_version == o.base_version) {
+          return obj_reader.Fail("a second delta from base_version " + std::to_string(*o.base_version));
+        }
+      }
     }
     auto [it, inserted] = keys.emplace(o.key, v.version);
     if (!inserted) {
@@ -282,12 +290,13 @@ Result<VersionEntry> ParseVersion(const Json& j, size_t index, uint64_t previous
   if (index == 0 && v.anchor() == nullptr) {
     return r.Fail("the first listed version has no anchor, so a new replica could not start");
   }
-  if (const ObjectEntry* d = v.delta()) {
-    if (*d->base_version >= v.version) {
-      return r.Fail("delta base_version " + std::to_string(*d->base_version) + " is not below the version");
+  for (const ObjectEntry& d : v.objects) {
+    if (d.kind != PatchKind::kDelta) continue;
+    if (*d.base_version >= v.version) {
+      return r.Fail("delta base_version " + std::to_string(*d.base_version) + " is not below the version");
     }
-    if (!listed.count(*d->base_version)) {
-      return r.Fail("delta base_version " + std::to_string(*d->base_version) + " is not a listed version");
+    if (!listed.count(*d.base_version)) {
+      return r.Fail("delta base_version " + std::to_string(*d.base_version) + " is not a listed version");
     }
   }
   return v;
@@ -345,6 +354,14 @@ Result<Manifest> ParseDocument(const Json& doc, std::string_view label) {
 
 std::string AnchorKey(uint64_t version) { return StepKey("anchors", version); }
 std::string DeltaKey(uint64_t version) { return StepKey("deltas", version); }
+std::string CompressedAnchorKey(uint64_t version) { return StepKey("ds/anchors", version); }
+std::string CompactDeltaKey(uint64_t version) { return StepKey("ds/deltas", version); }
+std::string CumulativeDeltaKey(uint64_t base_version, uint64_t version, IndexEncoding encoding) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "ds/cumulative/step_%06" PRIu64 "_from_%06" PRIu64 ".%s.safetensors", version,
+                base_version, std::string(EncodingName(encoding)).c_str());
+  return buf;
+}
 
 std::string Xxh3Hex(std::span<const ByteSpan> parts) {
   XXH3_state_t* state = XXH3_createState();
@@ -383,10 +400,11 @@ const ObjectEntry* VersionEntry::anchor() const {
 }
 
 const ObjectEntry* VersionEntry::delta() const {
+  const ObjectEntry* newest = nullptr;
   for (const ObjectEntry& o : objects) {
-    if (o.kind == PatchKind::kDelta) return &o;
+    if (o.kind == PatchKind::kDelta && (!newest || *o.base_version > *newest->base_version)) newest = &o;
   }
-  return nullptr;
+  return newest;
 }
 
 const VersionEntry* Manifest::Find(uint64_t version) const {

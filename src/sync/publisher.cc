@@ -7,10 +7,12 @@
 // anything after the apply fails.
 #include "deltasync/publisher.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
 #include "common/clock.h"
+#include "deltasync/compact.h"
 #include "deltasync/replica.h"
 
 #include <unistd.h>
@@ -49,6 +51,9 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(std::shared_ptr<Store> store,
   if (options.anchor_interval == 0) {
     return Status::InvalidArgument("anchor interval must be at least 1");
   }
+  if (!(options.anchor_max_fraction >= 0)) {
+    return Status::InvalidArgument("anchor_max_fraction must be 0 (off) or positive");
+  }
   std::unique_ptr<Publisher> pub(new Publisher(store, options));
   // A random id per Publisher instance: "<host>-<pid>-<64 random bits>".
   char host[64] = "host";
@@ -71,18 +76,33 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(std::shared_ptr<Store> store,
   pub->manifest_token_ = current->token;
   if (pub->manifest_.versions.empty()) return pub;
 
-  // Continue where the bucket stands: rebuild its newest state, verified.
-  std::unique_ptr<Replica> replica = Replica::Create(store, ReplicaOptions{options.threads});
-  Result<UpdateStats> caught_up = replica->Update(pub->manifest_.Latest()->version);
-  if (!caught_up.ok()) {
-    return caught_up.status().WithContext("cannot continue publishing to " + store->Describe() +
-                                          ": rebuilding its newest version failed");
+  // Continue where the bucket stands: rebuild its newest state, verified
+  // (and the last anchor's, when cumulative deltas are computed from it).
+  for (const VersionEntry& v : pub->manifest_.versions) {
+    if (v.anchor()) {
+      pub->last_anchor_ = v.version;
+      pub->last_anchor_bytes_ = v.anchor()->size;
+      pub->versions_since_anchor_ = 0;
+    } else {
+      pub->versions_since_anchor_++;
+    }
   }
+  std::unique_ptr<Replica> replica = Replica::Create(store, ReplicaOptions{options.threads});
+  auto rebuild = [&](uint64_t version) -> Status {
+    Result<UpdateStats> caught_up = replica->Update(version);
+    if (caught_up.ok()) return Status::OK();
+    return caught_up.status().WithContext("cannot continue publishing to " + store->Describe() +
+                                          ": rebuilding version " + std::to_string(version) + " failed");
+  };
+  if (options.cumulative_interval > 0 || options.anchor_max_fraction > 0) {
+    DS_RETURN_IF_ERROR(rebuild(pub->last_anchor_));
+    std::vector<TensorView> views = replica->state().views();
+    DS_ASSIGN_OR_RETURN(pub->anchor_state_, WeightState::FromViews(views));
+    pub->anchor_hash_ = replica->state_hash();
+  }
+  DS_RETURN_IF_ERROR(rebuild(pub->manifest_.Latest()->version));
   pub->state_hash_ = replica->state_hash();
   pub->state_ = std::move(*replica).ReleaseState();
-  for (const VersionEntry& v : pub->manifest_.versions) {
-    if (v.anchor()) pub->last_anchor_ = v.version;
-  }
   pub->manifest_.anchor_interval = options.anchor_interval;
   return pub;
 }
@@ -92,70 +112,186 @@ uint64_t Publisher::latest_version() const {
   return latest ? latest->version : 0;
 }
 
-Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const TensorView> tensors) {
+Status Publisher::CheckNewVersion(uint64_t version) const {
   const uint64_t previous = latest_version();
   if (version == 0) return Status::InvalidArgument("version must be a positive integer, got 0");
   if (version <= previous) {
     return Status::InvalidArgument("version " + std::to_string(version) + " is not newer than the latest published version " +
                                    std::to_string(previous) + " in " + store_->Describe());
   }
-  PublishStats stats;
-  stats.version = version;
-  DetectOptions detect{options_.allow_nonfinite, options_.threads, [this](std::string_view name) {
+  return Status::OK();
+}
+
+DetectOptions Publisher::Detection() const {
+  return DetectOptions{options_.allow_nonfinite, options_.threads, [this](std::string_view name) {
                          for (const std::string& suffix : options_.keep_fp32_suffixes) {
                            if (name.ends_with(suffix)) return true;
                          }
                          return false;
                        }};
-  Stopwatch detect_clock;
+}
 
-  const bool first = previous == 0;
-  const bool anchor = first || version / options_.anchor_interval > last_anchor_ / options_.anchor_interval;
-  std::vector<TensorChanges> changes;
+Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const TensorView> tensors) {
+  DS_RETURN_IF_ERROR(CheckNewVersion(version));
+  Stopwatch clock;
+  if (latest_version() == 0) {
+    DS_ASSIGN_OR_RETURN(WeightState first, ToPublishedState(tensors, Detection()));
+    return Commit(version, std::move(first), {}, clock);
+  }
+  DS_ASSIGN_OR_RETURN(std::vector<TensorChanges> changes, DetectChanges(state_, tensors, Detection()));
+  return Commit(version, std::nullopt, std::move(changes), clock);
+}
+
+Result<PublishStats> Publisher::PublishChanges(uint64_t version, std::span<const TensorChanges> changes) {
+  DS_RETURN_IF_ERROR(CheckNewVersion(version));
+  if (latest_version() == 0) {
+    return Status::FailedPrecondition("publish the first version with full tensors (Publish): " +
+                                      store_->Describe() + " has no version to apply changes to");
+  }
+  Stopwatch clock;
+  std::vector<TensorChanges> copy(changes.begin(), changes.end());
+  std::sort(copy.begin(), copy.end(), [](const TensorChanges& a, const TensorChanges& b) { return a.name < b.name; });
+  for (size_t i = 0; i < copy.size(); ++i) {
+    const TensorChanges& c = copy[i];
+    const std::string at = "changes for '" + c.name + "': ";
+    if (i > 0 && copy[i - 1].name == c.name) return Status::InvalidArgument(at + "the tensor is named twice");
+    const WeightState::Tensor* t = state_.Find(c.name);
+    if (!t) return Status::InvalidArgument(at + "no such tensor in the published state");
+    if (c.dtype != t->dtype) {
+      return Status::InvalidArgument(at + "values are " + std::string(DTypeName(c.dtype)) +
+                                     " but the tensor is published as " + std::string(DTypeName(t->dtype)));
+    }
+    const size_t width = DTypeSize(c.dtype);
+    if (c.values.size() != c.indices.size() * width) {
+      return Status::InvalidArgument(at + std::to_string(c.indices.size()) + " indices but " +
+                                     std::to_string(c.values.size()) + " value bytes (expected " +
+                                     std::to_string(c.indices.size() * width) + ")");
+    }
+    for (size_t k = 0; k < c.indices.size(); ++k) {
+      if (c.indices[k] >= t->num_elements()) {
+        return Status::InvalidArgument(at + "index " + std::to_string(c.indices[k]) + " is out of range (" +
+                                       std::to_string(t->num_elements()) + " elements)");
+      }
+      if (k > 0 && c.indices[k] <= c.indices[k - 1]) {
+        return Status::InvalidArgument(at + "indices must be strictly ascending; index " + std::to_string(k) +
+                                       " (" + std::to_string(c.indices[k]) + ") follows " +
+                                       std::to_string(c.indices[k - 1]));
+      }
+    }
+    if (!options_.allow_nonfinite && (c.dtype == DType::kBF16 || c.dtype == DType::kF32)) {
+      for (size_t k = 0; k < c.indices.size(); ++k) {
+        bool nonfinite;
+        if (c.dtype == DType::kBF16) {
+          uint16_t bits;
+          std::memcpy(&bits, &c.values[2 * k], 2);
+          nonfinite = (bits & 0x7F80u) == 0x7F80u;
+        } else {
+          uint32_t bits;
+          std::memcpy(&bits, &c.values[4 * k], 4);
+          nonfinite = (bits & 0x7F800000u) == 0x7F800000u;
+        }
+        if (nonfinite) {
+          return Status::InvalidArgument(at + "element " + std::to_string(c.indices[k]) +
+                                         " is NaN or Inf (pass allow_nonfinite to publish it)");
+        }
+      }
+    }
+  }
+  return Commit(version, std::nullopt, std::move(copy), clock);
+}
+
+Result<EncodedPatch> Publisher::EncodeDeltaFrom(uint64_t version, uint64_t base_version, const StateHash& base_hash,
+                                                const WeightState& base,
+                                                std::span<const TensorChanges> changes) const {
+  PatchInfo info;
+  info.kind = PatchKind::kDelta;
+  info.model_version = version;
+  info.encoding = options_.encoding;
+  info.base_version = base_version;
+  info.total_elements = base.total_elements();
+  if (options_.encoding == IndexEncoding::kCompact) {
+    return EncodeCompactDelta(info, base_hash, base, changes, options_.threads);
+  }
+  return EncodeDelta(info, changes);
+}
+
+Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightState> first_state,
+                                       std::vector<TensorChanges> changes, const Stopwatch& clock) {
+  const uint64_t previous = latest_version();
+  const bool first = first_state.has_value();
+  const bool compact = options_.encoding == IndexEncoding::kCompact;
+  PublishStats stats;
+  stats.version = version;
+  bool anchor = first || (options_.anchor_interval > 0 &&
+                          version / options_.anchor_interval > last_anchor_ / options_.anchor_interval);
   std::vector<TensorChanges> undo;
-  EncodedPatch delta;
+  EncodedPatch delta, cumulative;
   StateHash next_hash;
-  WeightState first_state;
 
   if (first) {
-    DS_ASSIGN_OR_RETURN(first_state, ToPublishedState(tensors, detect));
-    next_hash = HashState(first_state, options_.threads);
-    stats.changed_elements = first_state.total_elements();
+    next_hash = HashState(*first_state, options_.threads);
+    stats.changed_elements = first_state->total_elements();
   } else {
-    DS_ASSIGN_OR_RETURN(changes, DetectChanges(state_, tensors, detect));
     stats.changed_elements = CountChanged(changes);
-    PatchInfo info;
-    info.kind = PatchKind::kDelta;
-    info.model_version = version;
-    info.encoding = options_.encoding;
-    info.base_version = previous;
-    info.total_elements = state_.total_elements();
-    DS_ASSIGN_OR_RETURN(delta, EncodeDelta(info, changes));
+    // Encoded against the state before the changes (compact codes relative to it).
+    DS_ASSIGN_OR_RETURN(delta, EncodeDeltaFrom(version, previous, state_hash_, state_, changes));
+    if (options_.measure_gap_delta) {
+      if (options_.encoding == IndexEncoding::kGapDelta) {
+        stats.gap_delta_bytes = delta.size;
+      } else {
+        PatchInfo info{PatchKind::kDelta, version, IndexEncoding::kGapDelta, previous, state_.total_elements()};
+        DS_ASSIGN_OR_RETURN(EncodedPatch trl, EncodeDelta(info, changes));
+        stats.gap_delta_bytes = trl.size;
+      }
+    }
     next_hash = state_hash_ + HashChanges(state_, changes, options_.threads);
     undo = UndoLogFor(state_, changes);
     ApplyChanges(state_, changes, options_.threads);
   }
-  WeightState& next_state = first ? first_state : state_;
+  WeightState& next_state = first ? *first_state : state_;
   auto rollback = [&] {
     if (!first) ApplyChanges(state_, undo, options_.threads);
   };
+  auto fail = [&](const Status& s) {
+    rollback();
+    return s;
+  };
+
+  // A cumulative delta from the last anchor: every cumulative_interval-th
+  // version after it, and every version when anchors are adaptive (its size
+  // decides whether this version becomes an anchor instead).
+  const bool keep_anchor_state = options_.cumulative_interval > 0 || options_.anchor_max_fraction > 0;
+  const uint64_t since_anchor = versions_since_anchor_ + 1;
+  const bool cumulative_due = options_.cumulative_interval > 0 && since_anchor % options_.cumulative_interval == 0 &&
+                              since_anchor > 1;
+  if (!anchor && keep_anchor_state && (cumulative_due || options_.anchor_max_fraction > 0)) {
+    std::vector<TensorView> views = state_.views();
+    Result<std::vector<TensorChanges>> since = DetectChanges(anchor_state_, views, Detection());
+    if (!since.ok()) return fail(since.status());
+    Result<EncodedPatch> encoded = EncodeDeltaFrom(version, last_anchor_, anchor_hash_, anchor_state_, *since);
+    if (!encoded.ok()) return fail(encoded.status());
+    if (options_.anchor_max_fraction > 0 &&
+        static_cast<double>(encoded->size) > options_.anchor_max_fraction * static_cast<double>(last_anchor_bytes_)) {
+      anchor = true;  // adaptive: the cumulative change outgrew the last anchor
+    } else if (cumulative_due) {
+      cumulative = std::move(*encoded);
+    }
+  }
 
   EncodedPatch full;
+  std::vector<TensorView> full_views;
   if (anchor) {
     if (!first && HashState(state_, options_.threads) != next_hash) {
-      rollback();
-      return Status::Internal("version " + std::to_string(version) +
-                              ": incremental state hash disagrees with a full recomputation");
+      return fail(Status::Internal("version " + std::to_string(version) +
+                                   ": incremental state hash disagrees with a full recomputation"));
     }
-    std::vector<TensorView> views = next_state.views();
-    Result<EncodedPatch> encoded = EncodeAnchor(version, views);
-    if (!encoded.ok()) {
-      rollback();
-      return encoded.status();
-    }
+    full_views = next_state.views();
+    Result<EncodedPatch> encoded = compact ? EncodeCompressedAnchor(version, full_views, options_.threads)
+                                           : EncodeAnchor(version, full_views);
+    if (!encoded.ok()) return fail(encoded.status());
     full = std::move(*encoded);
   }
-  stats.detect_encode_ms = detect_clock.ElapsedMs();
+  stats.detect_encode_ms = clock.ElapsedMs();
   stats.total_elements = next_state.total_elements();
   stats.full_bytes = next_state.total_bytes();
 
@@ -171,74 +307,104 @@ Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const Tensor
   auto upload = [&](PatchKind kind, const std::string& key, const EncodedPatch& patch,
                     std::optional<uint64_t> base) -> Status {
     DS_RETURN_IF_ERROR(store_->Put(key, patch.parts));
-    entry.objects.push_back(ObjectEntry{kind, key, kind == PatchKind::kAnchor ? IndexEncoding::kRaw : options_.encoding,
-                                        patch.size, Xxh3Hex(patch.parts), base});
+    IndexEncoding encoding = kind == PatchKind::kAnchor && !compact ? IndexEncoding::kRaw : options_.encoding;
+    entry.objects.push_back(ObjectEntry{kind, key, encoding, patch.size, Xxh3Hex(patch.parts), base});
     return Status::OK();
   };
   Status uploaded = Status::OK();
   if (!first) {
-    uploaded = upload(PatchKind::kDelta, DeltaKey(version), delta, previous);
+    uploaded = upload(PatchKind::kDelta, compact ? CompactDeltaKey(version) : DeltaKey(version), delta, previous);
     stats.wrote_delta = uploaded.ok();
     stats.delta_bytes = delta.size;
   }
+  if (uploaded.ok() && cumulative.size > 0) {
+    uploaded = upload(PatchKind::kDelta, CumulativeDeltaKey(last_anchor_, version, options_.encoding), cumulative,
+                      last_anchor_);
+    stats.cumulative_bytes = cumulative.size;
+  }
   if (uploaded.ok() && anchor) {
-    uploaded = upload(PatchKind::kAnchor, AnchorKey(version), full, std::nullopt);
+    uploaded = upload(PatchKind::kAnchor, compact ? CompressedAnchorKey(version) : AnchorKey(version), full,
+                      std::nullopt);
     stats.wrote_anchor = uploaded.ok();
     stats.anchor_bytes = full.size;
   }
   if (uploaded.ok()) {
     Manifest next = manifest_;
     next.anchor_interval = options_.anchor_interval;
-    uint64_t seq = manifest_.writer && manifest_.writer->id == writer_id_ ? manifest_.writer->seq : 0;
-    next.writer = WriterStamp{writer_id_, seq + 1};
     next.versions.push_back(std::move(entry));
     uploaded = CommitManifest(std::move(next));
   }
   if (!uploaded.ok()) {
-    rollback();
-    return uploaded.WithContext("publishing version " + std::to_string(version) + " to " + store_->Describe());
+    return fail(uploaded.WithContext("publishing version " + std::to_string(version) + " to " + store_->Describe()));
   }
   stats.upload_ms = upload_clock.ElapsedMs();
 
-  if (first) state_ = std::move(first_state);
+  if (first) state_ = std::move(*first_state);
   state_hash_ = next_hash;
-  if (anchor) last_anchor_ = version;
+  if (anchor) {
+    last_anchor_ = version;
+    last_anchor_bytes_ = full.size;
+    versions_since_anchor_ = 0;
+    if (keep_anchor_state) RememberAnchor();
+  } else {
+    versions_since_anchor_++;
+  }
   stats.state_hash = next_hash;
   // Committed: wake replica daemons (fire and forget, never fails the publish).
   NotifyAfterCommit(notifier_, options_, version);
   return stats;
 }
 
+void Publisher::RememberAnchor() {
+  std::vector<TensorView> views = state_.views();
+  Result<WeightState> copy = WeightState::FromViews(views);
+  anchor_state_ = std::move(*copy);  // cannot fail: state_ is valid
+  anchor_hash_ = state_hash_;
+}
+
 Status Publisher::CommitManifest(Manifest next) {
-  std::string json = next.ToJson();
-  ByteSpan bytes(reinterpret_cast<const uint8_t*>(json.data()), json.size());
-  Result<std::string> token =
-      store_->PutIfUnchanged(kManifestKey, std::span<const ByteSpan>(&bytes, 1), manifest_token_);
-  if (!token.ok()) {
-    if (token.status().code() == ErrorCode::kConflict) {
-      // A retried conditional write whose first attempt landed also ends in
-      // a conflict: if the manifest now is exactly this writer's next
-      // commit, it is ours, not another publisher's.
-      Result<Store::Versioned> now = store_->GetVersioned(kManifestKey);
-      if (now.ok()) {
-        Result<Manifest> current = Manifest::Parse(now->blob.bytes());
-        if (current.ok() && current->writer == next.writer && current->Latest() && next.Latest() &&
-            current->Latest()->version == next.Latest()->version &&
-            current->Latest()->state_hash == next.Latest()->state_hash) {
-          manifest_token_ = now->token;
-          manifest_ = std::move(next);
-          return Status::OK();
-        }
-      }
-      return Status::Conflict("another publisher wrote " + std::string(kManifestKey) +
-                              " since this one read it; refusing to overwrite its history (" +
-                              token.status().message() + ")");
+  uint64_t seq = manifest_.writer && manifest_.writer->id == writer_id_ ? manifest_.writer->seq : 0;
+  next.writer = WriterStamp{writer_id_, seq + 1};
+  // A few rounds: another writer that only pruned old versions (gc) moves
+  // the token without publishing; this commit then rebases onto its list.
+  for (int round = 0;; ++round) {
+    std::string json = next.ToJson();
+    ByteSpan bytes(reinterpret_cast<const uint8_t*>(json.data()), json.size());
+    Result<std::string> token =
+        store_->PutIfUnchanged(kManifestKey, std::span<const ByteSpan>(&bytes, 1), manifest_token_);
+    if (token.ok()) {
+      manifest_token_ = *token;
+      manifest_ = std::move(next);
+      return Status::OK();
     }
-    return token.status();
+    if (token.status().code() != ErrorCode::kConflict) return token.status();
+    Result<Store::Versioned> now = store_->GetVersioned(kManifestKey);
+    Result<Manifest> current = now.ok() ? Manifest::Parse(now->blob.bytes()) : Result<Manifest>(now.status());
+    if (current.ok() && current->Latest() && next.Latest()) {
+      // A retried conditional write whose first attempt landed also ends in
+      // a conflict: if the manifest now is exactly this writer's commit, it
+      // is ours, not another publisher's.
+      if (current->writer == next.writer && current->Latest()->version == next.Latest()->version &&
+          current->Latest()->state_hash == next.Latest()->state_hash) {
+        manifest_token_ = now->token;
+        manifest_ = std::move(next);
+        return Status::OK();
+      }
+      // Pruned (gc), not published to: its newest version is still ours.
+      const VersionEntry* ours = manifest_.Latest();
+      if (round < 3 && ours && current->Latest()->version == ours->version &&
+          current->Latest()->state_hash == ours->state_hash) {
+        VersionEntry added = next.versions.back();
+        next.versions = current->versions;
+        next.versions.push_back(std::move(added));
+        manifest_token_ = now->token;
+        continue;
+      }
+    }
+    return Status::Conflict("another publisher wrote " + std::string(kManifestKey) +
+                            " since this one read it; refusing to overwrite its history (" +
+                            token.status().message() + ")");
   }
-  manifest_token_ = *token;
-  manifest_ = std::move(next);
-  return Status::OK();
 }
 
 }  // namespace deltasync

@@ -61,8 +61,12 @@ inline std::shared_ptr<Store> OpenDirStore(const std::string& dir) {
 // A bucket in a temporary directory with a publisher over a RandomModel.
 class TestBucket {
  public:
-  // An anchor every 4 versions by default, so that both kinds show up.
-  explicit TestBucket(uint64_t seed = 1, PublisherOptions options = {.anchor_interval = 4}) : model_(seed) {
+  // An anchor every 4 versions by default, so that both kinds show up; TRL's
+  // encoding, because the HTTP routes follow TRL's choreography, which names
+  // TRL's objects (deltas/step_N.safetensors).
+  explicit TestBucket(uint64_t seed = 1,
+                      PublisherOptions options = {.anchor_interval = 4, .encoding = IndexEncoding::kGapDelta})
+      : model_(seed) {
     dir_ = tmp_.Sub("bucket");
     store_ = OpenDirStore(dir_);
     auto p = Publisher::Open(store_, options);

@@ -32,6 +32,23 @@ TEST(ManifestKeysTest, SixDigitStepNames) {
   EXPECT_TRUE(ValidateKey(DeltaKey(1)).ok());
 }
 
+TEST(ManifestKeysTest, NativeObjectsLiveUnderTheirOwnPrefix) {
+  EXPECT_EQ(CompressedAnchorKey(10), "ds/anchors/step_000010.safetensors");
+  EXPECT_EQ(CompactDeltaKey(11), "ds/deltas/step_000011.safetensors");
+  EXPECT_EQ(CumulativeDeltaKey(10, 15, IndexEncoding::kCompact),
+            "ds/cumulative/step_000015_from_000010.compact.safetensors");
+  EXPECT_EQ(CumulativeDeltaKey(10, 15, IndexEncoding::kGapDelta),
+            "ds/cumulative/step_000015_from_000010.gap_delta.safetensors");
+  // Never inside TRL's folders, whatever the version.
+  for (uint64_t v : {1ull, 999999ull, 1234567ull}) {
+    for (const std::string& key : {CompressedAnchorKey(v), CompactDeltaKey(v),
+                                   CumulativeDeltaKey(v, v + 1, IndexEncoding::kRaw)}) {
+      EXPECT_TRUE(key.starts_with("ds/")) << key;
+      EXPECT_TRUE(ValidateKey(key).ok()) << key;
+    }
+  }
+}
+
 // Expected values from the reference implementation (python-xxhash 4.1.0,
 // xxh3_128_hexdigest), which prints the canonical big-endian form.
 TEST(Xxh3HexTest, KnownAnswers) {
@@ -121,6 +138,25 @@ TEST(ManifestTest, FindLatestAndObjectAccessors) {
   EXPECT_EQ(m.Find(3)->delta()->base_version, 2u);
   EXPECT_EQ(Manifest().Latest(), nullptr);
   EXPECT_EQ(Manifest().Find(1), nullptr);
+}
+
+// An anchor, the step delta and a cumulative delta from an older anchor in
+// one version: delta() is the step delta (newest base).
+TEST(ManifestTest, CumulativeDeltasBesideTheStepDelta) {
+  Manifest m = Sample();
+  ObjectEntry cumulative = Delta(4, 1, IndexEncoding::kCompact);
+  cumulative.key = CumulativeDeltaKey(1, 4, IndexEncoding::kCompact);
+  ObjectEntry step = Delta(4, 3, IndexEncoding::kCompact);
+  step.key = CompactDeltaKey(4);
+  ObjectEntry anchor = Anchor(4);
+  anchor.key = CompressedAnchorKey(4);
+  anchor.encoding = IndexEncoding::kCompact;
+  m.versions.push_back(Version(4, {cumulative, step, anchor}));
+  Result<Manifest> parsed = Manifest::Parse(Span(m.ToJson()));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  ExpectSame(m, *parsed);
+  EXPECT_EQ(parsed->Find(4)->delta()->key, CompactDeltaKey(4));
+  EXPECT_EQ(parsed->Find(4)->anchor()->encoding, IndexEncoding::kCompact);
 }
 
 TEST(ManifestTest, RoundTrip) {
@@ -290,14 +326,16 @@ std::vector<BadCase> BadCases() {
        "'objects' must be an array"},
       {"objects empty", [](Json& d) { d["versions"][1]["objects"] = Json::array(); }, ErrorCode::kCorruption,
        "versions[1] (version 2): has 0 objects"},
-      {"three objects",
+      {"five objects",
        [](Json& d) {
          Json& objs = d["versions"][2]["objects"];
-         Json extra = objs[0];
-         extra["key"] = "extra";
-         objs.push_back(extra);
+         for (int i = 0; i < 3; ++i) {
+           Json extra = objs[0];
+           extra["key"] = "extra" + std::to_string(i);
+           objs.push_back(extra);
+         }
        },
-       ErrorCode::kCorruption, "has 3 objects"},
+       ErrorCode::kCorruption, "has 5 objects"},
       {"object not an object", [](Json& d) { d["versions"][1]["objects"][0] = "deltas/x"; },
        ErrorCode::kCorruption, "versions[1] (version 2): objects[0]: must be a JSON object"},
       {"kind unknown", [](Json& d) { d["versions"][1]["objects"][0]["kind"] = "patch"; },
@@ -356,7 +394,7 @@ std::vector<BadCase> BadCases() {
          objs[0] = objs[1];
          objs[0]["key"] = "deltas/other";
        },
-       ErrorCode::kCorruption, "objects[1]: a second delta"},
+       ErrorCode::kCorruption, "objects[1]: a second delta from base_version 2"},
       {"key listed twice",
        [](Json& d) { d["versions"][2]["objects"][0]["key"] = "anchors/step_000001.safetensors"; },
        ErrorCode::kCorruption, "key 'anchors/step_000001.safetensors' is already listed by version 1"},

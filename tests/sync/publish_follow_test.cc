@@ -2,10 +2,12 @@
 // versions, and "bit-exact or loud" under every kind of damage.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <random>
 
+#include "deltasync/compact.h"
 #include "deltasync/manifest.h"
 #include "deltasync/publisher.h"
 #include "deltasync/replica.h"
@@ -60,7 +62,8 @@ TEST(PublishFollowTest, BitExactOverManyVersionsWithGapsAndRandomAnchors) {
     std::mt19937_64 rng(seed);
     PublisherOptions options;
     options.anchor_interval = 1 + rng() % 7;
-    options.encoding = seed % 2 ? IndexEncoding::kGapDelta : IndexEncoding::kRaw;
+    const IndexEncoding encodings[] = {IndexEncoding::kCompact, IndexEncoding::kGapDelta, IndexEncoding::kRaw};
+    options.encoding = encodings[seed % 3];
     auto publisher = Publisher::Open(store, options);
     ASSERT_TRUE(publisher.ok()) << publisher.status().ToString();
     RandomModel model(seed);
@@ -127,12 +130,14 @@ TEST(PublishFollowTest, Fp32MastersAreRoundedToNearestEven) {
   EXPECT_EQ(v[3], 0x0000);
 }
 
-class DamageTest : public ::testing::Test {
+// Each kind of damage, for TRL's gap_delta and for compact objects.
+class DamageTest : public ::testing::TestWithParam<IndexEncoding> {
  protected:
   void SetUp() override {
     store_ = OpenDir(dir_.path());
     PublisherOptions options;
     options.anchor_interval = 4;
+    options.encoding = GetParam();
     auto publisher = Publisher::Open(store_, options);
     ASSERT_TRUE(publisher.ok());
     publisher_ = std::move(*publisher);
@@ -155,12 +160,49 @@ class DamageTest : public ::testing::Test {
     EXPECT_EQ(replica_->state_hash(), good_hash_);
   }
 
+  std::string DeltaKeyOf(uint64_t v) { return ReadManifest(*store_).Find(v)->delta()->key; }
+  std::string AnchorKeyOf(uint64_t v) { return ReadManifest(*store_).Find(v)->anchor()->key; }
+
   void Rewrite(const std::string& key, const std::function<void(std::vector<uint8_t>&)>& edit) {
     auto blob = store_->Get(key);
     ASSERT_TRUE(blob.ok());
     std::vector<uint8_t> bytes(blob->bytes().begin(), blob->bytes().end());
     edit(bytes);
     ASSERT_TRUE(store_->Put(key, bytes).ok());
+  }
+
+  // Decodes version 4's delta (against the replica's state, version 3),
+  // lets `edit` change it, re-encodes it in the same encoding and lists the
+  // new object in the manifest: a well-formed delta whose content is wrong.
+  void ReencodeDelta4(const std::function<void(std::vector<TensorChanges>&)>& edit) {
+    const std::string key = DeltaKeyOf(4);
+    auto blob = store_->Get(key);
+    ASSERT_TRUE(blob.ok());
+    auto file = SafetensorsFile::Parse(*blob, key);
+    ASSERT_TRUE(file.ok());
+    Result<EncodedPatch> encoded = Status::Internal("unset");
+    if (GetParam() == IndexEncoding::kCompact) {
+      auto delta = DecodeCompactDelta(*file, replica_->state(), good_hash_);
+      ASSERT_TRUE(delta.ok()) << delta.status().ToString();
+      ASSERT_FALSE(delta->changes.empty());
+      edit(delta->changes);
+      encoded = EncodeCompactDelta(delta->info, good_hash_, replica_->state(), delta->changes);
+    } else {
+      auto patch = DecodePatch(std::move(*file));
+      ASSERT_TRUE(patch.ok());
+      ASSERT_FALSE(patch->changes.empty());
+      edit(patch->changes);
+      encoded = EncodeDelta(patch->info, patch->changes);
+    }
+    ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
+    ASSERT_TRUE(store_->Put(key, encoded->parts).ok());
+    Manifest m = ReadManifest(*store_);
+    for (ObjectEntry& obj : m.versions.back().objects) {
+      if (obj.key != key) continue;
+      obj.size = encoded->size;
+      obj.xxh3_128 = Xxh3Hex(encoded->parts);
+    }
+    WriteManifest(*store_, m);
   }
 
   TempDir dir_;
@@ -171,8 +213,8 @@ class DamageTest : public ::testing::Test {
   StateHash good_hash_;
 };
 
-TEST_F(DamageTest, CorruptedDeltaIsRefused) {
-  Rewrite(DeltaKey(4), [](std::vector<uint8_t>& b) { b[b.size() - 3] ^= 0x40; });
+TEST_P(DamageTest, CorruptedDeltaIsRefused) {
+  Rewrite(DeltaKeyOf(4), [](std::vector<uint8_t>& b) { b[b.size() - 3] ^= 0x40; });
   auto r = replica_->Update();
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), ErrorCode::kIntegrity);
@@ -181,8 +223,8 @@ TEST_F(DamageTest, CorruptedDeltaIsRefused) {
   ExpectStillOnGoodVersion();
 }
 
-TEST_F(DamageTest, TruncatedDeltaIsRefused) {
-  Rewrite(DeltaKey(4), [](std::vector<uint8_t>& b) { b.resize(b.size() / 2); });
+TEST_P(DamageTest, TruncatedDeltaIsRefused) {
+  Rewrite(DeltaKeyOf(4), [](std::vector<uint8_t>& b) { b.resize(b.size() / 2); });
   auto r = replica_->Update();
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), ErrorCode::kIntegrity);
@@ -190,16 +232,17 @@ TEST_F(DamageTest, TruncatedDeltaIsRefused) {
   ExpectStillOnGoodVersion();
 }
 
-TEST_F(DamageTest, MissingDeltaIsRefused) {
-  ASSERT_TRUE(store_->Delete(DeltaKey(4)).ok());
+TEST_P(DamageTest, MissingDeltaIsRefused) {
+  const std::string key = DeltaKeyOf(4);
+  ASSERT_TRUE(store_->Delete(key).ok());
   auto r = replica_->Update();
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), ErrorCode::kNotFound);
-  EXPECT_NE(r.status().message().find(DeltaKey(4)), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find(key), std::string::npos) << r.status().message();
   ExpectStillOnGoodVersion();
 }
 
-TEST_F(DamageTest, WrongStateHashInManifestIsRefused) {
+TEST_P(DamageTest, WrongStateHashInManifestIsRefused) {
   Manifest m = ReadManifest(*store_);
   m.versions.back().state_hash.lo ^= 1;
   WriteManifest(*store_, m);
@@ -211,27 +254,9 @@ TEST_F(DamageTest, WrongStateHashInManifestIsRefused) {
 }
 
 // A well-formed delta with matching object hash but the wrong content (a
-// publisher bug, or a delta computed against another base): only the state
-// hash can catch it.
-TEST_F(DamageTest, ValidDeltaWithWrongContentIsCaughtByStateHash) {
-  auto blob = store_->Get(DeltaKey(4));
-  ASSERT_TRUE(blob.ok());
-  auto file = SafetensorsFile::Parse(*blob, "d");
-  ASSERT_TRUE(file.ok());
-  auto patch = DecodePatch(std::move(*file));
-  ASSERT_TRUE(patch.ok());
-  ASSERT_FALSE(patch->changes.empty());
-  patch->changes[0].values[0] ^= 0x01;  // one value off by one bit
-  auto encoded = EncodeDelta(patch->info, patch->changes);
-  ASSERT_TRUE(encoded.ok());
-  ASSERT_TRUE(store_->Put(DeltaKey(4), encoded->parts).ok());
-  Manifest m = ReadManifest(*store_);
-  ObjectEntry& obj = m.versions.back().objects[0].kind == PatchKind::kDelta ? m.versions.back().objects[0]
-                                                                           : m.versions.back().objects[1];
-  obj.size = encoded->size;
-  obj.xxh3_128 = Xxh3Hex(encoded->parts);
-  WriteManifest(*store_, m);
-
+// publisher bug): only the state hash can catch it.
+TEST_P(DamageTest, ValidDeltaWithWrongContentIsCaughtByStateHash) {
+  ReencodeDelta4([](std::vector<TensorChanges>& changes) { changes[0].values[0] ^= 0x01; });
   auto r = replica_->Update();
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), ErrorCode::kIntegrity) << r.status().ToString();
@@ -239,32 +264,54 @@ TEST_F(DamageTest, ValidDeltaWithWrongContentIsCaughtByStateHash) {
   ExpectStillOnGoodVersion();
 }
 
-TEST_F(DamageTest, OutOfRangeIndexIsRefused) {
-  auto blob = store_->Get(DeltaKey(4));
-  auto file = SafetensorsFile::Parse(*blob, "d");
-  ASSERT_TRUE(file.ok());
-  auto patch = DecodePatch(std::move(*file));
-  ASSERT_TRUE(patch.ok());
-  patch->changes[0].indices.back() = 1ull << 40;
-  auto encoded = EncodeDelta(patch->info, patch->changes);
-  ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
-  ASSERT_TRUE(store_->Put(DeltaKey(4), encoded->parts).ok());
-  Manifest m = ReadManifest(*store_);
-  for (ObjectEntry& obj : m.versions.back().objects) {
-    if (obj.kind != PatchKind::kDelta) continue;
-    obj.size = encoded->size;
-    obj.xxh3_128 = Xxh3Hex(encoded->parts);
+TEST_P(DamageTest, OutOfRangeIndexIsRefused) {
+  if (GetParam() == IndexEncoding::kCompact) {
+    GTEST_SKIP() << "a compact delta codes positions relative to its base and cannot express an index out of range "
+                    "(its decoder's bounds are covered in tests/codec)";
   }
-  WriteManifest(*store_, m);
+  std::string name;
+  ReencodeDelta4([&](std::vector<TensorChanges>& changes) {
+    changes[0].indices.back() = 1ull << 40;
+    name = changes[0].name;
+  });
   auto r = replica_->Update();
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), ErrorCode::kCorruption) << r.status().ToString();
-  EXPECT_NE(r.status().message().find(patch->changes[0].name), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find(name), std::string::npos) << r.status().message();
   ExpectStillOnGoodVersion();
 }
 
-TEST_F(DamageTest, FreshReplicaRefusesCorruptAnchor) {
-  Rewrite(AnchorKey(4), [](std::vector<uint8_t>& b) { b[b.size() / 2] ^= 0x01; });
+// A compact delta is only valid on its exact base: version 5's delta (base
+// 4) listed as version 4's (base 3) is refused before any byte changes.
+TEST_P(DamageTest, CompactDeltaOnTheWrongBaseIsRefused) {
+  if (GetParam() != IndexEncoding::kCompact) GTEST_SKIP() << "TRL deltas carry no base hash";
+  model_.Step(0.05);
+  ASSERT_TRUE(publisher_->Publish(5, model_.Views()).ok());
+  auto five = store_->Get(DeltaKeyOf(5));
+  ASSERT_TRUE(five.ok());
+  const std::string key = DeltaKeyOf(4);
+  ASSERT_TRUE(store_->Put(key, five->bytes()).ok());
+  Manifest m = ReadManifest(*store_);
+  for (ObjectEntry& obj : m.versions[3].objects) {
+    if (obj.key != key) continue;
+    obj.size = five->size();
+    obj.xxh3_128 = Xxh3Hex(five->bytes());
+  }
+  m.versions.pop_back();  // version 5 unlisted, so the plan must go through 4's delta
+  m.versions.back().objects.erase(
+      std::remove_if(m.versions.back().objects.begin(), m.versions.back().objects.end(),
+                     [](const ObjectEntry& o) { return o.kind == PatchKind::kAnchor; }),
+      m.versions.back().objects.end());
+  WriteManifest(*store_, m);
+  auto r = replica_->Update(4);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kFailedPrecondition) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(good_hash_.Hex()), std::string::npos) << r.status().message();
+  ExpectStillOnGoodVersion();
+}
+
+TEST_P(DamageTest, FreshReplicaRefusesCorruptAnchor) {
+  Rewrite(AnchorKeyOf(4), [](std::vector<uint8_t>& b) { b[b.size() / 2] ^= 0x01; });
   auto fresh = Replica::Create(store_);
   auto r = fresh->Update(4);
   ASSERT_FALSE(r.ok());
@@ -277,19 +324,19 @@ TEST_F(DamageTest, FreshReplicaRefusesCorruptAnchor) {
   EXPECT_EQ(replica_->version(), 4u);
 }
 
-TEST_F(DamageTest, MidChainFailureKeepsLastVerifiedVersion) {
+TEST_P(DamageTest, MidChainFailureKeepsLastVerifiedVersion) {
   for (uint64_t v = 5; v <= 6; ++v) {
     model_.Step(0.05);
     ASSERT_TRUE(publisher_->Publish(v, model_.Views()).ok());
   }
-  ASSERT_TRUE(store_->Delete(DeltaKey(6)).ok());
+  ASSERT_TRUE(store_->Delete(DeltaKeyOf(6)).ok());
   auto r = replica_->Update();
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(replica_->version(), 5u) << "versions 4 and 5 verified before 6 failed";
   EXPECT_EQ(HashState(replica_->state()), replica_->state_hash());
 }
 
-TEST_F(DamageTest, ManifestRolledBackIsRefused) {
+TEST_P(DamageTest, ManifestRolledBackIsRefused) {
   Manifest m = ReadManifest(*store_);
   m.versions.resize(2);
   WriteManifest(*store_, m);
@@ -298,6 +345,9 @@ TEST_F(DamageTest, ManifestRolledBackIsRefused) {
   EXPECT_EQ(r.status().code(), ErrorCode::kIntegrity);
   ExpectStillOnGoodVersion();
 }
+
+INSTANTIATE_TEST_SUITE_P(Encodings, DamageTest, ::testing::Values(IndexEncoding::kCompact, IndexEncoding::kGapDelta),
+                         [](const auto& info) { return std::string(EncodingName(info.param)); });
 
 TEST(PublisherTest, RefusesOldVersionsAndNonFinite) {
   TempDir dir;
