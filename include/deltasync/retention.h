@@ -1,0 +1,40 @@
+// Retention: pruning old versions from a bucket without breaking catch-up.
+//
+// PruneVersions keeps the newest `keep_anchors` anchors and every version
+// from the oldest kept anchor on, so every kept version stays reachable from
+// a fresh start (anchor + chain) exactly as before. It removes the older
+// versions from the manifest first (compare-and-swap: a publisher that
+// commits meanwhile rebases onto the pruned list, see Publisher), and only
+// then deletes their objects, plus the objects of kept versions whose base
+// was removed (the oldest kept anchor's own step delta). A replica is never
+// pointed at a deleted object by a manifest it can read afterwards; one
+// that read the old manifest just before may see kNotFound for an object
+// and re-plans at its next update. Objects that no version lists (left by a
+// failed publish, which the next attempt overwrites) are not touched: a
+// publish in flight uploads its objects before listing them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "deltasync/status.h"
+#include "deltasync/store.h"
+
+namespace deltasync {
+
+struct PruneStats {
+  std::vector<uint64_t> removed_versions;  // ascending
+  std::vector<uint64_t> kept_anchors;      // ascending
+  uint64_t kept_versions = 0;
+  uint64_t objects_deleted = 0;
+  uint64_t bytes_deleted = 0;  // sizes as the manifest listed them
+  bool dry_run = false;
+};
+
+// keep_anchors >= 1 (kInvalidArgument otherwise). With dry_run, reports what
+// would be removed and changes nothing. kConflict when another writer
+// changed the manifest between reading and writing it (run again).
+Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_run = false);
+
+}  // namespace deltasync
