@@ -73,6 +73,20 @@ bool IsCompactDelta(const SafetensorsFile& file);
 Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, const WeightState& base,
                                         const StateHash& base_hash, int threads = 0);
 
+// Where a compact delta's bytes go (deltasync inspect): stored (compressed)
+// bytes of each stream summed over tensors, read from the stream headers
+// without the base. kCorruption when a stream's framing is malformed.
+struct CompactStreamSizes {
+  uint64_t tensors = 0;
+  uint64_t changed = 0;        // changed elements
+  uint64_t header_bytes = 0;   // safetensors header + per-tensor stream headers
+  uint64_t gap_bytes = 0;      // positions
+  uint64_t diff_bytes = 0;     // bf16 ULP differences
+  uint64_t escape_bytes = 0;   // raw bf16 values (sign flips, NaN/Inf, big moves)
+  uint64_t value_bytes = 0;    // raw values of other dtypes
+};
+Result<CompactStreamSizes> MeasureCompactDelta(const SafetensorsFile& file);
+
 // A compressed anchor of `tensors` (written in name order; names unique) for
 // `model_version`. Deterministic. The result owns all its bytes.
 Result<EncodedPatch> EncodeCompressedAnchor(uint64_t model_version, std::span<const TensorView> tensors,

@@ -387,4 +387,44 @@ Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, const Weigh
   return out;
 }
 
+Result<CompactStreamSizes> MeasureCompactDelta(const SafetensorsFile& file) {
+  if (!IsCompactDelta(file)) return Status::InvalidArgument(file.label() + " is not a compact delta");
+  CompactStreamSizes out;
+  out.header_bytes = file.blob().size();
+  for (const TensorView& t : file.tensors()) {
+    auto bad = [&](const std::string& msg) { return Corrupt(file.label(), t.name, msg); };
+    Reader in(t.data);
+    std::optional<uint8_t> version = in.Byte(), mode = in.Byte();
+    std::optional<uint64_t> count = in.Varint();
+    if (!version || !mode || !count) return bad("truncated stream header");
+    if (*mode == kModeBf16) {
+      for (int cl = 0; cl < kClasses; ++cl) {
+        if (!in.Varint()) return bad("truncated class counts");
+      }
+    }
+    // Block framing: u8 method, varint raw length, varint stored length, bytes.
+    auto block = [&]() -> std::optional<uint64_t> {
+      if (!in.Byte() || !in.Varint()) return std::nullopt;
+      std::optional<uint64_t> stored = in.Varint();
+      if (!stored || !in.Take(*stored)) return std::nullopt;
+      return *stored;
+    };
+    std::optional<uint64_t> gaps = block();
+    std::optional<uint64_t> second = block();
+    std::optional<uint64_t> third = *mode == kModeBf16 ? block() : std::optional<uint64_t>(0);
+    if (!gaps || !second || !third) return bad("truncated or malformed block");
+    out.tensors++;
+    out.changed += *count;
+    out.gap_bytes += *gaps;
+    if (*mode == kModeBf16) {
+      out.diff_bytes += *second;
+      out.escape_bytes += *third;
+    } else {
+      out.value_bytes += *second;
+    }
+  }
+  out.header_bytes -= out.gap_bytes + out.diff_bytes + out.escape_bytes + out.value_bytes;
+  return out;
+}
+
 }  // namespace deltasync

@@ -1,6 +1,9 @@
 // bench: detect+encode and apply throughput on a Qwen3-0.6B-sized model at
 // the demo's step-10 change rate, as ratios to memcpy of the model measured
-// in the same run with the same thread count. Figures, never pass/fail.
+// in the same run with the same thread count; then the codecs (bytes per
+// changed element of every encoding next to the order-0 entropy, anchor
+// ratio next to its ceiling) on the demo's simulated steps. Figures, never
+// pass/fail.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +17,7 @@
 #include "deltasync/safetensors.h"
 #include "deltasync/state_hash.h"
 #include "deltasync/weight_state.h"
+#include "codec_stats.h"
 #include "synthetic_model.h"
 
 namespace deltasync::cli {
@@ -102,7 +106,7 @@ Status RunBench(const BenchArgs& args) {
   dst = {};
 
   // Trainer: detect (fp32 masters -> bf16, compare, compact) + gap_delta encode.
-  DetectOptions detect{false, threads};
+  DetectOptions detect{false, threads, nullptr};
   std::vector<TensorChanges> changes;
   EncodedPatch patch;
   PatchInfo info;
@@ -155,6 +159,37 @@ Status RunBench(const BenchArgs& args) {
   out["bytes_per_changed_element"] = static_cast<double>(patch.size) / static_cast<double>(changed);
   out["delta_bytes"] = patch.size;
 
+  // Codecs on the demo's own simulated steps (SyntheticTrainer, AdamW lr
+  // 3e-6): the delta from step 9 to step 10 and the anchor of step 9.
+  SyntheticModelOptions sim;
+  sim.layers = layers;
+  sim.vocab = vocab;
+  sim.threads = threads;
+  const int sim_steps = 10;
+  SyntheticTrainer trainer(sim);
+  for (int s = 1; s < sim_steps; ++s) trainer.Step();
+  DS_ASSIGN_OR_RETURN(WeightState sim_base, ToPublishedState(trainer.MasterViews()));
+  trainer.Step();
+  DS_ASSIGN_OR_RETURN(std::vector<TensorChanges> sim_changes, DetectChanges(sim_base, trainer.MasterViews()));
+  DS_ASSIGN_OR_RETURN(DeltaFigures codecs, MeasureDeltaCodecs(sim_base, sim_changes, sim_steps, reps));
+  DS_ASSIGN_OR_RETURN(AnchorFigures anchor, MeasureAnchorCodec(sim_base, sim_steps, reps));
+  out["codec_changed_fraction"] = static_cast<double>(codecs.changed) / static_cast<double>(sim_base.total_elements());
+  out["raw_bytes_per_changed"] = codecs.raw;
+  out["gap_delta_bytes_per_changed"] = codecs.gap_delta;
+  out["gap_delta_zstd_bytes_per_changed"] = codecs.gap_delta_zstd;
+  out["compact_bytes_per_changed"] = codecs.compact;
+  out["entropy_bytes_per_changed"] = codecs.entropy;
+  out["context_entropy_bytes_per_changed"] = codecs.context_entropy;
+  out["compact_vs_entropy"] = codecs.compact / codecs.entropy;
+  out["compact_encode_gbps_1thread"] = codecs.encode_gbps_1t;
+  out["compact_decode_gbps_1thread"] = codecs.decode_gbps_1t;
+  out["anchor_compression_ratio"] = anchor.ratio;
+  out["anchor_ceiling_ratio"] = anchor.ceiling;
+  out["anchor_vs_ceiling"] = anchor.ratio / anchor.ceiling;
+  out["anchor_decode_gbps_1thread"] = anchor.decode_gbps_1t;
+  out["anchor_bit_exact"] = anchor.exact;
+  if (!anchor.exact) return Status::Internal("the compressed anchor did not decode bit-exactly");
+
   if (!args.json) {
     std::printf("model: %s, %.1f MB bf16, %d threads, %.3f%% changed\n", out["model"].get<std::string>().c_str(),
                 model_bytes / 1e6, threads, 100.0 * out["changed_fraction"].get<double>());
@@ -163,6 +198,17 @@ Status RunBench(const BenchArgs& args) {
     std::printf("apply (decode+verify+scatter): %4.2f GB/s = %.2f x memcpy\n", gb / apply_s, memcpy_s / apply_s);
     std::printf("gap_delta patch: %.2f MB, %.3f bytes per changed element\n", patch.size / 1e6,
                 out["bytes_per_changed_element"].get<double>());
+    std::printf("codecs on the demo's simulated step %d (%.3f%% changed), bytes per changed element:\n", sim_steps,
+                100.0 * out["codec_changed_fraction"].get<double>());
+    std::printf("  raw %.3f, gap_delta %.3f, gap_delta+zstd %.3f, compact %.3f\n", codecs.raw, codecs.gap_delta,
+                codecs.gap_delta_zstd, codecs.compact);
+    std::printf("  order-0 entropy %.3f (compact = %.3f x entropy), base-exponent context entropy %.3f\n",
+                codecs.entropy, codecs.compact / codecs.entropy, codecs.context_entropy);
+    std::printf("  compact encode %.2f GB/s, decode %.2f GB/s of model bytes (1 thread)\n", codecs.encode_gbps_1t,
+                codecs.decode_gbps_1t);
+    std::printf("compressed anchor: ratio %.4f vs order-0 ceiling %.4f = %.3f of ceiling, decode %.2f GB/s (1 "
+                "thread), bit-exact\n",
+                anchor.ratio, anchor.ceiling, anchor.ratio / anchor.ceiling, anchor.decode_gbps_1t);
   }
   std::printf("%s\n", out.dump().c_str());
   return Status::OK();

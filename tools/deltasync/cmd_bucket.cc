@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "deltasync/publisher.h"
 #include "deltasync/replica.h"
+#include "deltasync/retention.h"
 #include "deltasync/s3_store.h"
 #include "deltasync/safetensors.h"
 #include "deltasync/store.h"
@@ -21,6 +22,8 @@ Status RunPublish(const PublishArgs& args) {
   PublisherOptions options;
   options.anchor_interval = args.anchor_interval;
   options.encoding = encoding;
+  options.cumulative_interval = args.cumulative_interval;
+  options.anchor_max_fraction = args.anchor_max_fraction;
   options.allow_nonfinite = args.allow_nonfinite;
   options.notify_urls = args.notify;
   if (!args.notify_token_file.empty()) {
@@ -32,6 +35,9 @@ Status RunPublish(const PublishArgs& args) {
               store->Describe().c_str(),
               stats.total_elements ? 100.0 * stats.changed_elements / stats.total_elements : 0.0);
   if (stats.wrote_delta) std::printf(", delta %s", HumanBytes(static_cast<double>(stats.delta_bytes)).c_str());
+  if (stats.cumulative_bytes) {
+    std::printf(", cumulative delta %s", HumanBytes(static_cast<double>(stats.cumulative_bytes)).c_str());
+  }
   if (stats.wrote_anchor) std::printf(", anchor %s", HumanBytes(static_cast<double>(stats.anchor_bytes)).c_str());
   std::printf(", state hash %s\n", stats.state_hash.Hex().c_str());
   return Status::OK();
@@ -52,11 +58,31 @@ Status RunPull(const PullArgs& args) {
 
 Status RunGc(const GcArgs& args) {
   DS_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, OpenStore(args.bucket, /*create=*/false));
+  if (args.keep_anchors) {
+    DS_ASSIGN_OR_RETURN(PruneStats pruned, PruneVersions(*store, *args.keep_anchors, args.dry_run));
+    std::string kept;
+    for (uint64_t v : pruned.kept_anchors) kept += (kept.empty() ? "" : ", ") + std::to_string(v);
+    std::printf("%s: %s %zu version(s) (%s%llu object(s), %s); kept %llu version(s), anchors %s\n",
+                store->Describe().c_str(), args.dry_run ? "would remove" : "removed", pruned.removed_versions.size(),
+                pruned.removed_versions.empty()
+                    ? ""
+                    : (std::to_string(pruned.removed_versions.front()) + "-" +
+                       std::to_string(pruned.removed_versions.back()) + ": ")
+                          .c_str(),
+                static_cast<unsigned long long>(pruned.objects_deleted),
+                HumanBytes(static_cast<double>(pruned.bytes_deleted)).c_str(),
+                static_cast<unsigned long long>(pruned.kept_versions), kept.empty() ? "none" : kept.c_str());
+  }
   auto* s3 = dynamic_cast<S3Store*>(store.get());
   if (s3 == nullptr) {
-    std::printf("%s: a local bucket has no multipart uploads to abort; nothing to do\n", store->Describe().c_str());
+    if (!args.keep_anchors) {
+      std::printf("%s: a local bucket has no multipart uploads to abort; nothing to do (--keep-anchors K prunes "
+                  "old versions)\n",
+                  store->Describe().c_str());
+    }
     return Status::OK();
   }
+  if (args.dry_run) return Status::OK();
   size_t aborted = 0;
   auto older_than = std::chrono::seconds(static_cast<int64_t>(args.abort_uploads_older_than_h * 3600));
   DS_RETURN_IF_ERROR(s3->AbortStaleUploads(older_than, &aborted));

@@ -127,6 +127,8 @@ Status RunDemo(const DemoArgs& args, const std::string& self_exe) {
   PublisherOptions options;
   options.anchor_interval = args.anchor_interval;
   options.encoding = encoding;
+  options.cumulative_interval = args.cumulative_interval;
+  options.measure_gap_delta = true;  // TRL's size beside ours, per version
   // --serve: the daemons start first, so the publisher knows whom to notify.
   std::unique_ptr<ServeReplicas> daemons;
   if (args.serve) {
@@ -154,10 +156,12 @@ Status RunDemo(const DemoArgs& args, const std::string& self_exe) {
     replicas.push_back(*r);
   }
 
-  std::printf("%7s %5s %9s %23s %14s %-22s %s\n", "version", "step", "changed", "patch MB / full MB", "detect+enc ms",
+  const std::string delta_column = args.encoding + " MB";
+  std::printf("%7s %5s %9s %12s %12s %7s %10s %14s %-22s %s\n", "version", "step", "changed", delta_column.c_str(),
+              "gap_delta MB", "B/chg", "anchor MB", "detect+enc ms",
               args.serve ? "/status lag, held +ms" : "replica apply ms", "check");
   std::vector<uint16_t> bf16(trainer.num_elements());
-  double shipped_mb = 0, delta_mb = 0, changed_sum = 0;
+  double shipped_mb = 0, delta_mb = 0, trl_mb = 0, changed_sum = 0, changed_elements = 0;
   uint64_t delta_versions = 0, exact_versions = 0;
   Status failure;
   for (uint64_t version = 1; version <= args.steps && failure.ok(); ++version) {
@@ -224,20 +228,33 @@ Status RunDemo(const DemoArgs& args, const std::string& self_exe) {
     ClearProgress();
     const PublishStats& s = *published;
     double changed = s.total_elements ? 100.0 * s.changed_elements / s.total_elements : 0.0;
-    double patch_mb = static_cast<double>(s.wrote_delta ? s.delta_bytes : s.anchor_bytes) / 1e6;
-    char sizes[64];
-    std::snprintf(sizes, sizeof sizes, "%9.2f / %.1f %-2s", patch_mb, full_mb,
-                  s.wrote_delta ? (s.wrote_anchor ? "+A" : "") : "A");
-    std::printf("%7llu %5llu %8.3f%% %23s %14.1f %-22s %s\n", static_cast<unsigned long long>(version),
-                static_cast<unsigned long long>(version - 1), s.wrote_delta ? changed : 100.0, sizes,
-                s.detect_encode_ms, applies.c_str(), check.c_str());
+    auto mb = [](uint64_t bytes, bool present) {
+      char buf[32];
+      if (present) {
+        std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(bytes) / 1e6);
+      } else {
+        std::snprintf(buf, sizeof buf, "-");
+      }
+      return std::string(buf);
+    };
+    char per_changed[32] = "-";
+    if (s.wrote_delta && s.changed_elements) {
+      std::snprintf(per_changed, sizeof per_changed, "%.3f",
+                    static_cast<double>(s.delta_bytes) / static_cast<double>(s.changed_elements));
+    }
+    std::printf("%7llu %5llu %8.3f%% %12s %12s %7s %10s %14.1f %-22s %s\n", static_cast<unsigned long long>(version),
+                static_cast<unsigned long long>(version - 1), s.wrote_delta ? changed : 100.0,
+                mb(s.delta_bytes, s.wrote_delta).c_str(), mb(s.gap_delta_bytes, s.wrote_delta).c_str(), per_changed,
+                mb(s.anchor_bytes, s.wrote_anchor).c_str(), s.detect_encode_ms, applies.c_str(), check.c_str());
     std::fflush(stdout);
     if (s.wrote_delta) {
       delta_mb += static_cast<double>(s.delta_bytes) / 1e6;
+      trl_mb += static_cast<double>(s.gap_delta_bytes) / 1e6;
       changed_sum += changed;
+      changed_elements += static_cast<double>(s.changed_elements);
       ++delta_versions;
     }
-    shipped_mb += static_cast<double>(s.delta_bytes + s.anchor_bytes) / 1e6;
+    shipped_mb += static_cast<double>(s.delta_bytes + s.anchor_bytes + s.cumulative_bytes) / 1e6;
     if (check == "bit-exact") ++exact_versions;
   }
   stop_replicas(!failure.ok());
@@ -247,13 +264,16 @@ Status RunDemo(const DemoArgs& args, const std::string& self_exe) {
   }
   if (!failure.ok()) return failure;
 
-  std::printf("\n%llu versions, all bit-exact on %d replicas. Deltas: mean %.3f%% changed, mean %.2f MB "
-              "(%.1fx smaller than the %.1f MB bf16 model). Bucket holds %.1f MB in all.\n",
+  std::printf("\n%llu versions, all bit-exact on %d replicas. Deltas: mean %.3f%% changed, mean %.2f MB %s "
+              "(%.1fx smaller than the %.1f MB bf16 model) vs %.2f MB as TRL gap_delta; %.3f vs %.3f bytes per "
+              "changed element (%.2fx smaller). Bucket holds %.1f MB in all.\n",
               static_cast<unsigned long long>(exact_versions), args.replicas,
               delta_versions ? changed_sum / delta_versions : 0.0, delta_versions ? delta_mb / delta_versions : 0.0,
-              delta_mb > 0 ? full_mb / (delta_mb / delta_versions) : 0.0, full_mb, shipped_mb);
-  std::printf("'A': the version also has an anchor (a full snapshot) in the bucket; replicas that follow apply "
-              "its delta.\n");
+              args.encoding.c_str(), delta_mb > 0 ? full_mb / (delta_mb / delta_versions) : 0.0, full_mb,
+              delta_versions ? trl_mb / delta_versions : 0.0, changed_elements > 0 ? delta_mb * 1e6 / changed_elements : 0.0,
+              changed_elements > 0 ? trl_mb * 1e6 / changed_elements : 0.0, delta_mb > 0 ? trl_mb / delta_mb : 0.0,
+              shipped_mb);
+  std::printf("A version with an anchor (a full snapshot) also has a delta; replicas that follow apply the delta.\n");
   return Status::OK();
 }
 

@@ -5,6 +5,8 @@
 
 #include "commands.h"
 #include "deltasync/changes.h"
+#include "deltasync/compact.h"
+#include "deltasync/state_hash.h"
 #include "deltasync/patch.h"
 #include "deltasync/publisher.h"
 #include "deltasync/safetensors.h"
@@ -51,7 +53,18 @@ Status RunDiff(const DiffArgs& args) {
   info.model_version = args.version;
   info.encoding = encoding;
   info.total_elements = base->total_elements();
-  DS_ASSIGN_OR_RETURN(EncodedPatch patch, EncodeDelta(info, *changes));
+  EncodedPatch patch;
+  if (encoding == IndexEncoding::kCompact) {
+    // Valid only on this exact base: the patch names its state hash.
+    info.base_version = args.base_version.value_or(args.version - 1);
+    if (*info.base_version >= args.version) {
+      return Status::InvalidArgument("--base-version " + std::to_string(*info.base_version) +
+                                     " must be below --version " + std::to_string(args.version));
+    }
+    DS_ASSIGN_OR_RETURN(patch, EncodeCompactDelta(info, HashState(*base), *base, *changes));
+  } else {
+    DS_ASSIGN_OR_RETURN(patch, EncodeDelta(info, *changes));
+  }
   DS_RETURN_IF_ERROR(WritePatchFile(args.out_path, patch));
   uint64_t changed = 0;
   for (const TensorChanges& c : *changes) changed += c.count();
@@ -70,6 +83,21 @@ Status RunApply(const ApplyArgs& args) {
   std::optional<uint64_t> version = ParseU64(base_file.metadata(), "model_version");
   for (const std::string& path : args.patch_paths) {
     DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
+    if (IsCompactDelta(file)) {
+      // Checked against the state's own hash: refused unless it is the base.
+      Result<CompactDelta> delta = DecodeCompactDelta(file, state, HashState(state));
+      if (!delta.ok()) return delta.status().WithContext(path);
+      ApplyChanges(state, delta->changes);
+      version = delta->info.model_version;
+      continue;
+    }
+    if (IsCompressedAnchor(file)) {
+      DS_ASSIGN_OR_RETURN(DecodedAnchor anchor, DecodeCompressedAnchor(file));
+      std::vector<TensorView> views = anchor.views();
+      DS_ASSIGN_OR_RETURN(state, WeightState::FromViews(views));
+      version = anchor.model_version;
+      continue;
+    }
     DS_ASSIGN_OR_RETURN(DecodedPatch patch, DecodePatch(std::move(file)));
     if (patch.info.kind == PatchKind::kAnchor) {
       DS_ASSIGN_OR_RETURN(state, WeightState::FromViews(patch.dense));
@@ -103,7 +131,44 @@ Status RunInspect(const InspectArgs& args) {
   }
 
   uint64_t total = 0, changed = 0, params = 0;
-  if (!IsPatch(file)) {
+  if (IsCompactDelta(file)) {
+    DS_ASSIGN_OR_RETURN(CompactStreamSizes sizes, MeasureCompactDelta(file));
+    const Metadata& m = file.metadata();
+    out["kind"] = "delta";
+    out["model_version"] = ParseU64(m, "model_version").value_or(0);
+    std::optional<uint64_t> base = ParseU64(m, "deltasync_base_version");
+    out["base_version"] = base ? nlohmann::ordered_json(*base) : nlohmann::ordered_json();
+    out["encoding"] = "compact";
+    auto hash = m.find("deltasync_base_state_hash");
+    out["base_state_hash"] = hash == m.end() ? "" : hash->second;
+    changed = sizes.changed;
+    params = sizes.tensors;
+    total = ParseU64(m, "total_elements").value_or(0);
+    auto per = [&](uint64_t bytes) {
+      return nlohmann::ordered_json{
+          {"bytes", bytes}, {"bytes_per_changed_element", changed ? static_cast<double>(bytes) / changed : 0.0}};
+    };
+    out["streams"] = {{"header", per(sizes.header_bytes)},
+                      {"gaps", per(sizes.gap_bytes)},
+                      {"ulp_diffs", per(sizes.diff_bytes)},
+                      {"escapes", per(sizes.escape_bytes)},
+                      {"raw_values", per(sizes.value_bytes)}};
+  } else if (IsCompressedAnchor(file)) {
+    DS_ASSIGN_OR_RETURN(DecodedAnchor anchor, DecodeCompressedAnchor(file));
+    uint64_t raw = 0;
+    for (const WeightState::Tensor& t : anchor.tensors) {
+      total += t.num_elements();
+      raw += t.data.size();
+    }
+    out["kind"] = "anchor";
+    out["model_version"] = anchor.model_version;
+    out["base_version"] = nullptr;
+    out["encoding"] = "compact";
+    out["raw_bytes"] = raw;
+    out["compression_ratio"] = size ? static_cast<double>(raw) / static_cast<double>(size) : 0.0;
+    changed = total;
+    params = anchor.tensors.size();
+  } else if (!IsPatch(file)) {
     out["kind"] = "plain";
     for (const TensorView& t : file.tensors()) total += t.num_elements();
     changed = total;
@@ -155,6 +220,17 @@ Status RunInspect(const InspectArgs& args) {
               static_cast<unsigned long long>(changed), static_cast<unsigned long long>(total),
               out["kind"] == "delta" ? "changed" : "stored", static_cast<unsigned long long>(params),
               out["sparsity"].get<double>(), out["bytes_per_changed_element"].get<double>());
+  if (out.contains("streams")) {
+    std::printf("  streams (bytes, bytes per changed element):\n");
+    for (const auto& [name, v] : out["streams"].items()) {
+      std::printf("    %-10s %12llu  %.3f\n", name.c_str(), static_cast<unsigned long long>(v["bytes"].get<uint64_t>()),
+                  v["bytes_per_changed_element"].get<double>());
+    }
+  }
+  if (out.contains("compression_ratio")) {
+    std::printf("  %s raw, compression ratio %.4f\n", HumanBytes(out["raw_bytes"].get<double>()).c_str(),
+                out["compression_ratio"].get<double>());
+  }
   std::printf("  metadata:\n");
   for (const auto& [k, v] : out["metadata"].items()) std::printf("    %s = %s\n", k.c_str(), v.get<std::string>().c_str());
   std::printf("  tensors (%zu):\n", out["tensors"].size());

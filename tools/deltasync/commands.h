@@ -16,6 +16,7 @@ struct DiffArgs {
   std::string old_path, new_path, out_path;
   std::string encoding = "gap_delta";
   uint64_t version = 1;
+  std::optional<uint64_t> base_version;  // compact only; default version - 1
   bool allow_nonfinite = false;
 };
 Status RunDiff(const DiffArgs& args);
@@ -37,7 +38,9 @@ struct PublishArgs {
   std::string bucket, file;
   uint64_t version = 0;
   uint64_t anchor_interval = 10;
-  std::string encoding = "gap_delta";
+  std::string encoding = "compact";
+  uint64_t cumulative_interval = 0;
+  double anchor_max_fraction = 0;
   bool allow_nonfinite = false;
   std::vector<std::string> notify;  // replica daemon URLs to wake after the commit
   std::string notify_token_file;
@@ -62,10 +65,14 @@ struct FollowArgs {
 };
 Status RunFollow(const FollowArgs& args);
 
-// Bucket maintenance. Today: abort S3 multipart uploads older than
-// `abort_uploads_older_than_h` hours that a crashed publisher left behind.
+// Bucket maintenance: with keep_anchors, prune versions no catch-up path to
+// the newest `keep_anchors` anchors needs (include/deltasync/retention.h);
+// on S3, abort multipart uploads older than `abort_uploads_older_than_h`
+// hours that a crashed publisher left behind.
 struct GcArgs {
   std::string bucket;
+  std::optional<uint64_t> keep_anchors;
+  bool dry_run = false;
   double abort_uploads_older_than_h = 24;
 };
 Status RunGc(const GcArgs& args);
@@ -85,7 +92,8 @@ struct DemoArgs {
   uint64_t anchor_interval = 10;
   uint64_t seed = 1234;
   int replicas = 2;
-  std::string encoding = "gap_delta";
+  std::string encoding = "compact";
+  uint64_t cumulative_interval = 0;
   bool serve = false;  // replicas as `serve` daemons, woken by /notify
   bool create_bucket = false;
 };

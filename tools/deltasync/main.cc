@@ -27,12 +27,15 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "deltasync 0.1.0");
 
   DiffArgs diff;
-  auto* diff_cmd = app.add_subcommand("diff", "Write a TRL delta from two safetensors files with the same tensors");
+  auto* diff_cmd = app.add_subcommand("diff", "Write a delta from two safetensors files with the same tensors");
   diff_cmd->add_option("old", diff.old_path, "Base weights (bf16 or fp32; fp32 is rounded to bf16)")->required();
   diff_cmd->add_option("new", diff.new_path, "New weights (bf16 or fp32)")->required();
   diff_cmd->add_option("-o,--output", diff.out_path, "Patch file to write")->required();
-  diff_cmd->add_option("--encoding", diff.encoding, "Index encoding")->check(CLI::IsMember({"raw", "gap_delta"}));
+  diff_cmd->add_option("--encoding", diff.encoding, "gap_delta (TRL, default), raw (TRL) or compact (deltasync; "
+                                                    "applies only to this exact base)")
+      ->check(CLI::IsMember({"compact", "gap_delta", "raw"}));
   diff_cmd->add_option("--version", diff.version, "model_version written into the patch")->check(CLI::PositiveNumber);
+  diff_cmd->add_option("--base-version", diff.base_version, "compact: the base's version (default: version - 1)");
   diff_cmd->add_flag("--allow-nonfinite", diff.allow_nonfinite, "Pass NaN/Inf bit patterns through");
 
   ApplyArgs apply;
@@ -55,7 +58,15 @@ int main(int argc, char** argv) {
   publish_cmd->add_option("--version", publish.version, "Version to publish")->required()->check(CLI::PositiveNumber);
   publish_cmd->add_option("--anchor-interval", publish.anchor_interval, "Anchor every N versions")
       ->check(CLI::PositiveNumber);
-  publish_cmd->add_option("--encoding", publish.encoding)->check(CLI::IsMember({"raw", "gap_delta"}));
+  publish_cmd->add_option("--encoding", publish.encoding,
+                          "compact (default: deltasync replicas) or gap_delta / raw (TRL-readable objects)")
+      ->check(CLI::IsMember({"compact", "gap_delta", "raw"}));
+  publish_cmd->add_option("--cumulative-every", publish.cumulative_interval,
+                          "Also write a delta from the last anchor every K versions (0: never)");
+  publish_cmd->add_option("--anchor-max-fraction", publish.anchor_max_fraction,
+                          "Adaptive anchors: a new anchor once the cumulative delta exceeds this fraction of the "
+                          "last anchor (0: off)")
+      ->check(CLI::NonNegativeNumber);
   publish_cmd->add_flag("--allow-nonfinite", publish.allow_nonfinite, "Pass NaN/Inf bit patterns through");
   publish_cmd->add_option("--notify", publish.notify, "Replica daemon URL to wake after the commit (repeatable)");
   publish_cmd->add_option("--notify-token-file", publish.notify_token_file, "Bearer token for --notify");
@@ -77,8 +88,12 @@ int main(int argc, char** argv) {
   follow_cmd->add_option("--threads", follow.threads);
 
   GcArgs gc;
-  auto* gc_cmd = app.add_subcommand("gc", "Clean up a bucket: abort stale S3 multipart uploads");
+  auto* gc_cmd = app.add_subcommand("gc", "Clean up a bucket: prune old versions, abort stale S3 multipart uploads");
   gc_cmd->add_option("bucket", gc.bucket)->required();
+  gc_cmd->add_option("--keep-anchors", gc.keep_anchors,
+                     "Keep the newest K anchors and every version after the oldest of them; remove the rest")
+      ->check(CLI::PositiveNumber);
+  gc_cmd->add_flag("--dry-run", gc.dry_run, "Only report what --keep-anchors would remove");
   gc_cmd->add_option("--abort-uploads-older-than", gc.abort_uploads_older_than_h, "Hours (default 24)")
       ->check(CLI::NonNegativeNumber);
 
@@ -98,7 +113,8 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--anchor-interval", demo.anchor_interval)->check(CLI::PositiveNumber);
   demo_cmd->add_option("--seed", demo.seed);
   demo_cmd->add_option("--replicas", demo.replicas, "Replica processes")->check(CLI::Range(1, 8));
-  demo_cmd->add_option("--encoding", demo.encoding)->check(CLI::IsMember({"raw", "gap_delta"}));
+  demo_cmd->add_option("--encoding", demo.encoding)->check(CLI::IsMember({"compact", "gap_delta", "raw"}));
+  demo_cmd->add_option("--cumulative-every", demo.cumulative_interval, "Cumulative delta every K versions (0: never)");
   demo_cmd->add_flag("--serve", demo.serve, "Run the replicas as 'serve' daemons, woken by /notify");
 
   ServeArgs serve;
