@@ -1,4 +1,5 @@
-// deltasync-native patch encodings (docs/compact.md), not readable by TRL:
+// deltasync-native patch encodings (docs/format.md, "Compact objects"), not
+// readable by TRL:
 //
 //   compact delta:      a delta that names its exact base (version and state
 //                       hash) and codes each changed element relative to the

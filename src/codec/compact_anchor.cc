@@ -1,4 +1,4 @@
-// Compressed anchors (docs/compact.md, "Compressed anchor"): per parameter
+// Compressed anchors (docs/format.md, "Compact objects"): per parameter
 // one U8 tensor `{name}.zan` = header (dtype, shape, chunk size), then per
 // chunk of up to kChunk elements either (bf16) an exponent-plane block and
 // the raw sign+mantissa plane, or (other dtypes) one block of raw bytes.

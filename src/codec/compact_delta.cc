@@ -1,4 +1,4 @@
-// The compact delta encoding (docs/compact.md, "Compact delta"): per changed
+// The compact delta encoding (docs/format.md, "Compact objects"): per changed
 // tensor one U8 tensor `{name}.cmp` = header, then for bf16 tensors the
 // positions as gaps counted within the base elements' exponent class (the
 // replica holds the base, so it rebuilds the classes; elements of a class

@@ -1,5 +1,5 @@
 // Byte-level helpers of the compact codecs (internal to src/codec;
-// docs/compact.md): LEB128 varints, zigzag, and "blocks" (a byte stream
+// docs/format.md, "Compact objects"): LEB128 varints, zigzag, and "blocks" (a byte stream
 // stored raw or as one zstd frame, with its decompressed length up front).
 #pragma once
 
