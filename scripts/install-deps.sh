@@ -29,12 +29,19 @@ if ((${#missing[@]})); then
 fi
 
 # Python: a venv beside the checkout; the interop tests use the official
-# safetensors package.
-PY_PACKAGES=(pytest==9.2.0 numpy==2.4.6 ml_dtypes==0.6.0 safetensors==0.8.0)
+# safetensors package. scikit-build-core and nanobind build the Python package
+# (`pip install --no-build-isolation .`, as scripts/test.sh does); torch is
+# for deltasync.torch and its tests (DS_WITH_TORCH=0 skips it: ~1 GB).
+PY_PACKAGES=(pytest==9.2.0 numpy==2.4.6 ml_dtypes==0.6.0 safetensors==0.8.0
+             scikit-build-core==1.1.2 nanobind==3.1.0)
 if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import pytest, numpy, ml_dtypes, safetensors" 2>/dev/null; then
+if ! .venv/bin/python -c "import pytest, numpy, ml_dtypes, safetensors, scikit_build_core, nanobind" 2>/dev/null; then
   echo "install-deps: pip install ${PY_PACKAGES[*]}"
   .venv/bin/python -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+fi
+if [[ "${DS_WITH_TORCH:-1}" == 1 ]] && ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  echo "install-deps: pip install torch==2.9.1"
+  .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.9.1
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs dependencies, builds, and runs every test suite.
 #   1. unit tests (GoogleTest under CTest) and fuzz-corpus replays
-#   2. Python interop tests (pytest, official safetensors package)
+#   2. Python tests: the package (pip install .) and interop with the official
+#      safetensors package (pytest)
 #   3. an end-to-end demo on a reduced model, and a quick benchmark run
 #   4. unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer
 #   5. each libFuzzer target for FUZZ_SECONDS (default 30)
@@ -37,7 +38,10 @@ scripts/stop-rgw.sh "$DS_RGW_DIR"
 unset AWS_ENDPOINT_URL AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION DS_RGW_DIR CEPH_CONF
 trap 'rm -rf "$demo_dir"' EXIT
 
-step "python tests"
+step "python tests (pip install . into .venv, then pytest)"
+# Incremental: scikit-build-core keeps its build folder under build-py/.
+CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" .venv/bin/python -m pip install -q --no-build-isolation \
+  --disable-pip-version-check .
 DELTASYNC_BIN="$PWD/build/deltasync" .venv/bin/python -m pytest -q tests/python
 
 step "demo on a reduced model (2 layers, 12 versions)"

@@ -27,3 +27,9 @@ def run(deltasync_bin):
         return proc
 
     return _run
+
+
+@pytest.fixture
+def bucket(tmp_path) -> str:
+    """A fresh local bucket directory (not created yet: the Publisher creates it)."""
+    return str(tmp_path / "bucket")

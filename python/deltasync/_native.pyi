@@ -1,0 +1,59 @@
+# Type stubs for deltasync._native (python/native/*.cc, nanobind).
+# The public API is deltasync.Publisher / deltasync.Replica; this module is
+# their engine. Every method raises a deltasync.Error subclass (from
+# deltasync._errors) carrying the C++ Status message on failure.
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+class Publisher:
+    def __init__(
+        self,
+        bucket: str,
+        anchor_interval: int,
+        encoding: str,
+        cumulative_interval: int,
+        anchor_max_fraction: float,
+        threads: int,
+        allow_nonfinite: bool,
+        create_bucket: bool,
+        notify: Sequence[str],
+        notify_token: str,
+        measure_gap_delta: bool,
+    ) -> None: ...
+    # items: (name, array, dtype override such as "BF16" for uint16 bits, or "" to
+    # take the array's own dtype). Arrays: CPU, C-contiguous, read zero-copy (numpy
+    # buffer protocol or DLPack). Returns deltasync::PublishStats as a dict.
+    # Releases the GIL while it publishes.
+    def publish(self, version: int, items: Sequence[tuple[str, Any, str]]) -> dict[str, Any]: ...
+    # items: (name, 1-D uint64 flat indices, values of the published dtype's width).
+    def publish_changes(self, version: int, items: Sequence[tuple[str, Any, Any]]) -> dict[str, Any]: ...
+    @property
+    def latest_version(self) -> int: ...
+    # {name: "BF16" | "F32" | ...} of the published state.
+    def published_dtypes(self) -> dict[str, str]: ...
+    # [(name, dtype name, read-only view)]; numpy: bf16 as uint16, fp8 as uint8;
+    # torch: bf16 as torch.bfloat16. The views keep the publisher alive.
+    def state_tensors(self, framework: str = "numpy") -> list[tuple[str, str, Any]]: ...
+
+class Replica:
+    def __init__(self, bucket: str, threads: int) -> None: ...
+    # Moves to `version` (newest when None); returns deltasync::UpdateStats as a
+    # dict. Releases the GIL while it downloads and applies.
+    def update(self, version: int | None = None) -> dict[str, Any]: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def state_hash(self) -> str: ...
+    def latest_available(self) -> int: ...
+    # [(name, dtype name, read-only zero-copy view)]; numpy: bf16 as uint16, fp8
+    # as uint8; torch: bf16 as torch.bfloat16. The views keep the replica alive
+    # and keep their address across updates (contents change in place).
+    def tensors(self, framework: str = "numpy") -> list[tuple[str, str, Any]]: ...
+    # (everything, {name: sorted uint64 flat indices}) = Replica::TakeChanges().
+    def take_changes(self) -> tuple[bool, dict[str, npt.NDArray[np.uint64]]]: ...
+
+def _raise(code: str, message: str) -> None: ...
+def dtype_size(name: str) -> int: ...

@@ -1,0 +1,390 @@
+"""deltasync.Publisher: the trainer's side, over the native C++ Publisher."""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Union
+
+import ml_dtypes
+import numpy as np
+
+from . import _native
+from ._errors import FailedPreconditionError, InvalidArgumentError
+
+__all__ = ["Publisher", "PublishResult"]
+
+# numpy dtypes the C++ core knows but numpy's buffer protocol does not carry:
+# they cross as unsigned integers of the same width plus the deltasync name.
+_BITWISE_DTYPES = {
+    np.dtype(ml_dtypes.bfloat16): (np.uint16, "BF16"),
+    np.dtype(ml_dtypes.float8_e4m3fn): (np.uint8, "F8_E4M3"),
+    np.dtype(ml_dtypes.float8_e5m2): (np.uint8, "F8_E5M2"),
+}
+_ENCODINGS = ("compact", "gap_delta", "raw")
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishResult:
+    """What publishing one version did (``deltasync::PublishStats``)."""
+
+    version: int
+    wrote_anchor: bool
+    wrote_delta: bool
+    total_elements: int
+    changed_elements: int
+    delta_bytes: int
+    anchor_bytes: int
+    cumulative_bytes: int
+    state_hash: str  # 32 hex digits: the manifest's hash of the full state after this version
+    detect_encode_ms: float
+    upload_ms: float
+    full_bytes: int = 0  # bytes of the whole published (bf16) state
+    gap_delta_bytes: int = 0  # with measure_gap_delta=True: the delta's size as TRL gap_delta
+
+
+def _result(stats: dict) -> PublishResult:
+    return PublishResult(**{f.name: stats[f.name] for f in dataclasses.fields(PublishResult)})
+
+
+def _check_version(version: Any) -> int:
+    if isinstance(version, bool) or not isinstance(version, (int, np.integer)):
+        raise InvalidArgumentError(f"version must be a positive integer, got {version!r}")
+    version = int(version)
+    if not 0 < version < 2**64:
+        raise InvalidArgumentError(f"version must be a positive integer below 2**64, got {version}")
+    return version
+
+
+def _is_torch_tensor(obj: Any) -> bool:
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "detach")
+
+
+def _as_native(name: str, array: Any) -> tuple[Any, str]:
+    """(object the native module reads zero-copy, dtype override or "")."""
+    if isinstance(array, np.ndarray):
+        if not array.dtype.isnative:
+            raise InvalidArgumentError(f"tensor '{name}': byte order {array.dtype.str} is not the machine's; "
+                                       "convert with .astype(dtype.newbyteorder('='))")
+        bitwise = _BITWISE_DTYPES.get(array.dtype)
+        if bitwise is not None:
+            return array.view(bitwise[0]), bitwise[1]
+        return array, ""
+    if _is_torch_tensor(array):
+        device = getattr(array, "device", None)
+        if device is not None and getattr(device, "type", "cpu") != "cpu":
+            raise InvalidArgumentError(
+                f"tensor '{name}' is on {device}: Publisher.publish reads CPU memory; publish device tensors "
+                "with deltasync.torch.publish(publisher, version, tensors), which copies only changed elements "
+                "to the host")
+        # DLPack refuses tensors that require grad; the bytes are the same.
+        return array.detach(), ""
+    if hasattr(array, "__dlpack__") or hasattr(array, "__array_interface__") or isinstance(array, memoryview):
+        return array, ""
+    raise InvalidArgumentError(
+        f"tensor '{name}': expected a numpy array or a CPU tensor (DLPack), got {type(array).__name__}")
+
+
+def _items(tensors: Any) -> list[tuple[str, Any]]:
+    items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
+    seen: set[str] = set()
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise InvalidArgumentError(f"tensors must be a mapping or (name, array) pairs, got an item {item!r:.80}")
+        if not isinstance(item[0], str):
+            raise InvalidArgumentError(f"tensor names must be str, got {item[0]!r:.80}")
+        if item[0] in seen:
+            raise InvalidArgumentError(f"tensor '{item[0]}' is given twice")
+        seen.add(item[0])
+    return items
+
+
+def _as_indices(name: str, indices: Any) -> np.ndarray:
+    if _is_torch_tensor(indices):
+        indices = indices.detach().cpu().numpy()
+    idx = np.asarray(indices)
+    if idx.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"tensor '{name}': change indices must be integers, got {idx.dtype}")
+    idx = idx.reshape(-1)
+    if idx.dtype.kind == "i" and idx.size and idx.min() < 0:
+        raise InvalidArgumentError(f"tensor '{name}': negative change index {int(idx.min())}")
+    return np.ascontiguousarray(idx.astype(np.uint64, copy=False))
+
+
+def _as_values(name: str, values: Any, published: str | None) -> np.ndarray:
+    if _is_torch_tensor(values):
+        values = values.detach()
+        import torch  # only reached with torch tensors
+
+        if values.dtype == torch.bfloat16:
+            values = values.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        else:
+            values = values.cpu().numpy()
+    vals = np.asarray(values).reshape(-1)
+    if published == "BF16" and vals.dtype == np.float32:
+        vals = vals.astype(ml_dtypes.bfloat16)  # round to nearest even, like Publisher.publish
+    bitwise = _BITWISE_DTYPES.get(vals.dtype)
+    if bitwise is not None:
+        vals = vals.view(bitwise[0])
+    return np.ascontiguousarray(vals)
+
+
+class _Job:
+    __slots__ = ("run", "future")
+
+    def __init__(self, run, future):
+        self.run = run
+        self.future = future
+
+
+class Publisher:
+    """Publishes successive weight states of a trainer into a bucket.
+
+    ``bucket`` is a directory, ``file:///abs/dir`` or ``s3://bucket/prefix``.
+    Opening a bucket that already holds versions rebuilds the newest state
+    from it (verified), so a new process continues where the last stopped.
+
+    ``publish(..., background=True)`` hands the version to one worker thread
+    and returns a ``concurrent.futures.Future``; at most ``max_pending``
+    versions are outstanding (queued or running) and further publish() calls
+    block until one completes. The arrays passed in are read when the worker
+    gets to them, zero-copy: **do not modify them until the Future is done**
+    (pass copies, or a bf16 snapshot such as ``w.astype(ml_dtypes.bfloat16)``,
+    if the trainer updates them in place meanwhile). The Publisher keeps
+    references to them until then.
+    """
+
+    def __init__(self, bucket: str, *, anchor_interval: int = 10, encoding: str = "compact",
+                 cumulative_interval: int = 0, anchor_max_fraction: float = 0.0, threads: int = 0,
+                 allow_nonfinite: bool = False, create_bucket: bool = False,
+                 notify: Sequence[str] = (), notify_token: str = "", max_pending: int = 2,
+                 measure_gap_delta: bool = False) -> None:
+        if encoding not in _ENCODINGS:
+            raise InvalidArgumentError(f"encoding must be one of {', '.join(_ENCODINGS)}, got {encoding!r}")
+        if isinstance(notify, str):
+            notify = [notify]
+        if anchor_interval < 0 or cumulative_interval < 0 or threads < 0 or anchor_max_fraction < 0:
+            raise InvalidArgumentError(
+                "anchor_interval, cumulative_interval, threads and anchor_max_fraction must not be negative")
+        if max_pending < 1:
+            raise InvalidArgumentError(f"max_pending must be at least 1, got {max_pending}")
+        self.bucket = str(bucket)
+        self.max_pending = int(max_pending)
+        self._native = _native.Publisher(
+            self.bucket, int(anchor_interval), encoding, int(cumulative_interval), float(anchor_max_fraction),
+            int(threads), bool(allow_nonfinite), bool(create_bucket), [str(u) for u in notify], str(notify_token),
+            bool(measure_gap_delta))
+        self._cond = threading.Condition()
+        self._queue: list[_Job] = []
+        self._outstanding = 0  # queued + running
+        self._worker: threading.Thread | None = None
+        self._failures: list[BaseException] = []  # background failures not yet re-raised by flush()
+        self._closed = False
+
+    # ------------------------------------------------------------------ info
+
+    @property
+    def latest_version(self) -> int:
+        """The newest committed version (0 when none)."""
+        return self._native.latest_version
+
+    def state_tensors(self) -> dict[str, np.ndarray]:
+        """Read-only numpy views of the published snapshot (bf16 as ml_dtypes.bfloat16).
+
+        They share the publisher's memory: their contents change when a later
+        version is committed. Call flush() first to see the newest one.
+        """
+        return _views(self._native.state_tensors("numpy"))
+
+    # --------------------------------------------------------------- publish
+
+    def publish(self, version: int, tensors: Mapping[str, Any] | Iterable[tuple[str, Any]], *,
+                background: bool = False) -> Union[PublishResult, "concurrent.futures.Future[PublishResult]"]:
+        """Publishes the full weights ``tensors`` as ``version``.
+
+        Arrays: numpy float32 (rounded to bf16, nearest even), ml_dtypes.bfloat16,
+        other numpy dtypes (carried bitwise; F32 tensors whose names end with
+        ``e_score_correction_bias`` stay F32), or torch CPU tensors (read in
+        place through DLPack). Every array must be C-contiguous: a
+        non-contiguous one is refused with InvalidArgumentError naming it
+        (nothing is copied behind your back). CUDA tensors: deltasync.torch.publish.
+        """
+        version = _check_version(version)
+        items = [(name, *_as_native(name, arr)) for name, arr in _items(tensors)]
+
+        def run() -> PublishResult:
+            return _result(self._native.publish(version, items))
+
+        return self._submit(run, background)
+
+    def publish_changes(self, version: int, changes: Mapping[str, tuple[Any, Any]], *,
+                        background: bool = False) -> Union[PublishResult, "concurrent.futures.Future[PublishResult]"]:
+        """Publishes ``version`` as the last published state with ``changes`` applied.
+
+        ``changes`` maps tensor names to ``(indices, values)``: flat row-major
+        element indices (uint64 or non-negative int64, strictly ascending)
+        and their new values in the published dtype (bf16 as
+        ml_dtypes.bfloat16 or uint16 bits; float32 values for a bf16 tensor are
+        rounded to bf16). Tensors without changes are left out. The index and
+        value arrays are copied when the publish runs. The first version must
+        come through publish() (FailedPreconditionError otherwise).
+        """
+        version = _check_version(version)
+        if not isinstance(changes, Mapping):
+            changes = dict(changes)
+        entries: list[tuple[str, Any, Any]] = []
+        for name, pair in changes.items():
+            if not isinstance(name, str):
+                raise InvalidArgumentError(f"tensor names must be str, got {name!r:.80}")
+            try:
+                indices, values = pair
+            except (TypeError, ValueError):
+                raise InvalidArgumentError(f"tensor '{name}': changes must be (indices, values) pairs") from None
+            entries.append((name, indices, values))
+
+        def run() -> PublishResult:
+            published = self._native.published_dtypes()
+            items = []
+            for name, indices, values in sorted(entries, key=lambda e: e[0]):
+                items.append((name, _as_indices(name, indices), _as_values(name, values, published.get(name))))
+            return _result(self._native.publish_changes(version, items))
+
+        return self._submit(run, background)
+
+    # ------------------------------------------------------ background queue
+
+    def _submit(self, run, background: bool):
+        with self._cond:
+            if self._closed:
+                raise FailedPreconditionError(f"publisher for {self.bucket} is closed")
+            on_worker = self._worker is not None and threading.current_thread() is self._worker
+            if not background and (self._outstanding == 0 or on_worker):
+                # Nothing queued: run here, in order, with the caller's thread.
+                # (From a Future callback on the worker thread, waiting for the
+                # queue would wait for itself.)
+                self._outstanding += 1
+                inline = True
+            else:
+                inline = False
+                while self._outstanding >= self.max_pending and not on_worker:
+                    self._cond.wait()
+                    if self._closed:
+                        raise FailedPreconditionError(f"publisher for {self.bucket} is closed")
+                future: concurrent.futures.Future = concurrent.futures.Future()
+                future.set_running_or_notify_cancel()
+                self._queue.append(_Job(run, future))
+                self._outstanding += 1
+                self._start_worker()
+                self._cond.notify_all()
+        if inline:
+            try:
+                return run()
+            finally:
+                with self._cond:
+                    self._outstanding -= 1
+                    self._cond.notify_all()
+        if background:
+            return future
+        # A synchronous publish behind queued ones: waits for its turn; its
+        # failure is raised here (and not kept for flush()).
+        try:
+            return future.result()
+        except BaseException:
+            with self._cond:
+                exc = future.exception()
+                self._failures = [f for f in self._failures if f is not exc]
+            raise
+
+    def _start_worker(self) -> None:
+        # REQUIRES: self._cond held. The worker exits when the queue runs
+        # empty (no idle thread keeps the Publisher alive) and is started
+        # again by the next background publish. Not a daemon: the interpreter
+        # waits for queued versions at exit instead of dropping them.
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work, name=f"deltasync-publisher({self.bucket})")
+            self._worker.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue:
+                    self._worker = None
+                    return
+                job = self._queue.pop(0)
+            try:
+                result = job.run()
+            except BaseException as exc:  # noqa: BLE001 - handed to the Future and to flush()
+                with self._cond:
+                    self._failures.append(exc)
+                job.future.set_exception(exc)
+            else:
+                job.future.set_result(result)
+            finally:
+                job.run = None  # drops the references to the caller's arrays
+                with self._cond:
+                    self._outstanding -= 1
+                    self._cond.notify_all()
+
+    @property
+    def pending(self) -> int:
+        """Versions queued or being published in the background."""
+        with self._cond:
+            return self._outstanding
+
+    def flush(self) -> None:
+        """Waits until every queued publish completed; re-raises the first background failure.
+
+        Each failure is raised once: a second flush() after it returns normally
+        (when nothing else failed).
+        """
+        with self._cond:
+            if self._worker is not None and threading.current_thread() is self._worker:
+                raise FailedPreconditionError("flush() from a publish's Future callback would wait for itself")
+            while self._outstanding:
+                self._cond.wait()
+            failures, self._failures = self._failures, []
+        if failures:
+            raise failures[0]
+
+    def close(self) -> None:
+        """flush(), then refuses further publishes (FailedPreconditionError). Idempotent."""
+        try:
+            self.flush()
+        finally:
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+                worker = self._worker
+            if worker is not None and worker is not threading.current_thread():
+                worker.join()
+
+    def __enter__(self) -> "Publisher":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            # Do not hide the exception in flight behind a publish failure.
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def __repr__(self) -> str:
+        return f"deltasync.Publisher({self.bucket!r}, latest_version={self.latest_version})"
+
+
+def _views(items: list[tuple[str, str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Native (name, dtype, array) views -> {name: numpy array}, bf16/fp8 as ml_dtypes types."""
+    out: dict[str, np.ndarray] = {}
+    for name, dtype, array in items:
+        if dtype == "BF16":
+            array = array.view(ml_dtypes.bfloat16)
+        elif dtype == "F8_E4M3":
+            array = array.view(ml_dtypes.float8_e4m3fn)
+        elif dtype == "F8_E5M2":
+            array = array.view(ml_dtypes.float8_e5m2)
+        out[name] = array
+    return out

@@ -1,0 +1,114 @@
+"""deltasync.Replica: the inference side, over the native C++ Replica."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from . import _native
+from ._errors import InvalidArgumentError
+from ._publisher import _views
+
+__all__ = ["Replica", "UpdateResult"]
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateResult:
+    """What the last update() did (``deltasync::UpdateStats``)."""
+
+    from_version: int
+    to_version: int
+    anchors_applied: int
+    deltas_applied: int
+    bytes_downloaded: int
+    download_ms: float
+    apply_ms: float
+
+
+class Replica:
+    """Follows a bucket: loads the nearest anchor, replays deltas, verifies everything.
+
+    Bit-exact or loud: update() either reaches the target version with a
+    state whose hash matches the manifest, or raises (IntegrityError,
+    CorruptionError, NotFoundError, ...) naming the version and the reason,
+    and the replica stays on the last version it fully verified.
+    """
+
+    def __init__(self, bucket: str, *, threads: int = 0) -> None:
+        if threads < 0:
+            raise InvalidArgumentError(f"threads must not be negative, got {threads}")
+        self.bucket = str(bucket)
+        # Opening checks that the bucket exists (NotFoundError otherwise);
+        # nothing is downloaded before update().
+        self._native = _native.Replica(self.bucket, int(threads))
+        self.last_update: UpdateResult | None = None
+
+    def update(self, version: int | None = None) -> int:
+        """Moves to ``version`` (default: the newest published); returns the version now held.
+
+        Releases the GIL while it downloads and applies. Arrays from
+        tensors() stay valid (same memory) and show the new contents after
+        it returns.
+        """
+        if version is not None:
+            if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or not 0 < int(version) < 2**64:
+                raise InvalidArgumentError(f"version must be a positive integer or None, got {version!r}")
+            version = int(version)
+        stats = self._native.update(version)
+        self.last_update = UpdateResult(**stats)
+        return self._native.version
+
+    @property
+    def version(self) -> int:
+        """The version held, 0 before the first update()."""
+        return self._native.version
+
+    @property
+    def state_hash(self) -> str:
+        """32 hex digits: the verified hash of the held state (the manifest's for this version)."""
+        return self._native.state_hash
+
+    def latest_available(self) -> int:
+        """Re-reads the manifest; the newest published version (0 when none). Does not move."""
+        return self._native.latest_available()
+
+    def tensors(self, framework: str = "numpy") -> dict[str, Any]:
+        """The held weights as read-only, zero-copy arrays: ``{name: array}``.
+
+        numpy (default): bf16 as ml_dtypes.bfloat16, other dtypes as numpy's.
+        The arrays keep this Replica alive and share its memory; update()
+        changes their contents in place (copy what must stay fixed).
+        ``framework="torch"``: torch CPU tensors sharing the memory
+        (deltasync.torch.tensors; needs torch).
+        """
+        if framework == "numpy":
+            return _views(self._native.tensors("numpy"))
+        if framework == "torch":
+            from . import torch as _dtorch  # lazily: torch is optional
+
+            return _dtorch.tensors(self)
+        raise InvalidArgumentError(f"framework must be 'numpy' or 'torch', got {framework!r}")
+
+    def load_into(self, state_dict: Mapping[str, Any]) -> int:
+        """Copies the weights into ``state_dict``'s torch tensors; returns the elements copied.
+
+        The first call copies everything, later ones only what changed since
+        the previous load_into (deltasync.torch.load_into; needs torch).
+        """
+        from . import torch as _dtorch  # lazily: torch is optional
+
+        return _dtorch.load_into(self, state_dict)
+
+    def _take_changes(self) -> tuple[bool, dict[str, np.ndarray]]:
+        """(everything, {name: sorted flat uint64 indices}) changed since the previous call.
+
+        ``everything`` is True on the first call and after an anchor was
+        loaded from scratch: treat every element as changed. Resets the record.
+        """
+        everything, changes = self._native.take_changes()
+        return bool(everything), dict(changes)
+
+    def __repr__(self) -> str:
+        return f"deltasync.Replica({self.bucket!r}, version={self.version})"

@@ -1,0 +1,42 @@
+// deltasync._native: the nanobind extension behind the deltasync package.
+// Errors surface as the classes of deltasync._errors (see common.cc).
+#include <nanobind/stl/string.h>
+
+#include "common.h"
+#include "deltasync/status.h"
+#include "deltasync/tensor.h"
+
+namespace deltasync::py {
+void BindPublisher(nb::module_& m);
+void BindReplica(nb::module_& m);
+}  // namespace deltasync::py
+
+NB_MODULE(_native, m) {
+  namespace nb = nanobind;
+  using namespace nb::literals;
+  // Views returned by Replica.tensors() legitimately keep replicas alive
+  // until interpreter shutdown; no "leaked instances" noise then.
+  nb::set_leak_warnings(false);
+  m.doc() = "deltasync's C++ core (Publisher, Replica); use the deltasync package rather than this module";
+  deltasync::py::BindPublisher(m);
+  deltasync::py::BindReplica(m);
+  // For tests of the error mapping: raises the class for `code`
+  // ("integrity", ...) with `message`.
+  m.def(
+      "_raise",
+      [](const std::string& code, const std::string& message) {
+        for (int c = 1; c <= static_cast<int>(deltasync::ErrorCode::kInternal); ++c) {
+          auto ec = static_cast<deltasync::ErrorCode>(c);
+          if (deltasync::ErrorCodeName(ec) == code) deltasync::py::Raise(ec, message);
+        }
+        deltasync::py::Raise(deltasync::ErrorCode::kInvalidArgument, "unknown error code '" + code + "'");
+      },
+      "code"_a, "message"_a);
+  m.def(
+      "dtype_size", [](const std::string& name) -> size_t {
+        auto dt = deltasync::ParseDType(name);
+        if (!dt) deltasync::py::Raise(deltasync::ErrorCode::kInvalidArgument, "unknown dtype " + name);
+        return deltasync::DTypeSize(*dt);
+      },
+      "name"_a);
+}

@@ -1,0 +1,201 @@
+// deltasync._native.Publisher: deltasync::Publisher over a bucket URL.
+// Python's deltasync.Publisher (python/deltasync/_publisher.py) adds the
+// background queue, argument normalisation and the PublishResult type.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "deltasync/changes.h"
+#include "deltasync/patch.h"
+#include "deltasync/publisher.h"
+#include "deltasync/store.h"
+
+namespace deltasync::py {
+namespace {
+
+nb::dict StatsToDict(const PublishStats& s) {
+  nb::dict d;
+  d["version"] = s.version;
+  d["wrote_anchor"] = s.wrote_anchor;
+  d["wrote_delta"] = s.wrote_delta;
+  d["total_elements"] = s.total_elements;
+  d["changed_elements"] = s.changed_elements;
+  d["delta_bytes"] = s.delta_bytes;
+  d["anchor_bytes"] = s.anchor_bytes;
+  d["cumulative_bytes"] = s.cumulative_bytes;
+  d["gap_delta_bytes"] = s.gap_delta_bytes;
+  d["full_bytes"] = s.full_bytes;
+  d["state_hash"] = s.state_hash.Hex();
+  d["detect_encode_ms"] = s.detect_encode_ms;
+  d["upload_ms"] = s.upload_ms;
+  return d;
+}
+
+class PyPublisher {
+ public:
+  PyPublisher(const std::string& bucket, uint64_t anchor_interval, const std::string& encoding,
+              uint64_t cumulative_interval, double anchor_max_fraction, int threads, bool allow_nonfinite,
+              bool create_bucket, std::vector<std::string> notify, std::string notify_token,
+              bool measure_gap_delta) {
+    Result<IndexEncoding> enc = ParseEncoding(encoding);
+    ThrowIfError(enc.status());
+    PublisherOptions options;
+    options.anchor_interval = anchor_interval;
+    options.encoding = *enc;
+    options.cumulative_interval = cumulative_interval;
+    options.anchor_max_fraction = anchor_max_fraction;
+    options.measure_gap_delta = measure_gap_delta;
+    options.allow_nonfinite = allow_nonfinite;
+    options.threads = threads;
+    options.notify_urls = std::move(notify);
+    options.notify_token = std::move(notify_token);
+    // Opening reads the bucket (and rebuilds the newest state when it has
+    // versions): no GIL needed.
+    Result<std::unique_ptr<Publisher>> opened = WithoutGil(mu_, [&]() -> Result<std::unique_ptr<Publisher>> {
+      Result<std::shared_ptr<Store>> store = OpenStore(bucket, /*create=*/true, create_bucket);
+      if (!store.ok()) return store.status();
+      return Publisher::Open(std::move(*store), std::move(options));
+    });
+    ThrowIfError(opened.status());
+    pub_ = std::move(*opened);
+  }
+
+  // items: (name, array, dtype override or "").
+  nb::dict Publish(uint64_t version, const std::vector<std::tuple<std::string, nb::object, std::string>>& items) {
+    std::vector<BorrowedTensor> borrowed;  // keeps the arrays alive; destroyed with the GIL held
+    borrowed.reserve(items.size());
+    for (const auto& [name, obj, dtype] : items) borrowed.push_back(ImportTensor(name, obj, dtype));
+    std::vector<TensorView> views;
+    views.reserve(borrowed.size());
+    for (const BorrowedTensor& b : borrowed) views.push_back(b.view);
+    Result<PublishStats> stats = WithoutGil(mu_, [&] { return pub_->Publish(version, views); });
+    ThrowIfError(stats.status());
+    return StatsToDict(*stats);
+  }
+
+  // items: (name, flat uint64 indices, values in the published dtype).
+  nb::dict PublishChanges(uint64_t version,
+                          const std::vector<std::tuple<std::string, nb::object, nb::object>>& items) {
+    std::vector<std::string> names;
+    for (const auto& item : items) names.push_back(std::get<0>(item));
+    std::vector<std::optional<DType>> dtypes = WithoutGil(mu_, [&] {
+      std::vector<std::optional<DType>> out;
+      for (const std::string& name : names) {
+        const WeightState::Tensor* t = pub_->state().Find(name);
+        out.push_back(t ? std::optional<DType>(t->dtype) : std::nullopt);
+      }
+      return out;
+    });
+    std::vector<TensorChanges> changes;
+    changes.reserve(items.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      const auto& [name, idx_obj, val_obj] = items[i];
+      BorrowedTensor idx = ImportTensor(name + " (indices)", idx_obj, "");
+      if (idx.view.dtype != DType::kU64 || idx.view.shape.size() != 1) {
+        Raise(ErrorCode::kInvalidArgument, "tensor '" + name + "': change indices must be a 1-D uint64 array, got " +
+                                               std::string(DTypeName(idx.view.dtype)) + " " +
+                                               ShapeToString(idx.view.shape));
+      }
+      BorrowedTensor val = ImportTensor(name + " (values)", val_obj, "");
+      const uint64_t count = idx.view.num_elements();
+      // Before the first version there is no published dtype: PublishChanges
+      // reports that (kFailedPrecondition); unknown names it reports too.
+      DType dtype = dtypes[i].value_or(val.view.dtype);
+      if (val.view.data.size() != count * DTypeSize(dtype)) {
+        Raise(ErrorCode::kInvalidArgument,
+              "tensor '" + name + "': " + std::to_string(count) + " indices need " + std::to_string(count) +
+                  " values of the published dtype " + std::string(DTypeName(dtype)) + " (" +
+                  std::to_string(count * DTypeSize(dtype)) + " bytes), got " +
+                  std::to_string(val.view.num_elements()) + " " + std::string(DTypeName(val.view.dtype)) +
+                  " values (" + std::to_string(val.view.data.size()) + " bytes)");
+      }
+      TensorChanges c;
+      c.name = name;
+      c.dtype = dtype;
+      const uint64_t* ip = reinterpret_cast<const uint64_t*>(idx.view.data.data());
+      c.indices.assign(ip, ip + count);
+      c.values.assign(val.view.data.begin(), val.view.data.end());
+      changes.push_back(std::move(c));
+    }
+    Result<PublishStats> stats = WithoutGil(mu_, [&] { return pub_->PublishChanges(version, changes); });
+    ThrowIfError(stats.status());
+    return StatsToDict(*stats);
+  }
+
+  uint64_t LatestVersion() {
+    return WithoutGil(mu_, [&] { return pub_->latest_version(); });
+  }
+
+  // {name: dtype name} of the published state.
+  nb::dict PublishedDTypes() {
+    std::vector<std::pair<std::string, DType>> out = WithoutGil(mu_, [&] {
+      std::vector<std::pair<std::string, DType>> v;
+      for (const WeightState::Tensor& t : pub_->state().tensors()) v.emplace_back(t.name, t.dtype);
+      return v;
+    });
+    nb::dict d;
+    for (const auto& [name, dtype] : out) d[nb::str(name.c_str(), name.size())] = std::string(DTypeName(dtype));
+    return d;
+  }
+
+  // [(name, dtype name, read-only array)] over the published snapshot; the
+  // arrays keep this object alive and change when a version is published.
+  nb::list StateTensors(nb::handle self, const std::string& framework) {
+    const bool torch = ParseFramework(framework);
+    struct Item {
+      std::string name;
+      DType dtype;
+      std::vector<uint64_t> shape;
+      const void* data;
+    };
+    std::vector<Item> out = WithoutGil(mu_, [&] {
+      std::vector<Item> v;
+      for (const WeightState::Tensor& t : pub_->state().tensors()) {
+        v.push_back(Item{t.name, t.dtype, t.shape, t.data.data()});
+      }
+      return v;
+    });
+    nb::list list;
+    for (const Item& it : out) {
+      list.append(nb::make_tuple(it.name, std::string(DTypeName(it.dtype)),
+                                 ExportTensor(it.data, it.dtype, it.shape, self, torch)));
+    }
+    return list;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unique_ptr<Publisher> pub_;
+};
+
+}  // namespace
+
+void BindPublisher(nb::module_& m) {
+  using namespace nb::literals;
+  nb::class_<PyPublisher>(m, "Publisher")
+      .def(nb::init<const std::string&, uint64_t, const std::string&, uint64_t, double, int, bool, bool,
+                    std::vector<std::string>, std::string, bool>(),
+           "bucket"_a, "anchor_interval"_a, "encoding"_a, "cumulative_interval"_a, "anchor_max_fraction"_a,
+           "threads"_a, "allow_nonfinite"_a, "create_bucket"_a, "notify"_a, "notify_token"_a,
+           "measure_gap_delta"_a)
+      .def("publish", &PyPublisher::Publish, "version"_a, "items"_a)
+      .def("publish_changes", &PyPublisher::PublishChanges, "version"_a, "items"_a)
+      .def_prop_ro("latest_version", &PyPublisher::LatestVersion)
+      .def("published_dtypes", &PyPublisher::PublishedDTypes)
+      .def(
+          "state_tensors",
+          [](nb::handle self, const std::string& framework) {
+            return nb::cast<PyPublisher&>(self).StateTensors(self, framework);
+          },
+          "framework"_a = "numpy");
+}
+
+}  // namespace deltasync::py

@@ -1,0 +1,134 @@
+// deltasync._native.Replica: deltasync::Replica (track_changes on) over a
+// bucket URL, with zero-copy read-only views of its tensors.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "deltasync/replica.h"
+#include "deltasync/store.h"
+
+namespace deltasync::py {
+namespace {
+
+nb::dict UpdateStatsToDict(const UpdateStats& s) {
+  nb::dict d;
+  d["from_version"] = s.from_version;
+  d["to_version"] = s.to_version;
+  d["anchors_applied"] = s.anchors_applied;
+  d["deltas_applied"] = s.deltas_applied;
+  d["bytes_downloaded"] = s.bytes_downloaded;
+  d["download_ms"] = s.download_ms;
+  d["apply_ms"] = s.apply_ms;
+  return d;
+}
+
+class PyReplica {
+ public:
+  PyReplica(const std::string& bucket, int threads) {
+    Result<std::shared_ptr<Store>> store =
+        WithoutGil(mu_, [&] { return OpenStore(bucket, /*create=*/false, /*create_bucket=*/false); });
+    ThrowIfError(store.status());
+    ReplicaOptions options;
+    options.threads = threads;
+    options.track_changes = true;
+    replica_ = Replica::Create(std::move(*store), options);
+  }
+
+  // Moves to `target` (newest when None); returns the UpdateStats as a dict.
+  nb::dict Update(std::optional<uint64_t> target) {
+    Result<UpdateStats> stats = WithoutGil(mu_, [&] { return replica_->Update(target); });
+    ThrowIfError(stats.status());
+    return UpdateStatsToDict(*stats);
+  }
+
+  uint64_t Version() {
+    return WithoutGil(mu_, [&] { return replica_->version(); });
+  }
+
+  std::string StateHashHex() {
+    return WithoutGil(mu_, [&] { return replica_->state_hash().Hex(); });
+  }
+
+  // The newest version the manifest lists (re-reads it), 0 when none.
+  uint64_t LatestAvailable() {
+    Result<uint64_t> latest = WithoutGil(mu_, [&]() -> Result<uint64_t> {
+      Status s = replica_->Refresh();
+      if (!s.ok()) return s;
+      const VersionEntry* e = replica_->manifest().Latest();
+      return e ? e->version : 0;
+    });
+    ThrowIfError(latest.status());
+    return *latest;
+  }
+
+  // [(name, dtype name, read-only array)]: views of the held state that keep
+  // this object alive; their contents change on update().
+  nb::list Tensors(nb::handle self, const std::string& framework) {
+    const bool torch = ParseFramework(framework);
+    struct Item {
+      std::string name;
+      DType dtype;
+      std::vector<uint64_t> shape;
+      const void* data;
+    };
+    std::vector<Item> out = WithoutGil(mu_, [&] {
+      std::vector<Item> v;
+      for (const WeightState::Tensor& t : replica_->state().tensors()) {
+        v.push_back(Item{t.name, t.dtype, t.shape, t.data.data()});
+      }
+      return v;
+    });
+    nb::list list;
+    for (const Item& it : out) {
+      list.append(nb::make_tuple(it.name, std::string(DTypeName(it.dtype)),
+                                 ExportTensor(it.data, it.dtype, it.shape, self, torch)));
+    }
+    return list;
+  }
+
+  // (everything, {name: uint64 flat indices}) = Replica::TakeChanges(); the
+  // index arrays own their memory (moved out of the C++ record, not copied).
+  nb::tuple TakeChanges() {
+    ChangedElements changed = WithoutGil(mu_, [&] { return replica_->TakeChanges(); });
+    nb::dict d;
+    for (auto& [name, indices] : changed.tensors) {
+      auto* owned = new std::vector<uint64_t>(std::move(indices));
+      nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<uint64_t>*>(p); });
+      size_t n = owned->size();
+      nb::ndarray<nb::numpy, nb::ro, uint64_t> a(owned->data(), 1, &n, owner);
+      d[nb::str(name.c_str(), name.size())] = a.cast(nb::rv_policy::reference);
+    }
+    return nb::make_tuple(changed.everything, d);
+  }
+
+ private:
+  std::mutex mu_;
+  std::unique_ptr<Replica> replica_;
+};
+
+}  // namespace
+
+void BindReplica(nb::module_& m) {
+  using namespace nb::literals;
+  nb::class_<PyReplica>(m, "Replica")
+      .def(nb::init<const std::string&, int>(), "bucket"_a, "threads"_a)
+      .def("update", &PyReplica::Update, "version"_a = nb::none())
+      .def_prop_ro("version", &PyReplica::Version)
+      .def_prop_ro("state_hash", &PyReplica::StateHashHex)
+      .def("latest_available", &PyReplica::LatestAvailable)
+      .def(
+          "tensors",
+          [](nb::handle self, const std::string& framework) {
+            return nb::cast<PyReplica&>(self).Tensors(self, framework);
+          },
+          "framework"_a = "numpy")
+      .def("take_changes", &PyReplica::TakeChanges);
+}
+
+}  // namespace deltasync::py
