@@ -95,6 +95,14 @@ class Publisher {
   // by the next attempt).
   Result<PublishStats> Publish(uint64_t version, std::span<const TensorView> tensors);
 
+  // The published form of `tensors` (fp32 rounded to bf16 as Publish rounds
+  // it, other dtypes copied), owned by the result: Publish(version,
+  // snapshot.views()) later publishes exactly what `tensors` hold now, while
+  // the caller goes on changing them (a training loop that publishes in the
+  // background). Reads only the options: may run concurrently with Publish.
+  // Errors: NaN/Inf (unless allowed), duplicate names (kInvalidArgument).
+  Result<WeightState> Snapshot(std::span<const TensorView> tensors) const;
+
   // Publishes `version` as state() with `changes` applied: for trainers that
   // find the changed elements themselves (on a GPU, so that only the changed
   // elements cross PCIe). Each entry names a tensor of state() and carries

@@ -8,6 +8,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+class Snapshot:
+    @property
+    def nbytes(self) -> int: ...
+
 class Publisher:
     def __init__(
         self,
@@ -28,6 +32,11 @@ class Publisher:
     # buffer protocol or DLPack). Returns deltasync::PublishStats as a dict.
     # Releases the GIL while it publishes.
     def publish(self, version: int, items: Sequence[tuple[str, Any, str]]) -> dict[str, Any]: ...
+    # The published (bf16) form of the arrays, owned (deltasync::Publisher::
+    # Snapshot); does not wait for a publish in progress.
+    def snapshot(self, items: Sequence[tuple[str, Any, str]]) -> Snapshot: ...
+    # Publishes a snapshot taken earlier. Releases the GIL.
+    def publish_snapshot(self, version: int, snapshot: Snapshot) -> dict[str, Any]: ...
     # items: (name, 1-D uint64 flat indices, values of the published dtype's width).
     def publish_changes(self, version: int, items: Sequence[tuple[str, Any, Any]]) -> dict[str, Any]: ...
     @property

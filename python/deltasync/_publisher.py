@@ -86,6 +86,15 @@ def _as_native(name: str, array: Any) -> tuple[Any, str]:
         f"tensor '{name}': expected a numpy array or a CPU tensor (DLPack), got {type(array).__name__}")
 
 
+def _copy_array(array: Any) -> Any:
+    """An owned copy of a numpy array or torch tensor (anything else as it is)."""
+    if _is_torch_tensor(array):
+        return array.detach().clone()
+    if isinstance(array, np.ndarray):
+        return array.copy()
+    return array
+
+
 def _items(tensors: Any) -> list[tuple[str, Any]]:
     items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
     seen: set[str] = set()
@@ -148,11 +157,10 @@ class Publisher:
     ``publish(..., background=True)`` hands the version to one worker thread
     and returns a ``concurrent.futures.Future``; at most ``max_pending``
     versions are outstanding (queued or running) and further publish() calls
-    block until one completes. The arrays passed in are read when the worker
-    gets to them, zero-copy: **do not modify them until the Future is done**
-    (pass copies, or a bf16 snapshot such as ``w.astype(ml_dtypes.bfloat16)``,
-    if the trainer updates them in place meanwhile). The Publisher keeps
-    references to them until then.
+    block until one completes. A background publish takes the published
+    (bf16) form of the arrays before it returns, so the caller may change
+    them right away (extra memory: at most ``max_pending`` bf16 copies of the
+    model); a synchronous one reads them in place, zero-copy.
     """
 
     def __init__(self, bucket: str, *, anchor_interval: int = 10, encoding: str = "compact",
@@ -212,9 +220,17 @@ class Publisher:
         """
         version = _check_version(version)
         items = [(name, *_as_native(name, arr)) for name, arr in _items(tensors)]
+        if background:
+            # The trainer goes on changing its tensors: take their published
+            # (bf16) form now, in this thread; the worker publishes that.
+            snapshot = self._native.snapshot(items)
+            del items
 
-        def run() -> PublishResult:
-            return _result(self._native.publish(version, items))
+            def run() -> PublishResult:
+                return _result(self._native.publish_snapshot(version, snapshot))
+        else:
+            def run() -> PublishResult:
+                return _result(self._native.publish(version, items))
 
         return self._submit(run, background)
 
@@ -241,6 +257,8 @@ class Publisher:
                 indices, values = pair
             except (TypeError, ValueError):
                 raise InvalidArgumentError(f"tensor '{name}': changes must be (indices, values) pairs") from None
+            if background:  # the caller may reuse its arrays as soon as this returns
+                indices, values = _copy_array(indices), _copy_array(values)
             entries.append((name, indices, values))
 
         def run() -> PublishResult:

@@ -2,6 +2,7 @@
 // Python's deltasync.Publisher (python/deltasync/_publisher.py) adds the
 // background queue, argument normalisation and the PublishResult type.
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -77,6 +78,34 @@ class PyPublisher {
     views.reserve(borrowed.size());
     for (const BorrowedTensor& b : borrowed) views.push_back(b.view);
     Result<PublishStats> stats = WithoutGil(mu_, [&] { return pub_->Publish(version, views); });
+    ThrowIfError(stats.status());
+    return StatsToDict(*stats);
+  }
+
+  // The published (bf16) form of the arrays, owned: taken in the caller's
+  // thread so that a background publish never reads arrays the trainer is
+  // changing. Does not wait for a publish in progress (Snapshot only reads
+  // the options, which never change).
+  std::shared_ptr<WeightState> Snapshot(const std::vector<std::tuple<std::string, nb::object, std::string>>& items) {
+    std::vector<BorrowedTensor> borrowed;
+    borrowed.reserve(items.size());
+    for (const auto& [name, obj, dtype] : items) borrowed.push_back(ImportTensor(name, obj, dtype));
+    std::vector<TensorView> views;
+    views.reserve(borrowed.size());
+    for (const BorrowedTensor& b : borrowed) views.push_back(b.view);
+    Result<WeightState> snapshot = [&] {
+      nb::gil_scoped_release release;
+      return pub_->Snapshot(views);
+    }();
+    ThrowIfError(snapshot.status());
+    return std::make_shared<WeightState>(std::move(*snapshot));
+  }
+
+  nb::dict PublishSnapshot(uint64_t version, const std::shared_ptr<WeightState>& snapshot) {
+    Result<PublishStats> stats = WithoutGil(mu_, [&] {
+      std::vector<TensorView> views = snapshot->views();
+      return pub_->Publish(version, views);
+    });
     ThrowIfError(stats.status());
     return StatsToDict(*stats);
   }
@@ -180,6 +209,8 @@ class PyPublisher {
 
 void BindPublisher(nb::module_& m) {
   using namespace nb::literals;
+  nb::class_<WeightState>(m, "Snapshot", "A published-form copy of a state, owned (Publisher.snapshot).")
+      .def_prop_ro("nbytes", [](const WeightState& s) { return s.total_bytes(); });
   nb::class_<PyPublisher>(m, "Publisher")
       .def(nb::init<const std::string&, uint64_t, const std::string&, uint64_t, double, int, bool, bool,
                     std::vector<std::string>, std::string, bool>(),
@@ -188,6 +219,8 @@ void BindPublisher(nb::module_& m) {
            "measure_gap_delta"_a)
       .def("publish", &PyPublisher::Publish, "version"_a, "items"_a)
       .def("publish_changes", &PyPublisher::PublishChanges, "version"_a, "items"_a)
+      .def("snapshot", &PyPublisher::Snapshot, "items"_a)
+      .def("publish_snapshot", &PyPublisher::PublishSnapshot, "version"_a, "snapshot"_a)
       .def_prop_ro("latest_version", &PyPublisher::LatestVersion)
       .def("published_dtypes", &PyPublisher::PublishedDTypes)
       .def(

@@ -142,6 +142,10 @@ Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const Tensor
   return Commit(version, std::nullopt, std::move(changes), clock);
 }
 
+Result<WeightState> Publisher::Snapshot(std::span<const TensorView> tensors) const {
+  return ToPublishedState(tensors, Detection());
+}
+
 Result<PublishStats> Publisher::PublishChanges(uint64_t version, std::span<const TensorChanges> changes) {
   DS_RETURN_IF_ERROR(CheckNewVersion(version));
   if (latest_version() == 0) {

@@ -301,6 +301,11 @@ class _GatedNative:
         assert self.gate.wait(60)
         return self._real.publish(version, items)
 
+    def publish_snapshot(self, version, snapshot):
+        self.started.set()
+        assert self.gate.wait(60)
+        return self._real.publish_snapshot(version, snapshot)
+
     def __getattr__(self, name):
         return getattr(self._real, name)
 
@@ -392,6 +397,26 @@ def test_context_manager_flushes_on_exit(bucket):
         futures = [pub.publish(v, nudge(weights, 0.05, v), background=True) for v in (1, 2, 3)]
     assert all(f.done() for f in futures)
     assert deltasync.Replica(bucket).latest_available() == 3
+
+
+def test_background_publish_is_unaffected_by_changes_after_it_returns(bucket):
+    """The trainer's next step may change the arrays while the worker still publishes."""
+    pub = deltasync.Publisher(bucket, max_pending=2)
+    gated = _GatedNative(pub._native)
+    pub._native = gated
+    arrays = make_weights(27)
+    expected = {n: bf16_bits(a) for n, a in arrays.items()}
+    future = pub.publish(1, arrays, background=True)
+    assert gated.started.wait(30)
+    for a in arrays.values():  # an in-place optimizer step before the publish ran
+        a *= 1.5
+    gated.gate.set()
+    assert future.result(timeout=60).version == 1
+    pub.close()
+    replica = deltasync.Replica(bucket)
+    replica.update()
+    for name, e in expected.items():
+        np.testing.assert_array_equal(bits(replica.tensors()[name]), e, err_msg=name)
 
 
 def test_background_keeps_arrays_alive(bucket):

@@ -2,6 +2,7 @@
 // retention: end to end on a LocalStore.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -241,6 +242,35 @@ TEST(PublishChangesTest, BadChangesAreRefusedAndChangeNothing) {
   auto r = Replica::Create(store);
   ASSERT_TRUE(r->Update().ok());
   EXPECT_EQ(HashState(r->state()), HashState(pub->state()));
+}
+
+// A background publisher snapshots the trainer's tensors, which then move on.
+TEST(SnapshotTest, PublishesWhatTheTensorsHeldWhenTaken) {
+  TempDir dir;
+  auto store = OpenDir(dir.path());
+  auto pub = OpenPublisher(store, {});
+  RandomModel model(19);
+  Result<WeightState> snap = pub->Snapshot(model.Views());
+  ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+  const StateHash expected = HashTensors(model.Views());
+  model.Step(0.5);  // the trainer's next step
+  std::vector<TensorView> views = snap->views();
+  auto stats = pub->Publish(1, views);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->state_hash, expected);
+  // fp32 is rounded as Publish rounds it: a snapshot of fp32 masters
+  // publishes the same state as the masters themselves.
+  std::vector<float> w = {1.0f + 1.0f / 256, 1.0f + 1.0f / 256 + 1.0f / (1 << 20), -2.5f, 3e-3f};
+  TensorView t{"w", DType::kF32, {4}, ByteSpan(reinterpret_cast<const uint8_t*>(w.data()), 16)};
+  Result<WeightState> from_fp32 = pub->Snapshot(std::span<const TensorView>(&t, 1));
+  ASSERT_TRUE(from_fp32.ok());
+  EXPECT_EQ(from_fp32->tensors()[0].dtype, DType::kBF16);
+  auto direct = ToPublishedState(std::span<const TensorView>(&t, 1));
+  ASSERT_TRUE(direct.ok());
+  EXPECT_EQ(from_fp32->tensors()[0].data, direct->tensors()[0].data);
+  float nan = std::nanf("");
+  TensorView bad{"w", DType::kF32, {1}, ByteSpan(reinterpret_cast<const uint8_t*>(&nan), 4)};
+  EXPECT_EQ(pub->Snapshot(std::span<const TensorView>(&bad, 1)).status().code(), ErrorCode::kInvalidArgument);
 }
 
 // What a consumer mirroring the state (a GPU copy) needs: exactly the
