@@ -8,6 +8,7 @@
 // Tensors are encoded and decoded in parallel.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 
 #include "codec/compact_streams.h"
@@ -24,7 +25,7 @@ using compact::PutVarint;
 using compact::Reader;
 
 constexpr std::string_view kSuffix = ".cmp";
-constexpr uint8_t kStreamVersion = 1;
+constexpr uint8_t kStreamVersion = 2;
 constexpr uint8_t kModeBf16 = 0;
 constexpr uint8_t kModeRaw = 1;
 constexpr uint8_t kEscape = 0xFF;
@@ -46,6 +47,88 @@ inline int Class(uint16_t b) {
 }
 
 bool NonFinite(uint16_t b) { return (b & 0x7F80) == 0x7F80; }
+
+// Gaps (bf16 mode) are Rice-coded per class in blocks of up to kRiceBlock
+// gaps, each block with its own parameter k (6 bits): q = gap >> k in unary
+// (q one bits, a zero bit) and then k low bits; q >= kUnaryEscape is written
+// as kUnaryEscape one bits, the gap's bit width L (7 bits) and its L bits.
+// Near the entropy of geometric gaps, and blocks follow the change rate
+// along a tensor (rows with large gradients change more often).
+constexpr size_t kRiceBlock = 1024;
+constexpr int kMaxRiceK = 56;
+constexpr int kUnaryEscape = 31;
+
+int BitWidth(uint64_t v) { return v ? 64 - __builtin_clzll(v) : 0; }
+
+uint64_t RiceBits(uint64_t gap, int k) {
+  const uint64_t q = gap >> k;
+  return q < kUnaryEscape ? q + 1 + static_cast<uint64_t>(k) : kUnaryEscape + 7 + BitWidth(gap);
+}
+
+void PutRice(compact::BitWriter& w, uint64_t gap, int k) {
+  const uint64_t q = gap >> k;
+  if (q < kUnaryEscape) {
+    w.Put((uint64_t{1} << q) - 1, static_cast<int>(q) + 1);  // q ones, then a zero
+    w.Put(gap, k);
+  } else {
+    w.Put((uint64_t{1} << kUnaryEscape) - 1, kUnaryEscape);
+    w.Put(static_cast<uint64_t>(BitWidth(gap)), 7);
+    w.Put(gap, BitWidth(gap));
+  }
+}
+
+void PutRiceGaps(compact::BitWriter& w, const std::vector<uint64_t>& gaps) {
+  for (size_t b = 0; b < gaps.size(); b += kRiceBlock) {
+    const size_t e = std::min(gaps.size(), b + kRiceBlock);
+    double sum = 0;
+    for (size_t i = b; i < e; ++i) sum += static_cast<double>(gaps[i]);
+    // A geometric source's best k is about log2(mean x ln 2); the exact cost
+    // decides among it and its neighbours.
+    const double scaled = sum / static_cast<double>(e - b) * 0.6931471805599453;
+    const int guess = scaled >= 1 ? std::min(kMaxRiceK, static_cast<int>(std::log2(scaled))) : 0;
+    int best_k = guess;
+    uint64_t best_bits = UINT64_MAX;
+    for (int k = std::max(0, guess - 1); k <= std::min(kMaxRiceK, guess + 1); ++k) {
+      uint64_t bits = 0;
+      for (size_t i = b; i < e; ++i) bits += RiceBits(gaps[i], k);
+      if (bits < best_bits) {
+        best_bits = bits;
+        best_k = k;
+      }
+    }
+    w.Put(static_cast<uint64_t>(best_k), 6);
+    for (size_t i = b; i < e; ++i) PutRice(w, gaps[i], best_k);
+  }
+}
+
+// Reads `count` gaps of one class into `out`; nullopt-style error text.
+std::optional<std::string> GetRiceGaps(compact::BitReader& r, uint64_t count, uint64_t* out) {
+  for (uint64_t b = 0; b < count; b += kRiceBlock) {
+    std::optional<uint64_t> k = r.Get(6);
+    if (!k) return "truncated Rice parameter";
+    if (*k > kMaxRiceK) return "Rice parameter " + std::to_string(*k) + " above " + std::to_string(kMaxRiceK);
+    const int kk = static_cast<int>(*k);
+    const uint64_t e = std::min<uint64_t>(count, b + kRiceBlock);
+    for (uint64_t i = b; i < e; ++i) {
+      std::optional<int> q = r.Unary(kUnaryEscape);
+      if (!q) return "gap " + std::to_string(i) + " is truncated";
+      if (*q < kUnaryEscape) {
+        std::optional<uint64_t> low = r.Get(kk);
+        if (!low) return "gap " + std::to_string(i) + " is truncated";
+        out[i] = (static_cast<uint64_t>(*q) << kk) | *low;
+        continue;
+      }
+      std::optional<uint64_t> width = r.Get(7);
+      std::optional<uint64_t> gap = width && *width <= 64 ? r.Get(static_cast<int>(*width)) : std::nullopt;
+      if (!gap) return "escaped gap " + std::to_string(i) + " is truncated or wider than 64 bits";
+      if ((*gap >> kk) < kUnaryEscape || BitWidth(*gap) != static_cast<int>(*width)) {
+        return "escaped gap " + std::to_string(i) + " is not canonical";
+      }
+      out[i] = *gap;
+    }
+  }
+  return std::nullopt;
+}
 
 // The diff byte for old -> new, or kEscape when the change must carry the raw
 // new value: sign change, NaN/Inf on either side, or |diff| too large.
@@ -92,7 +175,8 @@ Status EncodeTensor(const TensorChanges& c, const WeightState::Tensor& base, std
   }
   // Class-ordered streams: the j-th change of class cl comes gaps[cl][j]
   // unchanged class-cl elements after the previous change of that class.
-  std::array<std::vector<uint8_t>, kClasses> gaps_c, diffs_c, escapes_c;
+  std::array<std::vector<uint64_t>, kClasses> gaps_c;
+  std::array<std::vector<uint8_t>, kClasses> diffs_c, escapes_c;
   std::array<uint64_t, kClasses> skip{};
   const uint8_t* b = base.data.data();
   const uint64_t end = c.count() ? c.indices.back() + 1 : 0;
@@ -104,7 +188,7 @@ Status EncodeTensor(const TensorChanges& c, const WeightState::Tensor& base, std
       ++skip[cl];
       continue;
     }
-    PutVarint(gaps_c[cl], skip[cl]);
+    gaps_c[cl].push_back(skip[cl]);
     skip[cl] = 0;
     const uint16_t v = Load16(c.values.data() + 2 * k);
     const uint8_t d = DiffByte(o, v);
@@ -112,15 +196,19 @@ Status EncodeTensor(const TensorChanges& c, const WeightState::Tensor& base, std
     if (d == kEscape) escapes_c[cl].insert(escapes_c[cl].end(), c.values.data() + 2 * k, c.values.data() + 2 * k + 2);
     ++k;
   }
-  std::vector<uint8_t> gaps, diffs, escapes;
+  compact::BitWriter gap_bits;
+  std::vector<uint8_t> escapes;
   for (int cl = 0; cl < kClasses; ++cl) {
     PutVarint(out, diffs_c[cl].size());
-    gaps.insert(gaps.end(), gaps_c[cl].begin(), gaps_c[cl].end());
-    diffs.insert(diffs.end(), diffs_c[cl].begin(), diffs_c[cl].end());
+    PutRiceGaps(gap_bits, gaps_c[cl]);
     escapes.insert(escapes.end(), escapes_c[cl].begin(), escapes_c[cl].end());
   }
-  PutBlock(out, gaps, compact::kLiteralsOnly);
-  PutBlock(out, diffs, compact::kLiteralsOnly);
+  PutBlock(out, gap_bits.Finish(), compact::kStoredOnly);
+  // One Huffman table per class: how far a weight moves depends on its
+  // magnitude.
+  for (int cl = 0; cl < kClasses; ++cl) {
+    if (!diffs_c[cl].empty()) PutBlock(out, diffs_c[cl], compact::kLiteralsOnly);
+  }
   PutBlock(out, escapes, compact::kLiteralsOnly);
   return Status::OK();
 }
@@ -159,16 +247,29 @@ Status DecodeTensor(const std::string& label, const TensorView& stream, const We
     if (class_begin[kClasses] != *count) return bad("class counts do not sum to the count");
   }
   std::vector<uint8_t> gap_bytes;
-  // A gap varint takes at most 10 bytes.
-  if (auto err = compact::GetBlock(in, std::nullopt, *count * 10, gap_bytes)) return bad("gap block: " + *err);
   std::vector<uint64_t> gaps(*count);
-  Reader g(gap_bytes);
-  for (uint64_t k = 0; k < *count; ++k) {
-    std::optional<uint64_t> gap = g.Varint();
-    if (!gap) return bad("gap " + std::to_string(k) + " is truncated or malformed");
-    gaps[k] = *gap;
+  if (bf16) {
+    // A Rice-coded gap takes at most 31 + 7 + 64 bits, each block 6 more.
+    const uint64_t max_bytes = (*count * 102 + (*count / kRiceBlock + kClasses) * 6) / 8 + 1;
+    if (auto err = compact::GetBlock(in, std::nullopt, max_bytes, gap_bytes)) return bad("gap block: " + *err);
+    compact::BitReader bits(gap_bytes);
+    for (int cl = 0; cl < kClasses; ++cl) {
+      if (auto err = GetRiceGaps(bits, class_begin[cl + 1] - class_begin[cl], gaps.data() + class_begin[cl])) {
+        return bad("class " + std::to_string(cl) + ": " + *err);
+      }
+    }
+    if (!bits.AtPaddedEnd()) return bad("trailing bits in the gap block");
+  } else {
+    // A gap varint takes at most 10 bytes.
+    if (auto err = compact::GetBlock(in, std::nullopt, *count * 10, gap_bytes)) return bad("gap block: " + *err);
+    Reader g(gap_bytes);
+    for (uint64_t k = 0; k < *count; ++k) {
+      std::optional<uint64_t> gap = g.Varint();
+      if (!gap) return bad("gap " + std::to_string(k) + " is truncated or malformed");
+      gaps[k] = *gap;
+    }
+    if (g.remaining() != 0) return bad(std::to_string(g.remaining()) + " trailing bytes in the gap block");
   }
-  if (g.remaining() != 0) return bad(std::to_string(g.remaining()) + " trailing bytes in the gap block");
 
   c.indices.resize(*count);
   if (!bf16) {
@@ -182,8 +283,16 @@ Status DecodeTensor(const std::string& label, const TensorView& stream, const We
     }
     if (auto err = compact::GetBlock(in, *count * esize, 0, c.values)) return bad("value block: " + *err);
   } else {
-    std::vector<uint8_t> diffs, escapes;
-    if (auto err = compact::GetBlock(in, *count, 0, diffs)) return bad("diff block: " + *err);
+    std::vector<uint8_t> diffs, escapes, class_diffs;
+    diffs.reserve(*count);
+    for (int cl = 0; cl < kClasses; ++cl) {
+      const uint64_t m = class_begin[cl + 1] - class_begin[cl];
+      if (m == 0) continue;
+      if (auto err = compact::GetBlock(in, m, 0, class_diffs)) {
+        return bad("diff block of class " + std::to_string(cl) + ": " + *err);
+      }
+      diffs.insert(diffs.end(), class_diffs.begin(), class_diffs.end());
+    }
     const uint64_t n_escapes = static_cast<uint64_t>(std::count(diffs.begin(), diffs.end(), kEscape));
     if (auto err = compact::GetBlock(in, 2 * n_escapes, 0, escapes)) return bad("escape block: " + *err);
     // Per class: next change (p), its escape cursor (e), and how many more
@@ -397,9 +506,13 @@ Result<CompactStreamSizes> MeasureCompactDelta(const SafetensorsFile& file) {
     std::optional<uint8_t> version = in.Byte(), mode = in.Byte();
     std::optional<uint64_t> count = in.Varint();
     if (!version || !mode || !count) return bad("truncated stream header");
+    int diff_blocks = 1;
     if (*mode == kModeBf16) {
+      diff_blocks = 0;
       for (int cl = 0; cl < kClasses; ++cl) {
-        if (!in.Varint()) return bad("truncated class counts");
+        std::optional<uint64_t> m = in.Varint();
+        if (!m) return bad("truncated class counts");
+        diff_blocks += *m > 0;
       }
     }
     // Block framing: u8 method, varint raw length, varint stored length, bytes.
@@ -410,7 +523,11 @@ Result<CompactStreamSizes> MeasureCompactDelta(const SafetensorsFile& file) {
       return *stored;
     };
     std::optional<uint64_t> gaps = block();
-    std::optional<uint64_t> second = block();
+    std::optional<uint64_t> second = 0;
+    for (int b = 0; b < diff_blocks && second; ++b) {
+      std::optional<uint64_t> one = block();
+      second = one ? std::optional<uint64_t>(*second + *one) : std::nullopt;
+    }
     std::optional<uint64_t> third = *mode == kModeBf16 ? block() : std::optional<uint64_t>(0);
     if (!gaps || !second || !third) return bad("truncated or malformed block");
     out.tensors++;

@@ -33,7 +33,7 @@ std::optional<uint64_t> Reader::Varint() {
 
 void PutBlock(std::vector<uint8_t>& out, ByteSpan data, int level) {
   std::vector<uint8_t> z;
-  if (data.size() >= 32) {
+  if (data.size() >= 32 && level != kStoredOnly) {
     z.resize(ZSTD_compressBound(data.size()));
     static thread_local std::unique_ptr<ZSTD_CCtx, CCtxFree> cctx(ZSTD_createCCtx());
     size_t n;

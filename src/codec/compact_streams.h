@@ -58,6 +58,9 @@ inline constexpr uint8_t kZstd = 1;
 // 128 KiB block, no matches): near the order-0 entropy on match-free data.
 inline constexpr int kLiteralsOnly = -1000;
 
+// PutBlock's `level` for data that is already entropy-coded: always stored.
+inline constexpr int kStoredOnly = -1001;
+
 // Appends `data` as a block: u8 method, varint raw length, varint stored
 // length, stored bytes. zstd at `level` when that is smaller, else stored.
 // Deterministic.
@@ -79,5 +82,93 @@ struct BlockRef {
 std::optional<std::string> PeekBlock(Reader& in, uint64_t expected_raw, BlockRef& out);
 // Decompresses `ref` into exactly ref.raw_len bytes at `dst`.
 std::optional<std::string> DecodeBlock(const BlockRef& ref, uint8_t* dst);
+
+// A bit stream, least significant bit first within each byte; the last byte
+// is padded with zero bits.
+class BitWriter {
+ public:
+  // The low `bits` bits of `value` (bits <= 64).
+  void Put(uint64_t value, int bits) {
+    if (bits > 32) {
+      Put(value & 0xFFFFFFFFu, 32);
+      Put(value >> 32, bits - 32);
+      return;
+    }
+    if (bits < 64) value &= (uint64_t{1} << bits) - 1;
+    acc_ |= value << n_;
+    n_ += bits;
+    while (n_ >= 8) {
+      out_.push_back(static_cast<uint8_t>(acc_));
+      acc_ >>= 8;
+      n_ -= 8;
+    }
+  }
+  std::vector<uint8_t> Finish() {
+    if (n_ > 0) out_.push_back(static_cast<uint8_t>(acc_));
+    acc_ = 0;
+    n_ = 0;
+    return std::move(out_);
+  }
+
+ private:
+  std::vector<uint8_t> out_;
+  uint64_t acc_ = 0;
+  int n_ = 0;  // < 8 between calls
+};
+
+// Reads a BitWriter's stream; every read is bounds-checked (nullopt past the
+// end).
+class BitReader {
+ public:
+  explicit BitReader(ByteSpan bytes) : bytes_(bytes) {}
+  // `bits` <= 64 bits.
+  std::optional<uint64_t> Get(int bits) {
+    if (bits > 32) {
+      std::optional<uint64_t> lo = Get(32), hi = lo ? Get(bits - 32) : std::nullopt;
+      if (!hi) return std::nullopt;
+      return *lo | (*hi << 32);
+    }
+    Refill();
+    if (n_ < bits) return std::nullopt;
+    const uint64_t v = bits == 0 ? 0 : acc_ & ((uint64_t{1} << bits) - 1);
+    Drop(bits);
+    return v;
+  }
+  // Counts one bits up to a zero bit (consumed) or up to `max` ones (no
+  // terminator then), max <= 56.
+  std::optional<int> Unary(int max) {
+    Refill();
+    const int ones = ~acc_ == 0 ? 64 : __builtin_ctzll(~acc_);
+    if (ones >= max) {
+      if (n_ < max) return std::nullopt;
+      Drop(max);
+      return max;
+    }
+    if (ones >= n_) return std::nullopt;  // no terminator before the end
+    Drop(ones + 1);
+    return ones;
+  }
+  // True when only zero padding (fewer than 8 bits) is left.
+  bool AtPaddedEnd() {
+    Refill();
+    return pos_ == bytes_.size() && n_ < 8 && acc_ == 0;
+  }
+
+ private:
+  void Refill() {
+    while (n_ <= 56 && pos_ < bytes_.size()) {
+      acc_ |= static_cast<uint64_t>(bytes_[pos_++]) << n_;
+      n_ += 8;
+    }
+  }
+  void Drop(int bits) {
+    acc_ = bits >= 64 ? 0 : acc_ >> bits;
+    n_ -= bits;
+  }
+  ByteSpan bytes_;
+  size_t pos_ = 0;
+  uint64_t acc_ = 0;
+  int n_ = 0;
+};
 
 }  // namespace deltasync::compact

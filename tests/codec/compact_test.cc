@@ -7,9 +7,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "codec/patch_test_util.h"
+#include "fuzz/compact_fuzz_base.h"
 
 namespace deltasync {
 namespace {
@@ -337,6 +340,87 @@ TEST(CompressedAnchor, CorruptedNeverCrashes) {
   for (size_t len = 0; len < bytes.size(); ++len) {
     Result<SafetensorsFile> f = ParseBytes(std::vector<uint8_t>(bytes.begin(), bytes.begin() + len));
     if (f.ok()) EXPECT_FALSE(DecodeCompressedAnchor(*f, 1).ok()) << len;
+  }
+}
+
+}  // namespace
+}  // namespace deltasync
+
+namespace deltasync {
+namespace {
+
+// The compact fuzzer's seed corpus, against its fixed base. Disabled: run once
+// after a format change with
+//   codec_tests --gtest_also_run_disabled_tests --gtest_filter='CompactSeedCorpus.*'
+// and check the files in. The enabled test checks that the checked-in seeds
+// still decode.
+const std::filesystem::path kCompactCorpus = std::filesystem::path(DS_SOURCE_DIR) / "tests/fuzz/corpus/compact";
+
+std::vector<std::pair<std::string, std::vector<uint8_t>>> CompactSeeds() {
+  testing::CompactFuzzBase base;
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> seeds;
+  PatchInfo info;
+  info.model_version = 2;
+  info.base_version = 1;
+  auto delta = [&](std::string name, std::vector<TensorChanges> changes) {
+    Result<EncodedPatch> e = EncodeCompactDelta(info, base.hash, base.state, changes, 1);
+    EXPECT_TRUE(e.ok()) << name << ": " << e.status().ToString();
+    if (e.ok()) seeds.emplace_back(std::move(name), Flatten(*e));
+  };
+  auto bf16 = [](std::vector<uint16_t> v) {
+    std::vector<uint8_t> b(v.size() * 2);
+    std::memcpy(b.data(), v.data(), b.size());
+    return b;
+  };
+  const WeightState::Tensor& a = *base.state.Find("a");
+  auto at = [&](uint64_t i) {
+    uint16_t v;
+    std::memcpy(&v, a.data.data() + 2 * i, 2);
+    return v;
+  };
+  delta("empty", {});
+  delta("ulp", {{"a", DType::kBF16, {0, 3, 4, 40, 63},
+                 bf16({uint16_t(at(0) + 1), uint16_t(at(3) - 1), uint16_t(at(4) + 1), uint16_t(at(40) + 2),
+                       uint16_t(at(63) - 1)})}});
+  std::vector<uint64_t> every(64);
+  std::vector<uint16_t> moved(64);
+  for (uint64_t i = 0; i < 64; ++i) {
+    every[i] = i;
+    moved[i] = static_cast<uint16_t>(at(i) + (i % 2 ? 1 : -1));
+  }
+  delta("all_changed", {{"a", DType::kBF16, every, bf16(moved)}});
+  delta("escapes_f32", {{"a", DType::kBF16, {1, 2, 5}, bf16({uint16_t(at(1) ^ 0x8000), 0x7FC0, 0x7F80})},
+                        {"f", DType::kF32, {0, 7}, std::vector<uint8_t>(8, 0x42)}});
+  TensorView anchor_view{"a", DType::kBF16, {8, 8}, a.data};
+  Result<EncodedPatch> anchor = EncodeCompressedAnchor(3, std::span<const TensorView>(&anchor_view, 1), 1);
+  EXPECT_TRUE(anchor.ok());
+  if (anchor.ok()) seeds.emplace_back("anchor", Flatten(*anchor));
+  return seeds;
+}
+
+TEST(CompactSeedCorpus, DISABLED_Write) {
+  std::filesystem::create_directories(kCompactCorpus);
+  for (const auto& [name, bytes] : CompactSeeds()) {
+    std::ofstream out(kCompactCorpus / (name + ".safetensors"), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+}
+
+TEST(CompactSeedCorpus, CheckedInSeedsAreCurrentAndDecode) {
+  testing::CompactFuzzBase base;
+  for (const auto& [name, bytes] : CompactSeeds()) {
+    std::ifstream in(kCompactCorpus / (name + ".safetensors"), std::ios::binary);
+    ASSERT_TRUE(in) << name << " is missing; regenerate the corpus (see above)";
+    std::vector<uint8_t> file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(file, bytes) << name << " is stale; regenerate the corpus (see above)";
+    Result<SafetensorsFile> parsed = ParseBytes(file, name);
+    ASSERT_TRUE(parsed.ok()) << name;
+    if (IsCompressedAnchor(*parsed)) {
+      EXPECT_TRUE(DecodeCompressedAnchor(*parsed, 1).ok()) << name;
+    } else {
+      Result<CompactDelta> d = DecodeCompactDelta(*parsed, base.state, base.hash, 1);
+      EXPECT_TRUE(d.ok()) << name << ": " << d.status().ToString();
+    }
   }
 }
 

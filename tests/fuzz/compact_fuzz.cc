@@ -12,26 +12,11 @@
 #include "deltasync/blob.h"
 #include "deltasync/compact.h"
 #include "deltasync/safetensors.h"
+#include "fuzz/compact_fuzz_base.h"
 
 namespace {
 
 using namespace deltasync;
-
-struct FixedBase {
-  std::vector<uint8_t> a, f;
-  WeightState state;
-  StateHash hash;
-  FixedBase() : a(2 * 64), f(4 * 8) {
-    for (size_t k = 0; k < 64; ++k) {
-      const uint16_t v = static_cast<uint16_t>(0x3C00 + k * 37 + (k % 3 ? 0x8000 : 0) + (k == 5 ? 0x4000 : 0));
-      std::memcpy(a.data() + 2 * k, &v, 2);
-    }
-    for (size_t k = 0; k < f.size(); ++k) f[k] = static_cast<uint8_t>(k * 11);
-    std::vector<TensorView> v{{"a", DType::kBF16, {8, 8}, a}, {"f", DType::kF32, {8}, f}};
-    state = std::move(WeightState::FromViews(v)).value();
-    hash = HashState(state, 1);
-  }
-};
 
 std::vector<uint8_t> Flatten(const EncodedPatch& e) {
   std::vector<uint8_t> out;
@@ -42,7 +27,7 @@ std::vector<uint8_t> Flatten(const EncodedPatch& e) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const FixedBase* base = new FixedBase();
+  static const testing::CompactFuzzBase* base = new testing::CompactFuzzBase();
   Result<SafetensorsFile> file = SafetensorsFile::Parse(Blob::FromVector({data, data + size}), "fuzz.safetensors");
   if (!file.ok()) return 0;
   if (IsCompressedAnchor(*file)) {
