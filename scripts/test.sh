@@ -44,6 +44,12 @@ CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" .venv/bin/python -m pip install -q --no-build
   --disable-pip-version-check .
 DELTASYNC_BIN="$PWD/build/deltasync" .venv/bin/python -m pytest -q tests/python
 
+step "python example: a torch model trains, a replica process follows bit-exactly"
+.venv/bin/python examples/train_and_follow.py --bucket "$demo_dir/example-bucket"
+
+step "python benchmark (--quick; publish from torch vs the TRL-style PyTorch path, figures only)"
+.venv/bin/python bench/python_publish_bench.py --quick
+
 step "demo on a reduced model (2 layers, 12 versions)"
 build/deltasync demo --layers 2 --steps 12 --anchor-interval 5 --bucket "$demo_dir/bucket"
 

@@ -23,20 +23,24 @@
 namespace deltasync {
 namespace {
 
-// The old values at the changed positions, for rollback.
-std::vector<TensorChanges> UndoLogFor(const WeightState& state, std::span<const TensorChanges> changes) {
-  std::vector<TensorChanges> undo;
-  undo.reserve(changes.size());
-  for (const TensorChanges& c : changes) {
+// The old values at the changed positions, for rollback (the indices are
+// the changes' own: no copy of them).
+std::vector<std::vector<uint8_t>> OldValues(const WeightState& state, std::span<const TensorChanges> changes) {
+  std::vector<std::vector<uint8_t>> old(changes.size());
+  for (size_t i = 0; i < changes.size(); ++i) {
+    const TensorChanges& c = changes[i];
     const WeightState::Tensor* t = state.Find(c.name);
-    size_t width = DTypeSize(c.dtype);
-    TensorChanges u{c.name, c.dtype, c.indices, std::vector<uint8_t>(c.values.size())};
-    for (size_t k = 0; k < c.indices.size(); ++k) {
-      std::memcpy(&u.values[k * width], &t->data[c.indices[k] * width], width);
+    const size_t width = DTypeSize(c.dtype);
+    old[i].resize(c.values.size());
+    uint8_t* out = old[i].data();
+    const uint8_t* src = t->data.data();
+    if (width == 2) {
+      for (size_t k = 0; k < c.indices.size(); ++k) std::memcpy(out + 2 * k, src + 2 * c.indices[k], 2);
+    } else {
+      for (size_t k = 0; k < c.indices.size(); ++k) std::memcpy(out + k * width, src + c.indices[k] * width, width);
     }
-    undo.push_back(std::move(u));
   }
-  return undo;
+  return old;
 }
 
 uint64_t CountChanged(std::span<const TensorChanges> changes) {
@@ -228,7 +232,7 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
   stats.version = version;
   bool anchor = first || (options_.anchor_interval > 0 &&
                           version / options_.anchor_interval > last_anchor_ / options_.anchor_interval);
-  std::vector<TensorChanges> undo;
+  std::vector<std::vector<uint8_t>> undo;  // old values, per entry of `changes`
   EncodedPatch delta, cumulative;
   StateHash next_hash;
 
@@ -249,12 +253,14 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
       }
     }
     next_hash = state_hash_ + HashChanges(state_, changes, options_.threads);
-    undo = UndoLogFor(state_, changes);
+    undo = OldValues(state_, changes);
     ApplyChanges(state_, changes, options_.threads);
   }
   WeightState& next_state = first ? *first_state : state_;
   auto rollback = [&] {
-    if (!first) ApplyChanges(state_, undo, options_.threads);
+    if (first) return;
+    for (size_t i = 0; i < changes.size(); ++i) std::swap(changes[i].values, undo[i]);
+    ApplyChanges(state_, changes, options_.threads);
   };
   auto fail = [&](const Status& s) {
     rollback();

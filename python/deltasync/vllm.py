@@ -1,0 +1,449 @@
+"""deltasync as a vLLM weight-transfer backend.
+
+Written against vLLM 0.33.0 (``vllm/distributed/weight_transfer/base.py`` of
+that release: ``WeightTransferEngine`` with ``init_transfer_engine``,
+``start_weight_update``, ``receive_weights(update_info)``,
+``finish_weight_update``, ``shutdown``; engines registered with
+``WeightTransferEngineFactory.register_engine``). Serve with::
+
+    vllm serve MODEL \\
+        --worker-extension-cls deltasync.vllm.DeltaSyncWorkerExtension \\
+        --weight-transfer-config '{"backend": "deltasync"}'
+
+then, per version the trainer published (``deltasync.Publisher``)::
+
+    POST /init_weight_transfer_engine {"init_info": {"bucket": "s3://b/run1"}}   # once
+    POST /start_weight_update
+    POST /update_weights {"update_info": {"version": 12}}
+    POST /finish_weight_update
+
+The worker's :class:`deltasync.Replica` moves to that version (verified, with
+catch-up from the nearest anchor when needed) and hands vLLM either the full
+weights (the first load, or after an anchor: ``model.load_weights`` inside
+vLLM's layerwise reload) or only the changed elements (sparse patches in
+checkpoint coordinates: ``load_checkpoint_weight_patches``).
+
+vLLM is imported lazily: this module imports without it, and
+:class:`DeltaSyncEngine` runs without it (its callbacks are then the
+caller's, as in TRL's ``receive_weights(update_info, load_weights)`` /
+``receive_sparse_weights(update_info, apply_patches)``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import torch as _dtorch
+
+__all__ = [
+    "BACKEND",
+    "VLLM_VERSION",
+    "DeltaSyncEngine",
+    "DeltaSyncInitInfo",
+    "DeltaSyncUpdateInfo",
+    "DeltaSyncWorkerExtension",
+    "SparseWeightPatch",
+    "apply_patches_to_state_dict",
+    "register",
+    "request_update",
+]
+
+VLLM_VERSION = "0.33.0"  # the release this engine was written and checked against
+BACKEND = "deltasync"    # the --weight-transfer-config backend name
+
+_STEP_FILE = re.compile(r"step_(\d+)\.safetensors$")
+_DENSE_CHUNK_BYTES = 512 << 20  # per load_weights call, like vLLM's patch loader
+
+
+@dataclass
+class DeltaSyncInitInfo:
+    """``init_info`` of ``/init_weight_transfer_engine``."""
+
+    bucket: str = ""   # the bucket URL (a directory, file://, s3://); else DELTASYNC_BUCKET
+    threads: int = 0   # the replica's worker threads (0 = all cores)
+    layerwise_reload: bool = True  # wrap full loads in vLLM's layerwise reload
+
+
+@dataclass
+class DeltaSyncUpdateInfo:
+    """``update_info`` of ``/update_weights``.
+
+    ``version``: the version to move to (None: the newest in the manifest).
+    TRL's keys are accepted too, so TRL's control plane can drive this
+    engine: ``repo_id`` names the bucket and ``filename``
+    (``deltas/step_000012.safetensors``) the version; ``update_kind``
+    ("dense"/"sparse_flat") is checked but not needed: the replica knows
+    whether it loaded an anchor or applied deltas.
+    """
+
+    version: int | None = None
+    bucket: str = ""
+    repo_id: str = ""
+    filename: str = ""
+    update_kind: str = ""
+
+    def __post_init__(self) -> None:
+        if self.update_kind not in ("", "dense", "sparse_flat"):
+            raise ValueError(f"unsupported update_kind {self.update_kind!r} (dense, sparse_flat)")
+        if self.version is None and self.filename:
+            m = _STEP_FILE.search(self.filename)
+            if m is None:
+                raise ValueError(f"filename {self.filename!r} does not name a version (step_NNNNNN.safetensors)")
+            self.version = int(m.group(1))
+        if self.version is not None:
+            self.version = int(self.version)
+            if self.version < 1:
+                raise ValueError(f"version must be >= 1, got {self.version}")
+        if not self.bucket:
+            self.bucket = self.repo_id
+
+
+@dataclass
+class SparseWeightPatch:
+    """Changed elements of one weight, in checkpoint coordinates.
+
+    The fields of vLLM 0.33.0's ``sparse_nccl_engine.SparseWeightPatch``:
+    flat (row-major) ``indices`` (int64, ascending), ``values`` (1-D, the
+    weight's dtype: absolute new values, not increments) and the weight's
+    ``full_shape``.
+    """
+
+    name: str
+    indices: torch.Tensor
+    values: torch.Tensor
+    full_shape: tuple[int, ...] = field(default_factory=tuple)
+
+
+def apply_patches_to_state_dict(state_dict, patches: Iterable[SparseWeightPatch]) -> int:
+    """Applies patches to plain torch tensors (no vLLM); returns the elements set."""
+    n = 0
+    with torch.no_grad():
+        for p in patches:
+            dst = state_dict[p.name]
+            idx = p.indices.to(device=dst.device, dtype=torch.int64)
+            _dtorch._flat_put(dst, idx, p.values.to(device=dst.device, dtype=dst.dtype))
+            n += idx.numel()
+    return n
+
+
+class DeltaSyncEngine:
+    """The engine, without vLLM: follows a bucket and delivers each version.
+
+    ``receive_weights(update_info, load_weights=None)`` moves the replica to
+    the requested version and delivers what changed:
+
+    - everything (first load, or the replica loaded an anchor): through
+      ``load_weights(list[(name, tensor)])`` (chunked, ~512 MiB a call);
+    - otherwise only the changed elements, through
+      ``apply_patches(list[SparseWeightPatch])`` (indices and values on the
+      engine's device). Without ``apply_patches`` the changed tensors are
+      delivered whole through ``load_weights`` instead; without
+      ``load_weights`` a full load goes out as patches covering every element.
+
+    Tensors handed to ``load_weights`` share the replica's memory: copy them
+    before returning (``Tensor.copy_`` does), never write into them.
+    If a callback fails, the next update delivers everything again.
+    """
+
+    init_info_cls = DeltaSyncInitInfo
+    update_info_cls = DeltaSyncUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, bucket: str = "", *, threads: int = 0, device: str | torch.device = "cpu",
+                 load_weights: Callable | None = None, apply_patches: Callable | None = None) -> None:
+        self._setup(bucket, threads, device, load_weights, apply_patches)
+
+    def _setup(self, bucket, threads, device, load_weights, apply_patches) -> None:
+        self.init_info = DeltaSyncInitInfo(bucket=bucket, threads=threads)
+        self.target_device = torch.device(device)
+        self._load_weights = load_weights
+        self._apply_patches = apply_patches
+        self._replica = None
+        self._replica_bucket = ""
+        self._force_full = False
+        self.last_update: dict[str, Any] = {}
+
+    # --- vLLM's lifecycle ---------------------------------------------------------------
+    def parse_init_info(self, init_dict: dict[str, Any]) -> DeltaSyncInitInfo:
+        try:
+            return DeltaSyncInitInfo(**init_dict)
+        except TypeError as e:
+            raise ValueError(f"invalid init_info for {type(self).__name__}: {e}") from e
+
+    def parse_update_info(self, update_dict: dict[str, Any]) -> DeltaSyncUpdateInfo:
+        try:
+            return DeltaSyncUpdateInfo(**update_dict)
+        except TypeError as e:
+            raise ValueError(f"invalid update_info for {type(self).__name__}: {e}") from e
+
+    def init_transfer_engine(self, init_info: DeltaSyncInitInfo) -> None:
+        self.init_info = init_info
+        if self._replica is not None and init_info.bucket and init_info.bucket != self._replica_bucket:
+            self._replica = None
+
+    def start_weight_update(self) -> None:
+        """No-op: the full-load path runs vLLM's layerwise reload itself, inside one update."""
+
+    def finish_weight_update(self) -> None:
+        """No-op (see start_weight_update)."""
+
+    def update_weights(self, update_info: dict[str, Any], load_weights: Callable | None = None,
+                       apply_patches: Callable | None = None) -> None:
+        """vLLM's entry point: parses ``update_info`` and delivers through the given or default callbacks."""
+        info = self.parse_update_info(update_info)
+        if load_weights is None and apply_patches is None:
+            load_weights, apply_patches = self._default_load_weights(), self._default_apply_patches()
+        self._receive(info, load_weights, apply_patches)
+        self._synchronize()
+
+    def receive_weights(self, update_info: DeltaSyncUpdateInfo, load_weights: Callable | None = None) -> None:
+        """vLLM 0.33.0's ``receive_weights(update_info)`` (the engine's own callbacks), or TRL's
+        ``receive_weights(update_info, load_weights)``: everything through ``load_weights``
+        (only the changed tensors, whole, after the first load)."""
+        if load_weights is None:
+            self._receive(update_info, self._default_load_weights(), self._default_apply_patches())
+        else:
+            self._receive(update_info, load_weights, None)
+
+    def receive_sparse_weights(self, update_info: DeltaSyncUpdateInfo,
+                               apply_patches: Callable | None = None) -> None:
+        """TRL's ``receive_sparse_weights(update_info, apply_patches)``: everything through
+        patches (a full load as patches covering every element)."""
+        if apply_patches is None:
+            self._receive(update_info, self._default_load_weights(), self._default_apply_patches())
+        else:
+            self._receive(update_info, None, apply_patches)
+
+    def shutdown(self) -> None:
+        self._replica = None
+
+    # --- state ----------------------------------------------------------------------------
+    @property
+    def replica(self):
+        return self._replica
+
+    @property
+    def version(self) -> int:
+        return 0 if self._replica is None else self._replica.version
+
+    # --- the work -------------------------------------------------------------------------
+    def _default_load_weights(self):
+        return self._load_weights
+
+    def _default_apply_patches(self):
+        return self._apply_patches
+
+    def _synchronize(self) -> None:
+        if self.target_device.type == "cuda":
+            torch.cuda.synchronize(self.target_device)
+
+    def _replica_for(self, bucket: str):
+        from . import Replica
+
+        bucket = bucket or self.init_info.bucket or os.environ.get("DELTASYNC_BUCKET", "")
+        if not bucket:
+            raise ValueError("no bucket: pass init_info {'bucket': URL}, update_info 'bucket', "
+                             "or set DELTASYNC_BUCKET")
+        if self._replica is None or bucket != self._replica_bucket:
+            self._replica = Replica(bucket, threads=self.init_info.threads)
+            self._replica_bucket = bucket
+            self._force_full = True
+        return self._replica
+
+    def _receive(self, info: DeltaSyncUpdateInfo, load_weights, apply_patches) -> None:
+        if load_weights is None and apply_patches is None:
+            raise ValueError(f"{type(self).__name__}: no load_weights or apply_patches callback "
+                             "(pass one, or construct the engine with a default)")
+        t0 = time.perf_counter()
+        replica = self._replica_for(info.bucket)
+        before = replica.version
+        replica.update(info.version)
+        t_update = time.perf_counter()
+        everything, changes = replica._take_changes()
+        if self._force_full:
+            everything = True
+        src = _dtorch.tensors(replica)
+        self._force_full = True  # until the delivery below completes
+        if everything:
+            names = list(src)
+            kind = "dense" if load_weights is not None else "sparse_flat"
+        else:
+            names = [n for n, idx in changes.items() if len(idx)]
+            kind = "sparse_flat" if apply_patches is not None else "dense"
+        elements = 0
+        if kind == "dense":
+            elements = self._deliver_dense(load_weights, src, names, full=everything)
+        else:
+            patches = []
+            for name in names:
+                t = src[name]
+                if everything:
+                    idx = torch.arange(t.numel(), dtype=torch.int64)
+                else:
+                    idx = torch.from_numpy(np.asarray(changes[name]).astype(np.int64, copy=False))
+                vals = t.reshape(-1).index_select(0, idx)
+                patches.append(SparseWeightPatch(name, idx.to(self.target_device), vals.to(self.target_device),
+                                                 tuple(t.shape)))
+                elements += idx.numel()
+            if patches:
+                apply_patches(patches)
+        self._force_full = False
+        self.last_update = {
+            "from_version": before, "version": replica.version, "kind": kind, "tensors": len(names),
+            "elements": elements, "update_s": t_update - t0, "deliver_s": time.perf_counter() - t_update,
+        }
+
+    def _deliver_dense(self, load_weights, src, names, *, full: bool) -> int:
+        elements, chunk, chunk_bytes = 0, [], 0
+        for name in names:
+            t = src[name]
+            nbytes = t.numel() * t.element_size()
+            if chunk and chunk_bytes + nbytes > _DENSE_CHUNK_BYTES:
+                load_weights(chunk)
+                chunk, chunk_bytes = [], 0
+            chunk.append((name, t))
+            chunk_bytes += nbytes
+            elements += t.numel()
+        if chunk:
+            load_weights(chunk)
+        return elements
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM glue (imported lazily)
+
+_engine_class = None
+
+
+def _vllm_engine_class():
+    """Builds DeltaSyncWeightTransferEngine: DeltaSyncEngine on vLLM's WeightTransferEngine."""
+    global _engine_class
+    if _engine_class is not None:
+        return _engine_class
+    from vllm.distributed.weight_transfer.base import WeightTransferEngine
+
+    class DeltaSyncWeightTransferEngine(DeltaSyncEngine, WeightTransferEngine):
+        """The deltasync backend inside a vLLM worker (vLLM 0.33.0's engine contract)."""
+
+        init_info_cls = DeltaSyncInitInfo
+        update_info_cls = DeltaSyncUpdateInfo
+        supports_draft_weight_update = False
+
+        def __init__(self, config, vllm_config, device, model) -> None:
+            WeightTransferEngine.__init__(self, config, vllm_config, device, model)
+            self._setup("", 0, device, None, None)
+
+        def _default_load_weights(self):
+            return self._vllm_load_weights
+
+        def _default_apply_patches(self):
+            return self._vllm_apply_patches
+
+        def _synchronize(self) -> None:
+            # As vLLM's own update_weights does, so the next step sees the weights.
+            if self.device.type != "cpu" and torch.accelerator.is_available():
+                torch.accelerator.synchronize()
+
+        def update_weights(self, update_info, load_weights=None, apply_patches=None) -> None:
+            DeltaSyncEngine.update_weights(self, update_info, load_weights, apply_patches)
+
+        def _vllm_load_weights(self, weights) -> None:
+            self.model.load_weights(weights)
+
+        def _deliver_dense(self, load_weights, src, names, *, full: bool) -> int:
+            if load_weights != self._vllm_load_weights or not self.init_info.layerwise_reload:
+                return DeltaSyncEngine._deliver_dense(self, load_weights, src, names, full=full)
+            # Checkpoint-format loads go through vLLM's layerwise reload, as its
+            # NCCL and IPC engines do between start and finish_weight_update.
+            from vllm.model_executor.model_loader.reload import (
+                finalize_layerwise_reload,
+                initialize_layerwise_reload,
+            )
+
+            initialize_layerwise_reload(self.model)
+            n = DeltaSyncEngine._deliver_dense(self, load_weights, src, names, full=full)
+            finalize_layerwise_reload(self.model, self.model_config)
+            return n
+
+        def _vllm_apply_patches(self, patches) -> None:
+            from vllm.model_executor.model_loader.checkpoint_weight_patch import (
+                CheckpointWeightPatch,
+                load_checkpoint_weight_patches,
+            )
+
+            load_checkpoint_weight_patches(self.model, [
+                CheckpointWeightPatch(name=p.name, shape=tuple(p.full_shape), dtype=p.values.dtype,
+                                      values=p.values, indices=p.indices)
+                for p in patches
+            ], validate_unique_indices=False)  # the replica's indices are strictly ascending
+
+    _engine_class = DeltaSyncWeightTransferEngine
+    return _engine_class
+
+
+def register() -> None:
+    """Registers the ``deltasync`` backend with vLLM's WeightTransferEngineFactory (idempotent)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(BACKEND, _vllm_engine_class())
+
+
+class DeltaSyncWorkerExtension:
+    """vLLM worker extension (``--worker-extension-cls deltasync.vllm.DeltaSyncWorkerExtension``).
+
+    vLLM imports this module in every worker process to resolve the class,
+    which registers the ``deltasync`` backend there (the factory's registry
+    is per process). Its methods become worker methods, reachable with
+    ``collective_rpc``.
+    """
+
+    def deltasync_status(self) -> dict[str, Any]:
+        engine = getattr(self, "weight_transfer_engine", None)
+        if not isinstance(engine, DeltaSyncEngine):
+            return {"backend": None}
+        return {"backend": BACKEND, "bucket": engine._replica_bucket, "version": engine.version,
+                "last_update": engine.last_update}
+
+
+def request_update(server_url: str, version: int | None = None, *, bucket: str = "", timeout: float = 600) -> None:
+    """The trainer's side of the control plane: asks a vLLM server to move to ``version``.
+
+    ``POST /start_weight_update``, ``/update_weights`` and ``/finish_weight_update``
+    (vLLM 0.33.0's RL routes). Raises urllib's HTTPError on a failure.
+    """
+    def post(path: str, body: dict) -> None:
+        req = urllib.request.Request(server_url.rstrip("/") + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            resp.read()
+
+    info: dict[str, Any] = {}
+    if version is not None:
+        info["version"] = int(version)
+    if bucket:
+        info["bucket"] = bucket
+    post("/start_weight_update", {})
+    post("/update_weights", {"update_info": info})
+    post("/finish_weight_update", {})
+
+
+def __getattr__(name: str):
+    if name == "DeltaSyncWeightTransferEngine":
+        return _vllm_engine_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# Inside a vLLM process (a worker resolving --worker-extension-cls), register now.
+if "vllm" in sys.modules:
+    register()
