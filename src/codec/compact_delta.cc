@@ -46,6 +46,13 @@ inline int Class(uint16_t b) {
   return e <= 112 ? 0 : e >= 127 ? 15 : e - 112;
 }
 
+// Class() of every exponent byte.
+constexpr std::array<uint8_t, 256> kClassOfExponent = [] {
+  std::array<uint8_t, 256> t{};
+  for (int e = 0; e < 256; ++e) t[e] = static_cast<uint8_t>(e <= 112 ? 0 : e >= 127 ? 15 : e - 112);
+  return t;
+}();
+
 bool NonFinite(uint16_t b) { return (b & 0x7F80) == 0x7F80; }
 
 // Gaps (bf16 mode) are Rice-coded per class in blocks of up to kRiceBlock
@@ -177,24 +184,30 @@ Status EncodeTensor(const TensorChanges& c, const WeightState::Tensor& base, std
   // unchanged class-cl elements after the previous change of that class.
   std::array<std::vector<uint64_t>, kClasses> gaps_c;
   std::array<std::vector<uint8_t>, kClasses> diffs_c, escapes_c;
-  std::array<uint64_t, kClasses> skip{};
+  // Unchanged elements are counted per class in four interleaved tables, so
+  // that runs of one class do not serialise on one counter; a change of
+  // class cl reads and clears its four counters.
+  std::array<std::array<uint64_t, kClasses>, 4> skip{};
   const uint8_t* b = base.data.data();
-  const uint64_t end = c.count() ? c.indices.back() + 1 : 0;
-  size_t k = 0;
-  for (uint64_t i = 0; i < end; ++i) {
-    const uint16_t o = Load16(b + 2 * i);
-    const int cl = Class(o);
-    if (c.indices[k] != i) {
-      ++skip[cl];
-      continue;
+  uint64_t i = 0;
+  for (size_t k = 0; k < c.count(); ++k) {
+    const uint64_t idx = c.indices[k];
+    for (; i + 4 <= idx; i += 4) {
+      ++skip[0][kClassOfExponent[Load16(b + 2 * i) >> 7 & 0xFF]];
+      ++skip[1][kClassOfExponent[Load16(b + 2 * i + 2) >> 7 & 0xFF]];
+      ++skip[2][kClassOfExponent[Load16(b + 2 * i + 4) >> 7 & 0xFF]];
+      ++skip[3][kClassOfExponent[Load16(b + 2 * i + 6) >> 7 & 0xFF]];
     }
-    gaps_c[cl].push_back(skip[cl]);
-    skip[cl] = 0;
+    for (; i < idx; ++i) ++skip[0][kClassOfExponent[Load16(b + 2 * i) >> 7 & 0xFF]];
+    const uint16_t o = Load16(b + 2 * idx);
+    const int cl = Class(o);
+    gaps_c[cl].push_back(skip[0][cl] + skip[1][cl] + skip[2][cl] + skip[3][cl]);
+    skip[0][cl] = skip[1][cl] = skip[2][cl] = skip[3][cl] = 0;
     const uint16_t v = Load16(c.values.data() + 2 * k);
     const uint8_t d = DiffByte(o, v);
     diffs_c[cl].push_back(d);
     if (d == kEscape) escapes_c[cl].insert(escapes_c[cl].end(), c.values.data() + 2 * k, c.values.data() + 2 * k + 2);
-    ++k;
+    i = idx + 1;
   }
   compact::BitWriter gap_bits;
   std::vector<uint8_t> escapes;
