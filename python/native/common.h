@@ -15,6 +15,7 @@
 
 #include "deltasync/status.h"
 #include "deltasync/tensor.h"
+#include "deltasync/weight_state.h"
 
 namespace deltasync::py {
 
@@ -60,6 +61,11 @@ nb::object ExportTensor(const void* data, DType dtype, const std::vector<uint64_
 
 // "numpy" -> false, "torch" -> true; anything else raises InvalidArgumentError.
 bool ParseFramework(std::string_view framework);
+
+// [(name, dtype name, read-only array)] over `state`'s tensors, read under
+// `mutex` without the GIL; the arrays keep `owner` alive (their memory is
+// owned by the object behind it).
+nb::list ExportState(std::mutex& mutex, const WeightState& state, nb::handle owner, std::string_view framework);
 
 // Runs f() with the GIL released and `mutex` held (in that order, so a thread
 // waiting for the mutex never blocks other Python threads). f must not touch

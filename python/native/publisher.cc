@@ -178,26 +178,7 @@ class PyPublisher {
   // [(name, dtype name, read-only array)] over the published snapshot; the
   // arrays keep this object alive and change when a version is published.
   nb::list StateTensors(nb::handle self, const std::string& framework) {
-    const bool torch = ParseFramework(framework);
-    struct Item {
-      std::string name;
-      DType dtype;
-      std::vector<uint64_t> shape;
-      const void* data;
-    };
-    std::vector<Item> out = WithoutGil(mu_, [&] {
-      std::vector<Item> v;
-      for (const WeightState::Tensor& t : pub_->state().tensors()) {
-        v.push_back(Item{t.name, t.dtype, t.shape, t.data.data()});
-      }
-      return v;
-    });
-    nb::list list;
-    for (const Item& it : out) {
-      list.append(nb::make_tuple(it.name, std::string(DTypeName(it.dtype)),
-                                 ExportTensor(it.data, it.dtype, it.shape, self, torch)));
-    }
-    return list;
+    return ExportState(mu_, pub_->state(), self, framework);
   }
 
  private:

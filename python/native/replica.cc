@@ -70,26 +70,7 @@ class PyReplica {
   // [(name, dtype name, read-only array)]: views of the held state that keep
   // this object alive; their contents change on update().
   nb::list Tensors(nb::handle self, const std::string& framework) {
-    const bool torch = ParseFramework(framework);
-    struct Item {
-      std::string name;
-      DType dtype;
-      std::vector<uint64_t> shape;
-      const void* data;
-    };
-    std::vector<Item> out = WithoutGil(mu_, [&] {
-      std::vector<Item> v;
-      for (const WeightState::Tensor& t : replica_->state().tensors()) {
-        v.push_back(Item{t.name, t.dtype, t.shape, t.data.data()});
-      }
-      return v;
-    });
-    nb::list list;
-    for (const Item& it : out) {
-      list.append(nb::make_tuple(it.name, std::string(DTypeName(it.dtype)),
-                                 ExportTensor(it.data, it.dtype, it.shape, self, torch)));
-    }
-    return list;
+    return ExportState(mu_, replica_->state(), self, framework);
   }
 
   // (everything, {name: uint64 flat indices}) = Replica::TakeChanges(); the

@@ -31,6 +31,7 @@
 #include "deltasync/server.h"
 #include "deltasync/state_hash.h"
 #include "deltasync/store.h"
+#include "testing/bucket_util.h"
 #include "testing/random_model.h"
 #include "testing/temp_dir.h"
 
@@ -50,12 +51,6 @@ inline bool WaitUntil(const std::function<bool()>& done, std::chrono::millisecon
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return true;
-}
-
-inline std::shared_ptr<Store> OpenDirStore(const std::string& dir) {
-  auto s = LocalStore::Open(dir);
-  EXPECT_TRUE(s.ok()) << s.status().ToString();
-  return s.ok() ? std::shared_ptr<Store>(std::move(*s)) : nullptr;
 }
 
 // A bucket in a temporary directory with a publisher over a RandomModel.

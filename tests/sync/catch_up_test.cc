@@ -11,6 +11,7 @@
 #include "deltasync/publisher.h"
 #include "deltasync/replica.h"
 #include "deltasync/retention.h"
+#include "testing/bucket_util.h"
 #include "testing/random_model.h"
 #include "testing/temp_dir.h"
 
@@ -18,21 +19,9 @@ namespace deltasync {
 namespace {
 
 using testing::RandomModel;
+using testing::OpenDirStore;
+using testing::ReadManifest;
 using testing::TempDir;
-
-std::shared_ptr<Store> OpenDir(const std::string& dir) {
-  auto s = LocalStore::Open(dir);
-  EXPECT_TRUE(s.ok()) << s.status().ToString();
-  return std::shared_ptr<Store>(std::move(*s));
-}
-
-Manifest ReadManifest(Store& store) {
-  auto blob = store.Get(kManifestKey);
-  EXPECT_TRUE(blob.ok());
-  auto m = Manifest::Parse(blob->bytes());
-  EXPECT_TRUE(m.ok()) << m.status().ToString();
-  return *m;
-}
 
 std::unique_ptr<Publisher> OpenPublisher(std::shared_ptr<Store> store, PublisherOptions options) {
   auto p = Publisher::Open(std::move(store), std::move(options));
@@ -50,7 +39,7 @@ class CumulativeTest : public ::testing::TestWithParam<IndexEncoding> {};
 
 TEST_P(CumulativeTest, FreshReplicasCatchUpThroughOneCumulativeDelta) {
   TempDir dir;
-  auto store = OpenDir(dir.path());
+  auto store = OpenDirStore(dir.path());
   PublisherOptions options;
   options.anchor_interval = 100;
   options.cumulative_interval = 4;
@@ -103,7 +92,7 @@ TEST_P(CumulativeTest, FreshReplicasCatchUpThroughOneCumulativeDelta) {
 
 TEST_P(CumulativeTest, AReopenedPublisherContinuesTheCumulativeChain) {
   TempDir dir;
-  auto store = OpenDir(dir.path());
+  auto store = OpenDirStore(dir.path());
   PublisherOptions options;
   options.anchor_interval = 100;
   options.cumulative_interval = 2;
@@ -135,7 +124,7 @@ INSTANTIATE_TEST_SUITE_P(Encodings, CumulativeTest,
 
 TEST(AdaptiveAnchorTest, ANewAnchorWhenTheCumulativeDeltaOutgrowsTheFraction) {
   TempDir dir;
-  auto store = OpenDir(dir.path());
+  auto store = OpenDirStore(dir.path());
   PublisherOptions options;
   options.anchor_interval = 1000;
   // RandomModel's steps are a random walk (+-1 ULP), so the cumulative
@@ -167,7 +156,7 @@ TEST(AdaptiveAnchorTest, ANewAnchorWhenTheCumulativeDeltaOutgrowsTheFraction) {
 
 TEST(PublishChangesTest, SameBytesAsPublishingTheFullTensors) {
   TempDir a_dir, b_dir;
-  auto a_store = OpenDir(a_dir.path()), b_store = OpenDir(b_dir.path());
+  auto a_store = OpenDirStore(a_dir.path()), b_store = OpenDirStore(b_dir.path());
   PublisherOptions options;
   options.anchor_interval = 3;
   auto a = OpenPublisher(a_store, options);
@@ -201,7 +190,7 @@ TEST(PublishChangesTest, SameBytesAsPublishingTheFullTensors) {
 
 TEST(PublishChangesTest, BadChangesAreRefusedAndChangeNothing) {
   TempDir dir;
-  auto store = OpenDir(dir.path());
+  auto store = OpenDirStore(dir.path());
   auto pub = OpenPublisher(store, {});
   RandomModel model(15);
   std::vector<TensorView> views = model.Views();
@@ -247,7 +236,7 @@ TEST(PublishChangesTest, BadChangesAreRefusedAndChangeNothing) {
 // A background publisher snapshots the trainer's tensors, which then move on.
 TEST(SnapshotTest, PublishesWhatTheTensorsHeldWhenTaken) {
   TempDir dir;
-  auto store = OpenDir(dir.path());
+  auto store = OpenDirStore(dir.path());
   auto pub = OpenPublisher(store, {});
   RandomModel model(19);
   Result<WeightState> snap = pub->Snapshot(model.Views());
@@ -277,7 +266,7 @@ TEST(SnapshotTest, PublishesWhatTheTensorsHeldWhenTaken) {
 // elements that differ since it last looked.
 TEST(TrackChangesTest, TakeChangesNamesExactlyWhatChanged) {
   TempDir dir;
-  auto store = OpenDir(dir.path());
+  auto store = OpenDirStore(dir.path());
   PublisherOptions options;
   options.anchor_interval = 1000;
   auto pub = OpenPublisher(store, options);
@@ -329,7 +318,7 @@ TEST(TrackChangesTest, TakeChangesNamesExactlyWhatChanged) {
 // Views of the state stay valid across updates, anchors included.
 TEST(TrackChangesTest, AnAnchorIsCopiedIntoTheSameBuffers) {
   TempDir dir;
-  auto store = OpenDir(dir.path());
+  auto store = OpenDirStore(dir.path());
   PublisherOptions options;
   options.anchor_interval = 4;
   auto pub = OpenPublisher(store, options);
@@ -354,7 +343,7 @@ TEST(TrackChangesTest, AnAnchorIsCopiedIntoTheSameBuffers) {
 
 TEST(RetentionTest, KeepsTheNewestAnchorsAndEverythingTheirChainsNeed) {
   TempDir dir;
-  auto store = OpenDir(dir.path());
+  auto store = OpenDirStore(dir.path());
   PublisherOptions options;
   options.anchor_interval = 4;
   options.cumulative_interval = 2;

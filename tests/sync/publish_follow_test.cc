@@ -13,6 +13,7 @@
 #include "deltasync/replica.h"
 #include "deltasync/safetensors.h"
 #include "testing/fault_store.h"
+#include "testing/bucket_util.h"
 #include "testing/random_model.h"
 #include "testing/temp_dir.h"
 
@@ -21,13 +22,9 @@ namespace {
 
 using testing::FaultStore;
 using testing::RandomModel;
+using testing::OpenDirStore;
+using testing::ReadManifest;
 using testing::TempDir;
-
-std::shared_ptr<Store> OpenDir(const std::string& dir) {
-  auto s = LocalStore::Open(dir);
-  EXPECT_TRUE(s.ok()) << s.status().ToString();
-  return std::shared_ptr<Store>(std::move(*s));
-}
 
 // The expected published state: the model's tensors as they are (bf16 and F32).
 void ExpectStateEquals(const WeightState& state, const RandomModel& model) {
@@ -42,14 +39,6 @@ void ExpectStateEquals(const WeightState& state, const RandomModel& model) {
   }
 }
 
-Manifest ReadManifest(Store& store) {
-  auto blob = store.Get(kManifestKey);
-  EXPECT_TRUE(blob.ok());
-  auto m = Manifest::Parse(blob->bytes());
-  EXPECT_TRUE(m.ok()) << m.status().ToString();
-  return *m;
-}
-
 void WriteManifest(Store& store, const Manifest& m) {
   std::string json = m.ToJson();
   ASSERT_TRUE(store.Put(kManifestKey, ByteSpan(reinterpret_cast<const uint8_t*>(json.data()), json.size())).ok());
@@ -58,7 +47,7 @@ void WriteManifest(Store& store, const Manifest& m) {
 TEST(PublishFollowTest, BitExactOverManyVersionsWithGapsAndRandomAnchors) {
   for (uint64_t seed : {1u, 2u, 3u}) {
     TempDir dir;
-    auto store = OpenDir(dir.path());
+    auto store = OpenDirStore(dir.path());
     std::mt19937_64 rng(seed);
     PublisherOptions options;
     options.anchor_interval = 1 + rng() % 7;
@@ -111,7 +100,7 @@ TEST(PublishFollowTest, BitExactOverManyVersionsWithGapsAndRandomAnchors) {
 
 TEST(PublishFollowTest, Fp32MastersAreRoundedToNearestEven) {
   TempDir dir;
-  auto store = OpenDir(dir.path());
+  auto store = OpenDirStore(dir.path());
   auto publisher = Publisher::Open(store);
   ASSERT_TRUE(publisher.ok());
   // 1.0 + 2^-8 is a tie between bf16 1.0 (even) and the next value: rounds down.
@@ -134,7 +123,7 @@ TEST(PublishFollowTest, Fp32MastersAreRoundedToNearestEven) {
 class DamageTest : public ::testing::TestWithParam<IndexEncoding> {
  protected:
   void SetUp() override {
-    store_ = OpenDir(dir_.path());
+    store_ = OpenDirStore(dir_.path());
     PublisherOptions options;
     options.anchor_interval = 4;
     options.encoding = GetParam();
@@ -351,7 +340,7 @@ INSTANTIATE_TEST_SUITE_P(Encodings, DamageTest, ::testing::Values(IndexEncoding:
 
 TEST(PublisherTest, RefusesOldVersionsAndNonFinite) {
   TempDir dir;
-  auto store = OpenDir(dir.path());
+  auto store = OpenDirStore(dir.path());
   auto pub = Publisher::Open(store);
   ASSERT_TRUE(pub.ok());
   RandomModel model(3);
@@ -373,7 +362,7 @@ TEST(PublisherTest, RefusesOldVersionsAndNonFinite) {
 // is not updated; the publisher is unchanged and a retry succeeds.
 TEST(PublisherTest, FailedManifestWriteLeavesNothingCommitted) {
   TempDir dir;
-  auto faulty = std::make_shared<FaultStore>(OpenDir(dir.path()));
+  auto faulty = std::make_shared<FaultStore>(OpenDirStore(dir.path()));
   auto pub = Publisher::Open(faulty);
   ASSERT_TRUE(pub.ok());
   RandomModel model(4);
@@ -402,7 +391,7 @@ TEST(PublisherTest, FailedManifestWriteLeavesNothingCommitted) {
 
 TEST(PublisherTest, ReopenContinuesFromTheBucket) {
   TempDir dir;
-  auto store = OpenDir(dir.path());
+  auto store = OpenDirStore(dir.path());
   RandomModel model(5);
   {
     auto pub = Publisher::Open(store);
@@ -427,7 +416,7 @@ TEST(PublisherTest, ReopenContinuesFromTheBucket) {
 
 TEST(PublisherTest, TwoPublishersCannotOverwriteEachOther) {
   TempDir dir;
-  auto store = OpenDir(dir.path());
+  auto store = OpenDirStore(dir.path());
   RandomModel model(6);
   auto a = Publisher::Open(store);
   ASSERT_TRUE(a.ok());
@@ -447,7 +436,7 @@ TEST(PublisherTest, TwoPublishersCannotOverwriteEachOther) {
 // the publisher must recognise its own commit by the writer stamp.
 TEST(PublisherTest, RecognisesItsOwnManifestWriteAfterAConflictingRetry) {
   TempDir dir;
-  auto faulty = std::make_shared<FaultStore>(OpenDir(dir.path()));
+  auto faulty = std::make_shared<FaultStore>(OpenDirStore(dir.path()));
   auto pub = Publisher::Open(faulty);
   ASSERT_TRUE(pub.ok());
   RandomModel model(9);
@@ -477,7 +466,7 @@ TEST(PublisherTest, RecognisesItsOwnManifestWriteAfterAConflictingRetry) {
 
 TEST(ReplicaTest, ClearErrorsForEmptyBucketAndUnknownVersions) {
   TempDir dir;
-  auto store = OpenDir(dir.path());
+  auto store = OpenDirStore(dir.path());
   auto replica = Replica::Create(store);
   auto r = replica->Update();
   ASSERT_FALSE(r.ok());

@@ -1,0 +1,31 @@
+// Helpers for tests that publish into a local bucket and look at it.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "deltasync/manifest.h"
+#include "deltasync/store.h"
+
+namespace deltasync::testing {
+
+// A LocalStore over `dir` (created when missing).
+inline std::shared_ptr<Store> OpenDirStore(const std::string& dir) {
+  auto s = LocalStore::Open(dir);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::shared_ptr<Store>(std::move(*s)) : nullptr;
+}
+
+// The bucket's manifest, parsed (a test failure when it is missing or bad).
+inline Manifest ReadManifest(Store& store) {
+  auto blob = store.Get(kManifestKey);
+  EXPECT_TRUE(blob.ok()) << blob.status().ToString();
+  if (!blob.ok()) return {};
+  auto m = Manifest::Parse(blob->bytes());
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? *m : Manifest{};
+}
+
+}  // namespace deltasync::testing
