@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include <nanobind/stl/string.h>
+
 #include <optional>
 
 namespace deltasync::py {
