@@ -75,8 +75,15 @@ uint64_t RiceBits(uint64_t gap, int k) {
 void PutRice(compact::BitWriter& w, uint64_t gap, int k) {
   const uint64_t q = gap >> k;
   if (q < kUnaryEscape) {
-    w.Put((uint64_t{1} << q) - 1, static_cast<int>(q) + 1);  // q ones, then a zero
-    w.Put(gap, k);
+    // q ones, a zero, then the k low bits; one write when it fits.
+    const uint64_t unary = (uint64_t{1} << q) - 1;
+    if (q + 1 + k <= 56) {
+      const uint64_t low = k == 0 ? 0 : gap & ((uint64_t{1} << k) - 1);
+      w.Put(unary | (low << (q + 1)), static_cast<int>(q) + 1 + k);
+    } else {
+      w.Put(unary, static_cast<int>(q) + 1);
+      w.Put(gap, k);
+    }
   } else {
     w.Put((uint64_t{1} << kUnaryEscape) - 1, kUnaryEscape);
     w.Put(static_cast<uint64_t>(BitWidth(gap)), 7);
@@ -93,16 +100,18 @@ void PutRiceGaps(compact::BitWriter& w, const std::vector<uint64_t>& gaps) {
     // decides among it and its neighbours.
     const double scaled = sum / static_cast<double>(e - b) * 0.6931471805599453;
     const int guess = scaled >= 1 ? std::min(kMaxRiceK, static_cast<int>(std::log2(scaled))) : 0;
-    int best_k = guess;
-    uint64_t best_bits = UINT64_MAX;
-    for (int k = std::max(0, guess - 1); k <= std::min(kMaxRiceK, guess + 1); ++k) {
-      uint64_t bits = 0;
-      for (size_t i = b; i < e; ++i) bits += RiceBits(gaps[i], k);
-      if (bits < best_bits) {
-        best_bits = bits;
-        best_k = k;
-      }
+    // The three candidates' costs in one pass (k = guess - 1 only when >= 0).
+    const int lo = std::max(0, guess - 1), hi = std::min(kMaxRiceK, guess + 1);
+    uint64_t cost[3] = {0, 0, 0};
+    for (size_t i = b; i < e; ++i) {
+      cost[0] += RiceBits(gaps[i], lo);
+      cost[1] += RiceBits(gaps[i], lo + 1 <= hi ? lo + 1 : lo);
+      cost[2] += RiceBits(gaps[i], hi);
     }
+    int best_k = lo;
+    uint64_t best_bits = cost[0];
+    if (lo + 1 <= hi && cost[1] < best_bits) best_bits = cost[1], best_k = lo + 1;
+    if (cost[2] < best_bits) best_bits = cost[2], best_k = hi;
     w.Put(static_cast<uint64_t>(best_k), 6);
     for (size_t i = b; i < e; ++i) PutRice(w, gaps[i], best_k);
   }

@@ -3,7 +3,9 @@
 // stored raw or as one zstd frame, with its decompressed length up front).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <span>
 #include <string>
@@ -89,29 +91,34 @@ class BitWriter {
  public:
   // The low `bits` bits of `value` (bits <= 64).
   void Put(uint64_t value, int bits) {
-    if (bits > 32) {
+    if (bits > 56) {
       Put(value & 0xFFFFFFFFu, 32);
       Put(value >> 32, bits - 32);
       return;
     }
     if (bits < 64) value &= (uint64_t{1} << bits) - 1;
-    acc_ |= value << n_;
+    acc_ |= value << n_;  // n_ < 8, bits <= 56: fits
     n_ += bits;
-    while (n_ >= 8) {
-      out_.push_back(static_cast<uint8_t>(acc_));
-      acc_ >>= 8;
-      n_ -= 8;
-    }
+    // Store all 8 accumulator bytes, keep the whole ones.
+    if (out_.size() < pos_ + 8) out_.resize(std::max<size_t>(64, 2 * (pos_ + 8)));
+    std::memcpy(out_.data() + pos_, &acc_, 8);
+    const int whole = n_ >> 3;
+    pos_ += static_cast<size_t>(whole);
+    acc_ = whole == 8 ? 0 : acc_ >> (8 * whole);
+    n_ &= 7;
   }
   std::vector<uint8_t> Finish() {
+    out_.resize(pos_);
     if (n_ > 0) out_.push_back(static_cast<uint8_t>(acc_));
     acc_ = 0;
     n_ = 0;
+    pos_ = 0;
     return std::move(out_);
   }
 
  private:
   std::vector<uint8_t> out_;
+  size_t pos_ = 0;   // whole bytes written
   uint64_t acc_ = 0;
   int n_ = 0;  // < 8 between calls
 };
