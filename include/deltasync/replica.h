@@ -79,6 +79,14 @@ class Replica {
   const Manifest& manifest() const { return manifest_; }
   // Re-reads the manifest without moving.
   Status Refresh();
+  // Recomputes the held state's hash from its bytes (O(model), about 0.1 s
+  // per GB per thread) and compares it with the manifest's for the held
+  // version: catches memory changed behind the replica's back, such as a
+  // consumer writing into views of the state. On a mismatch: kIntegrity
+  // naming the version, and the replica no longer vouches for its state
+  // (version() becomes 0, so the next Update() reloads from an anchor, into
+  // the same buffers). kFailedPrecondition when nothing is held.
+  Status Verify();
   // What changed since the previous call (see ChangedElements), and resets
   // the record. A consumer that mirrors the state elsewhere (a GPU copy)
   // copies only these elements.

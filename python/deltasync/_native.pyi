@@ -61,6 +61,9 @@ class Replica:
     # as uint8; torch: bf16 as torch.bfloat16. The views keep the replica alive
     # and keep their address across updates (contents change in place).
     def tensors(self, framework: str = "numpy") -> list[tuple[str, str, Any]]: ...
+    # Recomputes the held state's hash (deltasync::Replica::Verify); raises
+    # IntegrityError (and holds version 0) when the memory was changed.
+    def verify(self) -> None: ...
     # (everything, {name: sorted uint64 flat indices}) = Replica::TakeChanges().
     def take_changes(self) -> tuple[bool, dict[str, npt.NDArray[np.uint64]]]: ...
 

@@ -74,6 +74,17 @@ class Replica:
         """Re-reads the manifest; the newest published version (0 when none). Does not move."""
         return self._native.latest_available()
 
+    def verify(self) -> None:
+        """Recomputes the held state's hash from its memory and checks it against the manifest.
+
+        O(model) (about 0.1 s per GB per thread). Catches writes into the
+        state behind the replica's back, e.g. through the torch tensors of
+        ``tensors(framework="torch")``, which cannot be made read-only. On a
+        mismatch raises IntegrityError and the replica holds version 0: the
+        next update() reloads the state from an anchor (into the same memory).
+        """
+        self._native.verify()
+
     def tensors(self, framework: str = "numpy") -> dict[str, Any]:
         """The held weights as read-only, zero-copy arrays: ``{name: array}``.
 

@@ -448,10 +448,11 @@ def attach(model: torch.nn.Module, optimizer: torch.optim.Optimizer, publisher, 
 def tensors(replica) -> dict[str, torch.Tensor]:
     """The replica's weights as torch CPU tensors sharing its memory (bf16 as torch.bfloat16).
 
-    Read-only by contract: writing into them corrupts the replica's verified
-    state (its next update fails its hash check or, worse, passes on stale
-    weights nobody checks again). Valid until the next ``replica.update()``,
-    which changes their contents in place; copy what must stay fixed.
+    Read-only by contract (torch has no read-only tensors): writing into them
+    corrupts the replica's verified state, which only ``replica.verify()``
+    (a full recomputation of the state hash) detects. Valid until the next
+    ``replica.update()``, which changes their contents in place; copy what
+    must stay fixed.
     """
     out: dict[str, torch.Tensor] = {}
     with warnings.catch_warnings():

@@ -73,6 +73,11 @@ class PyReplica {
     return ExportState(mu_, replica_->state(), self, framework);
   }
 
+  void Verify() {
+    Status s = WithoutGil(mu_, [&] { return replica_->Verify(); });
+    ThrowIfError(s);
+  }
+
   // (everything, {name: uint64 flat indices}) = Replica::TakeChanges(); the
   // index arrays own their memory (moved out of the C++ record, not copied).
   nb::tuple TakeChanges() {
@@ -109,7 +114,8 @@ void BindReplica(nb::module_& m) {
             return nb::cast<PyReplica&>(self).Tensors(self, framework);
           },
           "framework"_a = "numpy")
-      .def("take_changes", &PyReplica::TakeChanges);
+      .def("take_changes", &PyReplica::TakeChanges)
+      .def("verify", &PyReplica::Verify);
 }
 
 }  // namespace deltasync::py

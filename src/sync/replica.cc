@@ -108,6 +108,19 @@ Result<UpdateStats> Replica::Update(std::optional<uint64_t> target) {
   return stats;
 }
 
+Status Replica::Verify() {
+  if (version_ == 0) return Status::FailedPrecondition("the replica holds no version yet; nothing to verify");
+  const StateHash now = HashState(state_, options_.threads);
+  if (now == state_hash_) return Status::OK();
+  const uint64_t was = version_;
+  const StateHash expected = state_hash_;
+  version_ = 0;
+  state_hash_ = {};
+  pending_ = ChangedElements{};  // everything
+  return Status::Integrity("the held state of " + V(was) + " hashes to " + now.Hex() + ", not " + expected.Hex() +
+                           ": its memory was changed outside the replica; the next update reloads it from an anchor");
+}
+
 ChangedElements Replica::TakeChanges() {
   if (!options_.track_changes) return ChangedElements{};
   ChangedElements out = std::move(pending_);

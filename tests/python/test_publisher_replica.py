@@ -664,6 +664,31 @@ def test_views_keep_their_address_when_the_replica_loads_an_anchor(bucket, encod
     assert everything  # an anchor was loaded: treat every element as changed
 
 
+def test_verify_catches_a_write_behind_the_replica_and_update_repairs_it(bucket):
+    import ctypes
+
+    weights = make_weights(28)
+    with deltasync.Publisher(bucket, anchor_interval=2) as pub:
+        pub.publish(1, weights)
+        pub.publish(2, nudge(weights, 0.1, 29))
+    replica = deltasync.Replica(bucket)
+    with pytest.raises(deltasync.FailedPreconditionError):
+        replica.verify()  # nothing held yet
+    assert replica.update() == 2
+    replica.verify()
+    view = replica.tensors()["model.norm.weight"]
+    address = view.__array_interface__["data"][0]
+    expected = bits(view).copy()
+    # A stray write, as through a torch view (numpy views refuse writes).
+    ctypes.memset(address, 0x7F, 2)
+    with pytest.raises(deltasync.IntegrityError, match="version 2"):
+        replica.verify()
+    assert replica.version == 0
+    assert replica.update() == 2  # reloaded from the anchor, into the same memory
+    replica.verify()
+    np.testing.assert_array_equal(bits(view), expected)
+
+
 def test_views_keep_the_replica_alive(bucket):
     import gc
 

@@ -341,6 +341,40 @@ TEST(TrackChangesTest, AnAnchorIsCopiedIntoTheSameBuffers) {
   EXPECT_TRUE(replica->TakeChanges().everything) << "after an anchor, everything may have changed";
 }
 
+// A consumer that writes into the replica's memory is caught by Verify, and
+// the next update repairs the state in the same buffers.
+TEST(VerifyTest, MemoryChangedBehindTheReplicaIsCaughtAndRepaired) {
+  TempDir dir;
+  auto store = OpenDirStore(dir.path());
+  PublisherOptions options;
+  options.anchor_interval = 3;
+  auto pub = OpenPublisher(store, options);
+  RandomModel model(20);
+  for (uint64_t v = 1; v <= 4; ++v) {
+    if (v > 1) model.Step(0.05);
+    ASSERT_TRUE(pub->Publish(v, model.Views()).ok());
+  }
+  auto replica = Replica::Create(store, ReplicaOptions{0, true});
+  EXPECT_EQ(replica->Verify().code(), ErrorCode::kFailedPrecondition);
+  ASSERT_TRUE(replica->Update().ok());
+  ASSERT_TRUE(replica->Verify().ok());
+  (void)replica->TakeChanges();
+  auto& t = const_cast<WeightState::Tensor&>(replica->state().tensors()[0]);
+  const uint8_t* address = t.data.data();
+  t.data[1] ^= 0x01;  // what a stray write through a view does
+  Status verified = replica->Verify();
+  EXPECT_EQ(verified.code(), ErrorCode::kIntegrity);
+  EXPECT_NE(verified.message().find("version 4"), std::string::npos) << verified.message();
+  EXPECT_EQ(replica->version(), 0u);
+  EXPECT_TRUE(replica->TakeChanges().everything);
+  auto repaired = replica->Update();
+  ASSERT_TRUE(repaired.ok()) << repaired.status().ToString();
+  EXPECT_EQ(repaired->anchors_applied, 1u);
+  ExpectHolds(*replica, model);
+  EXPECT_TRUE(replica->Verify().ok());
+  EXPECT_EQ(replica->state().tensors()[0].data.data(), address);
+}
+
 TEST(RetentionTest, KeepsTheNewestAnchorsAndEverythingTheirChainsNeed) {
   TempDir dir;
   auto store = OpenDirStore(dir.path());
