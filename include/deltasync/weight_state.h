@@ -34,6 +34,8 @@ class WeightState {
   // Copies the tensors (sorted by name). kInvalidArgument on duplicate names
   // or data sizes that disagree with shape x dtype.
   static Result<WeightState> FromViews(std::span<const TensorView> tensors);
+  // The same, taking ownership of `tensors` (no copy of their bytes).
+  static Result<WeightState> FromTensors(std::vector<Tensor> tensors);
 
   // Sorted by name.
   const std::vector<Tensor>& tensors() const { return tensors_; }

@@ -5,18 +5,23 @@
 namespace deltasync {
 
 Result<WeightState> WeightState::FromViews(std::span<const TensorView> tensors) {
+  std::vector<Tensor> copies;
+  copies.reserve(tensors.size());
+  for (const TensorView& t : tensors) copies.push_back(Tensor{t.name, t.dtype, t.shape, {t.data.begin(), t.data.end()}});
+  return FromTensors(std::move(copies));
+}
+
+Result<WeightState> WeightState::FromTensors(std::vector<Tensor> tensors) {
   WeightState state;
-  state.tensors_.reserve(tensors.size());
-  for (const TensorView& t : tensors) {
+  for (const Tensor& t : tensors) {
     auto count = CheckedElementCount(t.shape);
-    if (!count || *count > UINT64_MAX / DTypeSize(t.dtype) ||
-        *count * DTypeSize(t.dtype) != t.data.size()) {
+    if (!count || *count > UINT64_MAX / DTypeSize(t.dtype) || *count * DTypeSize(t.dtype) != t.data.size()) {
       return Status::InvalidArgument("tensor '" + t.name + "': " + std::to_string(t.data.size()) +
                                      " bytes do not match shape " + ShapeToString(t.shape) + " x " +
                                      std::string(DTypeName(t.dtype)));
     }
-    state.tensors_.push_back(Tensor{t.name, t.dtype, t.shape, {t.data.begin(), t.data.end()}});
   }
+  state.tensors_ = std::move(tensors);
   std::sort(state.tensors_.begin(), state.tensors_.end(),
             [](const Tensor& a, const Tensor& b) { return a.name < b.name; });
   for (size_t i = 0; i < state.tensors_.size(); ++i) {

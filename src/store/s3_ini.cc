@@ -3,6 +3,7 @@
 #include <string>
 
 #include "store/s3_config.h"
+#include "store/s3_signer.h"
 
 namespace deltasync::s3 {
 namespace {
@@ -12,14 +13,6 @@ std::string_view Trim(std::string_view s) {
   while (b < e && (s[b] == ' ' || s[b] == '\t' || s[b] == '\r')) ++b;
   while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\r')) --e;
   return s.substr(b, e - b);
-}
-
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return out;
 }
 
 }  // namespace
@@ -64,7 +57,7 @@ Result<IniFile> ParseIni(std::string_view text, std::string_view label) {
       continue;
     }
     if (eq == std::string_view::npos) return error("expected 'key = value'");
-    std::string key = Lower(Trim(line.substr(0, eq)));
+    std::string key = AsciiLower(Trim(line.substr(0, eq)));
     if (key.empty()) return error("empty key");
     std::string value(Trim(line.substr(eq + 1)));
 

@@ -48,14 +48,6 @@ std::string CanonicalHeaderValue(std::string_view v) {
   return out;
 }
 
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return out;
-}
-
 }  // namespace
 
 std::string Sha256Hex(std::span<const ByteSpan> parts, uint64_t offset, uint64_t length) {
@@ -132,7 +124,7 @@ SigV4Result SignV4(const SigV4Request& request, const SigV4Credentials& credenti
   // Headers: lower-case names, sorted; repeated names joined with ','.
   std::map<std::string, std::string> headers;
   for (const auto& [k, v] : r.headers) {
-    std::string name = Lower(k);
+    std::string name = AsciiLower(k);
     std::string value = CanonicalHeaderValue(v);
     auto [it, inserted] = headers.emplace(name, value);
     if (!inserted) it->second += "," + value;
@@ -165,6 +157,14 @@ SigV4Result SignV4(const SigV4Request& request, const SigV4Credentials& credenti
   r.authorization = "AWS4-HMAC-SHA256 Credential=" + credentials.access_key + "/" + scope +
                     ", SignedHeaders=" + signed_headers + ", Signature=" + r.signature;
   return r;
+}
+
+std::string AsciiLower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return out;
 }
 
 }  // namespace deltasync::s3

@@ -74,4 +74,7 @@ struct SigV4Result {
 SigV4Result SignV4(const SigV4Request& request, const SigV4Credentials& credentials,
                    std::string_view region, std::string_view service, std::string_view amz_date);
 
+// `s` with ASCII A-Z lowered (header names, INI keys); other bytes kept.
+std::string AsciiLower(std::string_view s);
+
 }  // namespace deltasync::s3

@@ -235,7 +235,9 @@ Status Replica::LoadAnchor(const VersionEntry& entry, const ObjectEntry& object,
       if (!views[i].data.empty()) std::memcpy(tensors[i].data.data(), views[i].data.data(), views[i].data.size());
     });
   } else {
-    Result<WeightState> state = WeightState::FromViews(views);
+    // A compressed anchor was decoded into owned tensors: take them over.
+    Result<WeightState> state =
+        decoded ? WeightState::FromTensors(std::move(decoded->tensors)) : WeightState::FromViews(views);
     if (!state.ok()) return fail(state.status());
     state_ = std::move(*state);
   }

@@ -19,25 +19,13 @@
 #include "deltasync/weight_state.h"
 #include "codec_stats.h"
 #include "synthetic_model.h"
+#include "timing.h"
 
 namespace deltasync::cli {
 namespace {
 
 // The demo model's change rate at step 10 (measured with `deltasync demo`).
 constexpr double kChangedFraction = 0.034;
-
-double Seconds(const std::function<void()>& fn) {
-  auto t0 = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Best of `reps`: the least disturbed run on a shared, noisy machine.
-double Best(int reps, const std::function<void()>& fn) {
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) best = std::min(best, Seconds(fn));
-  return best;
-}
 
 void ParallelCopy(uint8_t* dst, const uint8_t* src, size_t n, int threads) {
   std::vector<std::thread> pool;
@@ -101,7 +89,7 @@ Status RunBench(const BenchArgs& args) {
   // memcpy of a buffer of the model's size, same threads.
   std::vector<uint8_t> src(published.total_bytes(), 1), dst(published.total_bytes());
   ParallelCopy(dst.data(), src.data(), src.size(), threads);  // fault the pages in
-  double memcpy_s = Best(reps, [&] { ParallelCopy(dst.data(), src.data(), src.size(), threads); });
+  double memcpy_s = BestSeconds(reps, [&] { ParallelCopy(dst.data(), src.data(), src.size(), threads); });
   src = {};
   dst = {};
 
@@ -114,7 +102,7 @@ Status RunBench(const BenchArgs& args) {
   info.base_version = 10;
   info.total_elements = published.total_elements();
   Status failure;
-  double detect_s = Best(reps, [&] {
+  double detect_s = BestSeconds(reps, [&] {
     Result<std::vector<TensorChanges>> c = DetectChanges(published, masters, detect);
     if (!c.ok()) return void(failure = c.status());
     changes = std::move(*c);
@@ -133,7 +121,7 @@ Status RunBench(const BenchArgs& args) {
   Blob blob = Blob::FromVector(std::move(bytes));
   DS_ASSIGN_OR_RETURN(WeightState replica, WeightState::FromViews(base_views));
   StateHash hash;
-  double apply_s = Best(reps, [&] {
+  double apply_s = BestSeconds(reps, [&] {
     Result<SafetensorsFile> file = SafetensorsFile::Parse(blob, "bench delta");
     if (!file.ok()) return void(failure = file.status());
     Result<DecodedPatch> decoded = DecodePatch(std::move(*file));

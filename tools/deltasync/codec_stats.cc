@@ -3,7 +3,6 @@
 
 #include <zstd.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -13,6 +12,7 @@
 #include "deltasync/compact.h"
 #include "deltasync/patch.h"
 #include "deltasync/state_hash.h"
+#include "timing.h"
 
 namespace deltasync::cli {
 namespace {
@@ -32,17 +32,6 @@ double EntropyBits(const Map& hist, uint64_t n) {
     if (c) bits -= static_cast<double>(c) * std::log2(static_cast<double>(c) / static_cast<double>(n));
   }
   return bits;
-}
-
-template <typename F>
-double BestSeconds(int reps, F&& f) {
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
 }
 
 }  // namespace
