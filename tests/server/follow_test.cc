@@ -199,10 +199,9 @@ TEST(FollowTest, NotifierCountsFailuresAndLogsOncePerUrl) {
 TEST(FollowTest, ADamagedDeltaKeepsTheLastGoodVersionUntilAnAnchorPassesIt) {
   TestBucket bucket;  // anchors at 1, 4, 8
   bucket.PublishRange(1, 2);
-  auto daemon = StartDaemon(DaemonOptions(bucket.store()));
+  auto daemon = StartFollowing(bucket.store(), 2);
   ASSERT_TRUE(daemon);
   const std::string addr = daemon->address();
-  ASSERT_TRUE(WaitForVersion(addr, 2));
   ASSERT_EQ(HttpPost(addr, "/pause", "").status, 200);
   bucket.Publish(3);
   ASSERT_TRUE(bucket.store()->Delete(DeltaKey(3)).ok());  // lost object
@@ -229,10 +228,9 @@ TEST(FollowTest, ADamagedDeltaKeepsTheLastGoodVersionUntilAnAnchorPassesIt) {
 TEST(FollowTest, ARolledBackBucketIsRefusedAndTheVersionKept) {
   TestBucket bucket;
   bucket.PublishRange(1, 3);
-  auto daemon = StartDaemon(DaemonOptions(bucket.store()));
+  auto daemon = StartFollowing(bucket.store(), 3);
   ASSERT_TRUE(daemon);
   const std::string addr = daemon->address();
-  ASSERT_TRUE(WaitForVersion(addr, 3));
   // Replace the manifest with one that stops at 2.
   auto blob = bucket.store()->Get(kManifestKey);
   ASSERT_TRUE(blob.ok());

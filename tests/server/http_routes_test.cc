@@ -18,10 +18,9 @@ using nlohmann::json;
 TEST(HttpRoutesTest, StatusHealthzAndMetricsOfAFollowingDaemon) {
   TestBucket bucket;
   bucket.PublishRange(1, 6);
-  auto daemon = StartDaemon(DaemonOptions(bucket.store()));
+  auto daemon = StartFollowing(bucket.store(), 6);
   ASSERT_TRUE(daemon);
   const std::string addr = daemon->address();
-  ASSERT_TRUE(WaitForVersion(addr, 6));
 
   json s = StatusOf(addr);
   EXPECT_EQ(s["version"], 6);
@@ -116,10 +115,9 @@ TEST(HttpRoutesTest, HealthzIs503WhenTheManifestCannotBeReadAndRecovers) {
 TEST(HttpRoutesTest, PauseHoldsTheVersionAndResumeReleasesIt) {
   TestBucket bucket;
   bucket.PublishRange(1, 3);
-  auto daemon = StartDaemon(DaemonOptions(bucket.store()));
+  auto daemon = StartFollowing(bucket.store(), 3);
   ASSERT_TRUE(daemon);
   const std::string addr = daemon->address();
-  ASSERT_TRUE(WaitForVersion(addr, 3));
 
   HttpReply paused = HttpPost(addr, "/pause?mode=keep", "");
   ASSERT_EQ(paused.status, 200) << paused.body;
@@ -156,10 +154,9 @@ TEST(HttpRoutesTest, PauseHoldsTheVersionAndResumeReleasesIt) {
 TEST(HttpRoutesTest, UpdateWeightsMovesToTheObjectsVersionAndAnswersWhenHeld) {
   TestBucket bucket;  // anchors at 1, 4, 8
   bucket.PublishRange(1, 2);
-  auto daemon = StartDaemon(DaemonOptions(bucket.store()));
+  auto daemon = StartFollowing(bucket.store(), 2);
   ASSERT_TRUE(daemon);
   const std::string addr = daemon->address();
-  ASSERT_TRUE(WaitForVersion(addr, 2));
   ASSERT_EQ(HttpPost(addr, "/pause", "").status, 200);
   bucket.PublishRange(3, 7);
 
@@ -209,10 +206,9 @@ TEST(HttpRoutesTest, UpdateWeightsMovesToTheObjectsVersionAndAnswersWhenHeld) {
 TEST(HttpRoutesTest, TrlChoreographyWorksUnchanged) {
   TestBucket bucket;
   bucket.PublishRange(1, 2);
-  auto daemon = StartDaemon(DaemonOptions(bucket.store()));
+  auto daemon = StartFollowing(bucket.store(), 2);
   ASSERT_TRUE(daemon);
   const std::string addr = daemon->address();
-  ASSERT_TRUE(WaitForVersion(addr, 2));
 
   for (uint64_t v = 3; v <= 5; ++v) {
     bucket.Publish(v);  // 1. upload (here: publish) while inference runs
@@ -242,10 +238,9 @@ TEST(HttpRoutesTest, TrlChoreographyWorksUnchanged) {
 TEST(HttpRoutesTest, AWeightUpdateBracketHoldsTheWatcher) {
   TestBucket bucket;
   bucket.PublishRange(1, 2);
-  auto daemon = StartDaemon(DaemonOptions(bucket.store()));
+  auto daemon = StartFollowing(bucket.store(), 2);
   ASSERT_TRUE(daemon);
   const std::string addr = daemon->address();
-  ASSERT_TRUE(WaitForVersion(addr, 2));
   ASSERT_EQ(HttpPost(addr, "/start_weight_update", R"({"is_checkpoint_format": false})").status, 200);
   bucket.Publish(3);
   ASSERT_TRUE(WaitUntil([&] { return StatusOf(addr)["latest_version"] == 3; }));
@@ -276,10 +271,9 @@ TEST(HttpRoutesTest, NotifyWakesADaemonThatWouldNotPollForAnHour) {
 TEST(HttpRoutesTest, MalformedBodiesAre400AndTheDaemonKeepsServing) {
   TestBucket bucket;
   bucket.Publish(1);
-  auto daemon = StartDaemon(DaemonOptions(bucket.store()));
+  auto daemon = StartFollowing(bucket.store(), 1);
   ASSERT_TRUE(daemon);
   const std::string addr = daemon->address();
-  ASSERT_TRUE(WaitForVersion(addr, 1));
 
   const std::string deep = std::string(20000, '[') + std::string(20000, ']');
   struct Case {
@@ -459,10 +453,9 @@ TEST(HttpRoutesTest, PostWithoutContentLengthIsAnsweredAsAnEmptyBody) {
 TEST(HttpRoutesTest, UpdateWeightsFailsLoudlyAndKeepsTheLastGoodVersion) {
   TestBucket bucket;
   bucket.PublishRange(1, 2);
-  auto daemon = StartDaemon(DaemonOptions(bucket.store()));
+  auto daemon = StartFollowing(bucket.store(), 2);
   ASSERT_TRUE(daemon);
   const std::string addr = daemon->address();
-  ASSERT_TRUE(WaitForVersion(addr, 2));
   ASSERT_EQ(HttpPost(addr, "/pause", "").status, 200);
   bucket.PublishRange(3, 3);
   // Damage the delta of 3 in place: same size, different bytes.

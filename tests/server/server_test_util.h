@@ -168,6 +168,14 @@ inline bool WaitForVersion(const std::string& address, uint64_t version) {
   return WaitUntil([&] { return HeldVersion(address) >= version; });
 }
 
+// A daemon with DaemonOptions(store) that holds `version`; nullptr when it
+// did not start or did not reach the version within kWait.
+inline std::unique_ptr<Server> StartFollowing(std::shared_ptr<Store> store, uint64_t version) {
+  std::unique_ptr<Server> daemon = StartDaemon(DaemonOptions(std::move(store)));
+  if (!daemon || !WaitForVersion(daemon->address(), version)) return nullptr;
+  return daemon;
+}
+
 inline std::string UpdateWeightsBody(const std::string& key) {
   return nlohmann::json{{"update_info", {{"repo_id", "bucket"}, {"filename", key}, {"update_kind", "sparse_flat"}}}}
       .dump();
