@@ -206,7 +206,9 @@ void HttpApi::Register() {
   http_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     Write(res, ErrorReply(500, "internal", "unexpected failure"));
   });
-  http_->set_logger([this, find](const httplib::Request& req, const httplib::Response& res) {
+  // Counted before the response is written (the logger runs after it), so a
+  // client that reads /metrics right after its own request sees it counted.
+  http_->set_post_routing_handler([this, find](const httplib::Request& req, httplib::Response& res) {
     // Only known paths become labels: arbitrary paths must not grow /metrics.
     metrics_.RecordRequest(find(req.path) ? req.path : "other", res.status);
   });

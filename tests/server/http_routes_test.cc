@@ -425,6 +425,13 @@ TEST(HttpRoutesTest, UnknownRoutesAndWrongMethods) {
   EXPECT_EQ(Header(post_status, "Allow"), "GET, HEAD");
   EXPECT_EQ(ToReply(Client(addr)->Head("/status")).status, 200);
   EXPECT_EQ(HttpGet(addr, "/status").status, 200);
+  // Each answer is counted before it is written: a scrape right after sees
+  // all of them (unknown paths under one label, so they cannot grow /metrics).
+  const std::string m = HttpGet(addr, "/metrics").body;
+  EXPECT_NE(m.find("deltasync_http_requests_total{route=\"other\",code=\"404\"} 1\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("deltasync_http_requests_total{route=\"/pause\",code=\"405\"} 1\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("deltasync_http_requests_total{route=\"/status\",code=\"405\"} 1\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("deltasync_http_requests_total{route=\"/status\",code=\"200\"} 2\n"), std::string::npos) << m;
 }
 
 // A POST without Content-Length has no body (HTTP/1.1); the daemon must
