@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "codec/compact_bf16.h"
 #include "codec/compact_streams.h"
 #include "codec/patch_metadata.h"
 #include "common/parallel.h"
@@ -24,11 +25,15 @@ using compact::PutBlock;
 using compact::PutVarint;
 using compact::Reader;
 
+using compact::ClassOf;
+using compact::DiffByte;
+using compact::kClasses;
+using compact::kEscape;
+using compact::kModeBf16;
+using compact::kModeRaw;
+using compact::kStreamVersion;
+
 constexpr std::string_view kSuffix = ".cmp";
-constexpr uint8_t kStreamVersion = 2;
-constexpr uint8_t kModeBf16 = 0;
-constexpr uint8_t kModeRaw = 1;
-constexpr uint8_t kEscape = 0xFF;
 constexpr int kZstdLevel = 3;  // raw values of non-bf16 tensors
 // Below this many changed elements in total, work stays on one thread.
 constexpr uint64_t kParallelMin = uint64_t{1} << 16;
@@ -39,21 +44,12 @@ uint16_t Load16(const uint8_t* p) {
   return v;
 }
 
-// The base value's context: its bf16 exponent, in 16 classes.
-constexpr int kClasses = 16;
-inline int Class(uint16_t b) {
-  const int e = (b >> 7) & 0xFF;
-  return e <= 112 ? 0 : e >= 127 ? 15 : e - 112;
-}
-
-// Class() of every exponent byte.
+// ClassOf() of every exponent byte.
 constexpr std::array<uint8_t, 256> kClassOfExponent = [] {
   std::array<uint8_t, 256> t{};
   for (int e = 0; e < 256; ++e) t[e] = static_cast<uint8_t>(e <= 112 ? 0 : e >= 127 ? 15 : e - 112);
   return t;
 }();
-
-bool NonFinite(uint16_t b) { return (b & 0x7F80) == 0x7F80; }
 
 // Gaps (bf16 mode) are Rice-coded per class in blocks of up to kRiceBlock
 // gaps, each block with its own parameter k (6 bits): q = gap >> k in unary
@@ -91,9 +87,12 @@ void PutRice(compact::BitWriter& w, uint64_t gap, int k) {
   }
 }
 
-void PutRiceGaps(compact::BitWriter& w, const std::vector<uint64_t>& gaps) {
-  for (size_t b = 0; b < gaps.size(); b += kRiceBlock) {
-    const size_t e = std::min(gaps.size(), b + kRiceBlock);
+void PutRiceGaps(compact::BitWriter& w, uint64_t count, compact::GapSource& source) {
+  uint64_t gaps[kRiceBlock];
+  for (uint64_t done = 0; done < count;) {
+    const size_t e = source.Next(gaps, static_cast<size_t>(std::min<uint64_t>(kRiceBlock, count - done)));
+    done += e;
+    const size_t b = 0;
     double sum = 0;
     for (size_t i = b; i < e; ++i) sum += static_cast<double>(gaps[i]);
     // A geometric source's best k is about log2(mean x ln 2); the exact cost
@@ -146,15 +145,54 @@ std::optional<std::string> GetRiceGaps(compact::BitReader& r, uint64_t count, ui
   return std::nullopt;
 }
 
-// The diff byte for old -> new, or kEscape when the change must carry the raw
-// new value: sign change, NaN/Inf on either side, or |diff| too large.
-uint8_t DiffByte(uint16_t old_bits, uint16_t new_bits) {
-  if (((old_bits ^ new_bits) & 0x8000) || NonFinite(old_bits) || NonFinite(new_bits)) return kEscape;
-  const uint32_t z = compact::ZigZag(static_cast<int32_t>(new_bits) - static_cast<int32_t>(old_bits));
-  return z < kEscape ? static_cast<uint8_t>(z) : kEscape;
+// Hands out one vector's gaps.
+class VectorGaps final : public compact::GapSource {
+ public:
+  explicit VectorGaps(const std::vector<uint64_t>& gaps) : gaps_(gaps) {}
+  size_t Next(uint64_t* out, size_t max) override {
+    const size_t n = std::min(max, gaps_.size() - pos_);
+    std::memcpy(out, gaps_.data() + pos_, n * sizeof(uint64_t));
+    pos_ += n;
+    return n;
+  }
+
+ private:
+  const std::vector<uint64_t>& gaps_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+namespace compact {
+
+void WriteBf16Stream(const Bf16Streams& s, std::vector<uint8_t>& out) {
+  uint64_t count = 0;
+  for (uint64_t m : s.counts) count += m;
+  out.push_back(kStreamVersion);
+  out.push_back(kModeBf16);
+  PutVarint(out, count);
+  compact::BitWriter gap_bits;
+  for (int cl = 0; cl < kClasses; ++cl) {
+    PutVarint(out, s.counts[cl]);
+    if (s.counts[cl] > 0) PutRiceGaps(gap_bits, s.counts[cl], *s.gaps[cl]);
+  }
+  PutBlock(out, gap_bits.Finish(), compact::kStoredOnly);
+  // One Huffman table per class: how far a weight moves depends on its
+  // magnitude.
+  std::vector<uint8_t> joined;
+  auto join = [&](const std::vector<ByteSpan>& parts) -> ByteSpan {
+    if (parts.size() == 1) return parts[0];
+    joined.clear();
+    for (ByteSpan p : parts) joined.insert(joined.end(), p.begin(), p.end());
+    return joined;
+  };
+  for (int cl = 0; cl < kClasses; ++cl) {
+    if (s.counts[cl] > 0) PutBlock(out, join(s.diffs[cl]), compact::kLiteralsOnly);
+  }
+  PutBlock(out, join(s.escapes), compact::kLiteralsOnly);
 }
 
-Status EncodeTensor(const TensorChanges& c, const WeightState::Tensor& base, std::vector<uint8_t>& out) {
+Status EncodeTensorStream(const TensorChanges& c, const WeightState::Tensor& base, std::vector<uint8_t>& out) {
   const size_t esize = DTypeSize(c.dtype);
   if (c.dtype != base.dtype) {
     return Status::InvalidArgument("tensor '" + c.name + "': changes are " + std::string(DTypeName(c.dtype)) +
@@ -174,11 +212,11 @@ Status EncodeTensor(const TensorChanges& c, const WeightState::Tensor& base, std
     }
     next = i + 1;
   }
-  out.push_back(kStreamVersion);
   const bool bf16 = c.dtype == DType::kBF16;
-  out.push_back(bf16 ? kModeBf16 : kModeRaw);
-  PutVarint(out, c.count());
   if (!bf16) {
+    out.push_back(kStreamVersion);
+    out.push_back(kModeRaw);
+    PutVarint(out, c.count());
     std::vector<uint8_t> gaps;
     next = 0;
     for (uint64_t i : c.indices) {
@@ -209,7 +247,7 @@ Status EncodeTensor(const TensorChanges& c, const WeightState::Tensor& base, std
     }
     for (; i < idx; ++i) ++skip[0][kClassOfExponent[Load16(b + 2 * i) >> 7 & 0xFF]];
     const uint16_t o = Load16(b + 2 * idx);
-    const int cl = Class(o);
+    const int cl = ClassOf(o);
     gaps_c[cl].push_back(skip[0][cl] + skip[1][cl] + skip[2][cl] + skip[3][cl]);
     skip[0][cl] = skip[1][cl] = skip[2][cl] = skip[3][cl] = 0;
     const uint16_t v = Load16(c.values.data() + 2 * k);
@@ -218,22 +256,22 @@ Status EncodeTensor(const TensorChanges& c, const WeightState::Tensor& base, std
     if (d == kEscape) escapes_c[cl].insert(escapes_c[cl].end(), c.values.data() + 2 * k, c.values.data() + 2 * k + 2);
     i = idx + 1;
   }
-  compact::BitWriter gap_bits;
-  std::vector<uint8_t> escapes;
+  compact::Bf16Streams streams;
+  std::vector<VectorGaps> sources;
+  sources.reserve(kClasses);
   for (int cl = 0; cl < kClasses; ++cl) {
-    PutVarint(out, diffs_c[cl].size());
-    PutRiceGaps(gap_bits, gaps_c[cl]);
-    escapes.insert(escapes.end(), escapes_c[cl].begin(), escapes_c[cl].end());
+    streams.counts[cl] = diffs_c[cl].size();
+    streams.gaps[cl] = &sources.emplace_back(gaps_c[cl]);
+    streams.diffs[cl].push_back(diffs_c[cl]);
+    streams.escapes.push_back(escapes_c[cl]);
   }
-  PutBlock(out, gap_bits.Finish(), compact::kStoredOnly);
-  // One Huffman table per class: how far a weight moves depends on its
-  // magnitude.
-  for (int cl = 0; cl < kClasses; ++cl) {
-    if (!diffs_c[cl].empty()) PutBlock(out, diffs_c[cl], compact::kLiteralsOnly);
-  }
-  PutBlock(out, escapes, compact::kLiteralsOnly);
+  WriteBf16Stream(streams, out);
   return Status::OK();
 }
+
+}  // namespace compact
+
+namespace {
 
 Status Corrupt(const std::string& label, std::string_view tensor, const std::string& msg) {
   return Status::Corruption(label + ": tensor '" + std::string(tensor) + "': " + msg);
@@ -332,7 +370,7 @@ Status DecodeTensor(const std::string& label, const TensorView& stream, const We
     uint64_t k = 0;
     for (uint64_t i = 0; i < n && k < *count; ++i) {
       const uint16_t o = Load16(b + 2 * i);
-      const int cl = Class(o);
+      const int cl = ClassOf(o);
       if (rem[cl] != 0) {
         --rem[cl];  // from ~0 it never reaches 0 within n < 2^60 elements
         continue;
@@ -409,18 +447,29 @@ Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& 
     bases.push_back(t);
     changed += order[i]->count();
   }
-  EncodedPatch out;
-  out.owned.resize(1 + order.size());
+  std::vector<std::vector<uint8_t>> streams(order.size());
   std::vector<Status> errors(order.size());
   ParallelFor(order.size(), changed >= kParallelMin ? threads : 1,
-              [&](size_t i) { errors[i] = EncodeTensor(*order[i], *bases[i], out.owned[1 + i]); });
+              [&](size_t i) { errors[i] = compact::EncodeTensorStream(*order[i], *bases[i], streams[i]); });
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
+  std::vector<std::string> names;
+  for (const TensorChanges* c : order) names.push_back(c->name);
+  return compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names, std::move(streams), changed);
+}
 
+Result<EncodedPatch> compact::AssembleCompactDelta(const PatchInfo& info, const StateHash& base_hash,
+                                                   uint64_t base_total_elements, std::span<const std::string> names,
+                                                   std::vector<std::vector<uint8_t>> streams, uint64_t changed) {
+  if (!info.base_version) return Status::InvalidArgument("a compact delta needs info.base_version");
+  EncodedPatch out;
+  out.owned.reserve(1 + streams.size());
+  out.owned.emplace_back();
+  for (std::vector<uint8_t>& s : streams) out.owned.push_back(std::move(s));
   std::vector<TensorView> views;
-  for (size_t i = 0; i < order.size(); ++i) {
-    views.push_back({order[i]->name + std::string(kSuffix), DType::kU8, {out.owned[1 + i].size()}, out.owned[1 + i]});
+  for (size_t i = 0; i < names.size(); ++i) {
+    views.push_back({names[i] + std::string(kSuffix), DType::kU8, {out.owned[1 + i].size()}, out.owned[1 + i]});
   }
-  Metadata metadata = BuildMetadata(info, base_hash, order.size(), changed, base.total_elements());
+  Metadata metadata = BuildMetadata(info, base_hash, names.size(), changed, base_total_elements);
   DS_ASSIGN_OR_RETURN(out.owned[0], EncodeSafetensorsHeader(metadata, views));
   for (const std::vector<uint8_t>& part : out.owned) {
     if (part.empty()) continue;

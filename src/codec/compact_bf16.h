@@ -1,0 +1,84 @@
+// The per-tensor stream of a compact delta (docs/format.md, "Compact
+// objects"), shared by its two encoders (internal to the compact codec):
+//   - EncodeCompactDelta (compact_delta.cc), from TensorChanges and a base;
+//   - publishing's fused scan (bf16/compact_scan.cc), which finds, codes
+//     and applies changes in one pass over the trainer's tensors.
+// Both hand the bf16 mode's class-ordered streams to WriteBf16Stream, so the
+// bytes are the same whichever way they were found.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "deltasync/patch.h"
+#include "deltasync/state_hash.h"
+#include "deltasync/status.h"
+#include "deltasync/tensor.h"
+#include "deltasync/weight_state.h"
+
+namespace deltasync::compact {
+
+inline constexpr uint8_t kStreamVersion = 2;
+inline constexpr uint8_t kModeBf16 = 0;
+inline constexpr uint8_t kModeRaw = 1;
+inline constexpr uint8_t kEscape = 0xFF;
+
+// The base value's context: its bf16 exponent, in 16 classes.
+inline constexpr int kClasses = 16;
+inline int ClassOf(uint16_t bits) {
+  const int e = (bits >> 7) & 0xFF;
+  return e <= 112 ? 0 : e >= 127 ? 15 : e - 112;
+}
+
+inline bool NonFiniteBf16(uint16_t bits) { return (bits & 0x7F80) == 0x7F80; }
+
+// The diff byte for old -> new, or kEscape when the change must carry the raw
+// new value: sign change, NaN/Inf on either side, or |diff| too large.
+inline uint8_t DiffByte(uint16_t old_bits, uint16_t new_bits) {
+  if (((old_bits ^ new_bits) & 0x8000) || NonFiniteBf16(old_bits) || NonFiniteBf16(new_bits)) return kEscape;
+  const int32_t d = static_cast<int32_t>(new_bits) - static_cast<int32_t>(old_bits);
+  const uint32_t z = (static_cast<uint32_t>(d) << 1) ^ static_cast<uint32_t>(d >> 31);
+  return z < kEscape ? static_cast<uint8_t>(z) : kEscape;
+}
+
+// One class's gaps, in order, handed out a block at a time.
+class GapSource {
+ public:
+  virtual ~GapSource() = default;
+  // Writes the next min(max, remaining) gaps to out and returns how many.
+  virtual size_t Next(uint64_t* out, size_t max) = 0;
+};
+
+// A bf16 tensor's changes, class by class: the j-th change of class cl comes
+// gaps[cl]'s j-th gap unchanged class-cl elements after the previous change
+// of that class (or the tensor's start); its diff byte is the j-th byte of
+// the concatenated diffs[cl] parts; escaped changes' raw new values are the
+// concatenated escapes parts (class 0's first, then class 1's, ...).
+struct Bf16Streams {
+  std::array<uint64_t, kClasses> counts{};
+  std::array<GapSource*, kClasses> gaps{};
+  std::array<std::vector<ByteSpan>, kClasses> diffs;
+  std::vector<ByteSpan> escapes;  // u16 little-endian each
+};
+
+// Appends the whole bf16-mode stream of one tensor (header, class counts,
+// Rice-coded gap block, a Huffman-coded diff block per non-empty class, the
+// escape block). Deterministic.
+void WriteBf16Stream(const Bf16Streams& streams, std::vector<uint8_t>& out);
+
+// The stream of one tensor's changes against its base (either mode), after
+// checking them: kInvalidArgument for a dtype mismatch, a wrong value size,
+// or indices out of range or not strictly ascending.
+Status EncodeTensorStream(const TensorChanges& changes, const WeightState::Tensor& base, std::vector<uint8_t>& out);
+
+// The compact delta file from per-tensor streams: `names[i]`'s stream is
+// `streams[i]` (names sorted, each a tensor of the base), `changed` changed
+// elements in all. REQUIRES info.base_version (checked: kInvalidArgument).
+Result<EncodedPatch> AssembleCompactDelta(const PatchInfo& info, const StateHash& base_hash,
+                                          uint64_t base_total_elements, std::span<const std::string> names,
+                                          std::vector<std::vector<uint8_t>> streams, uint64_t changed);
+
+}  // namespace deltasync::compact
