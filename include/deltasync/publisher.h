@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +23,9 @@ namespace deltasync {
 
 class Notifier;  // src/sync/notifier.h
 class Stopwatch;  // src/common/clock.h
+namespace bf16 {
+class CompactScan;  // src/bf16/compact_scan.h
+}
 
 struct PublisherOptions {
   // An anchor at the first version, and then at every version that reaches
@@ -79,6 +83,8 @@ struct PublishStats {
 
 class Publisher {
  public:
+  ~Publisher();
+
   // Opens the bucket. When it already holds versions, the publisher first
   // rebuilds the newest published state from it (verified like a replica
   // does), so a new process continues where the last one stopped.
@@ -123,17 +129,30 @@ class Publisher {
   const Manifest& manifest() const { return manifest_; }
 
  private:
-  Publisher(std::shared_ptr<Store> store, PublisherOptions options)
-      : store_(std::move(store)), options_(options) {}
+  Publisher(std::shared_ptr<Store> store, PublisherOptions options);
   Status CheckNewVersion(uint64_t version) const;
   DetectOptions Detection() const;
   // Encodes `changes` (relative to `base`) in options_.encoding.
   Result<EncodedPatch> EncodeDeltaFrom(uint64_t version, uint64_t base_version, const StateHash& base_hash,
                                        const WeightState& base, std::span<const TensorChanges> changes) const;
-  // Everything after the changes are known: encode, upload, commit; rolls
-  // back on failure. `first_state` for the first version, else `changes`.
-  Result<PublishStats> Commit(uint64_t version, std::optional<WeightState> first_state,
-                              std::vector<TensorChanges> changes, const Stopwatch& clock);
+  // A version's delta, encoded and already applied to state_.
+  struct Prepared {
+    EncodedPatch delta;
+    uint64_t changed = 0;
+    uint64_t gap_delta_bytes = 0;  // with measure_gap_delta
+    StateHash next_hash;
+    std::function<void()> rollback;  // puts state_ back as it was
+  };
+  // From a change list (any encoding).
+  Result<Prepared> PrepareChanges(uint64_t version, std::vector<TensorChanges> changes);
+  // Compact: detect, encode and apply in one pass over `tensors` (scan_).
+  Result<Prepared> PrepareScanned(uint64_t version, std::span<const TensorView> tensors);
+  Result<uint64_t> GapDeltaSize(uint64_t version, std::span<const TensorChanges> changes) const;
+  // Everything after the delta: cumulative delta, anchor, upload, commit;
+  // rolls back on failure. `first_state` for the first version, else
+  // `prepared`.
+  Result<PublishStats> Commit(uint64_t version, std::optional<WeightState> first_state, Prepared prepared,
+                              const Stopwatch& clock);
   void RememberAnchor();
   // Writes `next` (stamped with this writer) with compare-and-swap.
   Status CommitManifest(Manifest next);
@@ -152,6 +171,8 @@ class Publisher {
   // With cumulative deltas or adaptive anchors: the state at last_anchor_.
   WeightState anchor_state_;
   StateHash anchor_hash_;
+  // The fused compact pass, kept between versions so its buffers are reused.
+  std::unique_ptr<bf16::CompactScan> scan_;
 };
 
 }  // namespace deltasync

@@ -108,6 +108,8 @@ void ScanChunk(const ScanJob& job, const Chunk& chunk, WorkerScratch& scratch, C
   scratch.value_bytes = out.value_offset + out.count * value_size;
 }
 
+}  // namespace
+
 Result<std::vector<ScanJob>> PlanDetect(const WeightState& published,
                                         std::span<const TensorView> current,
                                         const DetectOptions& options) {
@@ -161,13 +163,16 @@ Result<std::vector<ScanJob>> PlanDetect(const WeightState& published,
   return jobs;
 }
 
-}  // namespace
-
 Result<std::vector<TensorChanges>> DetectChangesChunked(const WeightState& published,
                                                         std::span<const TensorView> current,
                                                         const DetectOptions& options,
                                                         uint64_t chunk_elements) {
   DS_ASSIGN_OR_RETURN(std::vector<ScanJob> jobs, PlanDetect(published, current, options));
+  return DetectJobs(jobs, options, chunk_elements);
+}
+
+Result<std::vector<TensorChanges>> DetectJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options,
+                                              uint64_t chunk_elements) {
   const std::vector<Chunk> chunks = SplitIntoChunks(ElementCounts(jobs), chunk_elements);
   std::vector<ChunkResult> results(chunks.size());
   std::vector<WorkerScratch> scratch(

@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "common/parallel.h"
+#include "deltasync/changes.h"
 #include "deltasync/status.h"
 #include "deltasync/tensor.h"
+#include "deltasync/weight_state.h"
 
 namespace deltasync::bf16 {
 
@@ -51,6 +53,15 @@ Status CheckView(const TensorView& v);
 // The refusal of element `index` of `job`'s current tensor, naming the tensor,
 // the index and the value (NaN, +Inf, -Inf, or an fp32 that rounds to Inf).
 Status NonFiniteError(const ScanJob& job, uint64_t index);
+
+// DetectChanges' validation and plan: one job per tensor of `published`, in
+// its order, each matched by name with a tensor of `current`.
+Result<std::vector<ScanJob>> PlanDetect(const WeightState& published, std::span<const TensorView> current,
+                                        const DetectOptions& options);
+
+// DetectChanges over the given jobs only (chunks of `chunk_elements`).
+Result<std::vector<TensorChanges>> DetectJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options,
+                                              uint64_t chunk_elements);
 
 // The element counts of `jobs`, for SplitIntoChunks.
 std::vector<uint64_t> ElementCounts(const std::vector<ScanJob>& jobs);

@@ -82,3 +82,20 @@ Result<EncodedPatch> AssembleCompactDelta(const PatchInfo& info, const StateHash
                                           std::vector<std::vector<uint8_t>> streams, uint64_t changed);
 
 }  // namespace deltasync::compact
+
+namespace deltasync::bf16 {
+class CompactScan;  // bf16/compact_scan.h
+}
+
+namespace deltasync {
+
+// The compact delta of what `scan` found (its last successful Run against
+// `base`, whose hash before that Run was `base_hash`) plus `others`: the
+// changes of `base`'s non-bf16 tensors (scan.other_changes(), not yet
+// applied to `base`). Byte-identical to EncodeCompactDelta of the same
+// changes against the base before the Run. Streams written in parallel.
+Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const StateHash& base_hash,
+                                               const WeightState& base, const bf16::CompactScan& scan,
+                                               std::span<const TensorChanges> others, int threads);
+
+}  // namespace deltasync

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "bf16/compact_scan.h"
 #include "codec/compact_bf16.h"
 #include "codec/compact_streams.h"
 #include "codec/patch_metadata.h"
@@ -613,6 +614,54 @@ Result<CompactStreamSizes> MeasureCompactDelta(const SafetensorsFile& file) {
   }
   out.header_bytes -= out.gap_bytes + out.diff_bytes + out.escape_bytes + out.value_bytes;
   return out;
+}
+
+}  // namespace deltasync
+
+namespace deltasync {
+
+Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const StateHash& base_hash,
+                                               const WeightState& base, const bf16::CompactScan& scan,
+                                               std::span<const TensorChanges> others, int threads) {
+  if (!info.base_version || *info.base_version >= info.model_version) {
+    return Status::InvalidArgument("a compact delta needs a base version older than model_version " +
+                                   std::to_string(info.model_version));
+  }
+  // Both lists are in name order (the base's): merge them.
+  struct Item {
+    const std::string* name;
+    size_t scanned;                 // index in scan, or SIZE_MAX
+    const TensorChanges* other;     // or this
+    uint64_t changed;
+  };
+  std::vector<Item> items;
+  for (size_t i = 0; i < scan.tensors(); ++i) items.push_back({&scan.name(i), i, nullptr, scan.changed(i)});
+  for (const TensorChanges& c : others) {
+    if (c.count() > 0) items.push_back({&c.name, SIZE_MAX, &c, c.count()});
+  }
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return *a.name < *b.name; });
+  // Biggest first, so that one large tensor does not finish last alone.
+  std::vector<size_t> order(items.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return items[a].changed > items[b].changed; });
+  uint64_t changed = 0;
+  for (const Item& it : items) changed += it.changed;
+  std::vector<std::vector<uint8_t>> streams(items.size());
+  std::vector<Status> errors(items.size());
+  ParallelFor(order.size(), changed >= kParallelMin ? threads : 1, [&](size_t k) {
+    const size_t i = order[k];
+    if (items[i].other == nullptr) {
+      scan.WriteStream(items[i].scanned, streams[i]);
+      return;
+    }
+    const WeightState::Tensor* t = base.Find(*items[i].name);
+    errors[i] = t ? compact::EncodeTensorStream(*items[i].other, *t, streams[i])
+                  : Status::InvalidArgument("tensor '" + *items[i].name + "' is not in the base state");
+  });
+  for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
+  std::vector<std::string> names;
+  for (const Item& it : items) names.push_back(*it.name);
+  return compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names, std::move(streams), changed);
 }
 
 }  // namespace deltasync

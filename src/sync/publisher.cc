@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "bf16/compact_scan.h"
+#include "codec/compact_bf16.h"
 #include "common/clock.h"
 #include "deltasync/compact.h"
 #include "deltasync/replica.h"
@@ -50,6 +52,10 @@ uint64_t CountChanged(std::span<const TensorChanges> changes) {
 }
 
 }  // namespace
+
+Publisher::Publisher(std::shared_ptr<Store> store, PublisherOptions options)
+    : store_(std::move(store)), options_(std::move(options)) {}
+Publisher::~Publisher() = default;
 
 Result<std::unique_ptr<Publisher>> Publisher::Open(std::shared_ptr<Store> store, PublisherOptions options) {
   if (options.anchor_interval == 0) {
@@ -140,10 +146,86 @@ Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const Tensor
   Stopwatch clock;
   if (latest_version() == 0) {
     DS_ASSIGN_OR_RETURN(WeightState first, ToPublishedState(tensors, Detection()));
-    return Commit(version, std::move(first), {}, clock);
+    return Commit(version, std::move(first), Prepared{}, clock);
+  }
+  if (options_.encoding == IndexEncoding::kCompact) {
+    DS_ASSIGN_OR_RETURN(Prepared delta, PrepareScanned(version, tensors));
+    return Commit(version, std::nullopt, std::move(delta), clock);
   }
   DS_ASSIGN_OR_RETURN(std::vector<TensorChanges> changes, DetectChanges(state_, tensors, Detection()));
-  return Commit(version, std::nullopt, std::move(changes), clock);
+  DS_ASSIGN_OR_RETURN(Prepared delta, PrepareChanges(version, std::move(changes)));
+  return Commit(version, std::nullopt, std::move(delta), clock);
+}
+
+Result<Publisher::Prepared> Publisher::PrepareChanges(uint64_t version, std::vector<TensorChanges> changes) {
+  const uint64_t previous = latest_version();
+  Prepared p;
+  p.changed = CountChanged(changes);
+  // Encoded against the state before the changes (compact codes relative to it).
+  DS_ASSIGN_OR_RETURN(p.delta, EncodeDeltaFrom(version, previous, state_hash_, state_, changes));
+  if (options_.measure_gap_delta) {
+    if (options_.encoding == IndexEncoding::kGapDelta) {
+      p.gap_delta_bytes = p.delta.size;
+    } else {
+      DS_ASSIGN_OR_RETURN(p.gap_delta_bytes, GapDeltaSize(version, changes));
+    }
+  }
+  p.next_hash = state_hash_ + HashChanges(state_, changes, options_.threads);
+  auto undo = std::make_shared<std::pair<std::vector<TensorChanges>, std::vector<std::vector<uint8_t>>>>(
+      std::move(changes), std::vector<std::vector<uint8_t>>{});
+  undo->second = OldValues(state_, undo->first);
+  ApplyChanges(state_, undo->first, options_.threads);
+  p.rollback = [this, undo] {
+    for (size_t i = 0; i < undo->first.size(); ++i) std::swap(undo->first[i].values, undo->second[i]);
+    ApplyChanges(state_, undo->first, options_.threads);
+  };
+  return p;
+}
+
+// The fused route (bf16/compact_scan.h): one pass finds, codes and applies
+// the bf16 changes; other dtypes go the plain way.
+Result<Publisher::Prepared> Publisher::PrepareScanned(uint64_t version, std::span<const TensorView> tensors) {
+  if (!scan_) scan_ = std::make_unique<bf16::CompactScan>();
+  DS_RETURN_IF_ERROR(scan_->Run(state_, tensors, Detection()));
+  const int threads = options_.threads;
+  std::vector<TensorChanges>& others = scan_->other_changes();
+  PatchInfo info;
+  info.kind = PatchKind::kDelta;
+  info.model_version = version;
+  info.base_version = latest_version();
+  Prepared p;
+  Result<EncodedPatch> delta = EncodeScannedCompactDelta(info, state_hash_, state_, *scan_, others, threads);
+  if (options_.measure_gap_delta && delta.ok()) {
+    std::vector<TensorChanges> all = scan_->AppliedChanges();
+    all.insert(all.end(), others.begin(), others.end());
+    std::sort(all.begin(), all.end(), [](const TensorChanges& a, const TensorChanges& b) { return a.name < b.name; });
+    Result<uint64_t> size = GapDeltaSize(version, all);
+    if (!size.ok()) delta = size.status();
+    p.gap_delta_bytes = size.ok() ? *size : 0;
+  }
+  if (!delta.ok()) {
+    scan_->Undo(threads);
+    return delta.status();
+  }
+  p.delta = std::move(*delta);
+  p.changed = scan_->bf16_changed() + CountChanged(others);
+  p.next_hash = state_hash_ + scan_->bf16_hash_delta() + HashChanges(state_, others, threads);
+  auto undo = std::make_shared<std::pair<std::vector<TensorChanges>, std::vector<std::vector<uint8_t>>>>(
+      std::move(others), std::vector<std::vector<uint8_t>>{});
+  undo->second = OldValues(state_, undo->first);
+  ApplyChanges(state_, undo->first, threads);
+  p.rollback = [this, undo, threads] {
+    for (size_t i = 0; i < undo->first.size(); ++i) std::swap(undo->first[i].values, undo->second[i]);
+    ApplyChanges(state_, undo->first, threads);
+    scan_->Undo(threads);
+  };
+  return p;
+}
+
+Result<uint64_t> Publisher::GapDeltaSize(uint64_t version, std::span<const TensorChanges> changes) const {
+  PatchInfo info{PatchKind::kDelta, version, IndexEncoding::kGapDelta, latest_version(), state_.total_elements()};
+  DS_ASSIGN_OR_RETURN(EncodedPatch trl, EncodeDelta(info, changes));
+  return trl.size;
 }
 
 Result<WeightState> Publisher::Snapshot(std::span<const TensorView> tensors) const {
@@ -205,7 +287,8 @@ Result<PublishStats> Publisher::PublishChanges(uint64_t version, std::span<const
       }
     }
   }
-  return Commit(version, std::nullopt, std::move(copy), clock);
+  DS_ASSIGN_OR_RETURN(Prepared delta, PrepareChanges(version, std::move(copy)));
+  return Commit(version, std::nullopt, std::move(delta), clock);
 }
 
 Result<EncodedPatch> Publisher::EncodeDeltaFrom(uint64_t version, uint64_t base_version, const StateHash& base_hash,
@@ -223,8 +306,8 @@ Result<EncodedPatch> Publisher::EncodeDeltaFrom(uint64_t version, uint64_t base_
   return EncodeDelta(info, changes);
 }
 
-Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightState> first_state,
-                                       std::vector<TensorChanges> changes, const Stopwatch& clock) {
+Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightState> first_state, Prepared prepared,
+                                       const Stopwatch& clock) {
   const uint64_t previous = latest_version();
   const bool first = first_state.has_value();
   const bool compact = options_.encoding == IndexEncoding::kCompact;
@@ -232,35 +315,21 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
   stats.version = version;
   bool anchor = first || (options_.anchor_interval > 0 &&
                           version / options_.anchor_interval > last_anchor_ / options_.anchor_interval);
-  std::vector<std::vector<uint8_t>> undo;  // old values, per entry of `changes`
-  EncodedPatch delta, cumulative;
+  // The delta was encoded and applied by Prepare*; prepared.rollback undoes that.
+  EncodedPatch& delta = prepared.delta;
+  EncodedPatch cumulative;
   StateHash next_hash;
-
   if (first) {
     next_hash = HashState(*first_state, options_.threads);
     stats.changed_elements = first_state->total_elements();
   } else {
-    stats.changed_elements = CountChanged(changes);
-    // Encoded against the state before the changes (compact codes relative to it).
-    DS_ASSIGN_OR_RETURN(delta, EncodeDeltaFrom(version, previous, state_hash_, state_, changes));
-    if (options_.measure_gap_delta) {
-      if (options_.encoding == IndexEncoding::kGapDelta) {
-        stats.gap_delta_bytes = delta.size;
-      } else {
-        PatchInfo info{PatchKind::kDelta, version, IndexEncoding::kGapDelta, previous, state_.total_elements()};
-        DS_ASSIGN_OR_RETURN(EncodedPatch trl, EncodeDelta(info, changes));
-        stats.gap_delta_bytes = trl.size;
-      }
-    }
-    next_hash = state_hash_ + HashChanges(state_, changes, options_.threads);
-    undo = OldValues(state_, changes);
-    ApplyChanges(state_, changes, options_.threads);
+    next_hash = prepared.next_hash;
+    stats.changed_elements = prepared.changed;
+    stats.gap_delta_bytes = prepared.gap_delta_bytes;
   }
   WeightState& next_state = first ? *first_state : state_;
   auto rollback = [&] {
-    if (first) return;
-    for (size_t i = 0; i < changes.size(); ++i) std::swap(changes[i].values, undo[i]);
-    ApplyChanges(state_, changes, options_.threads);
+    if (!first) prepared.rollback();
   };
   auto fail = [&](const Status& s) {
     rollback();

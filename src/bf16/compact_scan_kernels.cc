@@ -1,0 +1,209 @@
+// ScanCompactSpan (compact_scan.h): the fused detect -> code -> hash -> apply
+// pass, per block of kBlock elements:
+//  1. vectors: the new bf16 values (fp32 rounded), the changed-element
+//     bitmap, each base element's exponent class as a byte, and whether
+//     any new value is non-finite;
+//  2. per 64-element word: one mask per class (vector compares of the class
+//     bytes), so a change's gap is its class count so far plus a popcount;
+//     then the word's changes, one at a time (about two per word at a
+//     realistic change rate);
+//  3. the block's hash change in one vector call over its changes.
+// Compiled per target like the other kernels (foreach_target.h).
+
+#include <algorithm>
+#include <cstring>
+
+#include "bf16/compact_scan.h"
+#include "bf16/round.h"
+#include "bf16/simd_kernels.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "bf16/compact_scan_kernels.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "bf16/kernels-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace deltasync::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+constexpr size_t kScanBlock = kScanBlockElements;
+constexpr size_t kScanWords = kScanBlock / 64;
+constexpr uint8_t kNoClass = 0xFF;
+
+// Pass 1 over one block of len <= kScanBlock elements.
+template <bool kF32>
+HWY_INLINE bool ClassifyBlock(const uint16_t* HWY_RESTRICT pub, const void* cur_raw, size_t len,
+                              uint16_t* HWY_RESTRICT fresh, uint64_t* HWY_RESTRICT words,
+                              uint8_t* HWY_RESTRICT cls) {
+  const hn::ScalableTag<uint32_t> d32;
+  const hn::RebindToSigned<decltype(d32)> di32;
+  const hn::Rebind<uint16_t, decltype(d32)> d16;
+  const hn::Rebind<uint8_t, decltype(d32)> d8;
+  const size_t N = hn::Lanes(d32);
+  const auto exp = hn::Set(d32, uint32_t{bf16::kBf16ExpMask});
+  const auto c112 = hn::Set(di32, 112), c15 = hn::Set(di32, 15);
+  auto bad = hn::FirstN(d32, 0);
+  bool any_bad = false;
+  uint8_t* bitmap = reinterpret_cast<uint8_t*>(words);
+  std::memset(words, 0, kScanWords * sizeof(uint64_t));
+  size_t i = 0;
+  for (; i + N <= len; i += N) {
+    hn::Vec<decltype(d32)> r;
+    if constexpr (kF32) {
+      r = RoundToBf16(d32, hn::LoadU(d32, static_cast<const uint32_t*>(cur_raw) + i));
+    } else {
+      r = hn::PromoteTo(d32, hn::LoadU(d16, static_cast<const uint16_t*>(cur_raw) + i));
+    }
+    const auto p = hn::PromoteTo(d32, hn::LoadU(d16, pub + i));
+    bad = hn::Or(bad, hn::Eq(hn::And(r, exp), exp));
+    SetMaskBits(d32, hn::Ne(r, p), i, bitmap);
+    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di32, r)), d16, fresh + i);
+    // ClassOf: clamp(exponent - 112, 0, 15).
+    const auto e = hn::BitCast(di32, hn::And(hn::ShiftRight<7>(p), hn::Set(d32, 0xFFu)));
+    hn::StoreU(hn::DemoteTo(d8, hn::Min(hn::Sub(hn::Max(e, c112), c112), c15)), d8, cls + i);
+  }
+  for (; i < len; ++i) {
+    uint16_t r;
+    if constexpr (kF32) {
+      r = bf16::RoundFp32ToBf16(bf16::LoadElement(static_cast<const uint32_t*>(cur_raw), i));
+    } else {
+      r = bf16::LoadElement(static_cast<const uint16_t*>(cur_raw), i);
+    }
+    const uint16_t p = bf16::LoadElement(pub, i);
+    fresh[i] = r;
+    any_bad |= bf16::IsNonFinite(r, bf16::kBf16ExpMask);
+    words[i / 64] |= static_cast<uint64_t>(r != p) << (i % 64);
+    cls[i] = static_cast<uint8_t>(compact::ClassOf(p));
+  }
+  std::memset(cls + len, kNoClass, (len + 63) / 64 * 64 - len);
+  return any_bad || !hn::AllFalse(d32, bad);
+}
+
+// mask[c] bit k = class byte k of the 64 at `cls` equals c.
+HWY_INLINE void ClassMasks(const uint8_t* HWY_RESTRICT cls, uint64_t* HWY_RESTRICT mask) {
+  const hn::ScalableTag<uint8_t> d8;
+  constexpr size_t kMax = HWY_MAX_BYTES;
+  const size_t N = hn::Lanes(d8);
+  if (N >= 8) {
+    for (int c = 0; c < kScanClasses; ++c) {
+      const auto want = hn::Set(d8, static_cast<uint8_t>(c));
+      HWY_ALIGN uint8_t bits[8 + kMax / 8] = {};
+      for (size_t i = 0; i < 64; i += N) hn::StoreMaskBits(d8, hn::Eq(hn::LoadU(d8, cls + i), want), bits + i / 8);
+      std::memcpy(&mask[c], bits, 8);
+    }
+  } else {
+    for (int c = 0; c < kScanClasses; ++c) mask[c] = 0;
+    for (size_t k = 0; k < 64; ++k) {
+      if (cls[k] != kNoClass) mask[cls[k]] |= uint64_t{1} << k;
+    }
+  }
+}
+
+// The loop keeps every counter and output pointer in locals: the outputs
+// are byte stores, which may alias anything reachable from `s` or `st`, so
+// through those the compiler would reload them after every store.
+template <bool kF32>
+HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
+  HWY_ALIGN uint16_t fresh[kScanBlock];
+  HWY_ALIGN uint8_t cls[kScanBlock];
+  HWY_ALIGN uint64_t words[kScanWords];
+  HWY_ALIGN uint64_t h_index[kScanBlock], h_new[kScanBlock], h_old[kScanBlock];
+  uint64_t seen[kScanClasses], next[kScanClasses], count[kScanClasses], escapes[kScanClasses];
+  uint32_t* gaps[kScanClasses];
+  uint8_t* diffs[kScanClasses];
+  uint16_t* escaped[kScanClasses];
+  for (int c = 0; c < kScanClasses; ++c) {
+    seen[c] = st.seen[c];
+    next[c] = st.next[c];
+    count[c] = st.changes[c];
+    escapes[c] = st.escapes[c];
+    gaps[c] = s.gaps[c];
+    diffs[c] = s.diffs[c];
+    escaped[c] = s.escapes[c];
+  }
+  uint16_t* const old_out = s.old_values;
+  uint64_t n_old = st.old_values;
+  uint64_t* const changed_words = s.changed_words;
+  const uint8_t* const current = static_cast<const uint8_t*>(s.current);
+  const size_t elem_size = kF32 ? 4 : 2;
+  size_t result = s.n;
+  for (size_t start = 0; start < s.n; start += kScanBlock) {
+    const size_t len = std::min(kScanBlock, s.n - start);
+    uint16_t* HWY_RESTRICT pub = s.published + start;
+    // Two blocks ahead: the per-change work between loads is enough to let
+    // the hardware prefetcher fall behind.
+    if (start + 3 * kScanBlock <= s.n) {
+      const uint8_t* ahead = current + (start + 2 * kScanBlock) * elem_size;
+      for (size_t b = 0; b < kScanBlock * elem_size; b += 64) __builtin_prefetch(ahead + b);
+      const auto* pub_ahead = reinterpret_cast<const uint8_t*>(pub + 2 * kScanBlock);
+      for (size_t b = 0; b < kScanBlock * 2; b += 64) __builtin_prefetch(pub_ahead + b);
+    }
+    const bool bad = ClassifyBlock<kF32>(pub, current + start * elem_size, len, fresh, words, cls);
+    if (bad && s.check_finite) {
+      size_t k = 0;
+      while (k < len && !bf16::IsNonFinite(fresh[k], bf16::kBf16ExpMask)) ++k;
+      if (k < len) {
+        result = start + k;
+        break;
+      }
+    }
+    size_t h = 0;
+    const size_t n_words = (len + 63) / 64;
+    for (size_t w = 0; w < n_words; ++w) {
+      uint64_t mask[kScanClasses];
+      ClassMasks(cls + 64 * w, mask);
+      uint64_t bits = words[w];
+      changed_words[(start >> 6) + w] = bits;
+      for (; bits != 0; bits &= bits - 1) {
+        const unsigned j = static_cast<unsigned>(__builtin_ctzll(bits));
+        const size_t e = 64 * w + j;
+        const int c = cls[e];
+        const uint64_t rank = seen[c] + static_cast<uint64_t>(__builtin_popcountll(mask[c] & ((uint64_t{1} << j) - 1)));
+        const uint64_t k = count[c]++;
+        gaps[c][k] = static_cast<uint32_t>(rank - next[c]);
+        next[c] = rank + 1;
+        const uint16_t old_bits = pub[e], new_bits = fresh[e];
+        const uint8_t d = compact::DiffByte(old_bits, new_bits);
+        diffs[c][k] = d;
+        if (HWY_UNLIKELY(d == compact::kEscape)) escaped[c][escapes[c]++] = new_bits;
+        old_out[n_old++] = old_bits;
+        pub[e] = new_bits;
+        h_index[h] = s.index0 + start + e;
+        h_old[h] = old_bits;
+        h_new[h] = new_bits;
+        ++h;
+      }
+      for (int c = 0; c < kScanClasses; ++c) seen[c] += static_cast<uint64_t>(__builtin_popcountll(mask[c]));
+    }
+    if (h > 0) HashTermDiffs(h_index, h_new, h_old, h, s.seed, st.hash);
+  }
+  for (int c = 0; c < kScanClasses; ++c) {
+    st.seen[c] = seen[c];
+    st.next[c] = next[c];
+    st.changes[c] = count[c];
+    st.escapes[c] = escapes[c];
+  }
+  st.old_values = n_old;
+  return result;
+}
+
+size_t ScanCompactSpanImpl(const CompactScanSpan& span, CompactScanState& state) {
+  return span.f32 ? ScanLoop<true>(span, state) : ScanLoop<false>(span, state);
+}
+
+}  // namespace deltasync::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace deltasync::kernels {
+
+HWY_EXPORT(ScanCompactSpanImpl);
+
+size_t ScanCompactSpan(const CompactScanSpan& span, CompactScanState& state) {
+  return HWY_DYNAMIC_DISPATCH(ScanCompactSpanImpl)(span, state);
+}
+
+}  // namespace deltasync::kernels
+#endif  // HWY_ONCE
