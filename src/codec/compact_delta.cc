@@ -88,6 +88,22 @@ void PutRice(compact::BitWriter& w, uint64_t gap, int k) {
   }
 }
 
+// The sum of RiceBits(gaps[i], k) over n gaps whose largest is max_gap. A
+// gap takes (gap >> k) + 1 + k bits unless escaped; the sum of shifts is a
+// loop the compiler vectorises, and escapes (rare) are corrected one by one
+// (mod 2^64: the corrections undo any wrap of the plain sum).
+uint64_t RiceCost(const uint64_t* gaps, size_t n, int k, uint64_t max_gap) {
+  uint64_t q = 0;
+  for (size_t i = 0; i < n; ++i) q += gaps[i] >> k;
+  uint64_t bits = q + n * static_cast<uint64_t>(1 + k);
+  if ((max_gap >> k) >= kUnaryEscape) {
+    for (size_t i = 0; i < n; ++i) {
+      if ((gaps[i] >> k) >= kUnaryEscape) bits += RiceBits(gaps[i], k) - ((gaps[i] >> k) + 1 + static_cast<uint64_t>(k));
+    }
+  }
+  return bits;
+}
+
 void PutRiceGaps(compact::BitWriter& w, uint64_t count, compact::GapSource& source) {
   uint64_t gaps[kRiceBlock];
   for (uint64_t done = 0; done < count;) {
@@ -95,19 +111,19 @@ void PutRiceGaps(compact::BitWriter& w, uint64_t count, compact::GapSource& sour
     done += e;
     const size_t b = 0;
     double sum = 0;
-    for (size_t i = b; i < e; ++i) sum += static_cast<double>(gaps[i]);
+    uint64_t max_gap = 0;
+    for (size_t i = b; i < e; ++i) {
+      sum += static_cast<double>(gaps[i]);
+      max_gap = std::max(max_gap, gaps[i]);
+    }
     // A geometric source's best k is about log2(mean x ln 2); the exact cost
     // decides among it and its neighbours.
     const double scaled = sum / static_cast<double>(e - b) * 0.6931471805599453;
     const int guess = scaled >= 1 ? std::min(kMaxRiceK, static_cast<int>(std::log2(scaled))) : 0;
     // The three candidates' costs in one pass (k = guess - 1 only when >= 0).
     const int lo = std::max(0, guess - 1), hi = std::min(kMaxRiceK, guess + 1);
-    uint64_t cost[3] = {0, 0, 0};
-    for (size_t i = b; i < e; ++i) {
-      cost[0] += RiceBits(gaps[i], lo);
-      cost[1] += RiceBits(gaps[i], lo + 1 <= hi ? lo + 1 : lo);
-      cost[2] += RiceBits(gaps[i], hi);
-    }
+    const uint64_t cost[3] = {RiceCost(gaps, e, lo, max_gap), RiceCost(gaps, e, lo + 1 <= hi ? lo + 1 : lo, max_gap),
+                              RiceCost(gaps, e, hi, max_gap)};
     int best_k = lo;
     uint64_t best_bits = cost[0];
     if (lo + 1 <= hi && cost[1] < best_bits) best_bits = cost[1], best_k = lo + 1;
