@@ -14,9 +14,13 @@ inline double Seconds(const std::function<void()>& fn) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-inline double BestSeconds(int reps, const std::function<void()>& fn) {
+// The best of `reps` timed calls of fn; `between` (untimed) runs after each.
+inline double BestSeconds(int reps, const std::function<void()>& fn, const std::function<void()>& between = {}) {
   double best = 1e30;
-  for (int r = 0; r < reps; ++r) best = std::min(best, Seconds(fn));
+  for (int r = 0; r < reps; ++r) {
+    best = std::min(best, Seconds(fn));
+    if (between) between();
+  }
   return best;
 }
 
