@@ -92,6 +92,9 @@ class Publisher {
                                                  PublisherOptions options = {});
 
   // Publishes `tensors` as `version` and returns once the manifest lists it.
+  // With kCompact a delta is found, coded, hashed and applied in one pass
+  // over the tensors (bf16/compact_scan.h), whose buffers (about 7 bytes per
+  // changed element and a bit per element) are kept for the next version.
   // tensors: bf16 or fp32 (rounded to bf16, round-to-nearest-even), other
   // dtypes carried as they are. After the first version the tensor set,
   // shapes and dtypes must not change.
