@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -146,6 +147,7 @@ def worker(args) -> None:
             peaks.append(_status_kb("VmHWM") - rss0)
             changed.append(n_changed / total)
             out_bytes.append(os.path.getsize(path))
+    shutil.rmtree(tmp, ignore_errors=True)  # the bucket holds a full anchor: ~0.8-1.7 GB per process
     print(json.dumps({"path": args.worker, "times_s": times, "cpu_s": cpu, "peak_extra_kb": peaks, "changed_fraction": changed,
                       "bytes": out_bytes, "detail": detail, "params": sum(w.numel() for w in weights.values()),
                       "threads": __import__("torch").get_num_threads(), "peak_reset": reset_ok}))
