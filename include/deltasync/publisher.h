@@ -151,6 +151,8 @@ class Publisher {
   // Compact: detect, encode and apply in one pass over `tensors` (scan_).
   Result<Prepared> PrepareScanned(uint64_t version, std::span<const TensorView> tensors);
   Result<uint64_t> GapDeltaSize(uint64_t version, std::span<const TensorChanges> changes) const;
+  // Applies `changes` to state_; the result puts the old values back.
+  std::function<void()> ApplyWithUndo(std::vector<TensorChanges> changes);
   // Everything after the delta: cumulative delta, anchor, upload, commit;
   // rolls back on failure. `first_state` for the first version, else
   // `prepared`.

@@ -171,15 +171,23 @@ Result<Publisher::Prepared> Publisher::PrepareChanges(uint64_t version, std::vec
     }
   }
   p.next_hash = state_hash_ + HashChanges(state_, changes, options_.threads);
-  auto undo = std::make_shared<std::pair<std::vector<TensorChanges>, std::vector<std::vector<uint8_t>>>>(
-      std::move(changes), std::vector<std::vector<uint8_t>>{});
-  undo->second = OldValues(state_, undo->first);
-  ApplyChanges(state_, undo->first, options_.threads);
-  p.rollback = [this, undo] {
-    for (size_t i = 0; i < undo->first.size(); ++i) std::swap(undo->first[i].values, undo->second[i]);
-    ApplyChanges(state_, undo->first, options_.threads);
-  };
+  p.rollback = ApplyWithUndo(std::move(changes));
   return p;
+}
+
+std::function<void()> Publisher::ApplyWithUndo(std::vector<TensorChanges> changes) {
+  struct Undo {
+    std::vector<TensorChanges> changes;
+    std::vector<std::vector<uint8_t>> old;  // old values, per entry of `changes`
+  };
+  auto undo = std::make_shared<Undo>();
+  undo->old = OldValues(state_, changes);
+  undo->changes = std::move(changes);
+  ApplyChanges(state_, undo->changes, options_.threads);
+  return [this, undo] {
+    for (size_t i = 0; i < undo->changes.size(); ++i) std::swap(undo->changes[i].values, undo->old[i]);
+    ApplyChanges(state_, undo->changes, options_.threads);
+  };
 }
 
 // The fused route (bf16/compact_scan.h): one pass finds, codes and applies
@@ -210,13 +218,9 @@ Result<Publisher::Prepared> Publisher::PrepareScanned(uint64_t version, std::spa
   p.delta = std::move(*delta);
   p.changed = scan_->bf16_changed() + CountChanged(others);
   p.next_hash = state_hash_ + scan_->bf16_hash_delta() + HashChanges(state_, others, threads);
-  auto undo = std::make_shared<std::pair<std::vector<TensorChanges>, std::vector<std::vector<uint8_t>>>>(
-      std::move(others), std::vector<std::vector<uint8_t>>{});
-  undo->second = OldValues(state_, undo->first);
-  ApplyChanges(state_, undo->first, threads);
-  p.rollback = [this, undo, threads] {
-    for (size_t i = 0; i < undo->first.size(); ++i) std::swap(undo->first[i].values, undo->second[i]);
-    ApplyChanges(state_, undo->first, threads);
+  std::function<void()> undo_others = ApplyWithUndo(std::move(others));
+  p.rollback = [this, undo_others, threads] {
+    undo_others();
     scan_->Undo(threads);
   };
   return p;

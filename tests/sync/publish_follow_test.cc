@@ -389,6 +389,45 @@ TEST(PublisherTest, FailedManifestWriteLeavesNothingCommitted) {
   ExpectStateEquals(replica->state(), model);
 }
 
+// The compact delta's upload fails after the fused pass applied the bf16
+// changes and the F32 tensor's: every byte of the state goes back.
+TEST(PublisherTest, FailedDeltaUploadRestoresEveryTensor) {
+  TempDir dir;
+  auto faulty = std::make_shared<FaultStore>(OpenDirStore(dir.path()));
+  auto pub = Publisher::Open(faulty);
+  ASSERT_TRUE(pub.ok());
+  RandomModel model(6);
+  ASSERT_TRUE((*pub)->Publish(1, model.Views()).ok());
+  auto bytes = [&] {
+    std::vector<std::vector<uint8_t>> out;
+    for (const auto& t : (*pub)->state().tensors()) out.emplace_back(t.data.begin(), t.data.end());
+    return out;
+  };
+  const auto before = bytes();
+  const StateHash hash_before = HashState((*pub)->state());
+  model.Step(0.2);
+  for (auto& t : model.tensors()) {
+    if (t.dtype == DType::kF32) t.data[5] ^= 0x01;  // the kept-F32 tensor changes too
+  }
+  faulty->fail_write = [](std::string_view key) {
+    return key.starts_with("ds/deltas/") ? Status::IOError("injected: upload failed") : Status::OK();
+  };
+  auto r = (*pub)->Publish(2, model.Views());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("injected"), std::string::npos) << r.status().ToString();
+  EXPECT_EQ((*pub)->latest_version(), 1u);
+  EXPECT_EQ(bytes(), before);
+  EXPECT_EQ(HashState((*pub)->state()), hash_before);
+
+  faulty->fail_write = nullptr;
+  auto retry = (*pub)->Publish(2, model.Views());
+  ASSERT_TRUE(retry.ok()) << retry.status().ToString();
+  EXPECT_GT(retry->changed_elements, 0u);
+  auto replica = Replica::Create(faulty);
+  ASSERT_TRUE(replica->Update().ok());
+  ExpectStateEquals(replica->state(), model);
+}
+
 TEST(PublisherTest, ReopenContinuesFromTheBucket) {
   TempDir dir;
   auto store = OpenDirStore(dir.path());
