@@ -67,8 +67,11 @@ uint64_t CompactScan::changed(size_t i) const { return tensors_[i].changed; }
 Status CompactScan::Run(WeightState& published, std::span<const TensorView> current, const DetectOptions& options,
                         uint64_t chunk_elements) {
   chunk_elements = std::clamp<uint64_t>(chunk_elements, 1, uint64_t{1} << 31);
+  // Nothing of the last Run survives a failure here (Undo then undoes nothing).
   tensors_.clear();
   other_.clear();
+  chunks_.clear();
+  results_.clear();
   bf16_changed_ = 0;
   hash_delta_ = StateHash{};
   DS_ASSIGN_OR_RETURN(std::vector<ScanJob> jobs, PlanDetect(published, current, options));

@@ -87,7 +87,8 @@ class CompactScan {
   CompactScan& operator=(const CompactScan&) = delete;
 
   // Compares `current` with `published` as DetectChanges does (same
-  // validation and errors). The changes of bf16 tensors are coded and
+  // validation and errors; when tensors of several dtypes hold NaN/Inf, the
+  // one named may differ). The changes of bf16 tensors are coded and
   // applied to `published` in place; those of other dtypes are only found
   // (other_changes(), not applied). On error `published` is unchanged.
   // chunk_elements below 2^31 (tests use tiny ones).
