@@ -276,13 +276,20 @@ Status Follower::MoveTo(uint64_t target, UpdateStats* stats_out) {
   }
   // Sinks first, then /status: nobody reads a version in /status that the
   // engine cannot see yet. A partial move (an error after some verified
-  // versions) is shown too.
+  // versions) is shown too. The metrics and the cleared error are settled
+  // before /status shows the version, so whoever sees the version there
+  // also sees its counts in /metrics and no stale error.
+  if (stats.ok()) {
+    metrics_.RecordUpdate(stats->anchors_applied + stats->deltas_applied, stats->bytes_downloaded,
+                          stats->apply_ms / 1000.0);
+  }
   Status exported;
   if (replica_->version() != from) {
     exported = ExportPending();
     std::lock_guard lock(mu_);
     snapshot_.updated_unix_ms = UnixMillis();
     PublishHeldLocked();
+    if (stats.ok()) ClearErrorLocked("update");
   }
   if (!stats.ok()) {
     RecordError("update", stats.status());
@@ -290,8 +297,6 @@ Status Follower::MoveTo(uint64_t target, UpdateStats* stats_out) {
   }
   ClearError("update");
   if (stats_out) *stats_out = *stats;
-  metrics_.RecordUpdate(stats->anchors_applied + stats->deltas_applied, stats->bytes_downloaded,
-                        stats->apply_ms / 1000.0);
   Log("holding " + V(replica_->version()) + " (state hash " + replica_->state_hash().Hex() + "; " +
       std::to_string(stats->anchors_applied) + " anchor(s) + " + std::to_string(stats->deltas_applied) +
       " delta(s), " + Mb(stats->bytes_downloaded) + " downloaded, apply " + Ms(stats->apply_ms) + ")");
