@@ -11,6 +11,7 @@
 // Compiled per target like the other kernels (foreach_target.h).
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "bf16/compact_scan.h"
@@ -189,6 +190,71 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
   return result;
 }
 
+// Position of the r-th (0-based) set bit of x, r < popcount(x): whole bytes
+// are skipped by their popcount, then a table selects within the byte.
+HWY_INLINE unsigned SelectBit(uint64_t x, uint64_t r) {
+  static constexpr auto kInByte = [] {
+    std::array<std::array<uint8_t, 8>, 256> t{};
+    for (int v = 0; v < 256; ++v) {
+      int k = 0;
+      for (int b = 0; b < 8; ++b) {
+        if (v >> b & 1) t[v][k++] = static_cast<uint8_t>(b);
+      }
+    }
+    return t;
+  }();
+  unsigned pos = 0;
+  for (;;) {
+    const uint64_t in_byte = static_cast<uint64_t>(__builtin_popcountll(x & 0xFF));
+    if (r < in_byte) return pos + kInByte[x & 0xFF][r];
+    r -= in_byte;
+    x >>= 8;
+    pos += 8;
+  }
+}
+
+void ClassWalk16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint64_t* HWY_RESTRICT rem,
+                     uint64_t* HWY_RESTRICT g, const uint64_t* HWY_RESTRICT gaps, const uint64_t* HWY_RESTRICT end,
+                     uint64_t* HWY_RESTRICT hits) {
+  const hn::ScalableTag<uint32_t> d32;
+  const hn::RebindToSigned<decltype(d32)> di32;
+  const hn::Rebind<uint16_t, decltype(d32)> d16;
+  const hn::Rebind<uint8_t, decltype(d32)> d8;
+  const size_t N = hn::Lanes(d32);
+  const auto c112 = hn::Set(di32, 112), c15 = hn::Set(di32, 15);
+  HWY_ALIGN uint8_t cls[kScanBlock];
+  n = std::min(n, kScanBlock);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto p = hn::PromoteTo(d32, hn::LoadU(d16, data + i));
+    const auto e = hn::BitCast(di32, hn::And(hn::ShiftRight<7>(p), hn::Set(d32, 0xFFu)));
+    hn::StoreU(hn::DemoteTo(d8, hn::Min(hn::Sub(hn::Max(e, c112), c112), c15)), d8, cls + i);
+  }
+  for (; i < n; ++i) cls[i] = static_cast<uint8_t>(compact::ClassOf(bf16::LoadElement(data, i)));
+  std::memset(cls + n, kNoClass, (n + 63) / 64 * 64 - n);
+  for (size_t w = 0; w < (n + 63) / 64; ++w) {
+    uint64_t mask[kScanClasses];
+    ClassMasks(cls + 64 * w, mask);
+    uint64_t word_hits = 0;
+    for (int c = 0; c < kScanClasses; ++c) {
+      uint64_t bits = mask[c];
+      for (;;) {
+        const uint64_t here = static_cast<uint64_t>(__builtin_popcountll(bits));
+        if (rem[c] >= here) {
+          rem[c] -= here;  // from ~0 it never reaches a word's count within n < 2^60 elements
+          break;
+        }
+        const unsigned at = SelectBit(bits, rem[c]);
+        word_hits |= uint64_t{1} << at;
+        bits = at == 63 ? 0 : bits & (~uint64_t{0} << (at + 1));  // the class elements after it
+        ++g[c];
+        rem[c] = g[c] < end[c] ? gaps[g[c]] : ~uint64_t{0};
+      }
+    }
+    hits[w] = word_hits;
+  }
+}
+
 size_t ScanCompactSpanImpl(const CompactScanSpan& span, CompactScanState& state) {
   return span.f32 ? ScanLoop<true>(span, state) : ScanLoop<false>(span, state);
 }
@@ -200,6 +266,12 @@ HWY_AFTER_NAMESPACE();
 namespace deltasync::kernels {
 
 HWY_EXPORT(ScanCompactSpanImpl);
+HWY_EXPORT(ClassWalk16Impl);
+
+void ClassWalk16(const uint16_t* data, size_t n, uint64_t* rem, uint64_t* g, const uint64_t* gaps,
+                 const uint64_t* end, uint64_t* hits) {
+  HWY_DYNAMIC_DISPATCH(ClassWalk16Impl)(data, n, rem, g, gaps, end, hits);
+}
 
 size_t ScanCompactSpan(const CompactScanSpan& span, CompactScanState& state) {
   return HWY_DYNAMIC_DISPATCH(ScanCompactSpanImpl)(span, state);

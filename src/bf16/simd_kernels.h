@@ -86,6 +86,17 @@ void HashElements64(const uint64_t* data, size_t n, uint64_t base, const uint64_
 void HashTermDiffs(const uint64_t* index, const uint64_t* new_bits, const uint64_t* old_bits,
                    size_t n, const uint64_t seed[2], uint64_t sums[2]);
 
+// --- compact codec: exponent classes --------------------------------------
+
+// The compact decoder's walk over n <= 1024 base elements at `data`: per
+// exponent class c (compact::ClassOf), rem[c] class-c elements are skipped
+// before the next change; a change's element gets its bit in
+// hits[(offset) / 64], then rem[c] = gaps[g[c]] after ++g[c], or ~0 once
+// g[c] reaches end[c]. Writes ceil(n / 64) hit words; rem and g carry over
+// to the next call. The changes' classes follow from their base elements.
+void ClassWalk16(const uint16_t* data, size_t n, uint64_t* rem, uint64_t* g, const uint64_t* gaps,
+                 const uint64_t* end, uint64_t* hits);
+
 // --- targets (tests and benchmarks) ----------------------------------------
 
 // The target the kernels dispatch to now, e.g. "AVX3", "AVX2", "EMU128".

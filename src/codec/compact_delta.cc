@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "bf16/compact_scan.h"
+#include "bf16/simd_kernels.h"
 #include "codec/compact_bf16.h"
 #include "codec/compact_streams.h"
 #include "codec/patch_metadata.h"
@@ -372,40 +373,54 @@ Status DecodeTensor(const std::string& label, const TensorView& stream, const We
     }
     const uint64_t n_escapes = static_cast<uint64_t>(std::count(diffs.begin(), diffs.end(), kEscape));
     if (auto err = compact::GetBlock(in, 2 * n_escapes, 0, escapes)) return bad("escape block: " + *err);
-    // Per class: next change (p), its escape cursor (e), and how many more
-    // class elements to skip before it (rem; ~0 once the class is done).
-    std::array<uint64_t, kClasses> p, e, rem;
+    // Per class: the next change's gap (g) and diff (p) cursors, its escape
+    // cursor (e), and how many more class elements to skip before the next
+    // change (rem; ~0 once the class is done).
+    std::array<uint64_t, kClasses> g, p, e, rem;
     uint64_t esc = 0;
     for (int cl = 0; cl < kClasses; ++cl) {
-      p[cl] = class_begin[cl];
+      g[cl] = p[cl] = class_begin[cl];
       e[cl] = esc;
       esc += static_cast<uint64_t>(std::count(diffs.begin() + class_begin[cl], diffs.begin() + class_begin[cl + 1], kEscape));
-      rem[cl] = p[cl] < class_begin[cl + 1] ? gaps[p[cl]] : ~uint64_t{0};
+      rem[cl] = g[cl] < class_begin[cl + 1] ? gaps[g[cl]] : ~uint64_t{0};
     }
     c.values.resize(2 * *count);
     const uint8_t* b = base.data.data();
+    // Block by block, in a SIMD kernel: the base's class masks say, per
+    // class, how many of its elements a 64-element word holds, so a class
+    // whose next change lies beyond the word skips it with one subtraction,
+    // and a change inside is the rem-th set bit of its class's mask. The
+    // word's changes are then emitted in element order.
+    constexpr size_t kWalkBlock = 1024;
+    std::array<uint64_t, kClasses> end;
+    for (int cl = 0; cl < kClasses; ++cl) end[cl] = class_begin[cl + 1];
+    uint64_t hit_words[kWalkBlock / 64];
     uint64_t k = 0;
-    for (uint64_t i = 0; i < n && k < *count; ++i) {
-      const uint16_t o = Load16(b + 2 * i);
-      const int cl = ClassOf(o);
-      if (rem[cl] != 0) {
-        --rem[cl];  // from ~0 it never reaches 0 within n < 2^60 elements
-        continue;
+    for (uint64_t start = 0; start < n && k < *count; start += kWalkBlock) {
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(kWalkBlock, n - start));
+      kernels::ClassWalk16(reinterpret_cast<const uint16_t*>(b) + start, len, rem.data(), g.data(), gaps.data(),
+                           end.data(), hit_words);
+      for (size_t w = 0; w < (len + 63) / 64; ++w) {
+        uint64_t hits = hit_words[w];
+        for (; hits != 0; hits &= hits - 1) {
+          const uint64_t i = start + 64 * w + static_cast<uint64_t>(__builtin_ctzll(hits));
+          const uint16_t o = Load16(b + 2 * i);
+          const int cl = ClassOf(o);
+          const uint64_t j = p[cl]++;
+          uint16_t v;
+          if (diffs[j] == kEscape) {
+            v = Load16(escapes.data() + 2 * e[cl]++);
+          } else {
+            v = static_cast<uint16_t>(o + compact::UnZigZag(diffs[j]));
+          }
+          if (DiffByte(o, v) != diffs[j]) {  // canonical: an escape exactly when needed
+            return bad("element " + std::to_string(i) + ": non-canonical change code " + std::to_string(diffs[j]));
+          }
+          c.indices[k] = i;
+          std::memcpy(c.values.data() + 2 * k, &v, 2);
+          ++k;
+        }
       }
-      const uint64_t j = p[cl]++;
-      rem[cl] = p[cl] < class_begin[cl + 1] ? gaps[p[cl]] : ~uint64_t{0};
-      uint16_t v;
-      if (diffs[j] == kEscape) {
-        v = Load16(escapes.data() + 2 * e[cl]++);
-      } else {
-        v = static_cast<uint16_t>(o + compact::UnZigZag(diffs[j]));
-      }
-      if (DiffByte(o, v) != diffs[j]) {  // canonical: an escape exactly when needed
-        return bad("element " + std::to_string(i) + ": non-canonical change code " + std::to_string(diffs[j]));
-      }
-      c.indices[k] = i;
-      std::memcpy(c.values.data() + 2 * k, &v, 2);
-      ++k;
     }
     if (k != *count) return bad("gaps run past the elements of their exponent class");
   }

@@ -14,9 +14,11 @@
 #include "bf16/bf16_test_util.h"
 #include "bf16/compact_scan.h"
 #include "codec/compact_bf16.h"
+#include "deltasync/blob.h"
 #include "deltasync/changes.h"
 #include "deltasync/compact.h"
 #include "deltasync/patch.h"
+#include "deltasync/safetensors.h"
 #include "deltasync/state_hash.h"
 
 namespace deltasync {
@@ -131,6 +133,7 @@ struct Reference {
   StateHash next_hash;
   WeightState next;
   std::vector<TensorChanges> bf16_changes;
+  std::vector<TensorChanges> changes;
 };
 
 PatchInfo Info() {
@@ -155,6 +158,7 @@ Reference Unfused(const WeightState& published, std::span<const TensorView> curr
   for (const TensorChanges& c : *changes) {
     if (c.dtype == DType::kBF16) ref.bf16_changes.push_back(c);
   }
+  ref.changes = std::move(*changes);
   return ref;
 }
 
@@ -169,6 +173,13 @@ void ExpectFusedMatches(const WeightState& published, std::span<const TensorView
   auto delta = EncodeScannedCompactDelta(Info(), hash, state, scan, scan.other_changes(), options.threads);
   ASSERT_TRUE(delta.ok()) << delta.status().ToString();
   EXPECT_EQ(Bytes(*delta), ref.delta);
+  // And the decoder (its class walk runs on the same SIMD target) gets the
+  // changes back from the base.
+  auto file = SafetensorsFile::Parse(Blob::FromVector(Bytes(*delta)), "fused delta");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  auto decoded = DecodeCompactDelta(*file, published, hash, options.threads);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  ExpectSameChanges(decoded->changes, ref.changes);
   EXPECT_EQ(hash + scan.bf16_hash_delta() + HashChanges(state, scan.other_changes()), ref.next_hash);
   ExpectSameChanges(scan.AppliedChanges(), ref.bf16_changes);
   // bf16 tensors are applied, the others not yet.
