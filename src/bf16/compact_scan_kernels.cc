@@ -33,6 +33,16 @@ constexpr size_t kScanBlock = kScanBlockElements;
 constexpr size_t kScanWords = kScanBlock / 64;
 constexpr uint8_t kNoClass = 0xFF;
 
+// compact::ClassOf of the bf16 bits in u32 lanes (clamp(exponent - 112, 0,
+// 15)), as bytes.
+template <class D32>
+HWY_INLINE auto ClassBytes(D32 d32, hn::Vec<D32> bits) {
+  const hn::RebindToSigned<D32> di32;
+  const auto e = hn::BitCast(di32, hn::And(hn::ShiftRight<7>(bits), hn::Set(d32, 0xFFu)));
+  const auto c112 = hn::Set(di32, 112);
+  return hn::DemoteTo(hn::Rebind<uint8_t, D32>(), hn::Min(hn::Sub(hn::Max(e, c112), c112), hn::Set(di32, 15)));
+}
+
 // Pass 1 over one block of len <= kScanBlock elements.
 template <bool kF32>
 HWY_INLINE bool ClassifyBlock(const uint16_t* HWY_RESTRICT pub, const void* cur_raw, size_t len,
@@ -44,7 +54,6 @@ HWY_INLINE bool ClassifyBlock(const uint16_t* HWY_RESTRICT pub, const void* cur_
   const hn::Rebind<uint8_t, decltype(d32)> d8;
   const size_t N = hn::Lanes(d32);
   const auto exp = hn::Set(d32, uint32_t{bf16::kBf16ExpMask});
-  const auto c112 = hn::Set(di32, 112), c15 = hn::Set(di32, 15);
   auto bad = hn::FirstN(d32, 0);
   bool any_bad = false;
   uint8_t* bitmap = reinterpret_cast<uint8_t*>(words);
@@ -61,9 +70,7 @@ HWY_INLINE bool ClassifyBlock(const uint16_t* HWY_RESTRICT pub, const void* cur_
     bad = hn::Or(bad, hn::Eq(hn::And(r, exp), exp));
     SetMaskBits(d32, hn::Ne(r, p), i, bitmap);
     hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di32, r)), d16, fresh + i);
-    // ClassOf: clamp(exponent - 112, 0, 15).
-    const auto e = hn::BitCast(di32, hn::And(hn::ShiftRight<7>(p), hn::Set(d32, 0xFFu)));
-    hn::StoreU(hn::DemoteTo(d8, hn::Min(hn::Sub(hn::Max(e, c112), c112), c15)), d8, cls + i);
+    hn::StoreU(ClassBytes(d32, p), d8, cls + i);
   }
   for (; i < len; ++i) {
     uint16_t r;
@@ -217,19 +224,13 @@ void ClassWalk16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint64_t* HWY_
                      uint64_t* HWY_RESTRICT g, const uint64_t* HWY_RESTRICT gaps, const uint64_t* HWY_RESTRICT end,
                      uint64_t* HWY_RESTRICT hits) {
   const hn::ScalableTag<uint32_t> d32;
-  const hn::RebindToSigned<decltype(d32)> di32;
   const hn::Rebind<uint16_t, decltype(d32)> d16;
   const hn::Rebind<uint8_t, decltype(d32)> d8;
   const size_t N = hn::Lanes(d32);
-  const auto c112 = hn::Set(di32, 112), c15 = hn::Set(di32, 15);
   HWY_ALIGN uint8_t cls[kScanBlock];
   n = std::min(n, kScanBlock);
   size_t i = 0;
-  for (; i + N <= n; i += N) {
-    const auto p = hn::PromoteTo(d32, hn::LoadU(d16, data + i));
-    const auto e = hn::BitCast(di32, hn::And(hn::ShiftRight<7>(p), hn::Set(d32, 0xFFu)));
-    hn::StoreU(hn::DemoteTo(d8, hn::Min(hn::Sub(hn::Max(e, c112), c112), c15)), d8, cls + i);
-  }
+  for (; i + N <= n; i += N) hn::StoreU(ClassBytes(d32, hn::PromoteTo(d32, hn::LoadU(d16, data + i))), d8, cls + i);
   for (; i < n; ++i) cls[i] = static_cast<uint8_t>(compact::ClassOf(bf16::LoadElement(data, i)));
   std::memset(cls + n, kNoClass, (n + 63) / 64 * 64 - n);
   for (size_t w = 0; w < (n + 63) / 64; ++w) {
