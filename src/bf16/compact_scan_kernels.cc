@@ -14,6 +14,10 @@
 #include <array>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "bf16/compact_scan.h"
 #include "bf16/round.h"
 #include "bf16/simd_kernels.h"
@@ -197,9 +201,14 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
   return result;
 }
 
-// Position of the r-th (0-based) set bit of x, r < popcount(x): whole bytes
-// are skipped by their popcount, then a table selects within the byte.
+// Position of the r-th (0-based) set bit of x, r < popcount(x). AVX-512
+// CPUs (Skylake-X and later, Zen 4) have a fast PDEP; elsewhere PDEP may be
+// microcoded (Zen 1/2), so whole bytes are skipped by their popcount and a
+// table selects within the byte.
 HWY_INLINE unsigned SelectBit(uint64_t x, uint64_t r) {
+#if HWY_TARGET <= HWY_AVX3 && !defined(HWY_DISABLE_BMI2_FMA) && (HWY_ARCH_X86_64)
+  return static_cast<unsigned>(__builtin_ctzll(_pdep_u64(uint64_t{1} << r, x)));
+#endif
   static constexpr auto kInByte = [] {
     std::array<std::array<uint8_t, 8>, 256> t{};
     for (int v = 0; v < 256; ++v) {
