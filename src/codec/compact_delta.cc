@@ -109,17 +109,17 @@ void PutRiceGaps(compact::BitWriter& w, uint64_t count, compact::GapSource& sour
   uint64_t gaps[kRiceBlock];
   for (uint64_t done = 0; done < count;) {
     const size_t e = source.Next(gaps, static_cast<size_t>(std::min<uint64_t>(kRiceBlock, count - done)));
+    if (e == 0) break;  // a source shorter than its count (never, for the two encoders' sources)
     done += e;
-    const size_t b = 0;
     double sum = 0;
     uint64_t max_gap = 0;
-    for (size_t i = b; i < e; ++i) {
+    for (size_t i = 0; i < e; ++i) {
       sum += static_cast<double>(gaps[i]);
       max_gap = std::max(max_gap, gaps[i]);
     }
     // A geometric source's best k is about log2(mean x ln 2); the exact cost
     // decides among it and its neighbours.
-    const double scaled = sum / static_cast<double>(e - b) * 0.6931471805599453;
+    const double scaled = sum / static_cast<double>(e) * 0.6931471805599453;
     const int guess = scaled >= 1 ? std::min(kMaxRiceK, static_cast<int>(std::log2(scaled))) : 0;
     // The three candidates' costs in one pass (k = guess - 1 only when >= 0).
     const int lo = std::max(0, guess - 1), hi = std::min(kMaxRiceK, guess + 1);
@@ -130,7 +130,7 @@ void PutRiceGaps(compact::BitWriter& w, uint64_t count, compact::GapSource& sour
     if (lo + 1 <= hi && cost[1] < best_bits) best_bits = cost[1], best_k = lo + 1;
     if (cost[2] < best_bits) best_bits = cost[2], best_k = hi;
     w.Put(static_cast<uint64_t>(best_k), 6);
-    for (size_t i = b; i < e; ++i) PutRice(w, gaps[i], best_k);
+    for (size_t i = 0; i < e; ++i) PutRice(w, gaps[i], best_k);
   }
 }
 
