@@ -28,7 +28,7 @@ struct Stream {
   size_t used = 0;
   bool Reserve(size_t more) { return buffer.Reserve((used + more) * sizeof(T)); }
   T* at(size_t i) { return reinterpret_cast<T*>(buffer.data()) + i; }
-  const T* at(size_t i) const { return reinterpret_cast<const T*>(const_cast<ScratchBuffer&>(buffer).data()) + i; }
+  const T* at(size_t i) const { return reinterpret_cast<const T*>(buffer.data()) + i; }
 };
 
 }  // namespace
@@ -270,7 +270,7 @@ void CompactScan::WriteStream(size_t i, std::vector<uint8_t>& out) const {
 }
 
 std::vector<TensorChanges> CompactScan::AppliedChanges() const {
-  const auto* bitmap = reinterpret_cast<const uint64_t*>(const_cast<ScratchBuffer&>(words_).data());
+  const auto* bitmap = reinterpret_cast<const uint64_t*>(words_.data());
   std::vector<TensorChanges> out;
   for (const TensorRange& t : tensors_) {
     TensorChanges& c = out.emplace_back();
@@ -296,7 +296,7 @@ std::vector<TensorChanges> CompactScan::AppliedChanges() const {
 }
 
 void CompactScan::Undo(int threads) const {
-  const auto* bitmap = reinterpret_cast<const uint64_t*>(const_cast<ScratchBuffer&>(words_).data());
+  const auto* bitmap = reinterpret_cast<const uint64_t*>(words_.data());
   ParallelFor(results_.size(), threads, [&](size_t c) {
     const ChunkResult& r = results_[c];
     if (r.applied == 0) return;

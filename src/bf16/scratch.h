@@ -25,6 +25,7 @@ class ScratchBuffer {
   // may move). False when out of memory; the old contents then stay valid.
   bool Reserve(size_t bytes);
   uint8_t* data() { return data_; }
+  const uint8_t* data() const { return data_; }
 
  private:
   uint8_t* data_ = nullptr;
