@@ -51,6 +51,14 @@ def nudge(weights, fraction, seed):
     return out
 
 
+def nudged_history(seed, steps, fraction, salt):
+    """make_weights(seed), then `steps` successive nudges of it."""
+    history = [make_weights(seed)]
+    for i in range(steps):
+        history.append(nudge(history[-1], fraction, salt + i))
+    return history
+
+
 def assert_replica_holds(replica, weights):
     views = replica.tensors()
     assert set(views) == set(weights)
@@ -273,9 +281,7 @@ def test_publish_changes_errors(bucket):
 
 
 def test_background_publishes_complete_in_order(bucket):
-    history = [make_weights(9)]
-    for i in range(5):
-        history.append(nudge(history[-1], 0.05, 200 + i))
+    history = nudged_history(9, 5, 0.05, 200)
     with deltasync.Publisher(bucket, max_pending=2, anchor_interval=4) as pub:
         futures = [pub.publish(v, history[v - 1], background=True) for v in range(1, 7)]
         results = [f.result(timeout=60) for f in futures]
@@ -469,9 +475,7 @@ def test_version_not_newer_is_invalid_argument_and_changes_nothing(bucket):
 
 
 def test_corrupt_object_is_integrity_error_and_replica_stays(bucket):
-    history = [make_weights(17)]
-    for i in range(2):
-        history.append(nudge(history[-1], 0.1, 300 + i))
+    history = nudged_history(17, 2, 0.1, 300)
     with deltasync.Publisher(bucket, anchor_interval=100) as pub:
         pub.publish(1, history[0])
         replica = deltasync.Replica(bucket)
@@ -608,9 +612,7 @@ def test_allow_nonfinite(bucket):
 
 
 def test_views_are_read_only_zero_copy_and_keep_their_address(bucket):
-    history = [make_weights(23)]
-    for i in range(6):
-        history.append(nudge(history[-1], 0.1, 400 + i))
+    history = nudged_history(23, 6, 0.1, 400)
     with deltasync.Publisher(bucket, anchor_interval=3) as pub:
         pub.publish(1, history[0])
         replica = deltasync.Replica(bucket)
