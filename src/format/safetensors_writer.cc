@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -19,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "deltasync/safetensors.h"
+#include "deltasync/temp_file.h"
 
 namespace deltasync {
 namespace {
@@ -113,62 +113,6 @@ Status BuildHeaderJson(const Metadata& metadata, std::span<const TensorView> ten
   return Status::OK();
 }
 
-// Owns a temp file until Commit(); otherwise closes and removes it, so a
-// failed write leaves nothing behind.
-class TempFile {
- public:
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!path_.empty()) ::unlink(path_.c_str());
-  }
-
-  Status Create(const std::string& target) {
-    // pid + counter keeps concurrent writers (threads or processes) apart;
-    // O_EXCL makes any remaining clash an error instead of a shared file.
-    static std::atomic<uint64_t> counter{0};
-    std::string path = target + ".tmp." + std::to_string(::getpid()) + "." +
-                       std::to_string(counter.fetch_add(1));
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd_ < 0) return Status::IOError(target + ": cannot create temp file " + path + ": " + ErrnoText(errno));
-    path_ = std::move(path);
-    return Status::OK();
-  }
-
-  Status Write(ByteSpan bytes, const std::string& target) {
-    while (!bytes.empty()) {
-      // Linux writes at most ~2 GiB per call; loop over short writes.
-      size_t chunk = std::min<size_t>(bytes.size(), size_t{1} << 30);
-      ssize_t n = ::write(fd_, bytes.data(), chunk);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return Status::IOError(target + ": write to " + path_ + " failed: " + ErrnoText(errno));
-      }
-      if (n == 0) return Status::IOError(target + ": write to " + path_ + " made no progress");
-      bytes = bytes.subspan(static_cast<size_t>(n));
-    }
-    return Status::OK();
-  }
-
-  // fsync, close and rename over `target`. After this the temp file is gone
-  // either way.
-  Status Commit(const std::string& target) {
-    if (::fsync(fd_) != 0) return Status::IOError(target + ": fsync of " + path_ + " failed: " + ErrnoText(errno));
-    int fd = fd_;
-    fd_ = -1;
-    // close() can report a deferred write error (e.g. on NFS).
-    if (::close(fd) != 0) return Status::IOError(target + ": close of " + path_ + " failed: " + ErrnoText(errno));
-    if (::rename(path_.c_str(), target.c_str()) != 0) {
-      return Status::IOError(target + ": rename from " + path_ + " failed: " + ErrnoText(errno));
-    }
-    path_.clear();
-    return Status::OK();
-  }
-
- private:
-  int fd_ = -1;
-  std::string path_;
-};
-
 // The rename is only durable once the directory entry is on disk.
 Status SyncParentDir(const std::string& target) {
   size_t slash = target.rfind('/');
@@ -221,10 +165,18 @@ Status WriteSafetensorsFile(const std::string& path, const Metadata& metadata,
   if (!header.ok()) return header.status().WithContext(path);
 
   TempFile tmp;
-  DS_RETURN_IF_ERROR(tmp.Create(path));
-  DS_RETURN_IF_ERROR(tmp.Write(*header, path));
-  for (const TensorView& t : tensors) DS_RETURN_IF_ERROR(tmp.Write(t.data, path));
-  DS_RETURN_IF_ERROR(tmp.Commit(path));
+  if (int err = tmp.Create(path)) return Status::IOError(path + ": cannot create a temporary file: " + ErrnoText(err));
+  auto failed = [&](std::string_view step, int err) {
+    return Status::IOError(path + ": " + std::string(step) + " of " + tmp.path() + " failed: " + ErrnoText(err));
+  };
+  if (int err = tmp.Write(*header)) return failed("write", err);
+  for (const TensorView& t : tensors) {
+    if (int err = tmp.Write(t.data)) return failed("write", err);
+  }
+  if (int err = tmp.Sync()) return failed("fsync", err);
+  // close() can report a deferred write error (e.g. on NFS).
+  if (int err = tmp.Close()) return failed("close", err);
+  if (int err = tmp.RenameOverTarget()) return failed("rename over the target", err);
   return SyncParentDir(path);
 }
 

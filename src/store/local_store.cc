@@ -6,38 +6,32 @@
 // the whole new one. Because an object is only ever replaced by rename, a
 // reader's mmap of the old file stays consistent (Blob::MapFile relies on it).
 //
-// Temporary files are named ".tmp\<basename>.<pid>.<unique>". The backslash
-// makes the name impossible as a key segment (ValidateKey refuses '\'), so
-// List never mistakes a leftover from a crashed writer for an object, and no
-// key can collide with a temporary file.
+// Temporary files are TempFile's (temp_file.h): ".tmp\<basename>.<pid>.<unique>",
+// registered so that a SIGINT/SIGTERM removes them. The backslash makes the
+// name impossible as a key segment (ValidateKey refuses '\'), so List never
+// mistakes a leftover from a crashed writer for an object, and no key can
+// collide with a temporary file.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "deltasync/store.h"
+#include "deltasync/temp_file.h"
 
 namespace deltasync {
 namespace {
 
-constexpr std::string_view kTempPrefix = ".tmp\\";
-// Longest basename kept in a temporary name, so that the name stays below
-// NAME_MAX (255) whenever the key's own basename fits.
-constexpr size_t kTempBaseBytes = 160;
-// write(2) never moves more than ~2 GiB at once on Linux; ask for less.
-constexpr size_t kMaxWriteChunk = size_t{1} << 30;
+// read(2) never moves more than ~2 GiB at once on Linux; ask for less.
+constexpr size_t kMaxReadChunk = size_t{1} << 30;
 
 std::string Errno(int err) { return std::strerror(err); }
 
@@ -78,59 +72,12 @@ class Fd {
   int fd_;
 };
 
-// Unlinks the temporary file unless the rename consumed it.
-class TempFileGuard {
- public:
-  explicit TempFileGuard(std::string path) : path_(std::move(path)) {}
-  ~TempFileGuard() {
-    if (!path_.empty()) ::unlink(path_.c_str());
-  }
-  void Committed() { path_.clear(); }
-
- private:
-  std::string path_;
-};
-
-// 0, or the errno of the failed write. Handles EINTR and short writes.
-int WriteAll(int fd, ByteSpan bytes) {
-  const uint8_t* p = bytes.data();
-  size_t left = bytes.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, std::min(left, kMaxWriteChunk));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (n == 0) return EIO;  // cannot happen for a regular file; never spin
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  return 0;
-}
-
 // 0, or the errno. Makes a rename or mkdir inside `dir` durable.
 int FsyncDir(const std::string& dir) {
   Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0) return errno;
   if (::fsync(fd.get()) != 0 && errno != EINVAL) return errno;  // EINVAL: fs cannot sync dirs
   return 0;
-}
-
-// A name no other writer (thread, process, or host sharing the directory)
-// picks at the same time; O_EXCL catches the impossible case anyway.
-std::string TempName(std::string_view base) {
-  static std::atomic<uint64_t> counter{0};
-  uint64_t mix = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
-                 (std::hash<std::thread::id>{}(std::this_thread::get_id()) << 1) ^
-                 (counter.fetch_add(1) * 0x9E3779B97F4A7C15ull);
-  // splitmix64 finaliser: spreads the bits so names do not look sequential.
-  mix = (mix ^ (mix >> 30)) * 0xBF58476D1CE4E5B9ull;
-  mix = (mix ^ (mix >> 27)) * 0x94D049BB133111EBull;
-  mix ^= mix >> 31;
-  char suffix[40];
-  std::snprintf(suffix, sizeof suffix, ".%ld.%016llx", static_cast<long>(::getpid()),
-                static_cast<unsigned long long>(mix));
-  return std::string(kTempPrefix) + std::string(base.substr(0, kTempBaseBytes)) + suffix;
 }
 
 // mkdir -p. Existing directories are fine.
@@ -251,36 +198,26 @@ Status LocalStore::Put(std::string_view key, std::span<const ByteSpan> parts) {
     return Status::IOError(Describe() + ": cannot write '" + std::string(key) + "': " + std::string(what) +
                            ": " + Errno(err));
   };
-  size_t slash = key.rfind('/');
-  std::string_view base = slash == std::string_view::npos ? key : key.substr(slash + 1);
-
-  std::string path, tmp;
-  Fd fd;
+  std::string path;
+  TempFile tmp;
   // A concurrent Delete removes directories it empties, possibly one that
   // PathFor just created for us (open then fails with ENOENT): start over.
   for (int attempt = 0;; ++attempt) {
     DS_ASSIGN_OR_RETURN(path, PathFor(key, /*create_parents=*/true));
-    tmp = Join(ParentOf(path), TempName(base));
-    int raw = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (raw >= 0) {
-      fd.Reset(raw);
-      break;
-    }
-    int err = errno;
+    int err = tmp.Create(path);
+    if (err == 0) break;
     if ((err == ENOENT || err == EEXIST) && attempt < 8) continue;
     return fail("cannot create temporary file", err);
   }
-  TempFileGuard guard(tmp);
 
   for (ByteSpan part : parts) {
-    if (int err = WriteAll(fd.get(), part)) return fail("write failed", err);
+    if (int err = tmp.Write(part)) return fail("write failed", err);
   }
   // The data must be on disk before the rename publishes it; otherwise a
   // crash could leave the new name pointing at an empty or partial file.
-  if (::fsync(fd.get()) != 0) return fail("fsync failed", errno);
-  if (int err = fd.Close()) return fail("close failed", err);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("rename over the old object failed", errno);
-  guard.Committed();
+  if (int err = tmp.Sync()) return fail("fsync failed", err);
+  if (int err = tmp.Close()) return fail("close failed", err);
+  if (int err = tmp.RenameOverTarget()) return fail("rename over the old object failed", err);
   // The rename itself lives in the directory; sync it so the new object
   // survives a crash. On failure the object is visible but perhaps not durable.
   if (int err = FsyncDir(ParentOf(path))) {
@@ -325,7 +262,7 @@ Result<Blob> LocalStore::GetRange(std::string_view key, uint64_t offset, uint64_
   std::vector<uint8_t> out(length);
   uint64_t done = 0;
   while (done < length) {
-    ssize_t n = ::pread(fd.get(), out.data() + done, std::min<uint64_t>(length - done, kMaxWriteChunk),
+    ssize_t n = ::pread(fd.get(), out.data() + done, std::min<uint64_t>(length - done, kMaxReadChunk),
                         static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -379,7 +316,7 @@ Status Walk(int fd, const std::string& rel, std::string_view prefix, std::vector
       return done(Status::OK());
     }
     std::string_view name = e->d_name;
-    if (name == "." || name == ".." || StartsWith(name, kTempPrefix)) continue;
+    if (name == "." || name == ".." || StartsWith(name, kTempFilePrefix)) continue;
     unsigned char type = e->d_type;
     if (type == DT_UNKNOWN) {  // some file systems do not fill d_type
       struct stat st {};

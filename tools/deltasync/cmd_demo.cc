@@ -9,58 +9,21 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "children.h"
 #include "commands.h"
+#include "demo_bucket.h"
 #include "demo_serve.h"
 #include "deltasync/changes.h"
 #include "deltasync/manifest.h"
 #include "deltasync/publisher.h"
 #include "deltasync/state_hash.h"
 #include "deltasync/store.h"
-#include "output.h"
 #include "synthetic_model.h"
 
 namespace deltasync::cli {
 namespace {
-
-namespace fs = std::filesystem;
-
-// The demo bucket is recreated on every run, but only if it is empty or holds
-// a deltasync manifest: never delete a directory someone else uses.
-Status ResetBucketDir(const std::string& dir) {
-  std::error_code ec;
-  if (fs::exists(dir, ec)) {
-    if (!fs::is_directory(dir, ec)) return Status::InvalidArgument(dir + " exists and is not a directory");
-    bool empty = fs::is_empty(dir, ec);
-    bool ours = fs::exists(fs::path(dir) / std::string(kManifestKey), ec);
-    if (!empty && !ours) {
-      return Status::FailedPrecondition(dir + " is not empty and holds no deltasync " + std::string(kManifestKey) +
-                                        "; refusing to delete it (choose another --bucket)");
-    }
-    fs::remove_all(dir, ec);
-    if (ec) return Status::IOError(dir + ": cannot remove: " + ec.message());
-  }
-  fs::create_directories(dir, ec);
-  if (ec) return Status::IOError(dir + ": cannot create: " + ec.message());
-  return Status::OK();
-}
-
-// The same rule for an object-store bucket: its prefix must be empty or hold a
-// deltasync manifest; then every object under it is deleted.
-Status ResetBucketPrefix(Store& store) {
-  DS_ASSIGN_OR_RETURN(std::vector<std::string> keys, store.List(""));
-  if (keys.empty()) return Status::OK();
-  if (std::find(keys.begin(), keys.end(), std::string(kManifestKey)) == keys.end()) {
-    return Status::FailedPrecondition(store.Describe() + " is not empty and holds no deltasync " +
-                                      std::string(kManifestKey) + "; refusing to delete it (choose another --bucket)");
-  }
-  // The manifest first: a reader never sees a manifest whose objects are gone.
-  DS_RETURN_IF_ERROR(store.Delete(kManifestKey));
-  for (const std::string& key : keys) DS_RETURN_IF_ERROR(store.Delete(key));
-  return Status::OK();
-}
 
 struct ReplicaProcess {
   pid_t pid = -1;
@@ -90,24 +53,20 @@ Result<nlohmann::json> ReadReport(ReplicaProcess& r, int index) {
 void Progress(const std::string& what) {
   std::fprintf(stderr, "\r\033[K  %s", what.c_str());
   std::fflush(stderr);
+  SetProgressLineLive(true);
 }
 void ClearProgress() {
   std::fprintf(stderr, "\r\033[K");
   std::fflush(stderr);
+  SetProgressLineLive(false);
 }
 
 }  // namespace
 
 Status RunDemo(const DemoArgs& args, const std::string& self_exe) {
   DS_ASSIGN_OR_RETURN(IndexEncoding encoding, ParseEncoding(args.encoding));
-  std::shared_ptr<Store> store;
-  if (args.bucket.rfind("s3://", 0) == 0) {
-    DS_ASSIGN_OR_RETURN(store, OpenStore(args.bucket, /*create=*/false, args.create_bucket));
-    DS_RETURN_IF_ERROR(ResetBucketPrefix(*store));
-  } else {
-    DS_RETURN_IF_ERROR(ResetBucketDir(args.bucket));
-    DS_ASSIGN_OR_RETURN(store, OpenStore(args.bucket, /*create=*/true));
-  }
+  DS_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, OpenStore(args.bucket, /*create=*/true, args.create_bucket));
+  DS_RETURN_IF_ERROR(PrepareDemoBucket(*store, args.force));
 
   SyntheticModelOptions model;
   model.layers = args.layers;
@@ -142,8 +101,7 @@ Status RunDemo(const DemoArgs& args, const std::string& self_exe) {
     for (ReplicaProcess& r : replicas) {
       if (kill_them) ::kill(r.pid, SIGTERM);
       if (r.out) std::fclose(r.out);
-      int st = 0;
-      ::waitpid(r.pid, &st, 0);
+      WaitChild(r.pid);
     }
     replicas.clear();
   };

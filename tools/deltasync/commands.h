@@ -96,6 +96,7 @@ struct DemoArgs {
   uint64_t cumulative_interval = 0;
   bool serve = false;  // replicas as `serve` daemons, woken by /notify
   bool create_bucket = false;
+  bool force = false;  // reuse a bucket the demo did not create (demo_bucket.h)
 };
 Status RunDemo(const DemoArgs& args, const std::string& self_exe);
 

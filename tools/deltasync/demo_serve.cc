@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "output.h"
+#include "children.h"
 
 namespace deltasync::cli {
 namespace {
@@ -64,7 +64,7 @@ ServeReplicas::~ServeReplicas() {
   for (Daemon& d : daemons_) {
     if (d.pid <= 0) continue;
     ::kill(d.pid, SIGKILL);
-    ::waitpid(d.pid, nullptr, 0);
+    WaitChild(d.pid);
   }
 }
 
@@ -130,8 +130,7 @@ Status ServeReplicas::Stop() {
   for (Daemon& d : daemons_) ::kill(d.pid, SIGTERM);
   Status failure;
   for (size_t i = 0; i < daemons_.size(); ++i) {
-    int status = 0;
-    ::waitpid(daemons_[i].pid, &status, 0);
+    int status = WaitChild(daemons_[i].pid);
     daemons_[i].pid = -1;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       failure = Status::Internal("serve daemon " + std::to_string(i + 1) + " did not stop cleanly");

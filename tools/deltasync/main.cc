@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <iostream>
 
+#include "children.h"
 #include "commands.h"
+#include "deltasync/temp_file.h"
 
 namespace {
 
@@ -105,7 +107,11 @@ int main(int argc, char** argv) {
 
   DemoArgs demo;
   auto* demo_cmd = app.add_subcommand("demo", "Train a synthetic Qwen3-0.6B-shaped model; two replicas follow");
-  demo_cmd->add_option("--bucket", demo.bucket, "Bucket directory or s3://bucket/prefix (recreated)");
+  demo_cmd->add_option("--bucket", demo.bucket,
+                       "Bucket directory or s3://bucket/prefix; a rerun deletes only the demo's own objects");
+  demo_cmd->add_flag("--force", demo.force,
+                     "Use a non-empty bucket the demo did not create: delete deltasync's objects in it "
+                     "(manifest.json, anchors/ deltas/ ds/ step_*.safetensors), keep every other file");
   demo_cmd->add_flag("--create-bucket", demo.create_bucket, "Create a missing S3 bucket");
   demo_cmd->add_option("--steps", demo.steps, "Versions to publish")->check(CLI::PositiveNumber);
   demo_cmd->add_option("--lr", demo.lr, "AdamW learning rate")->check(CLI::PositiveNumber);
@@ -140,6 +146,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (pull_version) pull.version = *pull_version;
+
+  // Signals: `serve` stops cleanly by itself (cmd_serve.cc); the demo stops
+  // its children and exits 130/143; every other command removes its
+  // temporary files and dies by the signal. A child of the demo dies with it.
+  DieWithParentIfAsked();
+  if (*demo_cmd) {
+    InstallDemoInterruptHandlers();
+  } else if (!*serve_cmd) {
+    deltasync::InstallTempFileCleanupOnSignals();
+  }
 
   deltasync::Status status;
   try {

@@ -1,17 +1,9 @@
 #include "output.h"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 
 #include "deltasync/store.h"
-
-extern char** environ;
 
 namespace deltasync::cli {
 
@@ -27,29 +19,6 @@ Status WriteStateFile(const std::string& path, const WeightState& state, uint64_
   std::vector<TensorView> views = state.views();
   DS_ASSIGN_OR_RETURN(EncodedPatch anchor, EncodeAnchor(version, views));
   return WritePatchFile(path, anchor);
-}
-
-Result<ChildProcess> SpawnWithStdoutPipe(const std::vector<std::string>& argv, bool quiet_stderr) {
-  int fds[2];
-  if (::pipe(fds) != 0) return Status::IOError(std::string("pipe failed: ") + std::strerror(errno));
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&actions, fds[0]);
-  if (quiet_stderr) posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-  std::vector<std::string> args = argv;
-  std::vector<char*> cargs;
-  for (std::string& a : args) cargs.push_back(a.data());
-  cargs.push_back(nullptr);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, args[0].c_str(), &actions, nullptr, cargs.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(fds[1]);
-  if (rc != 0) {
-    ::close(fds[0]);
-    return Status::IOError("cannot start " + args[0] + ": " + std::strerror(rc));
-  }
-  return ChildProcess{pid, ::fdopen(fds[0], "r")};
 }
 
 std::string HumanBytes(double bytes) {

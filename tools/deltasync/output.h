@@ -19,16 +19,6 @@ Status WritePatchFile(const std::string& path, const EncodedPatch& patch);
 // Writes `state` as a TRL anchor for `version` to `path`, atomically.
 Status WriteStateFile(const std::string& path, const WeightState& state, uint64_t version);
 
-// A child process whose stdout the caller reads through `out`.
-struct ChildProcess {
-  int pid = -1;
-  FILE* out = nullptr;
-};
-
-// Starts argv[0] with arguments argv[1..] and the current environment, its
-// stdout on a pipe (and its stderr on /dev/null when quiet_stderr).
-Result<ChildProcess> SpawnWithStdoutPipe(const std::vector<std::string>& argv, bool quiet_stderr);
-
 // "1.23 MB", "1.20 GB" (decimal units).
 std::string HumanBytes(double bytes);
 

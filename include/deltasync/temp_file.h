@@ -1,0 +1,75 @@
+// Temporary files for atomic writes (write beside the target, fsync, rename
+// over it), shared by every writer of files: LocalStore::Put (buckets,
+// `serve --out`, `pull -o`) and WriteSafetensorsFile (`apply -o`).
+//
+// Every temporary file is registered in a process-wide registry from just
+// before it is created until it is renamed over its target or removed, so that
+// a SIGINT/SIGTERM can remove it: InstallTempFileCleanupOnSignals() (the CLI
+// calls it), or RemoveTempFiles() from a program's own signal handler.
+//
+// Naming: "<directory of target>/.tmp\<basename>.<pid>.<16 hex digits>", with
+// a literal backslash (the basename is cut to 160 bytes). A backslash is not
+// allowed in a bucket key, so no key names a temporary file and
+// LocalStore::List never shows one. Leftovers (from a SIGKILLed writer) match
+// the glob '.tmp\*' (docs/format.md, "Temporary files").
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "deltasync/tensor.h"
+
+namespace deltasync {
+
+inline constexpr std::string_view kTempFilePrefix = ".tmp\\";
+
+// A fresh temporary path beside `target` (see "Naming" above).
+std::string TempPathFor(const std::string& target);
+
+// One temporary file, owned until RenameOverTarget() succeeds; otherwise the
+// destructor closes and removes it. The methods return 0 or an errno value,
+// so that callers word the message for their own users.
+class TempFile {
+ public:
+  TempFile() = default;
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  ~TempFile();
+
+  // Creates a new, empty file named TempPathFor(target) (O_EXCL, O_NOFOLLOW,
+  // mode 0644) and registers it. A TempFile is created once.
+  int Create(const std::string& target);
+  // Writes all of `bytes` (short writes and EINTR are retried).
+  int Write(ByteSpan bytes);
+  // fsync(2): the data must be on disk before the rename publishes it.
+  int Sync();
+  // close(2), which can report a deferred write error (NFS).
+  int Close();
+  // rename(2) over the target; on success the file is no longer temporary.
+  // Syncing the target's directory is the caller's business.
+  int RenameOverTarget();
+
+  const std::string& path() const { return path_; }
+  int fd() const { return fd_; }
+
+ private:
+  std::string target_, path_;
+  int fd_ = -1;
+  int slot_ = -1;  // registry slot, -1 when not registered
+};
+
+// Removes every registered temporary file. Async-signal-safe (unlink only;
+// no allocation, no lock), for a signal handler. Each file is removed once.
+void RemoveTempFiles();
+
+// Installs handlers for SIGINT and SIGTERM that call RemoveTempFiles() and
+// then re-raise the signal with its default action (so the process still
+// dies by that signal: exit status 130 / 143 in a shell). A signal that is
+// ignored when this is called (a background job's SIGINT) stays ignored.
+// Not for programs that handle these signals themselves (`serve`, Python).
+void InstallTempFileCleanupOnSignals();
+
+// Temporary files registered now (for tests).
+int RegisteredTempFileCount();
+
+}  // namespace deltasync

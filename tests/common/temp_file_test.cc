@@ -1,0 +1,131 @@
+#include "deltasync/temp_file.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "testing/temp_dir.h"
+
+namespace deltasync {
+namespace {
+
+using testing::TempDir;
+
+std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  return names;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+ByteSpan Bytes(std::string_view s) { return ByteSpan(reinterpret_cast<const uint8_t*>(s.data()), s.size()); }
+
+TEST(TempFileTest, NameIsBesideTheTargetWithPrefixAndPid) {
+  std::string name = TempPathFor("/some/dir/model.safetensors");
+  std::string pid = "." + std::to_string(::getpid()) + ".";
+  EXPECT_EQ(name.rfind("/some/dir/.tmp\\model.safetensors" + pid, 0), 0u) << name;
+  EXPECT_EQ(name.size(), std::string("/some/dir/.tmp\\model.safetensors").size() + pid.size() + 16);
+  EXPECT_NE(TempPathFor("/some/dir/model.safetensors"), name);
+  EXPECT_EQ(TempPathFor("x").rfind(".tmp\\x.", 0), 0u);
+  // A long basename is cut so that the name stays a valid file name.
+  std::string base = std::filesystem::path(TempPathFor("/d/" + std::string(250, 'a'))).filename().string();
+  EXPECT_LT(base.size(), 255u);
+}
+
+TEST(TempFileTest, RegisteredUntilRenamedOverTheTarget) {
+  TempDir dir;
+  const std::string target = dir.Sub("out.bin");
+  const int before = RegisteredTempFileCount();
+  {
+    TempFile tmp;
+    ASSERT_EQ(tmp.Create(target), 0);
+    EXPECT_EQ(RegisteredTempFileCount(), before + 1);
+    EXPECT_TRUE(std::filesystem::exists(tmp.path()));
+    ASSERT_EQ(tmp.Write(Bytes("hello")), 0);
+    ASSERT_EQ(tmp.Sync(), 0);
+    ASSERT_EQ(tmp.Close(), 0);
+    ASSERT_EQ(tmp.RenameOverTarget(), 0);
+    EXPECT_EQ(RegisteredTempFileCount(), before);
+  }
+  EXPECT_EQ(ReadAll(target), "hello");
+  EXPECT_EQ(Names(dir.path()), std::vector<std::string>{"out.bin"});
+}
+
+TEST(TempFileTest, RemovedAndUnregisteredWhenNotCommitted) {
+  TempDir dir;
+  const int before = RegisteredTempFileCount();
+  {
+    TempFile tmp;
+    ASSERT_EQ(tmp.Create(dir.Sub("out.bin")), 0);
+    ASSERT_EQ(tmp.Write(Bytes("partial")), 0);
+  }
+  EXPECT_EQ(RegisteredTempFileCount(), before);
+  EXPECT_TRUE(Names(dir.path()).empty());
+}
+
+TEST(TempFileTest, CreateFailureRegistersNothing) {
+  TempDir dir;
+  const int before = RegisteredTempFileCount();
+  TempFile tmp;
+  EXPECT_EQ(tmp.Create(dir.Sub("missing/out.bin")), ENOENT);
+  EXPECT_EQ(RegisteredTempFileCount(), before);
+}
+
+TEST(TempFileTest, RemoveTempFilesUnlinksEveryLiveOne) {
+  TempDir dir;
+  TempFile a, b;
+  ASSERT_EQ(a.Create(dir.Sub("a")), 0);
+  ASSERT_EQ(b.Create(dir.Sub("b")), 0);
+  ASSERT_EQ(Names(dir.path()).size(), 2u);
+  RemoveTempFiles();
+  EXPECT_TRUE(Names(dir.path()).empty());
+  EXPECT_EQ(RegisteredTempFileCount(), 0);
+}
+
+// A child process with the CLI's handlers, killed while its temporary file
+// exists: the file is removed and the child still dies by the signal.
+void KillWhileWriting(int sig) {
+  TempDir dir;
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    InstallTempFileCleanupOnSignals();
+    TempFile tmp;
+    if (tmp.Create(dir.Sub("big.bin")) != 0 || tmp.Write(Bytes("some bytes")) != 0) ::_exit(3);
+    char c = 1;
+    if (::write(ready[1], &c, 1) != 1) ::_exit(4);
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  ASSERT_EQ(Names(dir.path()).size(), 1u);
+  ASSERT_EQ(::kill(pid, sig), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "status " << status;
+  EXPECT_EQ(WTERMSIG(status), sig);
+  EXPECT_TRUE(Names(dir.path()).empty()) << Names(dir.path()).front();
+}
+
+TEST(TempFileTest, SigtermRemovesTheTemporaryFileAndStillKills) { KillWhileWriting(SIGTERM); }
+TEST(TempFileTest, SigintRemovesTheTemporaryFileAndStillKills) { KillWhileWriting(SIGINT); }
+
+}  // namespace
+}  // namespace deltasync
