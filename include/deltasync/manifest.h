@@ -96,6 +96,6 @@ struct Manifest {
 class Store;
 // The manifest of `store`, parsed. kNotFound (naming the bucket) when it has
 // none: nothing published yet, or not a deltasync bucket.
-Result<Manifest> ReadManifest(Store& store);
+Result<Manifest> FetchManifest(Store& store);
 
 }  // namespace deltasync

@@ -471,7 +471,7 @@ Result<Manifest> Manifest::Parse(ByteSpan json, std::string_view label) {
   }
 }
 
-Result<Manifest> ReadManifest(Store& store) {
+Result<Manifest> FetchManifest(Store& store) {
   Result<Blob> bytes = store.Get(kManifestKey);
   if (!bytes.ok()) {
     if (bytes.status().code() == ErrorCode::kNotFound) {

@@ -57,7 +57,7 @@ WeightState Replica::ReleaseState() && {
 }
 
 Status Replica::Refresh() {
-  DS_ASSIGN_OR_RETURN(Manifest m, ReadManifest(*store_));
+  DS_ASSIGN_OR_RETURN(Manifest m, FetchManifest(*store_));
   // The manifest only grows; a replica must never be led backwards.
   if (version_ > 0 && (!m.Latest() || m.Latest()->version < version_)) {
     return Status::Integrity(store_->Describe() + "/" + std::string(kManifestKey) +

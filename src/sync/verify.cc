@@ -237,7 +237,7 @@ class Checker {
 }  // namespace
 
 Result<VerifyReport> VerifyBucket(Store& store, const VerifyOptions& options) {
-  DS_ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(store));
+  DS_ASSIGN_OR_RETURN(Manifest manifest, FetchManifest(store));
   const VersionEntry* latest = manifest.Latest();
   if (!latest) return Status::NotFound(store.Describe() + ": the manifest lists no versions yet");
   std::vector<uint64_t> targets;
