@@ -93,4 +93,9 @@ struct Manifest {
   static Result<Manifest> Parse(ByteSpan json, std::string_view label = kManifestKey);
 };
 
+class Store;
+// The manifest of `store`, parsed. kNotFound (naming the bucket) when it has
+// none: nothing published yet, or not a deltasync bucket.
+Result<Manifest> FetchManifest(Store& store);
+
 }  // namespace deltasync

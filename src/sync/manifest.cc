@@ -471,4 +471,16 @@ Result<Manifest> Manifest::Parse(ByteSpan json, std::string_view label) {
   }
 }
 
+Result<Manifest> FetchManifest(Store& store) {
+  Result<Blob> bytes = store.Get(kManifestKey);
+  if (!bytes.ok()) {
+    if (bytes.status().code() == ErrorCode::kNotFound) {
+      return Status::NotFound(store.Describe() + " has no " + std::string(kManifestKey) +
+                              " (nothing published yet, or not a deltasync bucket)");
+    }
+    return bytes.status();
+  }
+  return Manifest::Parse(bytes->bytes(), store.Describe() + "/" + std::string(kManifestKey));
+}
+
 }  // namespace deltasync

@@ -15,6 +15,7 @@
 #include "deltasync/patch.h"
 #include "deltasync/plan.h"
 #include "deltasync/safetensors.h"
+#include "sync/replay.h"
 
 namespace deltasync {
 namespace {
@@ -56,15 +57,7 @@ WeightState Replica::ReleaseState() && {
 }
 
 Status Replica::Refresh() {
-  Result<Blob> bytes = store_->Get(kManifestKey);
-  if (!bytes.ok()) {
-    if (bytes.status().code() == ErrorCode::kNotFound) {
-      return Status::NotFound(store_->Describe() + " has no " + std::string(kManifestKey) +
-                              " (nothing published yet, or not a deltasync bucket)");
-    }
-    return bytes.status();
-  }
-  DS_ASSIGN_OR_RETURN(Manifest m, Manifest::Parse(bytes->bytes(), store_->Describe() + "/" + std::string(kManifestKey)));
+  DS_ASSIGN_OR_RETURN(Manifest m, FetchManifest(*store_));
   // The manifest only grows; a replica must never be led backwards.
   if (version_ > 0 && (!m.Latest() || m.Latest()->version < version_)) {
     return Status::Integrity(store_->Describe() + "/" + std::string(kManifestKey) +
@@ -151,44 +144,9 @@ void Replica::RecordChanges(std::span<const TensorChanges> changes) {
 
 Result<Blob> Replica::FetchVerified(const ObjectEntry& object, UpdateStats& stats) {
   Stopwatch clock;
-  Result<Blob> blob = store_->Get(object.key);
-  if (!blob.ok()) {
-    if (blob.status().code() == ErrorCode::kNotFound) {
-      return Status::NotFound(store_->Describe() + ": object '" + object.key +
-                              "' listed in the manifest is missing");
-    }
-    return blob.status();
-  }
+  Result<Blob> blob = replay::FetchListed(*store_, object, &stats.bytes_downloaded);
   stats.download_ms += clock.ElapsedMs();
-  stats.bytes_downloaded += blob->size();
-  if (blob->size() != object.size) {
-    return Status::Integrity(object.key + ": size " + std::to_string(blob->size()) + " bytes, manifest says " +
-                             std::to_string(object.size) + " (truncated or replaced object)");
-  }
-  std::string got = Xxh3Hex(blob->bytes());
-  if (got != object.xxh3_128) {
-    return Status::Integrity(object.key + ": xxh3-128 mismatch (manifest " + object.xxh3_128 + ", object " + got +
-                             ")");
-  }
   return blob;
-}
-
-// Checks a decoded object's metadata against the manifest's listing.
-static Status CheckListed(const PatchInfo& info, const ObjectEntry& object, uint64_t version) {
-  if (info.kind != object.kind) {
-    return Status::Corruption(object.key + ": the manifest lists it as " +
-                              (object.kind == PatchKind::kAnchor ? "an anchor" : "a delta") +
-                              " but its metadata says otherwise");
-  }
-  if (info.model_version != version) {
-    return Status::Corruption(object.key + ": model_version " + std::to_string(info.model_version) +
-                              " but the manifest lists it under " + V(version));
-  }
-  if (info.kind == PatchKind::kDelta && info.base_version && info.base_version != object.base_version) {
-    return Status::Corruption(object.key + ": deltasync_base_version " + std::to_string(*info.base_version) +
-                              " but the manifest says " + std::to_string(object.base_version.value_or(0)));
-  }
-  return Status::OK();
 }
 
 Status Replica::LoadAnchor(const VersionEntry& entry, const ObjectEntry& object, UpdateStats& stats) {
@@ -196,38 +154,10 @@ Status Replica::LoadAnchor(const VersionEntry& entry, const ObjectEntry& object,
   Result<Blob> blob = FetchVerified(object, stats);
   if (!blob.ok()) return fail(blob.status());
   Stopwatch clock;
-  Result<SafetensorsFile> file = SafetensorsFile::Parse(std::move(*blob), object.key);
-  if (!file.ok()) return fail(file.status());
-  // Raw anchors are viewed in place (the file owns the bytes); compressed
-  // ones are decoded into `decoded`.
-  std::optional<DecodedPatch> raw;
-  std::optional<DecodedAnchor> decoded;
-  std::vector<TensorView> views;
-  if (object.encoding == IndexEncoding::kCompact) {
-    if (!IsCompressedAnchor(*file)) {
-      return fail(Status::Corruption(object.key + ": the manifest lists a compressed anchor, the file is not one"));
-    }
-    Result<DecodedAnchor> d = DecodeCompressedAnchor(*file, options_.threads);
-    if (!d.ok()) return fail(d.status());
-    PatchInfo info;
-    info.kind = PatchKind::kAnchor;
-    info.model_version = d->model_version;
-    if (Status s = CheckListed(info, object, entry.version); !s.ok()) return fail(s);
-    decoded = std::move(*d);
-    views = decoded->views();
-  } else {
-    Result<DecodedPatch> p = DecodePatch(std::move(*file));
-    if (!p.ok()) return fail(p.status());
-    if (Status s = CheckListed(p->info, object, entry.version); !s.ok()) return fail(s);
-    raw = std::move(*p);
-    views = raw->dense;
-  }
-  // Verify before copying: the held state stays untouched on any mismatch.
-  StateHash hash = HashTensors(views, options_.threads);
-  if (hash != entry.state_hash) {
-    return fail(Status::Integrity("state hash " + hash.Hex() + " does not match the manifest's " +
-                                  entry.state_hash.Hex()));
-  }
+  // Verified before copying: the held state stays untouched on any mismatch.
+  Result<replay::CheckedAnchor> anchor = replay::CheckAnchor(std::move(*blob), entry, object, options_.threads);
+  if (!anchor.ok()) return fail(anchor.status());
+  const std::vector<TensorView>& views = anchor->views;
   if (SameLayout(state_, views)) {
     // Into the existing buffers, so that views of the state stay valid.
     std::vector<WeightState::Tensor>& tensors = state_.mutable_tensors();
@@ -236,12 +166,12 @@ Status Replica::LoadAnchor(const VersionEntry& entry, const ObjectEntry& object,
     });
   } else {
     // A compressed anchor was decoded into owned tensors: take them over.
-    Result<WeightState> state =
-        decoded ? WeightState::FromTensors(std::move(decoded->tensors)) : WeightState::FromViews(views);
+    Result<WeightState> state = anchor->decoded ? WeightState::FromTensors(std::move(anchor->decoded->tensors))
+                                                : WeightState::FromViews(views);
     if (!state.ok()) return fail(state.status());
     state_ = std::move(*state);
   }
-  state_hash_ = hash;
+  state_hash_ = anchor->hash;
   version_ = entry.version;
   pending_ = ChangedElements{};  // everything
   stats.anchors_applied++;
@@ -258,32 +188,17 @@ Status Replica::ApplyDelta(const VersionEntry& entry, const ObjectEntry& object,
   Result<Blob> blob = FetchVerified(object, stats);
   if (!blob.ok()) return fail(blob.status());
   Stopwatch clock;
-  Result<SafetensorsFile> file = SafetensorsFile::Parse(std::move(*blob), object.key);
-  if (!file.ok()) return fail(file.status());
-  std::vector<TensorChanges> changes;
-  if (object.encoding == IndexEncoding::kCompact) {
-    // Decoded against the held state, whose hash must be the delta's base.
-    Result<CompactDelta> d = DecodeCompactDelta(*file, state_, state_hash_, options_.threads);
-    if (!d.ok()) return fail(d.status());
-    d->info.kind = PatchKind::kDelta;
-    if (Status s = CheckListed(d->info, object, entry.version); !s.ok()) return fail(s);
-    changes = std::move(d->changes);
-  } else {
-    Result<DecodedPatch> p = DecodePatch(std::move(*file));
-    if (!p.ok()) return fail(p.status());
-    if (Status s = CheckListed(p->info, object, entry.version); !s.ok()) return fail(s);
-    Status valid = ValidateChanges(state_, p->changes);
-    if (!valid.ok()) return fail(valid.WithContext(object.key));
-    changes = std::move(p->changes);
+  // Decoded and checked against the held state, which it does not touch.
+  Result<replay::CheckedDelta> delta =
+      replay::CheckDelta(std::move(*blob), entry, object, state_, state_hash_, options_.threads);
+  if (!delta.ok()) {
+    Status s = delta.status();
+    if (s.code() == ErrorCode::kIntegrity) s = Status(s.code(), s.message() + "; the replica stays on " + V(version_));
+    return fail(s);
   }
-  StateHash next = state_hash_ + HashChanges(state_, changes, options_.threads);
-  if (next != entry.state_hash) {
-    return fail(Status::Integrity("the state after it would hash to " + next.Hex() + ", the manifest says " +
-                                  entry.state_hash.Hex() + "; the replica stays on " + V(version_)));
-  }
-  ApplyChanges(state_, changes, options_.threads);
-  RecordChanges(changes);
-  state_hash_ = next;
+  ApplyChanges(state_, delta->changes, options_.threads);
+  RecordChanges(delta->changes);
+  state_hash_ = delta->next;
   version_ = entry.version;
   stats.deltas_applied++;
   stats.apply_ms += clock.ElapsedMs();

@@ -77,6 +77,27 @@ struct GcArgs {
 };
 Status RunGc(const GcArgs& args);
 
+// log (alias ls): one line per version of the bucket's manifest (its
+// objects, changed %, bytes per changed element, time, encoding), totals.
+struct LogArgs {
+  std::string bucket;
+  bool json = false;
+};
+Status RunLog(const LogArgs& args);
+
+// verify: checks the objects a version needs (default: the newest), or with
+// `all` every object, and replays them against the manifest's state hashes
+// (include/deltasync/verify.h). A non-OK Status (exit 1) after the report
+// when anything is bad or unreachable.
+struct VerifyArgs {
+  std::string bucket;
+  std::optional<uint64_t> version;
+  bool all = false;
+  bool json = false;
+  int threads = 0;
+};
+Status RunVerify(const VerifyArgs& args);
+
 struct BenchArgs {
   bool quick = false;
   bool json = false;

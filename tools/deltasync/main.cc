@@ -99,6 +99,22 @@ int main(int argc, char** argv) {
   gc_cmd->add_option("--abort-uploads-older-than", gc.abort_uploads_older_than_h, "Hours (default 24)")
       ->check(CLI::NonNegativeNumber);
 
+  LogArgs log;
+  auto* log_cmd = app.add_subcommand("log", "One line per version of a bucket: objects, sizes, changed %, time, encoding");
+  log_cmd->alias("ls");
+  log_cmd->add_option("bucket", log.bucket, "Bucket: a directory, file:// or s3://bucket/prefix URL")->required();
+  log_cmd->add_flag("--json", log.json, "One JSON object (keys in docs/cli.md)");
+
+  VerifyArgs verify;
+  auto* verify_cmd = app.add_subcommand("verify", "Check a bucket's objects and state hashes without writing anything");
+  verify_cmd->add_option("bucket", verify.bucket, "Bucket: a directory, file:// or s3://bucket/prefix URL")->required();
+  auto* verify_version = verify_cmd->add_option("--version", verify.version, "Check what this version needs (default: the newest)")
+                             ->check(CLI::PositiveNumber);
+  verify_cmd->add_flag("--all", verify.all, "Check every version and every object")->excludes(verify_version);
+  verify_cmd->add_flag("--json", verify.json, "One JSON object (keys in docs/cli.md)");
+  verify_cmd->add_option("--threads", verify.threads, "Threads to decode and hash (0: all cores)")
+      ->check(CLI::NonNegativeNumber);
+
   BenchArgs bench;
   auto* bench_cmd = app.add_subcommand("bench", "Measure detect+encode and apply against memcpy");
   bench_cmd->add_flag("--quick", bench.quick, "A smaller model, for CI smoke runs");
@@ -166,6 +182,8 @@ int main(int argc, char** argv) {
     else if (*pull_cmd) status = RunPull(pull);
     else if (*follow_cmd) status = RunFollow(follow);
     else if (*gc_cmd) status = RunGc(gc);
+    else if (*log_cmd) status = RunLog(log);
+    else if (*verify_cmd) status = RunVerify(verify);
     else if (*bench_cmd) status = RunBench(bench);
     else if (*demo_cmd) status = RunDemo(demo, SelfExe(argv[0]));
     else if (*serve_cmd) status = RunServe(serve);

@@ -1,0 +1,58 @@
+// Replaying a bucket's objects, one checked step at a time: what a Replica
+// does to move, and what VerifyBucket (verify.h) does to check a bucket
+// without holding more than one state. Internal to src/sync/.
+//
+// Every step is all-or-nothing and leaves its inputs untouched: an object is
+// checked against its listing (size, XXH3-128, then its metadata), an anchor
+// is hashed from its own bytes, and a delta's resulting state hash is computed
+// from its base's current values before anything is written.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "deltasync/blob.h"
+#include "deltasync/compact.h"
+#include "deltasync/manifest.h"
+#include "deltasync/patch.h"
+#include "deltasync/state_hash.h"
+#include "deltasync/status.h"
+#include "deltasync/store.h"
+#include "deltasync/weight_state.h"
+
+namespace deltasync::replay {
+
+// Downloads `object` and checks its size and XXH3-128 against the listing.
+// Adds the bytes received to *downloaded (also when the check fails).
+// kNotFound: the object is missing; kIntegrity: wrong size or hash.
+Result<Blob> FetchListed(Store& store, const ObjectEntry& object, uint64_t* downloaded);
+
+// An anchor's tensors, checked. `views` point into `raw` (a TRL anchor, read
+// in place) or `decoded` (a compressed anchor); move the whole struct.
+struct CheckedAnchor {
+  std::optional<DecodedPatch> raw;
+  std::optional<DecodedAnchor> decoded;
+  std::vector<TensorView> views;
+  StateHash hash;  // equal to entry.state_hash
+};
+
+// Decodes the anchor `object` of `entry` from its fetched bytes, checks its
+// metadata against the listing and its state hash against the manifest's.
+Result<CheckedAnchor> CheckAnchor(Blob bytes, const VersionEntry& entry, const ObjectEntry& object, int threads);
+
+// A delta's changes, checked against its base: ValidateChanges(base, changes)
+// holds and the state after applying them hashes to `next`, which equals
+// entry.state_hash.
+struct CheckedDelta {
+  std::vector<TensorChanges> changes;
+  StateHash next;
+};
+
+// Decodes the delta `object` of `entry` against `base` (the state of
+// object.base_version, hashing to `base_hash`), and checks its metadata and
+// the resulting state hash. `base` is only read.
+Result<CheckedDelta> CheckDelta(Blob bytes, const VersionEntry& entry, const ObjectEntry& object,
+                                const WeightState& base, const StateHash& base_hash, int threads);
+
+}  // namespace deltasync::replay
