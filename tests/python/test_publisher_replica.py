@@ -451,7 +451,7 @@ def test_background_keeps_arrays_alive(bucket):
 # errors
 
 
-@pytest.mark.parametrize("version", [0, -1, 2**64, "3", 1.5, True, None])
+@pytest.mark.parametrize("version", [0, -1, 2**53, 2**64, "3", 1.5, True, None])
 def test_bad_version_is_invalid_argument(bucket, version):
     with deltasync.Publisher(bucket) as pub:
         with pytest.raises(deltasync.InvalidArgumentError, match="version"):
