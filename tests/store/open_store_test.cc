@@ -80,7 +80,7 @@ TEST_F(OpenStoreTest, MalformedSchemesAreRefusedAndCreateNothing) {
     Result<std::shared_ptr<Store>> r = OpenStore(c.url);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
-    const std::string& msg = r.status().message();
+    const std::string msg = r.status().message();
     EXPECT_NE(msg.find("'" + c.url + "'"), std::string::npos) << msg;
     EXPECT_NE(msg.find(c.hint), std::string::npos) << msg;
     EXPECT_NE(msg.find("file:///abs/dir or s3://bucket/prefix"), std::string::npos) << msg;

@@ -17,7 +17,9 @@ namespace deltasync::cli {
 
 Status RunPublish(const PublishArgs& args) {
   PublisherOptions options;
-  if (args.encoding) DS_ASSIGN_OR_RETURN(options.encoding, ParseEncoding(*args.encoding));
+  if (args.encoding) {
+    DS_ASSIGN_OR_RETURN(options.encoding, ParseEncoding(*args.encoding));
+  }
   DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(args.file));
   DS_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, OpenStore(args.bucket, /*create=*/true, args.create_bucket));
   options.anchor_interval = args.anchor_interval;
