@@ -214,9 +214,10 @@ def test_attach_on_a_bucket_with_versions_continues_its_numbering(tmp_path):
     bucket = str(tmp_path / "b")
     model, opt = make(6)
     first = deltasync.Publisher(bucket)
-    dt.attach(model, opt, first, background=False)
+    old = dt.attach(model, opt, first, background=False)
     for step in range(3):
         train_step(model, opt, step)
+    old.remove()
     first.close()
 
     publisher = deltasync.Publisher(bucket)
