@@ -1,19 +1,42 @@
 #!/usr/bin/env bash
-# Installs everything deltasync needs to build and test on Debian 12:
-# Debian's -dev packages for the C++ side and a Python venv (.venv) with the
-# Python test dependencies. Idempotent and quiet when all is already there.
+# Installs what deltasync needs on Debian 12. Idempotent and quiet when all is
+# already there.
+#
+#   scripts/install-deps.sh          what scripts/build.sh and `deltasync demo`
+#                                    need: compilers and Debian's -dev packages
+#                                    (no Python, no torch, no Ceph)
+#   scripts/install-deps.sh --test   also what scripts/test.sh needs: clang for
+#                                    the fuzzers, a Python venv (.venv) with the
+#                                    test packages and torch, and Ceph's
+#                                    radosgw for the S3 tests
+#
+# With --test: DS_WITH_S3=0 leaves out Ceph (scripts/test.sh then skips the S3
+# step), DS_WITH_TORCH=0 leaves out torch (~1 GB; the torch tests skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+TEST=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) TEST=1 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "install-deps: unknown argument '$arg' (expected --test)" >&2; exit 2 ;;
+  esac
+done
+
+# The build (library, CLI, unit tests and benchmarks, as scripts/build.sh
+# builds them) and the demo.
 APT_PACKAGES=(
-  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
+  build-essential cmake ninja-build pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   libzstd-dev libxxhash-dev nlohmann-json3-dev libcli11-dev libhwy-dev
   libcurl4-openssl-dev libssl-dev libcpp-httplib-dev
-  python3 python3-venv curl
 )
-if [[ "${DS_WITH_S3:-1}" == 1 ]]; then
-  APT_PACKAGES+=(ceph-mon ceph-osd radosgw ceph-common)
+if ((TEST)); then
+  APT_PACKAGES+=(clang libclang-rt-14-dev python3 python3-venv curl)
+  if [[ "${DS_WITH_S3:-1}" == 1 ]]; then
+    APT_PACKAGES+=(ceph-mon ceph-osd radosgw ceph-common)
+  fi
 fi
 
 missing=()
@@ -27,6 +50,8 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+((TEST)) || exit 0
 
 # Python: a venv beside the checkout; the interop tests use the official
 # safetensors package. scikit-build-core and nanobind build the Python package

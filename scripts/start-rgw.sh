@@ -3,7 +3,7 @@
 # cluster (one monitor, one memstore OSD, no manager) plus radosgw on
 # 127.0.0.1, with one S3 user whose keys are random for this run.
 #
-# Needs (Debian 12, installed by scripts/install-deps.sh):
+# Needs (Debian 12, installed by scripts/install-deps.sh --test):
 #   ceph-mon ceph-osd radosgw ceph-common
 #
 # Usage:  ENV_FILE=$(scripts/start-rgw.sh [DIR]) && source "$ENV_FILE"

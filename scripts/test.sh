@@ -6,15 +6,17 @@
 #   3. an end-to-end demo on a reduced model, and a quick benchmark run
 #   4. unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer
 #   5. each libFuzzer target for FUZZ_SECONDS (default 30)
-# Set QUICK=1 to skip 4 and 5 while iterating.
+# Set QUICK=1 to skip 4 and 5 while iterating. DS_WITH_S3=0 skips the S3 step
+# (no Ceph installed), DS_WITH_TORCH=0 the torch example and benchmark (no
+# torch installed; the torch tests skip themselves).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS="${JOBS:-$(nproc)}"
 FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
 step() { printf '\n=== %s\n' "$*"; }
 
-step "dependencies"
-scripts/install-deps.sh
+step "dependencies (the build's and the tests')"
+scripts/install-deps.sh --test
 
 step "build (build/)"
 scripts/build.sh
@@ -24,19 +26,23 @@ ctest --test-dir build --output-on-failure -j "$JOBS"
 demo_dir=$(mktemp -d)
 trap 'rm -rf "$demo_dir"' EXIT
 
-step "S3: store suite and demo against a Ceph RADOS Gateway on 127.0.0.1"
-rgw_env=$(scripts/start-rgw.sh)
-# shellcheck disable=SC1090
-source "$rgw_env"
-trap 'scripts/stop-rgw.sh "$DS_RGW_DIR" >/dev/null 2>&1 || true; rm -rf "$demo_dir"' EXIT
-# The S3 instantiations register only when AWS_ENDPOINT_URL is set at start,
-# so this runs the binary directly rather than through CTest's list.
-build/tests/store_tests --gtest_brief=1 --gtest_filter='*S3*:SigV4*:*Conformance*'
-build/deltasync demo --layers 2 --steps 5 --anchor-interval 3 --bucket s3://deltasync-ci/demo --create-bucket
-build/deltasync gc s3://deltasync-ci/demo
-scripts/stop-rgw.sh "$DS_RGW_DIR"
-unset AWS_ENDPOINT_URL AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION DS_RGW_DIR CEPH_CONF
-trap 'rm -rf "$demo_dir"' EXIT
+if [[ "${DS_WITH_S3:-1}" == 1 ]]; then
+  step "S3: store suite and demo against a Ceph RADOS Gateway on 127.0.0.1"
+  rgw_env=$(scripts/start-rgw.sh)
+  # shellcheck disable=SC1090
+  source "$rgw_env"
+  trap 'scripts/stop-rgw.sh "$DS_RGW_DIR" >/dev/null 2>&1 || true; rm -rf "$demo_dir"' EXIT
+  # The S3 instantiations register only when AWS_ENDPOINT_URL is set at start,
+  # so this runs the binary directly rather than through CTest's list.
+  build/tests/store_tests --gtest_brief=1 --gtest_filter='*S3*:SigV4*:*Conformance*'
+  build/deltasync demo --layers 2 --steps 5 --anchor-interval 3 --bucket s3://deltasync-ci/demo --create-bucket
+  build/deltasync gc s3://deltasync-ci/demo
+  scripts/stop-rgw.sh "$DS_RGW_DIR"
+  unset AWS_ENDPOINT_URL AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION DS_RGW_DIR CEPH_CONF
+  trap 'rm -rf "$demo_dir"' EXIT
+else
+  step "S3: skipped (DS_WITH_S3=0)"
+fi
 
 step "python tests (pip install . into .venv, then pytest)"
 # Incremental: scikit-build-core keeps its build folder under build-py/.
@@ -44,11 +50,15 @@ CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" .venv/bin/python -m pip install -q --no-build
   --disable-pip-version-check .
 DELTASYNC_BIN="$PWD/build/deltasync" .venv/bin/python -m pytest -q tests/python
 
-step "python example: a torch model trains, a replica process follows bit-exactly"
-.venv/bin/python examples/train_and_follow.py --bucket "$demo_dir/example-bucket"
+if [[ "${DS_WITH_TORCH:-1}" == 1 ]]; then
+  step "python example: a torch model trains, a replica process follows bit-exactly"
+  .venv/bin/python examples/train_and_follow.py --bucket "$demo_dir/example-bucket"
 
-step "python benchmark (--quick; publish from torch vs the TRL-style PyTorch path, figures only)"
-.venv/bin/python bench/python_publish_bench.py --quick
+  step "python benchmark (--quick; publish from torch vs the TRL-style PyTorch path, figures only)"
+  .venv/bin/python bench/python_publish_bench.py --quick
+else
+  step "torch example and benchmark: skipped (DS_WITH_TORCH=0)"
+fi
 
 step "demo on a reduced model (2 layers, 12 versions)"
 build/deltasync demo --layers 2 --steps 12 --anchor-interval 5 --bucket "$demo_dir/bucket"

@@ -75,8 +75,25 @@ struct WriterStamp {
   friend bool operator==(const WriterStamp&, const WriterStamp&) = default;
 };
 
+// The settings a bucket is published with (the manifest's optional
+// "settings" object): a later Publisher uses them for the options it is not
+// given and refuses different ones unless told to change them
+// (PublisherOptions::change_settings). Meanings as in PublisherOptions.
+struct BucketSettings {
+  IndexEncoding encoding = IndexEncoding::kCompact;
+  uint64_t anchor_interval = 10;  // at least 1
+  uint64_t cumulative_interval = 0;
+  double anchor_max_fraction = 0;  // finite, >= 0
+
+  friend bool operator==(const BucketSettings&, const BucketSettings&) = default;
+};
+
 struct Manifest {
+  // The top-level "anchor_interval", which manifests written before
+  // "settings" existed carry alone. ToJson writes settings->anchor_interval
+  // there when settings is set, so that older readers still find it.
   uint64_t anchor_interval = 10;
+  std::optional<BucketSettings> settings;  // absent in older manifests
   std::optional<WriterStamp> writer;  // absent in manifests not written by a Publisher
   std::vector<VersionEntry> versions;  // strictly ascending by version
 

@@ -76,11 +76,19 @@ struct DecodedPatch {
 };
 
 // Decodes a parsed safetensors file as a patch. Checks metadata (format,
-// version, sparse, model_version, encoding), pairing of idx/val tensors,
+// version, sparse, model_version, encoding; TRL v1 files carry neither
+// format nor version and are recognised by sparse + model_version), pairing of idx/val tensors,
 // index dtypes, 1-D shapes, equal lengths, strictly ascending indices without
 // overflow. kCorruption naming file, tensor and rule; kUnsupported for
 // nvcomp_cascaded.
 Result<DecodedPatch> DecodePatch(SafetensorsFile file);
+
+// Whether a file's __metadata__ says it is a TRL patch (what DecodePatch
+// reads) rather than a plain checkpoint: 'format' sparse_weight_patch (or
+// the older anchor_checkpoint), or TRL v1's 'sparse' and 'model_version'
+// without any 'format'. A plain checkpoint (a model's weights, metadata such
+// as {"format": "pt"} or none) carries neither.
+bool LooksLikeTrlPatch(const Metadata& metadata);
 
 // Checks that `changes` can be applied to `state`: every tensor exists with
 // the same dtype and every index is below its element count. kCorruption

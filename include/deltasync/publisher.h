@@ -27,30 +27,50 @@ namespace bf16 {
 class CompactScan;  // src/bf16/compact_scan.h
 }
 
+// The largest version a Publisher writes: 2^53-1, the largest integer a
+// JSON reader that keeps numbers as doubles (JavaScript, jq) reads exactly.
+// Readers accept what docs/format.md allows (below 2^64).
+inline constexpr uint64_t kMaxPublishVersion = (uint64_t{1} << 53) - 1;
+// A new version more than this past the newest one is refused unless
+// PublisherOptions::allow_version_jump (a typo such as 10000000 for 1000000
+// would leave no room for the versions after it).
+inline constexpr uint64_t kMaxVersionJump = 1000000;
+
 struct PublisherOptions {
+  // The bucket's settings (BucketSettings, stored in the manifest). Unset:
+  // the bucket's stored value, or the default given here for a new bucket.
+  // Set to a value other than the stored one: Open refuses
+  // (kFailedPrecondition) unless change_settings, in which case the new
+  // value is used and stored with the next version (changed_settings()).
+  //
   // An anchor at the first version, and then at every version that reaches
   // or crosses a multiple of N since the last anchor
   // (version / N > last_anchor / N). Without gaps that is TRL's cadence
   // (1, N, 2N, ...); with gaps an anchor is never skipped.
   // At least 1; a very large N leaves anchors to anchor_max_fraction.
-  uint64_t anchor_interval = 10;
+  // Default 10.
+  std::optional<uint64_t> anchor_interval;
   // kCompact (the default between deltasync peers): compact deltas and
   // compressed anchors under ds/. kGapDelta / kRaw: TRL's sparse_weight_patch
   // deltas and raw anchors under deltas/ and anchors/, readable by TRL.
-  IndexEncoding encoding = IndexEncoding::kCompact;
+  std::optional<IndexEncoding> encoding;
   // Every `cumulative_interval`-th version after an anchor also gets a
   // cumulative delta from that anchor (under ds/cumulative/), so a replica
   // catching up downloads one cumulative delta instead of many steps.
-  // 0 = none.
-  uint64_t cumulative_interval = 0;
+  // Default 0 = none.
+  std::optional<uint64_t> cumulative_interval;
   // Adaptive anchors: when > 0, a version also becomes an anchor when its
   // cumulative delta from the last anchor would exceed this fraction of that
-  // anchor's size (computed every version). 0 = off.
-  double anchor_max_fraction = 0;
+  // anchor's size (computed every version). Default 0 = off.
+  std::optional<double> anchor_max_fraction;
+  // Allows the settings above to differ from the bucket's stored ones.
+  bool change_settings = false;
   // Also encode each delta as TRL gap_delta, only to report its size in
   // PublishStats::gap_delta_bytes (the demo's side-by-side column).
   bool measure_gap_delta = false;
   bool allow_nonfinite = false;
+  // Allows a version more than kMaxVersionJump past the newest one.
+  bool allow_version_jump = false;
   int threads = 0;  // 0 = hardware concurrency
   // F32 tensors whose names end with one of these are published as F32
   // (bitwise) rather than rounded to bf16: inference engines keep MoE
@@ -98,7 +118,9 @@ class Publisher {
   // tensors: bf16 or fp32 (rounded to bf16, round-to-nearest-even), other
   // dtypes carried as they are. After the first version the tensor set,
   // shapes and dtypes must not change.
-  // Errors: version <= latest published (kInvalidArgument), NaN/Inf,
+  // Errors: version <= latest published, above kMaxPublishVersion, or more
+  // than kMaxVersionJump past it without allow_version_jump
+  // (kInvalidArgument), NaN/Inf,
   // mismatched tensors, store failures. On error nothing is committed and the
   // publisher's state is unchanged (objects already uploaded are overwritten
   // by the next attempt).
@@ -127,12 +149,20 @@ class Publisher {
 
   // The newest committed version, 0 when none.
   uint64_t latest_version() const;
+  // The settings this publisher publishes with (options resolved against the
+  // bucket's stored settings).
+  const BucketSettings& settings() const { return settings_; }
+  // With change_settings: each stored setting this publisher changes, as
+  // "encoding compact -> gap_delta"; empty when none.
+  const std::vector<std::string>& changed_settings() const { return changed_settings_; }
   // The published bf16 state at latest_version().
   const WeightState& state() const { return state_; }
   const Manifest& manifest() const { return manifest_; }
 
  private:
   Publisher(std::shared_ptr<Store> store, PublisherOptions options);
+  // Resolves options_ against `stored` (nullptr: a new bucket) into settings_.
+  Status UseSettings(const Manifest* stored);
   Status CheckNewVersion(uint64_t version) const;
   DetectOptions Detection() const;
   // Encodes `changes` (relative to `base`) in options_.encoding.
@@ -164,6 +194,8 @@ class Publisher {
 
   std::shared_ptr<Store> store_;
   PublisherOptions options_;
+  BucketSettings settings_;                     // options_ resolved against the bucket's
+  std::vector<std::string> changed_settings_;
   Manifest manifest_;
   std::optional<std::string> manifest_token_;  // nullopt: no manifest yet
   std::string writer_id_;                       // this instance's WriterStamp id

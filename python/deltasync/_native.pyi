@@ -16,10 +16,13 @@ class Publisher:
     def __init__(
         self,
         bucket: str,
-        anchor_interval: int,
-        encoding: str,
-        cumulative_interval: int,
-        anchor_max_fraction: float,
+        # The bucket's settings: None = the stored value (or the default).
+        anchor_interval: int | None,
+        encoding: str | None,
+        cumulative_interval: int | None,
+        anchor_max_fraction: float | None,
+        change_settings: bool,
+        allow_version_jump: bool,
         threads: int,
         allow_nonfinite: bool,
         create_bucket: bool,
@@ -41,6 +44,13 @@ class Publisher:
     def publish_changes(self, version: int, items: Sequence[tuple[str, Any, Any]]) -> dict[str, Any]: ...
     @property
     def latest_version(self) -> int: ...
+    # {"encoding", "anchor_interval", "cumulative_interval", "anchor_max_fraction"}
+    # in use (deltasync::Publisher::settings).
+    @property
+    def settings(self) -> dict[str, Any]: ...
+    # "encoding compact -> gap_delta" per stored setting this publisher changes.
+    @property
+    def changed_settings(self) -> list[str]: ...
     # {name: "BF16" | "F32" | ...} of the published state.
     def published_dtypes(self) -> dict[str, str]: ...
     # [(name, dtype name, read-only view)]; numpy: bf16 as uint16, fp8 as uint8;

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Union
@@ -48,12 +49,28 @@ def _result(stats: dict) -> PublishResult:
     return PublishResult(**{f.name: stats[f.name] for f in dataclasses.fields(PublishResult)})
 
 
+def _bucket_url(bucket: Any) -> str:
+    """A bucket argument as the native side takes it: str, with a leading ``~`` expanded.
+
+    The shell expands ``~`` for the CLI; Python does not, and ``"~/b"`` would
+    otherwise become a directory named ``~``. Malformed URLs (``s3:/x``) are
+    refused by the native side, as for the CLI.
+    """
+    return os.path.expanduser(os.fspath(bucket) if isinstance(bucket, os.PathLike) else str(bucket))
+
+
+_MAX_VERSION = 2**53 - 1  # deltasync::kMaxPublishVersion
+
+
 def _check_version(version: Any) -> int:
     if isinstance(version, bool) or not isinstance(version, (int, np.integer)):
         raise InvalidArgumentError(f"version must be a positive integer, got {version!r}")
     version = int(version)
-    if not 0 < version < 2**64:
-        raise InvalidArgumentError(f"version must be a positive integer below 2**64, got {version}")
+    if version <= 0:
+        raise InvalidArgumentError(f"version must be a positive integer, got {version}")
+    if version > _MAX_VERSION:
+        raise InvalidArgumentError(f"version {version} is above 2**53-1 ({_MAX_VERSION}), the largest integer "
+                                   "every JSON reader of the manifest keeps exact")
     return version
 
 
@@ -140,19 +157,31 @@ def _as_values(name: str, values: Any, published: str | None) -> np.ndarray:
 
 
 class _Job:
-    __slots__ = ("run", "future")
+    __slots__ = ("run", "future", "claimed")
 
     def __init__(self, run, future):
         self.run = run
         self.future = future
+        self.claimed = False  # its failure was raised to a waiting caller: not kept for later
 
 
 class Publisher:
     """Publishes successive weight states of a trainer into a bucket.
 
-    ``bucket`` is a directory, ``file:///abs/dir`` or ``s3://bucket/prefix``.
-    Opening a bucket that already holds versions rebuilds the newest state
-    from it (verified), so a new process continues where the last stopped.
+    ``bucket`` is a directory (a leading ``~`` is expanded), ``file:///abs/dir``
+    or ``s3://bucket/prefix``; anything else that looks like a URL (``s3:/x``)
+    is refused. Opening a bucket that already holds versions rebuilds the
+    newest state from it (verified), so a new process continues where the
+    last stopped.
+
+    ``encoding``, ``anchor_interval``, ``cumulative_interval`` and
+    ``anchor_max_fraction`` are the bucket's settings, stored in its
+    manifest: None (the default) uses the stored value (compact, 10, 0, 0.0
+    for a new bucket); a different value raises FailedPreconditionError
+    unless ``change_settings=True``, which stores it with the next version.
+    Versions above 2**53-1, or more than 1,000,000 past the newest, are
+    refused (InvalidArgumentError) unless ``allow_version_jump=True`` (for
+    the jump).
 
     ``publish(..., background=True)`` hands the version to one worker thread
     and returns a ``concurrent.futures.Future``; at most ``max_pending``
@@ -160,28 +189,37 @@ class Publisher:
     block until one completes. A background publish takes the published
     (bf16) form of the arrays before it returns, so the caller may change
     them right away (extra memory: at most ``max_pending`` bf16 copies of the
-    model); a synchronous one reads them in place, zero-copy.
+    model); a synchronous one reads them in place, zero-copy. A background
+    failure is raised by the next publish()/publish_changes() or flush(),
+    whichever comes first (once).
     """
 
-    def __init__(self, bucket: str, *, anchor_interval: int = 10, encoding: str = "compact",
-                 cumulative_interval: int = 0, anchor_max_fraction: float = 0.0, threads: int = 0,
+    def __init__(self, bucket: str, *, anchor_interval: int | None = None, encoding: str | None = None,
+                 cumulative_interval: int | None = None, anchor_max_fraction: float | None = None,
+                 change_settings: bool = False, allow_version_jump: bool = False, threads: int = 0,
                  allow_nonfinite: bool = False, create_bucket: bool = False,
                  notify: Sequence[str] = (), notify_token: str = "", max_pending: int = 2,
                  measure_gap_delta: bool = False) -> None:
-        if encoding not in _ENCODINGS:
+        if encoding is not None and encoding not in _ENCODINGS:
             raise InvalidArgumentError(f"encoding must be one of {', '.join(_ENCODINGS)}, got {encoding!r}")
         if isinstance(notify, str):
             notify = [notify]
-        if anchor_interval < 0 or cumulative_interval < 0 or threads < 0 or anchor_max_fraction < 0:
-            raise InvalidArgumentError(
-                "anchor_interval, cumulative_interval, threads and anchor_max_fraction must not be negative")
+        for name, value in (("anchor_interval", anchor_interval), ("cumulative_interval", cumulative_interval),
+                            ("anchor_max_fraction", anchor_max_fraction), ("threads", threads)):
+            if value is not None and value < 0:
+                raise InvalidArgumentError(f"{name} must not be negative, got {value}")
         if max_pending < 1:
             raise InvalidArgumentError(f"max_pending must be at least 1, got {max_pending}")
-        self.bucket = str(bucket)
+        self.bucket = _bucket_url(bucket)
         self.max_pending = int(max_pending)
+
+        def opt(value, kind):
+            return None if value is None else kind(value)
+
         self._native = _native.Publisher(
-            self.bucket, int(anchor_interval), encoding, int(cumulative_interval), float(anchor_max_fraction),
-            int(threads), bool(allow_nonfinite), bool(create_bucket), [str(u) for u in notify], str(notify_token),
+            self.bucket, opt(anchor_interval, int), encoding, opt(cumulative_interval, int),
+            opt(anchor_max_fraction, float), bool(change_settings), bool(allow_version_jump), int(threads),
+            bool(allow_nonfinite), bool(create_bucket), [str(u) for u in notify], str(notify_token),
             bool(measure_gap_delta))
         self._cond = threading.Condition()
         self._queue: list[_Job] = []
@@ -191,6 +229,18 @@ class Publisher:
         self._closed = False
 
     # ------------------------------------------------------------------ info
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The bucket settings this publisher uses: encoding, anchor_interval, cumulative_interval,
+        anchor_max_fraction (the options given, else the bucket's stored ones, else the defaults)."""
+        return self._native.settings
+
+    @property
+    def changed_settings(self) -> list[str]:
+        """With change_settings=True: each stored setting this publisher changes ("encoding compact ->
+        gap_delta"); they are stored with the next version."""
+        return list(self._native.changed_settings)
 
     @property
     def latest_version(self) -> int:
@@ -272,7 +322,19 @@ class Publisher:
 
     # ------------------------------------------------------ background queue
 
+    def raise_failure(self) -> None:
+        """Re-raises the first background publish failure not raised yet (and forgets them all); never waits.
+
+        publish() and publish_changes() call it first, so a background failure
+        surfaces at the next publish, not only at flush().
+        """
+        with self._cond:
+            failures, self._failures = self._failures, []
+        if failures:
+            raise failures[0]
+
     def _submit(self, run, background: bool):
+        self.raise_failure()
         with self._cond:
             if self._closed:
                 raise FailedPreconditionError(f"publisher for {self.bucket} is closed")
@@ -291,7 +353,8 @@ class Publisher:
                         raise FailedPreconditionError(f"publisher for {self.bucket} is closed")
                 future: concurrent.futures.Future = concurrent.futures.Future()
                 future.set_running_or_notify_cancel()
-                self._queue.append(_Job(run, future))
+                job = _Job(run, future)
+                self._queue.append(job)
                 self._outstanding += 1
                 self._start_worker()
                 self._cond.notify_all()
@@ -310,6 +373,7 @@ class Publisher:
             return future.result()
         except BaseException:
             with self._cond:
+                job.claimed = True
                 exc = future.exception()
                 self._failures = [f for f in self._failures if f is not exc]
             raise
@@ -333,9 +397,13 @@ class Publisher:
             try:
                 result = job.run()
             except BaseException as exc:  # noqa: BLE001 - handed to the Future and to flush()
-                with self._cond:
-                    self._failures.append(exc)
+                # The Future first: its callbacks (a DeviceTracker marking
+                # itself for a resync) run before the next publish can see
+                # the failure through raise_failure().
                 job.future.set_exception(exc)
+                with self._cond:
+                    if not job.claimed:
+                        self._failures.append(exc)
             else:
                 job.future.set_result(result)
             finally:

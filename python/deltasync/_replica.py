@@ -9,7 +9,7 @@ import numpy as np
 
 from . import _native
 from ._errors import InvalidArgumentError
-from ._publisher import _views
+from ._publisher import _bucket_url, _views
 
 __all__ = ["Replica", "UpdateResult"]
 
@@ -39,7 +39,7 @@ class Replica:
     def __init__(self, bucket: str, *, threads: int = 0) -> None:
         if threads < 0:
             raise InvalidArgumentError(f"threads must not be negative, got {threads}")
-        self.bucket = str(bucket)
+        self.bucket = _bucket_url(bucket)
         # Opening checks that the bucket exists (NotFoundError otherwise);
         # nothing is downloaded before update().
         self._native = _native.Replica(self.bucket, int(threads))

@@ -389,7 +389,13 @@ class AttachHandle:
         return [name for name, _ in self.params]
 
     def publish_now(self):
-        """Publishes the current parameters as the next version (what the hook does)."""
+        """Publishes the current parameters as the next version (what the hook does).
+
+        A background publish that failed since the last call is raised here
+        first (from ``optimizer.step()``), and the version is not consumed:
+        the next step publishes it again.
+        """
+        self.publisher.raise_failure()
         version = self.next_version
         result = publish(self.publisher, version, self.params, background=self.background, sparse=self.sparse)
         self.next_version = version + 1
@@ -411,12 +417,16 @@ class AttachHandle:
             self._hook = None
 
 
-def attach(model: torch.nn.Module, optimizer: torch.optim.Optimizer, publisher, *, start_version: int = 1,
+def attach(model: torch.nn.Module, optimizer: torch.optim.Optimizer, publisher, *, start_version: int | None = None,
            names: Mapping[str, str] | Callable[[str], str | None] | None = None, background: bool = True,
            sparse: bool | None = None) -> AttachHandle:
     """Publishes the model's weights after every ``optimizer.step()``.
 
-    Versions are ``start_version``, ``start_version + 1``, ... (one per step).
+    Versions are ``start_version``, ``start_version + 1``, ... (one per step);
+    by default ``start_version`` is one past the publisher's newest version
+    (after its queued publishes), so a restarted trainer continues the
+    bucket's numbering. A given ``start_version`` at or below it is refused
+    (InvalidArgumentError).
     The optimizer's parameters are named after the model's parameters they
     share storage with, with ``module.``/``_orig_mod.`` prefixes (DDP,
     Accelerate, torch.compile) removed. ``names`` renames: a mapping from the
@@ -428,14 +438,24 @@ def attach(model: torch.nn.Module, optimizer: torch.optim.Optimizer, publisher, 
     private snapshot is taken (bf16 on the host for CPU parameters; only the
     changed elements for accelerator parameters) and the publisher encodes
     and uploads it on its own thread; at most ``max_pending`` versions queue
-    up, then ``step()`` blocks. ``handle.flush()`` waits and re-raises a
-    failure. ``sparse`` as in :func:`publish` (None: by device).
+    up, then ``step()`` blocks. A background publish that failed is raised
+    by the next ``step()`` (or ``handle.flush()``, whichever comes first),
+    and that step publishes again. ``sparse`` as in :func:`publish` (None:
+    by device).
 
     Needs PyTorch >= 2.1 (``Optimizer.register_step_post_hook``).
     """
     if not hasattr(optimizer, "register_step_post_hook"):
         raise FailedPreconditionError("attach() needs PyTorch >= 2.1 (Optimizer.register_step_post_hook)")
     params = _param_names(model, optimizer, names)
+    publisher.flush()  # the queued versions count: start after them
+    latest = publisher.latest_version
+    if start_version is None:
+        start_version = latest + 1
+    elif start_version <= latest:
+        raise InvalidArgumentError(
+            f"attach(start_version={start_version}): {publisher.bucket} already holds version {latest}; "
+            f"leave start_version out to continue at {latest + 1}")
     handle = AttachHandle(publisher, params, start_version, background, sparse)
     handle._hook = optimizer.register_step_post_hook(handle._on_step)
     return handle

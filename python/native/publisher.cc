@@ -42,17 +42,23 @@ nb::dict StatsToDict(const PublishStats& s) {
 
 class PyPublisher {
  public:
-  PyPublisher(const std::string& bucket, uint64_t anchor_interval, const std::string& encoding,
-              uint64_t cumulative_interval, double anchor_max_fraction, int threads, bool allow_nonfinite,
-              bool create_bucket, std::vector<std::string> notify, std::string notify_token,
+  // The four settings: None = the bucket's stored value (or the default).
+  PyPublisher(const std::string& bucket, std::optional<uint64_t> anchor_interval,
+              const std::optional<std::string>& encoding, std::optional<uint64_t> cumulative_interval,
+              std::optional<double> anchor_max_fraction, bool change_settings, bool allow_version_jump, int threads,
+              bool allow_nonfinite, bool create_bucket, std::vector<std::string> notify, std::string notify_token,
               bool measure_gap_delta) {
-    Result<IndexEncoding> enc = ParseEncoding(encoding);
-    ThrowIfError(enc.status());
     PublisherOptions options;
+    if (encoding) {
+      Result<IndexEncoding> enc = ParseEncoding(*encoding);
+      ThrowIfError(enc.status());
+      options.encoding = *enc;
+    }
     options.anchor_interval = anchor_interval;
-    options.encoding = *enc;
     options.cumulative_interval = cumulative_interval;
     options.anchor_max_fraction = anchor_max_fraction;
+    options.change_settings = change_settings;
+    options.allow_version_jump = allow_version_jump;
     options.measure_gap_delta = measure_gap_delta;
     options.allow_nonfinite = allow_nonfinite;
     options.threads = threads;
@@ -177,6 +183,20 @@ class PyPublisher {
 
   // [(name, dtype name, read-only array)] over the published snapshot; the
   // arrays keep this object alive and change when a version is published.
+  nb::dict Settings() {
+    const BucketSettings s = WithoutGil(mu_, [&] { return pub_->settings(); });
+    nb::dict d;
+    d["encoding"] = std::string(EncodingName(s.encoding));
+    d["anchor_interval"] = s.anchor_interval;
+    d["cumulative_interval"] = s.cumulative_interval;
+    d["anchor_max_fraction"] = s.anchor_max_fraction;
+    return d;
+  }
+
+  std::vector<std::string> ChangedSettings() {
+    return WithoutGil(mu_, [&] { return pub_->changed_settings(); });
+  }
+
   nb::list StateTensors(nb::handle self, const std::string& framework) {
     return ExportState(mu_, pub_->state(), self, framework);
   }
@@ -193,11 +213,14 @@ void BindPublisher(nb::module_& m) {
   nb::class_<WeightState>(m, "Snapshot", "A published-form copy of a state, owned (Publisher.snapshot).")
       .def_prop_ro("nbytes", [](const WeightState& s) { return s.total_bytes(); });
   nb::class_<PyPublisher>(m, "Publisher")
-      .def(nb::init<const std::string&, uint64_t, const std::string&, uint64_t, double, int, bool, bool,
+      .def(nb::init<const std::string&, std::optional<uint64_t>, const std::optional<std::string>&,
+                    std::optional<uint64_t>, std::optional<double>, bool, bool, int, bool, bool,
                     std::vector<std::string>, std::string, bool>(),
-           "bucket"_a, "anchor_interval"_a, "encoding"_a, "cumulative_interval"_a, "anchor_max_fraction"_a,
-           "threads"_a, "allow_nonfinite"_a, "create_bucket"_a, "notify"_a, "notify_token"_a,
-           "measure_gap_delta"_a)
+           "bucket"_a, "anchor_interval"_a.none(), "encoding"_a.none(), "cumulative_interval"_a.none(),
+           "anchor_max_fraction"_a.none(), "change_settings"_a, "allow_version_jump"_a, "threads"_a,
+           "allow_nonfinite"_a, "create_bucket"_a, "notify"_a, "notify_token"_a, "measure_gap_delta"_a)
+      .def_prop_ro("settings", &PyPublisher::Settings)
+      .def_prop_ro("changed_settings", &PyPublisher::ChangedSettings)
       .def("publish", &PyPublisher::Publish, "version"_a, "items"_a)
       .def("publish_changes", &PyPublisher::PublishChanges, "version"_a, "items"_a)
       .def("snapshot", &PyPublisher::Snapshot, "items"_a)

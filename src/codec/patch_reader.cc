@@ -64,19 +64,30 @@ struct Header {
   std::optional<uint64_t> num_changed_params, total_changed_elements, total_elements;
   bool encoding_given = false;
   const std::string* changed_params = nullptr;  // older deltas' JSON list
+  bool v1 = false;  // TRL's v1 writer: no 'format', no 'version' (IsTrlV1)
 };
+
+// TRL's v1 writer (the blog's layout) wrote neither 'format' nor 'version';
+// its files are recognised by 'sparse' and 'model_version'.
+bool IsTrlV1(const Metadata& m) {
+  return !Find(m, pm::kFormat) && Find(m, pm::kSparse) && Find(m, pm::kModelVersion);
+}
 
 Result<Header> ReadHeader(const Metadata& m, const Errors& err) {
   Header h;
+  h.v1 = IsTrlV1(m);
   const std::string* format = Find(m, pm::kFormat);
-  if (!format) return err.File("not a sparse_weight_patch: __metadata__ has no 'format'");
-  const bool old_anchor = *format == pm::kOldAnchorFormatValue;
-  if (*format != pm::kFormatValue && !old_anchor) {
+  if (!format && !h.v1) {
+    return err.File("not a sparse_weight_patch: __metadata__ has no 'format' (nor the 'sparse' and 'model_version' "
+                    "of TRL's v1 files)");
+  }
+  const bool old_anchor = format && *format == pm::kOldAnchorFormatValue;
+  if (format && *format != pm::kFormatValue && !old_anchor) {
     return err.File("not a sparse_weight_patch: __metadata__ 'format' is " + Show(*format));
   }
   const std::string* version = Find(m, pm::kVersion);
-  if (!version) return err.File("__metadata__ has no 'version'");
-  if (*version != pm::kVersionValue) {
+  if (!version && !h.v1) return err.File("__metadata__ has no 'version'");
+  if (version && *version != pm::kVersionValue) {
     return Status::Unsupported(err.label() + ": patch format version " + Show(*version) +
                                " is not supported (deltasync reads version 1)");
   }
@@ -290,6 +301,14 @@ Result<DecodedPatch> DecodeDelta(Header h, SafetensorsFile file, const Errors& e
     order.push_back(&p);
     index_bytes += p.idx->data.size();
     old_layout |= p.old_idx;
+    // A file without 'format' is a patch only in the v1 layout throughout.
+    if (h.v1 && !p.old_idx) {
+      return err.Tensor(p.idx->name, "a TRL v1 delta (no 'format' in __metadata__) holds only '{name}.indices' + "
+                                     "'{name}.values' tensors");
+    }
+  }
+  if (h.v1 && !h.changed_params) {
+    return err.File("a TRL v1 delta (no 'format' in __metadata__) must list its parameters in 'changed_params'");
   }
   // TRL's reader assumes gap_delta when "encoding" is absent; the older
   // writer, which never wrote it, used raw int32 positions.
@@ -328,6 +347,12 @@ Result<DecodedPatch> DecodeDelta(Header h, SafetensorsFile file, const Errors& e
 }
 
 }  // namespace
+
+bool LooksLikeTrlPatch(const Metadata& metadata) {
+  const std::string* format = Find(metadata, pm::kFormat);
+  if (format) return *format == pm::kFormatValue || *format == pm::kOldAnchorFormatValue;
+  return IsTrlV1(metadata);
+}
 
 Result<DecodedPatch> DecodePatch(SafetensorsFile file) {
   const std::string label = file.label();

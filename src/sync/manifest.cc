@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -302,6 +303,29 @@ Result<VersionEntry> ParseVersion(const Json& j, size_t index, uint64_t previous
   return v;
 }
 
+// The optional "settings" object. Fields it does not know are ignored (a
+// later format may add settings whose absence means what it meant before).
+Result<BucketSettings> ParseSettings(const Json& j, std::string_view label) {
+  FieldReader r(label, "settings");
+  if (!j.is_object()) return r.Fail("must be a JSON object, got " + Snippet(j));
+  BucketSettings s;
+  DS_ASSIGN_OR_RETURN(std::string encoding, r.String(j, "encoding"));
+  Result<IndexEncoding> parsed = ParseEncoding(encoding);
+  if (!parsed.ok()) {
+    return r.Fail("'encoding' is \"" + encoding + "\"; a bucket is published as compact, gap_delta or raw");
+  }
+  s.encoding = *parsed;
+  DS_ASSIGN_OR_RETURN(s.anchor_interval, r.Unsigned(j, "anchor_interval"));
+  if (s.anchor_interval == 0) return r.Fail("'anchor_interval' must be positive");
+  DS_ASSIGN_OR_RETURN(s.cumulative_interval, r.Unsigned(j, "cumulative_interval"));
+  DS_ASSIGN_OR_RETURN(const Json* fraction, r.Field(j, "anchor_max_fraction"));
+  if (!fraction->is_number() || !(fraction->get<double>() >= 0) || !std::isfinite(fraction->get<double>())) {
+    return r.Fail("'anchor_max_fraction' must be a number >= 0, got " + Snippet(*fraction));
+  }
+  s.anchor_max_fraction = fraction->get<double>();
+  return s;
+}
+
 Result<Manifest> ParseDocument(const Json& doc, std::string_view label) {
   FieldReader r(label, "");
   if (!doc.is_object())
@@ -323,6 +347,9 @@ Result<Manifest> ParseDocument(const Json& doc, std::string_view label) {
   Manifest m;
   DS_ASSIGN_OR_RETURN(m.anchor_interval, r.Unsigned(doc, "anchor_interval"));
   if (m.anchor_interval == 0) return r.Fail("'anchor_interval' must be positive");
+  if (doc.contains("settings")) {
+    DS_ASSIGN_OR_RETURN(m.settings, ParseSettings(doc["settings"], label));
+  }
   if (doc.contains("writer")) {
     const Json& w = doc["writer"];
     if (!w.is_object()) return r.Fail("'writer' must be an object, got " + Snippet(w));
@@ -426,7 +453,15 @@ std::string Manifest::ToJson() const {
   std::string out = "{\n";
   out += "  \"format\": " + dump(OrderedJson(kFormatTag)) + ",\n";
   out += "  \"format_version\": " + std::to_string(kFormatVersion) + ",\n";
-  out += "  \"anchor_interval\": " + std::to_string(anchor_interval) + ",\n";
+  out += "  \"anchor_interval\": " + std::to_string(settings ? settings->anchor_interval : anchor_interval) + ",\n";
+  if (settings) {
+    OrderedJson s;
+    s["encoding"] = EncodingName(settings->encoding);
+    s["anchor_interval"] = settings->anchor_interval;
+    s["cumulative_interval"] = settings->cumulative_interval;
+    s["anchor_max_fraction"] = settings->anchor_max_fraction;
+    out += "  \"settings\": " + dump(s) + ",\n";
+  }
   if (writer) {
     out += "  \"writer\": {\"id\": " + dump(OrderedJson(writer->id)) + ", \"seq\": " + std::to_string(writer->seq) +
            "},\n";

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <random>
+#include "sync/bucket_settings.h"
 #include "sync/notifier.h"
 
 namespace deltasync {
@@ -58,12 +59,8 @@ Publisher::Publisher(std::shared_ptr<Store> store, PublisherOptions options)
 Publisher::~Publisher() = default;
 
 Result<std::unique_ptr<Publisher>> Publisher::Open(std::shared_ptr<Store> store, PublisherOptions options) {
-  if (options.anchor_interval == 0) {
-    return Status::InvalidArgument("anchor interval must be at least 1");
-  }
-  if (!(options.anchor_max_fraction >= 0)) {
-    return Status::InvalidArgument("anchor_max_fraction must be 0 (off) or positive");
-  }
+  // Checked before the bucket is read, so a bad value fails fast.
+  DS_RETURN_IF_ERROR(ResolveSettings(options, nullptr, store->Describe()).status());
   std::unique_ptr<Publisher> pub(new Publisher(store, options));
   // A random id per Publisher instance: "<host>-<pid>-<64 random bits>".
   char host[64] = "host";
@@ -78,12 +75,13 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(std::shared_ptr<Store> store,
   Result<Store::Versioned> current = store->GetVersioned(kManifestKey);
   if (!current.ok()) {
     if (current.status().code() != ErrorCode::kNotFound) return current.status();
-    pub->manifest_.anchor_interval = options.anchor_interval;
+    DS_RETURN_IF_ERROR(pub->UseSettings(nullptr));
     return pub;
   }
   DS_ASSIGN_OR_RETURN(pub->manifest_,
                       Manifest::Parse(current->blob.bytes(), store->Describe() + "/" + std::string(kManifestKey)));
   pub->manifest_token_ = current->token;
+  DS_RETURN_IF_ERROR(pub->UseSettings(&pub->manifest_));
   if (pub->manifest_.versions.empty()) return pub;
 
   // Continue where the bucket stands: rebuild its newest state, verified
@@ -104,7 +102,7 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(std::shared_ptr<Store> store,
     return caught_up.status().WithContext("cannot continue publishing to " + store->Describe() +
                                           ": rebuilding version " + std::to_string(version) + " failed");
   };
-  if (options.cumulative_interval > 0 || options.anchor_max_fraction > 0) {
+  if (pub->settings_.cumulative_interval > 0 || pub->settings_.anchor_max_fraction > 0) {
     DS_RETURN_IF_ERROR(rebuild(pub->last_anchor_));
     std::vector<TensorView> views = replica->state().views();
     DS_ASSIGN_OR_RETURN(pub->anchor_state_, WeightState::FromViews(views));
@@ -113,8 +111,14 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(std::shared_ptr<Store> store,
   DS_RETURN_IF_ERROR(rebuild(pub->manifest_.Latest()->version));
   pub->state_hash_ = replica->state_hash();
   pub->state_ = std::move(*replica).ReleaseState();
-  pub->manifest_.anchor_interval = options.anchor_interval;
   return pub;
+}
+
+Status Publisher::UseSettings(const Manifest* stored) {
+  DS_ASSIGN_OR_RETURN(ResolvedSettings resolved, ResolveSettings(options_, stored, store_->Describe()));
+  settings_ = resolved.settings;
+  changed_settings_ = std::move(resolved.changed);
+  return Status::OK();
 }
 
 uint64_t Publisher::latest_version() const {
@@ -125,9 +129,21 @@ uint64_t Publisher::latest_version() const {
 Status Publisher::CheckNewVersion(uint64_t version) const {
   const uint64_t previous = latest_version();
   if (version == 0) return Status::InvalidArgument("version must be a positive integer, got 0");
+  if (version > kMaxPublishVersion) {
+    return Status::InvalidArgument("version " + std::to_string(version) + " is above 2^53-1 (" +
+                                   std::to_string(kMaxPublishVersion) +
+                                   "), the largest integer every JSON reader of the manifest keeps exact");
+  }
   if (version <= previous) {
     return Status::InvalidArgument("version " + std::to_string(version) + " is not newer than the latest published version " +
                                    std::to_string(previous) + " in " + store_->Describe());
+  }
+  if (previous > 0 && version - previous > kMaxVersionJump && !options_.allow_version_jump) {
+    return Status::InvalidArgument("version " + std::to_string(version) + " is " + std::to_string(version - previous) +
+                                   " past the newest version " + std::to_string(previous) + " in " +
+                                   store_->Describe() + " (more than " + std::to_string(kMaxVersionJump) +
+                                   "); if that is intended, pass --allow-version-jump (Python: "
+                                   "allow_version_jump=True)");
   }
   return Status::OK();
 }
@@ -148,7 +164,7 @@ Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const Tensor
     DS_ASSIGN_OR_RETURN(WeightState first, ToPublishedState(tensors, Detection()));
     return Commit(version, std::move(first), Prepared{}, clock);
   }
-  if (options_.encoding == IndexEncoding::kCompact) {
+  if (settings_.encoding == IndexEncoding::kCompact) {
     DS_ASSIGN_OR_RETURN(Prepared delta, PrepareScanned(version, tensors));
     return Commit(version, std::nullopt, std::move(delta), clock);
   }
@@ -164,7 +180,7 @@ Result<Publisher::Prepared> Publisher::PrepareChanges(uint64_t version, std::vec
   // Encoded against the state before the changes (compact codes relative to it).
   DS_ASSIGN_OR_RETURN(p.delta, EncodeDeltaFrom(version, previous, state_hash_, state_, changes));
   if (options_.measure_gap_delta) {
-    if (options_.encoding == IndexEncoding::kGapDelta) {
+    if (settings_.encoding == IndexEncoding::kGapDelta) {
       p.gap_delta_bytes = p.delta.size;
     } else {
       DS_ASSIGN_OR_RETURN(p.gap_delta_bytes, GapDeltaSize(version, changes));
@@ -301,10 +317,10 @@ Result<EncodedPatch> Publisher::EncodeDeltaFrom(uint64_t version, uint64_t base_
   PatchInfo info;
   info.kind = PatchKind::kDelta;
   info.model_version = version;
-  info.encoding = options_.encoding;
+  info.encoding = settings_.encoding;
   info.base_version = base_version;
   info.total_elements = base.total_elements();
-  if (options_.encoding == IndexEncoding::kCompact) {
+  if (settings_.encoding == IndexEncoding::kCompact) {
     return EncodeCompactDelta(info, base_hash, base, changes, options_.threads);
   }
   return EncodeDelta(info, changes);
@@ -314,11 +330,11 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
                                        const Stopwatch& clock) {
   const uint64_t previous = latest_version();
   const bool first = first_state.has_value();
-  const bool compact = options_.encoding == IndexEncoding::kCompact;
+  const bool compact = settings_.encoding == IndexEncoding::kCompact;
   PublishStats stats;
   stats.version = version;
-  bool anchor = first || (options_.anchor_interval > 0 &&
-                          version / options_.anchor_interval > last_anchor_ / options_.anchor_interval);
+  bool anchor = first || (settings_.anchor_interval > 0 &&
+                          version / settings_.anchor_interval > last_anchor_ / settings_.anchor_interval);
   // The delta was encoded and applied by Prepare*; prepared.rollback undoes that.
   EncodedPatch& delta = prepared.delta;
   EncodedPatch cumulative;
@@ -343,18 +359,18 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
   // A cumulative delta from the last anchor: every cumulative_interval-th
   // version after it, and every version when anchors are adaptive (its size
   // decides whether this version becomes an anchor instead).
-  const bool keep_anchor_state = options_.cumulative_interval > 0 || options_.anchor_max_fraction > 0;
+  const bool keep_anchor_state = settings_.cumulative_interval > 0 || settings_.anchor_max_fraction > 0;
   const uint64_t since_anchor = versions_since_anchor_ + 1;
-  const bool cumulative_due = options_.cumulative_interval > 0 && since_anchor % options_.cumulative_interval == 0 &&
+  const bool cumulative_due = settings_.cumulative_interval > 0 && since_anchor % settings_.cumulative_interval == 0 &&
                               since_anchor > 1;
-  if (!anchor && keep_anchor_state && (cumulative_due || options_.anchor_max_fraction > 0)) {
+  if (!anchor && keep_anchor_state && (cumulative_due || settings_.anchor_max_fraction > 0)) {
     std::vector<TensorView> views = state_.views();
     Result<std::vector<TensorChanges>> since = DetectChanges(anchor_state_, views, Detection());
     if (!since.ok()) return fail(since.status());
     Result<EncodedPatch> encoded = EncodeDeltaFrom(version, last_anchor_, anchor_hash_, anchor_state_, *since);
     if (!encoded.ok()) return fail(encoded.status());
-    if (options_.anchor_max_fraction > 0 &&
-        static_cast<double>(encoded->size) > options_.anchor_max_fraction * static_cast<double>(last_anchor_bytes_)) {
+    if (settings_.anchor_max_fraction > 0 &&
+        static_cast<double>(encoded->size) > settings_.anchor_max_fraction * static_cast<double>(last_anchor_bytes_)) {
       anchor = true;  // adaptive: the cumulative change outgrew the last anchor
     } else if (cumulative_due) {
       cumulative = std::move(*encoded);
@@ -390,7 +406,7 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
   auto upload = [&](PatchKind kind, const std::string& key, const EncodedPatch& patch,
                     std::optional<uint64_t> base) -> Status {
     DS_RETURN_IF_ERROR(store_->Put(key, patch.parts));
-    IndexEncoding encoding = kind == PatchKind::kAnchor && !compact ? IndexEncoding::kRaw : options_.encoding;
+    IndexEncoding encoding = kind == PatchKind::kAnchor && !compact ? IndexEncoding::kRaw : settings_.encoding;
     entry.objects.push_back(ObjectEntry{kind, key, encoding, patch.size, Xxh3Hex(patch.parts), base});
     return Status::OK();
   };
@@ -401,7 +417,7 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
     stats.delta_bytes = delta.size;
   }
   if (uploaded.ok() && cumulative.size > 0) {
-    uploaded = upload(PatchKind::kDelta, CumulativeDeltaKey(last_anchor_, version, options_.encoding), cumulative,
+    uploaded = upload(PatchKind::kDelta, CumulativeDeltaKey(last_anchor_, version, settings_.encoding), cumulative,
                       last_anchor_);
     stats.cumulative_bytes = cumulative.size;
   }
@@ -413,7 +429,8 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
   }
   if (uploaded.ok()) {
     Manifest next = manifest_;
-    next.anchor_interval = options_.anchor_interval;
+    next.settings = settings_;
+    next.anchor_interval = settings_.anchor_interval;
     next.versions.push_back(std::move(entry));
     uploaded = CommitManifest(std::move(next));
   }

@@ -77,7 +77,9 @@ TEST(DecodePatchTest, MetadataRules) {
     }
     return GoodGapFile(m);
   };
-  ExpectCorrupt(with("format", std::nullopt), "not a sparse_weight_patch: __metadata__ has no 'format'");
+  // Without 'format' but with 'sparse' and 'model_version' a file is read as
+  // TRL v1, whose deltas use '{name}.indices' (TrlV1Layout below).
+  ExpectCorrupt(with("format", std::nullopt), "tensor 'w.idx': a TRL v1 delta (no 'format' in __metadata__)");
   ExpectCorrupt(with("format", "safetensors"), "__metadata__ 'format' is 'safetensors'");
   ExpectCorrupt(with("version", std::nullopt), "__metadata__ has no 'version'");
   ExpectError(Decode(with("version", "2"), kLabel), ErrorCode::kUnsupported,
@@ -326,6 +328,53 @@ TEST(DecodePatchTest, OlderLayout) {
   EXPECT_EQ(ar->info.total_elements, 3u);
   anchor["sparse"] = "True";
   ExpectCorrupt(a.Serialize(anchor), "format 'anchor_checkpoint' but sparse 'True'");
+}
+
+// TRL's v1 writer, as the blog describes it: deltas with '{name}.indices'
+// (I32) + '{name}.values' and metadata sparse, model_version, sparsity,
+// changed_params; anchors with sparse 'False'. No 'format', no 'version'.
+TEST(DecodePatchTest, TrlV1Layout) {
+  Metadata m = {{"sparse", "True"}, {"model_version", "11"}, {"sparsity", "0.97"},
+                {"changed_params", "[\"x\", \"a.b\"]"}};
+  EXPECT_TRUE(LooksLikeTrlPatch(m));
+  Result<DecodedPatch> r = Decode(OldDelta(m), kLabel);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->info.kind, PatchKind::kDelta);
+  EXPECT_EQ(r->info.encoding, IndexEncoding::kRaw);
+  EXPECT_EQ(r->info.model_version, 11u);
+  ASSERT_EQ(r->changes.size(), 2u);
+  EXPECT_EQ(r->changes[1].name, "x");
+  EXPECT_EQ(r->changes[1].indices, (std::vector<uint64_t>{4, 9}));
+  EXPECT_EQ(r->changes[1].values, Bf16(2));
+  Metadata with_version = m;
+  with_version["version"] = "1";
+  EXPECT_TRUE(Decode(OldDelta(with_version), kLabel).ok());
+
+  // Recognised by its keys: the v1 layout throughout, and its list of names.
+  Metadata no_list = m;
+  no_list.erase("changed_params");
+  ExpectCorrupt(OldDelta(no_list), "a TRL v1 delta (no 'format' in __metadata__) must list its parameters in "
+                                   "'changed_params'");
+  ExpectCorrupt(GoodGapFile(m), "tensor 'w.idx': a TRL v1 delta");
+
+  // A v1 anchor: a full checkpoint whose metadata says sparse 'False' and
+  // model_version.
+  Crafted a;
+  a.Add("w", DType::kBF16, {3}, Bf16(3));
+  Metadata anchor = {{"sparse", "False"}, {"model_version", "10"}, {"sparsity", "0.0"}};
+  EXPECT_TRUE(LooksLikeTrlPatch(anchor));
+  Result<DecodedPatch> ar = Decode(a.Serialize(anchor), kLabel);
+  ASSERT_TRUE(ar.ok()) << ar.status().ToString();
+  EXPECT_EQ(ar->info.kind, PatchKind::kAnchor);
+  EXPECT_EQ(ar->info.model_version, 10u);
+  ASSERT_EQ(ar->dense.size(), 1u);
+
+  // A plain checkpoint carries neither: it is no patch.
+  for (const Metadata& plain : {Metadata{}, Metadata{{"format", "pt"}}, Metadata{{"model_version", "3"}},
+                                Metadata{{"sparse", "False"}}}) {
+    EXPECT_FALSE(LooksLikeTrlPatch(plain));
+    ExpectCorrupt(a.Serialize(plain), "not a sparse_weight_patch");
+  }
 }
 
 TEST(DecodePatchTest, BothLayoutsInOneFile) {

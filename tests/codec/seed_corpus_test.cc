@@ -71,6 +71,15 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> Seeds() {
   seeds.emplace_back("ok_old_anchor", v1_anchor.Serialize({{"format", "anchor_checkpoint"}, {"version", "1"},
                                                               {"model_version", "10"}, {"checksum_sha256", "00"}}));
 
+  // TRL v1 as the blog describes it: no 'format', no 'version'.
+  Crafted trl_v1;
+  trl_v1.Add("w.indices", DType::kI32, {2}, Bytes<int32_t>(std::vector<int>{3, 8}));
+  trl_v1.Add("w.values", DType::kBF16, {2}, Bytes<uint16_t>(std::vector<int>{0x3f80, 0x4000}));
+  seeds.emplace_back("ok_trl_v1_delta", trl_v1.Serialize({{"sparse", "True"}, {"model_version", "11"},
+                                                          {"sparsity", "0.8"}, {"changed_params", "[\"w\"]"}}));
+  seeds.emplace_back("ok_trl_v1_anchor",
+                     v1_anchor.Serialize({{"sparse", "False"}, {"model_version", "10"}, {"sparsity", "0.0"}}));
+
   auto pair = [](Metadata m, DType dtype, std::vector<uint8_t> idx, uint64_t n, std::string idx_name = "w.idx") {
     Crafted c;
     c.Add(idx_name, dtype, {n}, std::move(idx));

@@ -83,8 +83,10 @@ def test_type_stubs_shipped_and_match_the_native_module():
 
 def test_public_signatures_follow_the_contract():
     sig = inspect.signature(deltasync.Publisher)
-    for kw, default in [("anchor_interval", 10), ("encoding", "compact"), ("cumulative_interval", 0),
-                        ("anchor_max_fraction", 0.0), ("threads", 0), ("allow_nonfinite", False),
+    # The four bucket settings default to None: the bucket's stored values.
+    for kw, default in [("anchor_interval", None), ("encoding", None), ("cumulative_interval", None),
+                        ("anchor_max_fraction", None), ("change_settings", False), ("allow_version_jump", False),
+                        ("threads", 0), ("allow_nonfinite", False),
                         ("create_bucket", False), ("notify", ()), ("notify_token", ""), ("max_pending", 2)]:
         assert sig.parameters[kw].default == default, kw
         assert sig.parameters[kw].kind is inspect.Parameter.KEYWORD_ONLY

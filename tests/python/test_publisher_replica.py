@@ -385,13 +385,21 @@ def test_background_failure_reaches_future_and_flush_once(bucket):
     pub = deltasync.Publisher(bucket)
     pub.publish(1, weights)
     bad = pub.publish(1, weights, background=True)  # not newer than the latest version
-    good = pub.publish(2, nudge(weights, 0.1, 4), background=True)  # later versions still go through
     with pytest.raises(deltasync.InvalidArgumentError, match="not newer"):
         bad.result(timeout=60)
+    while pub.pending:
+        time.sleep(0.01)
+    # The next publish raises it before queueing anything, once.
+    with pytest.raises(deltasync.InvalidArgumentError, match="not newer"):
+        pub.publish(2, nudge(weights, 0.1, 4), background=True)
+    good = pub.publish(2, nudge(weights, 0.1, 4), background=True)  # later versions still go through
     assert good.result(timeout=60).version == 2
+    pub.flush()  # already reported
+    # Without a publish after it, flush() reports it, once.
+    pub.publish(2, weights, background=True).exception(timeout=60)
     with pytest.raises(deltasync.InvalidArgumentError, match="not newer"):
         pub.flush()
-    pub.flush()  # reported once
+    pub.flush()
     pub.close()
     with pytest.raises(deltasync.FailedPreconditionError, match="closed"):
         pub.publish(3, weights)
@@ -451,7 +459,7 @@ def test_background_keeps_arrays_alive(bucket):
 # errors
 
 
-@pytest.mark.parametrize("version", [0, -1, 2**64, "3", 1.5, True, None])
+@pytest.mark.parametrize("version", [0, -1, 2**53, 2**64, "3", 1.5, True, None])
 def test_bad_version_is_invalid_argument(bucket, version):
     with deltasync.Publisher(bucket) as pub:
         with pytest.raises(deltasync.InvalidArgumentError, match="version"):

@@ -3,6 +3,8 @@
 Every check compares bit patterns: what a replica holds must equal the
 model's fp32 parameters cast to bf16 by PyTorch (round to nearest even).
 """
+import time
+
 import numpy as np
 import pytest
 
@@ -205,3 +207,50 @@ def test_publish_bf16_and_fp32_kept_suffix(tmp_path, sparse):
         np.testing.assert_array_equal(state["gate.e_score_correction_bias"], t["gate.e_score_correction_bias"].numpy())
         np.testing.assert_array_equal(state["w"].view(np.int16).reshape(-1), t["w"].view(torch.int16).numpy().reshape(-1))
         t = {k: (x + 1e-3 * torch.randn_like(x.float())).to(x.dtype) for k, x in t.items()}
+
+
+def test_attach_on_a_bucket_with_versions_continues_its_numbering(tmp_path):
+    # A restarted trainer: the bucket already holds versions 1-3.
+    bucket = str(tmp_path / "b")
+    model, opt = make(6)
+    first = deltasync.Publisher(bucket)
+    old = dt.attach(model, opt, first, background=False)
+    for step in range(3):
+        train_step(model, opt, step)
+    old.remove()
+    first.close()
+
+    publisher = deltasync.Publisher(bucket)
+    handle = dt.attach(model, opt, publisher)
+    assert handle.next_version == 4
+    train_step(model, opt, 3)
+    handle.flush()
+    assert publisher.latest_version == 4
+    replica = deltasync.Replica(bucket)
+    assert replica.update() == 4
+    assert_same(replica_bits(replica), expected_bits(model))
+    with pytest.raises(deltasync.InvalidArgumentError, match="already holds version 4; leave start_version out"):
+        dt.attach(model, opt, publisher, start_version=2)
+    handle.remove()
+    publisher.close()
+
+
+def test_background_failure_is_raised_at_the_next_step(tmp_path):
+    model, opt = make(7)
+    bucket = tmp_path / "b"
+    publisher = deltasync.Publisher(str(bucket))
+    handle = dt.attach(model, opt, publisher)  # background
+    train_step(model, opt, 0)
+    handle.flush()
+    # Make the bucket unwritable: the next background publish fails.
+    (bucket / "manifest.json").unlink()
+    (bucket / "manifest.json").mkdir()
+    train_step(model, opt, 1)  # queues version 2, which fails in the background
+    while publisher.pending:
+        time.sleep(0.01)
+    with pytest.raises(deltasync.Error):
+        train_step(model, opt, 2)  # the step that follows raises it
+    assert handle.next_version == 3
+    (bucket / "manifest.json").rmdir()
+    handle.remove()
+    publisher.close()

@@ -217,3 +217,57 @@ def test_trl_files_of_a_deltasync_bucket_apply_with_the_cli(tmp_path, run):
     got = load_file(str(out))
     for name, a in states[4].items():
         np.testing.assert_array_equal(bits(got[name]), bits(a), err_msg=name)
+
+
+# --- TRL v1 (the blog's layout), written with the official safetensors package ------------------
+
+def test_trl_v1_files_apply_bit_exactly(tmp_path, run):
+    """A v1 anchor and delta exactly as TRL's v1 writer made them (torch tensors,
+    safetensors.torch.save_file): '{name}.indices' int32 + '{name}.values' bf16 and the
+    metadata sparse / model_version / sparsity / changed_params, with no 'format' and no
+    'version' key."""
+    from safetensors.torch import save_file as torch_save_file
+
+    torch.manual_seed(0)
+    anchor = {"model.embed.weight": (torch.randn(64, 16) * 0.02).to(torch.bfloat16),
+              "model.norm.weight": torch.ones(16, dtype=torch.bfloat16),
+              "lm_head.weight": (torch.randn(64, 16) * 0.02).to(torch.bfloat16)}
+    torch_save_file(anchor, str(tmp_path / "step_000010.safetensors"),
+                    metadata={"sparse": "False", "model_version": "10", "sparsity": "0.0"})
+
+    expected = {k: v.clone() for k, v in anchor.items()}
+    delta, changed = {}, []
+    for name in ("model.embed.weight", "lm_head.weight"):  # norm did not change
+        flat = expected[name].reshape(-1)
+        idx = torch.sort(torch.randperm(flat.numel())[:37]).values
+        vals = (flat[idx].float() * 1.01 + 1e-4).to(torch.bfloat16)
+        flat[idx] = vals
+        delta[f"{name}.indices"] = idx.to(torch.int32)
+        delta[f"{name}.values"] = vals
+        changed.append(name)
+    torch_save_file(delta, str(tmp_path / "step_000011.safetensors"),
+                    metadata={"sparse": "True", "model_version": "11", "sparsity": str(1 - 74 / 2064),
+                              "changed_params": json.dumps(changed)})
+
+    # A plain checkpoint as the base, then the v1 anchor and delta.
+    base = {k: torch.zeros_like(v) for k, v in anchor.items()}
+    torch_save_file(base, str(tmp_path / "base.safetensors"), metadata={"format": "pt"})
+    out = tmp_path / "out.safetensors"
+    run("apply", tmp_path / "base.safetensors", tmp_path / "step_000010.safetensors",
+        tmp_path / "step_000011.safetensors", "-o", out)
+    with safe_open(str(out), framework="pt") as f:
+        assert f.metadata().get("model_version") == "11"
+        for name, want in expected.items():
+            got = f.get_tensor(name)
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), name
+
+    info = json.loads(run("inspect", tmp_path / "step_000011.safetensors", "--json").stdout)
+    assert info["kind"] == "delta" and info["model_version"] == 11
+
+    # A file that matches neither layout is still refused: a plain checkpoint
+    # used as a patch, and a v1-looking delta without its list of names.
+    plain = run("apply", tmp_path / "base.safetensors", tmp_path / "base.safetensors", "-o", out, check=False)
+    assert plain.returncode == 1 and "not a sparse_weight_patch" in plain.stderr
+    torch_save_file(delta, str(tmp_path / "no_list.safetensors"), metadata={"sparse": "True", "model_version": "11"})
+    no_list = run("apply", tmp_path / "base.safetensors", tmp_path / "no_list.safetensors", "-o", out, check=False)
+    assert no_list.returncode == 1 and "'changed_params'" in no_list.stderr

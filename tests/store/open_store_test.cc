@@ -63,5 +63,36 @@ TEST_F(OpenStoreTest, OtherUrlsAreRefusedByName) {
   }
 }
 
+// A misspelt or unknown scheme must never become a relative directory
+// ("./s3:/mybucket/run1"): it is refused, naming the accepted forms, and
+// nothing is created.
+TEST_F(OpenStoreTest, MalformedSchemesAreRefusedAndCreateNothing) {
+  const std::string cwd = fs::current_path().string();
+  fs::current_path(dir_);
+  struct Case {
+    std::string url, hint;
+  };
+  for (const Case& c : {Case{"s3:/mybucket/run1", "s3://mybucket/run1"}, Case{"S3://bucket", "s3://bucket"},
+                        Case{"s3:bucket", "s3://bucket"}, Case{"file:/data/x", "file:///data/x"},
+                        Case{"FILE:///data/x", "file:///data/x"}, Case{"run:1", "./run:1"},
+                        Case{"hdfs:/x", "./hdfs:/x"}}) {
+    SCOPED_TRACE(c.url);
+    Result<std::shared_ptr<Store>> r = OpenStore(c.url);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
+    const std::string msg = r.status().message();
+    EXPECT_NE(msg.find("'" + c.url + "'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.hint), std::string::npos) << msg;
+    EXPECT_NE(msg.find("file:///abs/dir or s3://bucket/prefix"), std::string::npos) << msg;
+  }
+  EXPECT_TRUE(fs::is_empty(dir_));
+  // A colon after a '/' is part of a path.
+  EXPECT_TRUE(OpenStore("./run:1").ok());
+  EXPECT_TRUE(OpenStore("sub/a:b").ok());
+  EXPECT_TRUE(fs::is_directory(dir_ + "/run:1"));
+  EXPECT_TRUE(fs::is_directory(dir_ + "/sub/a:b"));
+  fs::current_path(cwd);
+}
+
 }  // namespace
 }  // namespace deltasync

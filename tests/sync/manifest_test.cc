@@ -229,6 +229,39 @@ TEST(ManifestTest, DocumentedExampleParsesAndIsCanonical) {
   EXPECT_EQ(parsed->ToJson(), example);
 }
 
+// "settings": optional; written after anchor_interval, which carries the same
+// cadence for older readers; an older manifest without it parses as before.
+TEST(ManifestTest, SettingsRoundTripBesideTheTopLevelAnchorInterval) {
+  Manifest m = Sample();
+  m.settings = BucketSettings{IndexEncoding::kGapDelta, 4, 2, 0.25};
+  std::string json = m.ToJson();
+  EXPECT_NE(json.find("  \"anchor_interval\": 4,\n  \"settings\": {\"encoding\":\"gap_delta\",\"anchor_interval\":4,"
+                      "\"cumulative_interval\":2,\"anchor_max_fraction\":0.25},\n"),
+            std::string::npos)
+      << json;
+  Result<Manifest> parsed = Manifest::Parse(Span(json));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  ASSERT_TRUE(parsed->settings.has_value());
+  EXPECT_EQ(*parsed->settings, *m.settings);
+  EXPECT_EQ(parsed->anchor_interval, 4u);
+  EXPECT_EQ(parsed->ToJson(), json);
+
+  Result<Manifest> older = Manifest::Parse(Span(Sample().ToJson()));
+  ASSERT_TRUE(older.ok());
+  EXPECT_FALSE(older->settings.has_value());
+  EXPECT_EQ(older->anchor_interval, 3u);
+
+  // Fields a later format adds to "settings" are ignored; integers are
+  // numbers too.
+  Json doc = Json::parse(json);
+  doc["settings"]["future_setting"] = "x";
+  doc["settings"]["anchor_max_fraction"] = 1;
+  std::string text = doc.dump();
+  parsed = Manifest::Parse(Span(text));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->settings->anchor_max_fraction, 1.0);
+}
+
 TEST(ManifestTest, UnknownFieldsAreIgnored) {
   Json doc = Json::parse(Sample().ToJson());
   doc["written_by"] = "deltasync 9.9";
@@ -400,6 +433,37 @@ std::vector<BadCase> BadCases() {
        ErrorCode::kCorruption, "key 'anchors/step_000001.safetensors' is already listed by version 1"},
       {"first version without anchor", [](Json& d) { d["versions"].erase(0); }, ErrorCode::kCorruption,
        "versions[0] (version 2): the first listed version has no anchor"},
+      {"settings not an object", [](Json& d) { d["settings"] = 3; }, ErrorCode::kCorruption,
+       "manifest.json: settings: must be a JSON object, got 3"},
+      {"settings without encoding",
+       [](Json& d) {
+         d["settings"] = {{"anchor_interval", 3}, {"cumulative_interval", 0}, {"anchor_max_fraction", 0}};
+       },
+       ErrorCode::kCorruption, "settings: missing field 'encoding'"},
+      {"settings with an unknown encoding",
+       [](Json& d) {
+         d["settings"] = {{"encoding", "zstd"}, {"anchor_interval", 3}, {"cumulative_interval", 0},
+                          {"anchor_max_fraction", 0}};
+       },
+       ErrorCode::kCorruption, "settings: 'encoding' is \"zstd\"; a bucket is published as compact, gap_delta or raw"},
+      {"settings with anchor_interval 0",
+       [](Json& d) {
+         d["settings"] = {{"encoding", "raw"}, {"anchor_interval", 0}, {"cumulative_interval", 0},
+                          {"anchor_max_fraction", 0}};
+       },
+       ErrorCode::kCorruption, "settings: 'anchor_interval' must be positive"},
+      {"settings with a negative fraction",
+       [](Json& d) {
+         d["settings"] = {{"encoding", "raw"}, {"anchor_interval", 3}, {"cumulative_interval", 0},
+                          {"anchor_max_fraction", -0.5}};
+       },
+       ErrorCode::kCorruption, "settings: 'anchor_max_fraction' must be a number >= 0, got -0.5"},
+      {"settings with a string fraction",
+       [](Json& d) {
+         d["settings"] = {{"encoding", "raw"}, {"anchor_interval", 3}, {"cumulative_interval", 0},
+                          {"anchor_max_fraction", "0.5"}};
+       },
+       ErrorCode::kCorruption, "'anchor_max_fraction' must be a number >= 0, got \"0.5\""},
       {"first version's delta base dropped",
        // Retention removed version 2 but kept version 3's delta, based on it.
        [](Json& d) {

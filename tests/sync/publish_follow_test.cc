@@ -84,13 +84,13 @@ TEST(PublishFollowTest, BitExactOverManyVersionsWithGapsAndRandomAnchors) {
       ASSERT_TRUE(update.ok()) << update.status().ToString();
       EXPECT_EQ(fresh->version(), v);
       EXPECT_EQ(HashState(fresh->state()), hash);
-      EXPECT_LE(update->deltas_applied, options.anchor_interval);
+      EXPECT_LE(update->deltas_applied, *options.anchor_interval);
     }
     // The manifest records an anchor every anchor_interval versions.
     Manifest m = ReadManifest(*store);
     uint64_t last_anchor = 0;
     for (const VersionEntry& e : m.versions) {
-      bool due = last_anchor == 0 || e.version / options.anchor_interval > last_anchor / options.anchor_interval;
+      bool due = last_anchor == 0 || e.version / *options.anchor_interval > last_anchor / *options.anchor_interval;
       EXPECT_EQ(e.anchor() != nullptr, due) << "version " << e.version;
       if (e.anchor()) last_anchor = e.version;
       if (e.version != m.versions.front().version) EXPECT_NE(e.delta(), nullptr);

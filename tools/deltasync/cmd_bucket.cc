@@ -16,14 +16,17 @@
 namespace deltasync::cli {
 
 Status RunPublish(const PublishArgs& args) {
-  DS_ASSIGN_OR_RETURN(IndexEncoding encoding, ParseEncoding(args.encoding));
+  PublisherOptions options;
+  if (args.encoding) {
+    DS_ASSIGN_OR_RETURN(options.encoding, ParseEncoding(*args.encoding));
+  }
   DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(args.file));
   DS_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, OpenStore(args.bucket, /*create=*/true, args.create_bucket));
-  PublisherOptions options;
   options.anchor_interval = args.anchor_interval;
-  options.encoding = encoding;
   options.cumulative_interval = args.cumulative_interval;
   options.anchor_max_fraction = args.anchor_max_fraction;
+  options.change_settings = args.change_settings;
+  options.allow_version_jump = args.allow_version_jump;
   options.allow_nonfinite = args.allow_nonfinite;
   options.notify_urls = args.notify;
   if (!args.notify_token_file.empty()) {
@@ -31,6 +34,12 @@ Status RunPublish(const PublishArgs& args) {
   }
   DS_ASSIGN_OR_RETURN(auto publisher, Publisher::Open(store, options));
   DS_ASSIGN_OR_RETURN(PublishStats stats, publisher->Publish(args.version, file.tensors()));
+  if (!publisher->changed_settings().empty()) {
+    std::string changed;
+    for (const std::string& c : publisher->changed_settings()) changed += (changed.empty() ? "" : ", ") + c;
+    std::fprintf(stderr, "deltasync: changed the settings of %s from version %llu on: %s\n",
+                 store->Describe().c_str(), static_cast<unsigned long long>(stats.version), changed.c_str());
+  }
   std::printf("published version %llu to %s: %.3f%% changed", static_cast<unsigned long long>(stats.version),
               store->Describe().c_str(),
               stats.total_elements ? 100.0 * stats.changed_elements / stats.total_elements : 0.0);

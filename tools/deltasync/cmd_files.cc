@@ -15,10 +15,7 @@
 namespace deltasync::cli {
 namespace {
 
-bool IsPatch(const SafetensorsFile& f) {
-  auto it = f.metadata().find("format");
-  return it != f.metadata().end() && it->second == "sparse_weight_patch";
-}
+bool IsPatch(const SafetensorsFile& f) { return LooksLikeTrlPatch(f.metadata()); }
 
 std::optional<uint64_t> ParseU64(const Metadata& m, const std::string& key) {
   auto it = m.find(key);

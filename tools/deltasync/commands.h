@@ -37,10 +37,14 @@ Status RunInspect(const InspectArgs& args);
 struct PublishArgs {
   std::string bucket, file;
   uint64_t version = 0;
-  uint64_t anchor_interval = 10;
-  std::string encoding = "compact";
-  uint64_t cumulative_interval = 0;
-  double anchor_max_fraction = 0;
+  // Unset unless given: the bucket's stored settings, or the defaults for a
+  // new bucket (PublisherOptions).
+  std::optional<uint64_t> anchor_interval;
+  std::optional<std::string> encoding;
+  std::optional<uint64_t> cumulative_interval;
+  std::optional<double> anchor_max_fraction;
+  bool change_settings = false;
+  bool allow_version_jump = false;
   bool allow_nonfinite = false;
   std::vector<std::string> notify;  // replica daemon URLs to wake after the commit
   std::string notify_token_file;

@@ -58,17 +58,25 @@ int main(int argc, char** argv) {
   publish_cmd->add_flag("--create-bucket", publish.create_bucket, "Create a missing S3 bucket");
   publish_cmd->add_option("file", publish.file, "Checkpoint (.safetensors, bf16 or fp32)")->required();
   publish_cmd->add_option("--version", publish.version, "Version to publish")->required()->check(CLI::PositiveNumber);
-  publish_cmd->add_option("--anchor-interval", publish.anchor_interval, "Anchor every N versions")
+  publish_cmd->add_option("--anchor-interval", publish.anchor_interval,
+                          "Anchor every N versions (default: the bucket's setting; 10 for a new bucket)")
       ->check(CLI::PositiveNumber);
   publish_cmd->add_option("--encoding", publish.encoding,
-                          "compact (default: deltasync replicas) or gap_delta / raw (TRL-readable objects)")
+                          "compact (deltasync replicas) or gap_delta / raw (TRL-readable objects) (default: the "
+                          "bucket's setting; compact for a new bucket)")
       ->check(CLI::IsMember({"compact", "gap_delta", "raw"}));
   publish_cmd->add_option("--cumulative-every", publish.cumulative_interval,
-                          "Also write a delta from the last anchor every K versions (0: never)");
+                          "Also write a delta from the last anchor every K versions, 0: never (default: the "
+                          "bucket's setting; 0 for a new bucket)");
   publish_cmd->add_option("--anchor-max-fraction", publish.anchor_max_fraction,
                           "Adaptive anchors: a new anchor once the cumulative delta exceeds this fraction of the "
-                          "last anchor (0: off)")
+                          "last anchor, 0: off (default: the bucket's setting; 0 for a new bucket)")
       ->check(CLI::NonNegativeNumber);
+  publish_cmd->add_flag("--change-settings", publish.change_settings,
+                        "Allow the four settings above to differ from the ones the bucket stores (the new ones are "
+                        "stored)");
+  publish_cmd->add_flag("--allow-version-jump", publish.allow_version_jump,
+                        "Allow a version more than 1000000 past the newest one");
   publish_cmd->add_flag("--allow-nonfinite", publish.allow_nonfinite, "Pass NaN/Inf bit patterns through");
   publish_cmd->add_option("--notify", publish.notify, "Replica daemon URL to wake after the commit (repeatable)");
   publish_cmd->add_option("--notify-token-file", publish.notify_token_file, "Bearer token for --notify");
