@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "deltasync/hf_folder.h"
 #include "deltasync/store.h"
 
 extern char** environ;
@@ -25,8 +26,7 @@ Status WritePatchFile(const std::string& path, const EncodedPatch& patch) {
 
 Status WriteStateFile(const std::string& path, const WeightState& state, uint64_t version) {
   std::vector<TensorView> views = state.views();
-  DS_ASSIGN_OR_RETURN(EncodedPatch anchor, EncodeAnchor(version, views));
-  return WritePatchFile(path, anchor);
+  return WriteSafetensorsFile(path, CheckpointMetadata(version), views).WithContext("writing " + path);
 }
 
 Result<ChildProcess> SpawnWithStdoutPipe(const std::vector<std::string>& argv, bool quiet_stderr) {
