@@ -73,14 +73,17 @@ def history(tmp_path_factory, deltasync_bin):
         assert proc.returncode == 0, proc.stderr
         assert "not carried: optimizer.pt" in proc.stdout
         folders[v], expected[v] = ckpt, bf16_state(model)
-    return {"root": root, "bucket": bucket, "folders": folders, "expected": expected, "config": model.config}
+    return {"root": root, "bucket": bucket, "folders": folders, "expected": expected}
 
 
 def shard_names(folder: Path):
     return sorted(p.name for p in folder.glob("*.safetensors"))
 
 
-def assert_loads_as(out: Path, weights, config):
+def assert_loads_as(out: Path, history, v):
+    """The folder loads with from_pretrained; bf16 weights and logits equal the trainer's at version v."""
+    weights = history["expected"][v]
+    config = transformers.AutoConfig.from_pretrained(history["folders"][v])  # the trainer's own config
     loaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
     state = loaded.state_dict()
     assert set(state) == set(weights)
@@ -110,7 +113,7 @@ def test_every_version_pulls_as_a_folder_that_transformers_loads(history, run):
                      "special_tokens_map.json", "chat_template.jinja"):
             assert (out / name).read_bytes() == (ckpt / name).read_bytes(), name
         assert not (out / "optimizer.pt").exists()
-        assert_loads_as(out, history["expected"][v], transformers.AutoConfig.from_pretrained(out))
+        assert_loads_as(out, history, v)
         tok = transformers.AutoTokenizer.from_pretrained(out)
         assert tok("the cat sat")["input_ids"] == make_tokenizer()("the cat sat")["input_ids"]
         assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "hi "
@@ -131,7 +134,7 @@ def test_max_shard_size_reshards(history, run, tmp_path):
     run("pull", history["bucket"], "--hf-dir", out, "--max-shard-size", "30KB")
     names = shard_names(out)
     assert len(names) > 3 and names[0] == f"model-00001-of-{len(names):05d}.safetensors"
-    assert_loads_as(out, history["expected"][5], history["config"])
+    assert_loads_as(out, history, 5)
     one = tmp_path / "one"
     run("pull", history["bucket"], "--hf-dir", one, "--max-shard-size", "1GB")
     assert shard_names(one) == ["model.safetensors"] and not (one / "model.safetensors.index.json").exists()
@@ -149,7 +152,7 @@ def test_a_non_empty_folder_is_replaced_only_with_force(history, run, tmp_path):
     assert (out / "old.txt").exists()
     run("pull", history["bucket"], "--hf-dir", out, "--version", 4, "--force")
     assert not (out / "old.txt").exists()
-    assert_loads_as(out, history["expected"][4], history["config"])
+    assert_loads_as(out, history, 4)
     assert [p.name for p in tmp_path.iterdir()] == ["out"], "nothing left beside it"
     usage = run("pull", history["bucket"], check=False)
     assert usage.returncode == 2 and "-o FILE or --hf-dir DIR" in usage.stderr
@@ -239,7 +242,7 @@ def test_python_publish_dir_and_save_hf_dir(history, tmp_path):
         replica.update(v)
         out = replica.save_hf_dir(tmp_path / f"py-{v}")
         assert shard_names(Path(out)) == shard_names(history["folders"][v])
-        assert_loads_as(Path(out), history["expected"][v], history["config"])
+        assert_loads_as(Path(out), history, v)
     with pytest.raises(deltasync.FailedPreconditionError, match="pass --force"):
         replica.save_hf_dir(tmp_path / "py-2")
     replica.save_hf_dir(tmp_path / "py-2", force=True, max_shard_size="1GB")
