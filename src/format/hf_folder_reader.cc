@@ -86,9 +86,12 @@ Result<std::map<std::string, std::string>> ReadWeightMap(const std::string& path
 
 Result<SideFile> ReadSideFile(const std::string& dir, const std::string& name) {
   const std::string path = Join(dir, name);
-  DS_ASSIGN_OR_RETURN(Blob bytes, Blob::ReadFile(path));
-  if (bytes.size() > kMaxSideFileBytes) {
-    return Status::InvalidArgument(path + " is " + std::to_string(bytes.size()) + " bytes, over the " +
+  struct stat st;
+  // Checked before reading, so a huge file is not read to be refused.
+  const uint64_t size = ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  DS_ASSIGN_OR_RETURN(Blob bytes, size > kMaxSideFileBytes ? Result<Blob>(Blob()) : Blob::ReadFile(path));
+  if (size > kMaxSideFileBytes || bytes.size() > kMaxSideFileBytes) {
+    return Status::InvalidArgument(path + " is " + std::to_string(std::max<uint64_t>(size, bytes.size())) + " bytes, over the " +
                                    std::to_string(kMaxSideFileBytes >> 20) +
                                    " MiB limit for a side file (config, tokenizer); remove it from the folder");
   }

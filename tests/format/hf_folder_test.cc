@@ -140,6 +140,12 @@ TEST(HfFolderTest, ATensorTheIndexDoesNotListIsAnError) {
   ExpectInvalid(f.dir, "tensor 'e' of");
 }
 
+TEST(HfFolderTest, AnOversizedSideFileIsAnError) {
+  ShardedFolder f;
+  fs::resize_file(f.dir + "/tokenizer.json", kMaxSideFileBytes + 1);  // sparse: no 64 MiB written
+  ExpectInvalid(f.dir, "tokenizer.json is 67108865 bytes, over the 64 MiB limit for a side file");
+}
+
 TEST(HfFolderTest, ANonModelFolderIsAnError) {
   TempDir tmp;
   WriteText(tmp.Sub("config.json"), "{}");
