@@ -57,12 +57,14 @@ fi
 # safetensors package. scikit-build-core and nanobind build the Python package
 # (`pip install --no-build-isolation .`, as scripts/test.sh does); torch is
 # for deltasync.torch and its tests (DS_WITH_TORCH=0 skips it: ~1 GB).
+# transformers (4.x, what RL stacks pin) and tokenizers: the model-folder
+# tests build, load and compare a tiny Llama (tests/python/test_hf_folders.py).
 PY_PACKAGES=(pytest==9.2.0 numpy==2.4.6 ml_dtypes==0.6.0 safetensors==0.8.0
-             scikit-build-core==1.1.2 nanobind==3.1.0)
+             scikit-build-core==1.1.2 nanobind==3.1.0 transformers==4.57.6 tokenizers==0.22.2)
 if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import pytest, numpy, ml_dtypes, safetensors, scikit_build_core, nanobind" 2>/dev/null; then
+if ! .venv/bin/python -c "import pytest, numpy, ml_dtypes, safetensors, scikit_build_core, nanobind, transformers, tokenizers" 2>/dev/null; then
   echo "install-deps: pip install ${PY_PACKAGES[*]}"
   .venv/bin/python -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
 fi

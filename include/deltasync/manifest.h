@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -34,6 +35,9 @@ std::string CompressedAnchorKey(uint64_t version);
 std::string CompactDeltaKey(uint64_t version);
 std::string CumulativeDeltaKey(uint64_t base_version, uint64_t version, IndexEncoding encoding);
 
+// "ds/files/<xxh3_128>": a side file's object, named by its content.
+std::string FileObjectKey(std::string_view xxh3_128);
+
 // XXH3-128 of `parts` concatenated, as 32 lower-case hex digits (high 64 bits
 // first, each big-endian: XXH3's canonical form).
 std::string Xxh3Hex(std::span<const ByteSpan> parts);
@@ -48,6 +52,18 @@ struct ObjectEntry {
   std::optional<uint64_t> base_version;  // deltas only
 };
 
+// A side file of a version (config.json, tokenizer files: hf_folder.h), a
+// content-addressed object.
+struct FileEntry {
+  std::string key;       // FileObjectKey(xxh3_128)
+  uint64_t size = 0;
+  std::string xxh3_128;  // 32 hex digits
+
+  friend bool operator==(const FileEntry&, const FileEntry&) = default;
+};
+// Side files by name (a plain file name, ValidateSideFileName).
+using FileSet = std::map<std::string, FileEntry>;
+
 struct VersionEntry {
   uint64_t version = 0;
   StateHash state_hash;        // of the complete state after this version
@@ -58,6 +74,10 @@ struct VersionEntry {
   // distinct base versions: the step delta from the previous version and,
   // optionally, a cumulative delta from the last anchor.
   std::vector<ObjectEntry> objects;
+  // The full set of side files, listed on the versions where the set
+  // changed; nullopt: the same set as the previous listed version (none
+  // before the first version that lists one). See Manifest::FilesAt.
+  std::optional<FileSet> files;
 
   const ObjectEntry* anchor() const;
   // The delta with the newest base (normally the previous version); nullptr
@@ -101,12 +121,16 @@ struct Manifest {
   const VersionEntry* Find(uint64_t version) const;
   // nullptr when empty.
   const VersionEntry* Latest() const;
+  // The side files of `version`: its own `files`, else those of the newest
+  // listed version below it that has them; an empty set when none does.
+  FileSet FilesAt(uint64_t version) const;
 
   // Deterministic JSON (docs/format.md), ending in '\n'.
   std::string ToJson() const;
   // Parses and validates (format tag, versions ascending, keys valid, hashes
   // 32 hex digits, a delta's base below its version, the first version an
-  // anchor). kCorruption naming `label` and the rule.
+  // anchor, side file names plain and keys content-addressed). kCorruption
+  // naming `label` and the rule.
   static Result<Manifest> Parse(ByteSpan json, std::string_view label = kManifestKey);
 };
 

@@ -12,6 +12,7 @@
 #include <span>
 
 #include "deltasync/changes.h"
+#include "deltasync/hf_folder.h"
 #include "deltasync/manifest.h"
 #include "deltasync/patch.h"
 #include "deltasync/state_hash.h"
@@ -124,7 +125,15 @@ class Publisher {
   // mismatched tensors, store failures. On error nothing is committed and the
   // publisher's state is unchanged (objects already uploaded are overwritten
   // by the next attempt).
-  Result<PublishStats> Publish(uint64_t version, std::span<const TensorView> tensors);
+  // files: the version's side files (config, tokenizer: hf_folder.h), the
+  // full set; uploaded and listed in the manifest when the set differs from
+  // the previous version's. nullopt: the previous version's set, unchanged
+  // (as for PublishChanges).
+  Result<PublishStats> Publish(uint64_t version, std::span<const TensorView> tensors,
+                               std::optional<std::span<const SideFile>> files = std::nullopt);
+  // A model folder (ReadHfFolder): its tensors, and its side files as the
+  // version's full set.
+  Result<PublishStats> PublishFolder(uint64_t version, const HfFolder& folder);
 
   // The published form of `tensors` (fp32 rounded to bf16 as Publish rounds
   // it, other dtypes copied), owned by the result: Publish(version,
@@ -187,7 +196,7 @@ class Publisher {
   // rolls back on failure. `first_state` for the first version, else
   // `prepared`.
   Result<PublishStats> Commit(uint64_t version, std::optional<WeightState> first_state, Prepared prepared,
-                              const Stopwatch& clock);
+                              const Stopwatch& clock, std::optional<FileSet> files = std::nullopt);
   void RememberAnchor();
   // Writes `next` (stamped with this writer) with compare-and-swap.
   Status CommitManifest(Manifest next);

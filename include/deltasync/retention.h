@@ -6,7 +6,10 @@
 // versions from the manifest first (compare-and-swap: a publisher that
 // commits meanwhile rebases onto the pruned list, see Publisher), and only
 // then deletes their objects, plus the objects of kept versions whose base
-// was removed (the oldest kept anchor's own step delta). A replica is never
+// was removed (the oldest kept anchor's own step delta), and the side file
+// objects (manifest.h, FileSet) that only removed versions list; the oldest
+// kept version then lists its side file set itself when it inherited it
+// from a removed version. A replica is never
 // pointed at a deleted object by a manifest it can read afterwards; one
 // that read the old manifest just before may see kNotFound for an object
 // and re-plans at its next update. Objects that no version lists (left by a

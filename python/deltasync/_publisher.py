@@ -284,6 +284,25 @@ class Publisher:
 
         return self._submit(run, background)
 
+    def publish_dir(self, version: int, path: str | os.PathLike) -> PublishResult:
+        """Publishes a Hugging Face model folder as ``version``; waits for the commit.
+
+        ``path`` holds ``model.safetensors``, or the shards named by
+        ``model.safetensors.index.json`` (its weight_map is checked against
+        them), or other ``*.safetensors`` files. They are read in place
+        (mapped, zero-copy). Its side files (config.json, tokenizer files,
+        chat templates, ...; docs/format.md "Model folders") travel with the
+        version. A single shard or the index file itself is refused
+        (InvalidArgumentError saying to pass the folder).
+        """
+        version = _check_version(version)
+        path = os.fspath(path)
+
+        def run() -> PublishResult:
+            return _result(self._native.publish_dir(version, path))
+
+        return self._submit(run, False)
+
     def publish_changes(self, version: int, changes: Mapping[str, tuple[Any, Any]], *,
                         background: bool = False) -> Union[PublishResult, "concurrent.futures.Future[PublishResult]"]:
         """Publishes ``version`` as the last published state with ``changes`` applied.

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from . import _native
-from ._errors import InvalidArgumentError
+from ._errors import FailedPreconditionError, InvalidArgumentError
 from ._publisher import _bucket_url, _views
 
 __all__ = ["Replica", "UpdateResult"]
@@ -25,6 +27,25 @@ class UpdateResult:
     bytes_downloaded: int
     download_ms: float
     apply_ms: float
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def _byte_size(size: int | str | None) -> int:
+    """0 for None; bytes for an int or "5GB" / "500MB" / "2GiB" (as the CLI's --max-shard-size)."""
+    if size is None:
+        return 0
+    if isinstance(size, (int, np.integer)) and not isinstance(size, bool) and 0 < int(size) < 2**64:
+        return int(size)
+    if isinstance(size, str):
+        m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", size)
+        if m and m.group(2).lower() in _UNITS and int(m.group(1)) > 0:
+            value = int(m.group(1)) * _UNITS[m.group(2).lower()]
+            if value < 2**64:
+                return value
+    raise InvalidArgumentError(f"max_shard_size must be a positive byte count or a size such as '5GB', got {size!r}")
 
 
 class Replica:
@@ -111,6 +132,24 @@ class Replica:
         from . import torch as _dtorch  # lazily: torch is optional
 
         return _dtorch.load_into(self, state_dict)
+
+    def save_hf_dir(self, path: str | os.PathLike, *, max_shard_size: int | str | None = None,
+                    force: bool = False) -> str:
+        """Writes the held version as a Hugging Face model folder at ``path``; returns the path.
+
+        The weights (bf16 as published) keep the published folder's sharding
+        and ``model.safetensors.index.json`` (or one ``model.safetensors``),
+        unless ``max_shard_size`` (bytes, or "5GB", "500MB", "2GiB") shards
+        them afresh; every shard carries ``{"format": "pt"}``. The version's
+        side files (config.json, tokenizer files, ...) are fetched and
+        verified. The folder appears whole (built beside, then renamed); an
+        existing non-empty ``path`` is refused (FailedPreconditionError)
+        unless ``force``. Load it with ``from_pretrained(path)``.
+        """
+        if self.version == 0:
+            raise FailedPreconditionError("the replica holds no version yet; call update() first")
+        self._native.save_hf_dir(os.fspath(path), _byte_size(max_shard_size), bool(force))
+        return os.fspath(path)
 
     def _take_changes(self) -> tuple[bool, dict[str, np.ndarray]]:
         """(everything, {name: sorted flat uint64 indices}) changed since the previous call.

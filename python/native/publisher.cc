@@ -15,6 +15,7 @@
 
 #include "common.h"
 #include "deltasync/changes.h"
+#include "deltasync/hf_folder.h"
 #include "deltasync/patch.h"
 #include "deltasync/publisher.h"
 #include "deltasync/store.h"
@@ -84,6 +85,17 @@ class PyPublisher {
     views.reserve(borrowed.size());
     for (const BorrowedTensor& b : borrowed) views.push_back(b.view);
     Result<PublishStats> stats = WithoutGil(mu_, [&] { return pub_->Publish(version, views); });
+    ThrowIfError(stats.status());
+    return StatsToDict(*stats);
+  }
+
+  // A Hugging Face model folder (ReadHfFolder): its shards, mapped, and its
+  // side files as the version's set.
+  nb::dict PublishDir(uint64_t version, const std::string& path) {
+    Result<PublishStats> stats = WithoutGil(mu_, [&]() -> Result<PublishStats> {
+      DS_ASSIGN_OR_RETURN(HfFolder folder, ReadHfFolder(path));
+      return pub_->PublishFolder(version, folder);
+    });
     ThrowIfError(stats.status());
     return StatsToDict(*stats);
   }
@@ -223,6 +235,7 @@ void BindPublisher(nb::module_& m) {
       .def_prop_ro("changed_settings", &PyPublisher::ChangedSettings)
       .def("publish", &PyPublisher::Publish, "version"_a, "items"_a)
       .def("publish_changes", &PyPublisher::PublishChanges, "version"_a, "items"_a)
+      .def("publish_dir", &PyPublisher::PublishDir, "version"_a, "path"_a)
       .def("snapshot", &PyPublisher::Snapshot, "items"_a)
       .def("publish_snapshot", &PyPublisher::PublishSnapshot, "version"_a, "snapshot"_a)
       .def_prop_ro("latest_version", &PyPublisher::LatestVersion)

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "common.h"
+#include "deltasync/hf_folder.h"
 #include "deltasync/replica.h"
+#include "deltasync/side_files.h"
 #include "deltasync/store.h"
 
 namespace deltasync::py {
@@ -37,7 +39,17 @@ class PyReplica {
     ReplicaOptions options;
     options.threads = threads;
     options.track_changes = true;
-    replica_ = Replica::Create(std::move(*store), options);
+    store_ = std::move(*store);
+    replica_ = Replica::Create(store_, options);
+  }
+
+  // The held version as a model folder (WriteReplicaFolder).
+  void SaveHfDir(const std::string& path, uint64_t max_shard_bytes, bool force) {
+    HfWriteOptions options;
+    options.max_shard_bytes = max_shard_bytes;
+    options.replace = force;
+    Status s = WithoutGil(mu_, [&] { return WriteReplicaFolder(*store_, *replica_, path, options); });
+    ThrowIfError(s);
   }
 
   // Moves to `target` (newest when None); returns the UpdateStats as a dict.
@@ -95,6 +107,7 @@ class PyReplica {
 
  private:
   std::mutex mu_;
+  std::shared_ptr<Store> store_;
   std::unique_ptr<Replica> replica_;
 };
 
@@ -115,7 +128,8 @@ void BindReplica(nb::module_& m) {
           },
           "framework"_a = "numpy")
       .def("take_changes", &PyReplica::TakeChanges)
-      .def("verify", &PyReplica::Verify);
+      .def("verify", &PyReplica::Verify)
+      .def("save_hf_dir", &PyReplica::SaveHfDir, "path"_a, "max_shard_bytes"_a, "force"_a);
 }
 
 }  // namespace deltasync::py

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <nlohmann/json.hpp>
 
+#include "deltasync/hf_folder.h"
 #include "deltasync/manifest.h"
 #include "deltasync/patch.h"
 
@@ -49,16 +50,23 @@ Result<std::unique_ptr<OutDirSink>> OutDirSink::Open(const std::string& dir, int
 
 Status OutDirSink::Export(uint64_t version, const StateHash& hash, const WeightState& state) {
   std::vector<TensorView> views = state.views();
-  Result<EncodedPatch> anchor = EncodeAnchor(version, views);
-  if (!anchor.ok()) return anchor.status().WithContext(Describe());
+  // A plain checkpoint (format "pt", which transformers requires), not a patch.
+  Result<std::vector<uint8_t>> header = EncodeSafetensorsHeader(CheckpointMetadata(version), views);
+  if (!header.ok()) return header.status().WithContext(Describe());
+  std::vector<ByteSpan> parts{ByteSpan(*header)};
+  uint64_t size = header->size();
+  for (const TensorView& t : views) {
+    parts.push_back(t.data);
+    size += t.data.size();
+  }
   const std::string file = FileName(version);
-  DS_RETURN_IF_ERROR(store_->Put(file, anchor->parts).WithContext(Describe()));
+  DS_RETURN_IF_ERROR(store_->Put(file, parts).WithContext(Describe()));
 
   // latest.json last: once it names a file, the file is complete.
   nlohmann::json latest = {{"version", version},
                            {"file", file},
                            {"state_hash", hash.Hex()},
-                           {"size", anchor->size}};
+                           {"size", size}};
   std::string text = latest.dump() + "\n";
   DS_RETURN_IF_ERROR(store_
                          ->Put(kLatestKey, ByteSpan(reinterpret_cast<const uint8_t*>(text.data()), text.size()))

@@ -10,7 +10,8 @@
 
 namespace deltasync::server {
 
-// DIR/step_000012.safetensors: a TRL anchor (full state, model_version 12),
+// DIR/step_000012.safetensors: the full state as a plain checkpoint
+// (metadata format "pt" and model_version 12: CheckpointMetadata),
 // written atomically (temporary file, fsync, rename), then DIR/latest.json
 // ({"version", "file", "state_hash", "size"}) names it. Only the newest
 // `keep` step_*.safetensors files are kept; other files are never touched.

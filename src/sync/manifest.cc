@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "deltasync/hf_folder.h"
 #include "deltasync/store.h"
 
 namespace deltasync {
@@ -111,6 +112,17 @@ OrderedJson VersionToJson(const VersionEntry& v) {
     objects.push_back(std::move(obj));
   }
   out["objects"] = std::move(objects);
+  if (v.files) {
+    OrderedJson files = OrderedJson::object();
+    for (const auto& [name, f] : *v.files) {
+      OrderedJson entry;
+      entry["key"] = f.key;
+      entry["size"] = f.size;
+      entry["xxh3_128"] = f.xxh3_128;
+      files[name] = std::move(entry);
+    }
+    out["files"] = std::move(files);
+  }
   return out;
 }
 
@@ -230,6 +242,28 @@ Result<ObjectEntry> ParseObject(const Json& j, const FieldReader& r) {
   return o;
 }
 
+// A version's side files: name -> {key, size, xxh3_128}, the key the
+// content address of the hash.
+Result<FileSet> ParseFiles(const Json& j, const FieldReader& r) {
+  if (!j.is_object()) return r.Fail("'files' must be an object, got " + Snippet(j));
+  FileSet files;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    FieldReader fr = r;
+    fr.set_where(r.where() + ": files[\"" + it.key().substr(0, 80) + "\"]");
+    if (Status s = ValidateSideFileName(it.key()); !s.ok()) return fr.Fail(s.message());
+    if (!it->is_object()) return fr.Fail("must be a JSON object, got " + Snippet(*it));
+    FileEntry f;
+    DS_ASSIGN_OR_RETURN(f.key, fr.String(*it, "key"));
+    DS_ASSIGN_OR_RETURN(f.size, fr.Unsigned(*it, "size"));
+    DS_ASSIGN_OR_RETURN(f.xxh3_128, fr.Hex32(*it, "xxh3_128"));
+    if (f.key != FileObjectKey(f.xxh3_128)) {
+      return fr.Fail("key '" + f.key + "' is not the content address " + FileObjectKey(f.xxh3_128));
+    }
+    files.emplace(it.key(), std::move(f));
+  }
+  return files;
+}
+
 // `listed`: versions seen so far (all lower). `keys`: key -> version, to
 // refuse one object listed twice.
 Result<VersionEntry> ParseVersion(const Json& j, size_t index, uint64_t previous,
@@ -285,6 +319,9 @@ Result<VersionEntry> ParseVersion(const Json& j, size_t index, uint64_t previous
                              std::to_string(it->second));
     }
     v.objects.push_back(std::move(o));
+  }
+  if (j.contains("files")) {
+    DS_ASSIGN_OR_RETURN(v.files, ParseFiles(j["files"], r));
   }
   // Checked before the delta's base, so a first version holding only a
   // delta gets this message rather than "base not listed".
@@ -390,6 +427,8 @@ std::string CumulativeDeltaKey(uint64_t base_version, uint64_t version, IndexEnc
   return buf;
 }
 
+std::string FileObjectKey(std::string_view xxh3_128) { return "ds/files/" + std::string(xxh3_128); }
+
 std::string Xxh3Hex(std::span<const ByteSpan> parts) {
   XXH3_state_t* state = XXH3_createState();
   XXH128_hash_t hash;
@@ -439,6 +478,16 @@ const VersionEntry* Manifest::Find(uint64_t version) const {
   auto it = std::lower_bound(versions.begin(), versions.end(), version,
                              [](const VersionEntry& v, uint64_t want) { return v.version < want; });
   return it != versions.end() && it->version == version ? &*it : nullptr;
+}
+
+FileSet Manifest::FilesAt(uint64_t version) const {
+  auto it = std::upper_bound(versions.begin(), versions.end(), version,
+                             [](uint64_t want, const VersionEntry& v) { return want < v.version; });
+  while (it != versions.begin()) {
+    --it;
+    if (it->files) return *it->files;
+  }
+  return {};
 }
 
 const VersionEntry* Manifest::Latest() const { return versions.empty() ? nullptr : &versions.back(); }

@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "deltasync/compact.h"
 #include "deltasync/replica.h"
+#include "deltasync/side_files.h"
 
 #include <unistd.h>
 
@@ -157,20 +158,38 @@ DetectOptions Publisher::Detection() const {
                        }};
 }
 
-Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const TensorView> tensors) {
+Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const TensorView> tensors,
+                                       std::optional<std::span<const SideFile>> files) {
   DS_RETURN_IF_ERROR(CheckNewVersion(version));
   Stopwatch clock;
+  // Side files first (small): listed only when the set changed, uploaded
+  // before anything else so that a failure leaves the state untouched.
+  std::optional<FileSet> changed_files;
+  if (files) {
+    DS_ASSIGN_OR_RETURN(FileSet set, DescribeSideFiles(*files));
+    if (set != manifest_.FilesAt(latest_version())) {
+      Status uploaded = UploadSideFiles(*store_, *files, set);
+      if (!uploaded.ok()) {
+        return uploaded.WithContext("publishing version " + std::to_string(version) + " to " + store_->Describe());
+      }
+      changed_files = std::move(set);
+    }
+  }
   if (latest_version() == 0) {
     DS_ASSIGN_OR_RETURN(WeightState first, ToPublishedState(tensors, Detection()));
-    return Commit(version, std::move(first), Prepared{}, clock);
+    return Commit(version, std::move(first), Prepared{}, clock, std::move(changed_files));
   }
   if (settings_.encoding == IndexEncoding::kCompact) {
     DS_ASSIGN_OR_RETURN(Prepared delta, PrepareScanned(version, tensors));
-    return Commit(version, std::nullopt, std::move(delta), clock);
+    return Commit(version, std::nullopt, std::move(delta), clock, std::move(changed_files));
   }
   DS_ASSIGN_OR_RETURN(std::vector<TensorChanges> changes, DetectChanges(state_, tensors, Detection()));
   DS_ASSIGN_OR_RETURN(Prepared delta, PrepareChanges(version, std::move(changes)));
-  return Commit(version, std::nullopt, std::move(delta), clock);
+  return Commit(version, std::nullopt, std::move(delta), clock, std::move(changed_files));
+}
+
+Result<PublishStats> Publisher::PublishFolder(uint64_t version, const HfFolder& folder) {
+  return Publish(version, folder.tensors, std::span<const SideFile>(folder.side_files));
 }
 
 Result<Publisher::Prepared> Publisher::PrepareChanges(uint64_t version, std::vector<TensorChanges> changes) {
@@ -327,7 +346,7 @@ Result<EncodedPatch> Publisher::EncodeDeltaFrom(uint64_t version, uint64_t base_
 }
 
 Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightState> first_state, Prepared prepared,
-                                       const Stopwatch& clock) {
+                                       const Stopwatch& clock, std::optional<FileSet> files) {
   const uint64_t previous = latest_version();
   const bool first = first_state.has_value();
   const bool compact = settings_.encoding == IndexEncoding::kCompact;
@@ -403,6 +422,7 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
   entry.total_elements = stats.total_elements;
   entry.changed_elements = stats.changed_elements;
   entry.created_unix_ms = UnixMillis();
+  entry.files = std::move(files);
   auto upload = [&](PatchKind kind, const std::string& key, const EncodedPatch& patch,
                     std::optional<uint64_t> base) -> Status {
     DS_RETURN_IF_ERROR(store_->Put(key, patch.parts));

@@ -2,6 +2,7 @@
 #include "deltasync/retention.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "deltasync/manifest.h"
@@ -36,13 +37,28 @@ Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_r
   pruned.versions.clear();
   std::vector<ObjectEntry> doomed;
   std::set<uint64_t> kept;
+  // Side file objects: content-addressed, so shared between versions; one is
+  // doomed when only removed versions list it.
+  std::map<std::string, uint64_t> removed_files, kept_files;  // key -> size
   for (const VersionEntry& v : manifest.versions) {
     if (v.version < oldest_kept) {
       stats.removed_versions.push_back(v.version);
       doomed.insert(doomed.end(), v.objects.begin(), v.objects.end());
+      if (v.files) {
+        for (const auto& [name, f] : *v.files) removed_files.emplace(f.key, f.size);
+      }
       continue;
     }
     VersionEntry entry = v;
+    // The oldest kept version may inherit its side files from a removed
+    // one: it lists the set itself from now on.
+    if (kept.empty() && !entry.files) {
+      FileSet inherited = manifest.FilesAt(v.version);
+      if (!inherited.empty()) entry.files = std::move(inherited);
+    }
+    if (entry.files) {
+      for (const auto& [name, f] : *entry.files) kept_files.emplace(f.key, f.size);
+    }
     entry.objects.clear();
     for (const ObjectEntry& o : v.objects) {
       // A delta from a removed version is of no use to anyone any more.
@@ -56,6 +72,10 @@ Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_r
     pruned.versions.push_back(std::move(entry));
   }
   stats.kept_versions = pruned.versions.size();
+  for (const auto& [key, size] : removed_files) {
+    // Deleted like the others (only key and size are read below).
+    if (!kept_files.count(key)) doomed.push_back(ObjectEntry{PatchKind::kAnchor, key, IndexEncoding::kRaw, size, "", {}});
+  }
   for (const ObjectEntry& o : doomed) stats.bytes_deleted += o.size;
   if (dry_run || doomed.empty()) {
     stats.objects_deleted = dry_run ? doomed.size() : 0;

@@ -1,15 +1,20 @@
 // publish, pull, follow: commands on a bucket.
+#include <cctype>
 #include <chrono>
+#include <filesystem>
+#include <optional>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "commands.h"
+#include "deltasync/hf_folder.h"
 #include "deltasync/publisher.h"
 #include "deltasync/replica.h"
 #include "deltasync/retention.h"
 #include "deltasync/s3_store.h"
 #include "deltasync/safetensors.h"
+#include "deltasync/side_files.h"
 #include "deltasync/store.h"
 #include "output.h"
 
@@ -20,7 +25,18 @@ Status RunPublish(const PublishArgs& args) {
   if (args.encoding) {
     DS_ASSIGN_OR_RETURN(options.encoding, ParseEncoding(*args.encoding));
   }
-  DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(args.file));
+  // A model folder (shards + side files), or one checkpoint file that is not
+  // part of a sharded one.
+  std::error_code ec;
+  const bool folder = std::filesystem::is_directory(args.file, ec);
+  std::optional<HfFolder> dir;
+  std::optional<SafetensorsFile> file;
+  if (folder) {
+    DS_ASSIGN_OR_RETURN(dir, ReadHfFolder(args.file));
+  } else {
+    DS_RETURN_IF_ERROR(CheckCheckpointFile(args.file));
+    DS_ASSIGN_OR_RETURN(file, SafetensorsFile::Open(args.file));
+  }
   DS_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, OpenStore(args.bucket, /*create=*/true, args.create_bucket));
   options.anchor_interval = args.anchor_interval;
   options.cumulative_interval = args.cumulative_interval;
@@ -33,7 +49,8 @@ Status RunPublish(const PublishArgs& args) {
     DS_ASSIGN_OR_RETURN(options.notify_token, ReadTokenFile(args.notify_token_file));
   }
   DS_ASSIGN_OR_RETURN(auto publisher, Publisher::Open(store, options));
-  DS_ASSIGN_OR_RETURN(PublishStats stats, publisher->Publish(args.version, file.tensors()));
+  DS_ASSIGN_OR_RETURN(PublishStats stats, folder ? publisher->PublishFolder(args.version, *dir)
+                                                 : publisher->Publish(args.version, file->tensors()));
   if (!publisher->changed_settings().empty()) {
     std::string changed;
     for (const std::string& c : publisher->changed_settings()) changed += (changed.empty() ? "" : ", ") + c;
@@ -49,16 +66,56 @@ Status RunPublish(const PublishArgs& args) {
   }
   if (stats.wrote_anchor) std::printf(", anchor %s", HumanBytes(static_cast<double>(stats.anchor_bytes)).c_str());
   std::printf(", state hash %s\n", stats.state_hash.Hex().c_str());
+  if (folder) {
+    std::string carried, left;
+    for (const SideFile& f : dir->side_files) carried += (carried.empty() ? "" : ", ") + f.name;
+    for (const std::string& n : dir->left_out) left += (left.empty() ? "" : ", ") + n;
+    std::printf("%zu weight file(s); side files: %s%s%s\n", dir->shards.size(), carried.empty() ? "none" : carried.c_str(),
+                left.empty() ? "" : "; not carried: ", left.c_str());
+  }
   return Status::OK();
+}
+
+Result<uint64_t> ParseByteSize(const std::string& text, const std::string& flag) {
+  size_t i = 0;
+  uint64_t n = 0;
+  while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
+    if (n > (UINT64_MAX - 9) / 10) return Status::InvalidArgument(flag + " " + text + " is too large");
+    n = n * 10 + static_cast<uint64_t>(text[i++] - '0');
+  }
+  std::string unit;
+  for (char c : text.substr(i)) unit += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  static const std::pair<const char*, uint64_t> kUnits[] = {
+      {"", 1}, {"b", 1}, {"kb", 1000}, {"mb", 1000'000}, {"gb", 1000'000'000}, {"tb", 1000'000'000'000},
+      {"kib", uint64_t{1} << 10}, {"mib", uint64_t{1} << 20}, {"gib", uint64_t{1} << 30}, {"tib", uint64_t{1} << 40}};
+  for (const auto& [name, scale] : kUnits) {
+    if (unit == name && i > 0) {
+      if (n == 0) return Status::InvalidArgument(flag + " must be positive, got " + text);
+      if (n > UINT64_MAX / scale) return Status::InvalidArgument(flag + " " + text + " is too large");
+      return n * scale;
+    }
+  }
+  return Status::InvalidArgument(flag + " takes a size such as 5GB, 500MB, 2GiB or a byte count, got \"" + text + "\"");
 }
 
 Status RunPull(const PullArgs& args) {
   DS_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, OpenStore(args.bucket, /*create=*/false));
   std::unique_ptr<Replica> replica = Replica::Create(store);
+  HfWriteOptions folder;
+  if (!args.max_shard_size.empty()) {
+    DS_ASSIGN_OR_RETURN(folder.max_shard_bytes, ParseByteSize(args.max_shard_size, "--max-shard-size"));
+  }
+  folder.replace = args.force;
+  if (!args.hf_dir.empty()) DS_RETURN_IF_ERROR(CheckHfFolderTarget(args.hf_dir, args.force));
   DS_ASSIGN_OR_RETURN(UpdateStats stats, replica->Update(args.version));
-  DS_RETURN_IF_ERROR(WriteStateFile(args.out_path, replica->state(), replica->version()));
+  if (args.hf_dir.empty()) {
+    DS_RETURN_IF_ERROR(WriteStateFile(args.out_path, replica->state(), replica->version()));
+  } else {
+    DS_RETURN_IF_ERROR(WriteReplicaFolder(*store, *replica, args.hf_dir, folder));
+  }
+  const std::string& out = args.hf_dir.empty() ? args.out_path : args.hf_dir;
   std::printf("pulled version %llu from %s into %s: %llu anchor(s) + %llu delta(s), %s downloaded, state hash %s\n",
-              static_cast<unsigned long long>(replica->version()), store->Describe().c_str(), args.out_path.c_str(),
+              static_cast<unsigned long long>(replica->version()), store->Describe().c_str(), out.c_str(),
               static_cast<unsigned long long>(stats.anchors_applied),
               static_cast<unsigned long long>(stats.deltas_applied),
               HumanBytes(static_cast<double>(stats.bytes_downloaded)).c_str(), replica->state_hash().Hex().c_str());

@@ -55,7 +55,15 @@ Status RunPublish(const PublishArgs& args);
 struct PullArgs {
   std::string bucket, out_path;
   std::optional<uint64_t> version;
+  std::string hf_dir;          // a model folder instead of out_path
+  std::string max_shard_size;  // with hf_dir: "5GB", "500MB", "2GiB", bytes
+  bool force = false;          // with hf_dir: replace a non-empty folder
 };
+
+// "5GB" -> 5e9, "2GiB" -> 2^31, "123" -> 123 (B, KB, MB, GB, TB decimal;
+// KiB, MiB, GiB, TiB binary; case-insensitive). kInvalidArgument naming
+// `flag` otherwise.
+Result<uint64_t> ParseByteSize(const std::string& text, const std::string& flag);
 Status RunPull(const PullArgs& args);
 
 // Hidden: a replica process for the demo. Follows the bucket one version at a

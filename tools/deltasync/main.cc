@@ -56,7 +56,10 @@ int main(int argc, char** argv) {
   publish_cmd->add_option("bucket", publish.bucket, "Bucket: a directory, file:// or s3://bucket/prefix URL")
       ->required();
   publish_cmd->add_flag("--create-bucket", publish.create_bucket, "Create a missing S3 bucket");
-  publish_cmd->add_option("file", publish.file, "Checkpoint (.safetensors, bf16 or fp32)")->required();
+  publish_cmd->add_option("file", publish.file,
+                          "Checkpoint (.safetensors, bf16 or fp32), or a Hugging Face model folder (its shards "
+                          "and side files: config, tokenizer)")
+      ->required();
   publish_cmd->add_option("--version", publish.version, "Version to publish")->required()->check(CLI::PositiveNumber);
   publish_cmd->add_option("--anchor-interval", publish.anchor_interval,
                           "Anchor every N versions (default: the bucket's setting; 10 for a new bucket)")
@@ -83,10 +86,16 @@ int main(int argc, char** argv) {
 
   PullArgs pull;
   std::optional<uint64_t> pull_version;
-  auto* pull_cmd = app.add_subcommand("pull", "Rebuild a version from the bucket, verified, into a file");
+  auto* pull_cmd = app.add_subcommand("pull", "Rebuild a version from the bucket, verified, into a file or a model folder");
   pull_cmd->add_option("bucket", pull.bucket)->required();
-  pull_cmd->add_option("-o,--output", pull.out_path)->required();
+  auto* pull_out = pull_cmd->add_option("-o,--output", pull.out_path, "Safetensors file to write");
+  auto* pull_hf = pull_cmd->add_option("--hf-dir", pull.hf_dir,
+                                       "Model folder to write (weights with the published sharding, side files)");
+  pull_out->excludes(pull_hf);
   pull_cmd->add_option("--version", pull_version, "Default: the newest")->check(CLI::PositiveNumber);
+  pull_cmd->add_option("--max-shard-size", pull.max_shard_size, "--hf-dir: re-shard, e.g. 5GB, 500MB, 2GiB")
+      ->needs(pull_hf);
+  pull_cmd->add_flag("--force", pull.force, "--hf-dir: replace an existing non-empty folder")->needs(pull_hf);
 
   FollowArgs follow;
   auto* follow_cmd = app.add_subcommand("follow", "");  // hidden: replica process of the demo
@@ -170,6 +179,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (pull_version) pull.version = *pull_version;
+  if (*pull_cmd && pull.out_path.empty() && pull.hf_dir.empty()) {
+    std::cerr << "deltasync: usage error: pull needs -o FILE or --hf-dir DIR\n(run 'deltasync --help')\n";
+    return 2;
+  }
 
   // Signals: `serve` stops cleanly by itself (cmd_serve.cc); the demo stops
   // its children and exits 130/143; every other command removes its

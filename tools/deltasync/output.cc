@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "deltasync/hf_folder.h"
 #include "deltasync/store.h"
 
 namespace deltasync::cli {
@@ -17,8 +18,7 @@ Status WritePatchFile(const std::string& path, const EncodedPatch& patch) {
 
 Status WriteStateFile(const std::string& path, const WeightState& state, uint64_t version) {
   std::vector<TensorView> views = state.views();
-  DS_ASSIGN_OR_RETURN(EncodedPatch anchor, EncodeAnchor(version, views));
-  return WritePatchFile(path, anchor);
+  return WriteSafetensorsFile(path, CheckpointMetadata(version), views).WithContext("writing " + path);
 }
 
 std::string HumanBytes(double bytes) {

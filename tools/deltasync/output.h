@@ -16,7 +16,9 @@ namespace deltasync::cli {
 // in the same directory); `path` is untouched on failure.
 Status WritePatchFile(const std::string& path, const EncodedPatch& patch);
 
-// Writes `state` as a TRL anchor for `version` to `path`, atomically.
+// Writes `state` as a plain checkpoint to `path`, atomically, with the
+// metadata transformers checks and `apply` reads (CheckpointMetadata:
+// format "pt", model_version).
 Status WriteStateFile(const std::string& path, const WeightState& state, uint64_t version);
 
 // "1.23 MB", "1.20 GB" (decimal units).

@@ -1,0 +1,210 @@
+// hf_folder_bench: publishing a Hugging Face model folder (K shards + index,
+// ReadHfFolder + Publisher::PublishFolder) against publishing one
+// safetensors file holding the same tensors (SafetensorsFile::Open +
+// Publisher::Publish), each into its own bucket, in the same run. Each
+// version changes --fraction of the bf16 elements by one step; both forms
+// are rewritten (untimed), then each publish is timed from opening the files
+// to the commit, alternating which form goes first. Prints the median per
+// form over the delta versions and over the first (anchor) version, and the
+// folder/file ratio (target <= 1.1). Figures, never pass/fail.
+//
+//   build/bench/hf_folder_bench [--mb 256] [--shards 4] [--versions 6] [--fraction 0.03]
+//                               [--threads 2] [--dir /tmp/...]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "deltasync/hf_folder.h"
+#include "deltasync/publisher.h"
+#include "deltasync/safetensors.h"
+#include "deltasync/store.h"
+
+namespace {
+
+using namespace deltasync;
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+struct Args {
+  uint64_t mb = 256;
+  int shards = 4;
+  int versions = 6;
+  double fraction = 0.03;
+  int threads = 2;
+  std::string dir;
+};
+
+struct Tensor {
+  std::string name;
+  std::vector<uint64_t> shape;
+  std::vector<uint8_t> data;  // bf16
+  TensorView view() const { return {name, DType::kBF16, shape, data}; }
+};
+
+double Ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+void Die(const Status& s) {
+  std::fprintf(stderr, "hf_folder_bench: %s\n", s.ToString().c_str());
+  std::exit(1);
+}
+
+// Writes the tensors as one file and as a folder of `shards` files + index.
+void WriteBoth(const std::vector<Tensor>& tensors, const std::string& file, const std::string& folder, int shards) {
+  std::vector<TensorView> all;
+  for (const Tensor& t : tensors) all.push_back(t.view());
+  if (Status s = WriteSafetensorsFile(file, {{"format", "pt"}}, all); !s.ok()) Die(s);
+  fs::create_directories(folder);
+  nlohmann::json map = nlohmann::json::object();
+  const size_t per = (tensors.size() + shards - 1) / shards;
+  for (int k = 0; k < shards; ++k) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", k + 1, shards);
+    std::vector<TensorView> part;
+    for (size_t i = k * per; i < std::min(tensors.size(), (k + 1) * per); ++i) {
+      part.push_back(tensors[i].view());
+      map[tensors[i].name] = name;
+    }
+    if (Status s = WriteSafetensorsFile(folder + "/" + name, {{"format", "pt"}}, part); !s.ok()) Die(s);
+  }
+  std::string index = nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", map}}.dump(2);
+  FILE* f = std::fopen((folder + "/" + std::string(kHfIndexFile)).c_str(), "w");
+  std::fputs(index.c_str(), f);
+  std::fclose(f);
+  f = std::fopen((folder + "/config.json").c_str(), "w");
+  std::fputs("{\"model_type\": \"llama\"}\n", f);
+  std::fclose(f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--mb") args.mb = std::stoull(v);
+    else if (k == "--shards") args.shards = std::stoi(v);
+    else if (k == "--versions") args.versions = std::stoi(v);
+    else if (k == "--fraction") args.fraction = std::stod(v);
+    else if (k == "--threads") args.threads = std::stoi(v);
+    else if (k == "--dir") args.dir = v;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (args.dir.empty()) args.dir = (fs::temp_directory_path() / ("hf-folder-bench-" + std::to_string(::getpid()))).string();
+  fs::remove_all(args.dir);
+  fs::create_directories(args.dir);
+
+  // 32 tensors of (rows x 1024) bf16, ~N(0, 0.02) bit patterns.
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  const uint64_t total_elements = args.mb * 1000'000 / 2;
+  const int count = 32;
+  std::vector<Tensor> tensors(count);
+  for (int i = 0; i < count; ++i) {
+    Tensor& t = tensors[i];
+    char name[64];
+    std::snprintf(name, sizeof name, "model.layers.%02d.weight", i);
+    t.name = name;
+    t.shape = {total_elements / count / 1024, 1024};
+    t.data.resize(t.shape[0] * 1024 * 2);
+    for (size_t e = 0; e < t.data.size() / 2; ++e) {
+      float x = normal(rng);
+      uint32_t bits;
+      std::memcpy(&bits, &x, 4);
+      uint16_t b = static_cast<uint16_t>(bits >> 16);
+      std::memcpy(&t.data[2 * e], &b, 2);
+    }
+  }
+
+  PublisherOptions options;
+  options.threads = args.threads;
+  options.anchor_interval = 1000;
+  auto open = [&](const std::string& name) {
+    auto store = OpenStore(args.dir + "/" + name);
+    if (!store.ok()) Die(store.status());
+    auto pub = Publisher::Open(*store, options);
+    if (!pub.ok()) Die(pub.status());
+    return std::move(*pub);
+  };
+  auto file_pub = open("bucket-file");
+  auto folder_pub = open("bucket-folder");
+  const std::string file = args.dir + "/single.safetensors", folder = args.dir + "/folder";
+  std::vector<double> file_ms, folder_ms;
+  double file_first = 0, folder_first = 0;
+  std::uniform_real_distribution<double> coin(0, 1);
+  for (int v = 1; v <= args.versions; ++v) {
+    if (v > 1) {
+      for (Tensor& t : tensors) {
+        for (size_t e = 0; e < t.data.size() / 2; ++e) {
+          if (coin(rng) < args.fraction) {
+            uint16_t b;
+            std::memcpy(&b, &t.data[2 * e], 2);
+            b ^= 1;  // one bf16 step (either way)
+            std::memcpy(&t.data[2 * e], &b, 2);
+          }
+        }
+      }
+    }
+    WriteBoth(tensors, file, folder, args.shards);
+    auto time_file = [&] {
+      auto t0 = Clock::now();
+      auto f = SafetensorsFile::Open(file);
+      if (!f.ok()) Die(f.status());
+      auto stats = file_pub->Publish(v, f->tensors());
+      if (!stats.ok()) Die(stats.status());
+      return Ms(t0, Clock::now());
+    };
+    auto time_folder = [&] {
+      auto t0 = Clock::now();
+      auto d = ReadHfFolder(folder);
+      if (!d.ok()) Die(d.status());
+      auto stats = folder_pub->PublishFolder(v, *d);
+      if (!stats.ok()) Die(stats.status());
+      return Ms(t0, Clock::now());
+    };
+    double a, b;
+    if (v % 2) {
+      a = time_file();
+      b = time_folder();
+    } else {
+      b = time_folder();
+      a = time_file();
+    }
+    if (v == 1) {
+      file_first = a;
+      folder_first = b;
+    } else {
+      file_ms.push_back(a);
+      folder_ms.push_back(b);
+    }
+    std::printf("version %d: file %.1f ms, folder (%d shards) %.1f ms\n", v, a, args.shards, b);
+  }
+  if (file_pub->state().total_bytes() != folder_pub->state().total_bytes() ||
+      file_pub->manifest().Latest()->state_hash != folder_pub->manifest().Latest()->state_hash) {
+    std::fprintf(stderr, "hf_folder_bench: the two buckets disagree\n");
+    return 1;
+  }
+  const double mb = static_cast<double>(file_pub->state().total_bytes()) / 1e6;
+  std::printf("model %.0f MB bf16, %d shards, %.1f%% changed per version, %d threads\n", mb, args.shards,
+              100 * args.fraction, args.threads);
+  std::printf("first version (anchor): file %.1f ms, folder %.1f ms, folder/file %.3fx\n", file_first, folder_first,
+              folder_first / file_first);
+  std::printf("delta versions (median of %zu): file %.1f ms, folder %.1f ms, folder/file %.3fx (target <= 1.1x)\n",
+              file_ms.size(), Median(file_ms), Median(folder_ms), Median(folder_ms) / Median(file_ms));
+  fs::remove_all(args.dir);
+  return 0;
+}
