@@ -118,7 +118,7 @@ Result<std::unique_ptr<Server>> Server::StartOrThrow(ServerOptions options) {
   DS_RETURN_IF_ERROR(impl->http->Start());
   impl->follower->Start();
   if (options.log) {
-    options.log("following " + store->Describe() + " on " + impl->http->address() +
+    options.log(LogLevel::kInfo, "following " + store->Describe() + " on " + impl->http->address() +
                 (options.tls_cert.empty() ? "" : " (TLS)") + (options.token.empty() ? "" : " (token required)"));
   }
   return std::unique_ptr<Server>(new Server(std::move(impl)));

@@ -111,6 +111,7 @@ struct ServeArgs {
   double poll = 1.0;
   std::string tls_cert, tls_key;
   int threads = 0;
+  std::string log_level;  // debug|info|warn|error; empty: $DELTASYNC_LOG_LEVEL, else info
 };
 Status RunServe(const ServeArgs& args);
 
