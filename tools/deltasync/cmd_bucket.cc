@@ -31,6 +31,22 @@ Status RunPublish(const PublishArgs& args) {
   }
   DS_ASSIGN_OR_RETURN(auto publisher, Publisher::Open(store, options));
   DS_ASSIGN_OR_RETURN(PublishStats stats, publisher->Publish(args.version, file.tensors()));
+  if (args.quiet) return Status::OK();
+  if (args.json) {
+    PrintJson({{"version", stats.version},
+               {"bucket", store->Describe()},
+               {"total_elements", stats.total_elements},
+               {"changed_elements", stats.changed_elements},
+               {"wrote_delta", stats.wrote_delta},
+               {"delta_bytes", stats.delta_bytes},
+               {"cumulative_bytes", stats.cumulative_bytes},
+               {"wrote_anchor", stats.wrote_anchor},
+               {"anchor_bytes", stats.anchor_bytes},
+               {"state_hash", stats.state_hash.Hex()},
+               {"detect_encode_ms", stats.detect_encode_ms},
+               {"upload_ms", stats.upload_ms}});
+    return Status::OK();
+  }
   std::printf("published version %llu to %s: %.3f%% changed", static_cast<unsigned long long>(stats.version),
               store->Describe().c_str(),
               stats.total_elements ? 100.0 * stats.changed_elements / stats.total_elements : 0.0);
@@ -48,6 +64,19 @@ Status RunPull(const PullArgs& args) {
   std::unique_ptr<Replica> replica = Replica::Create(store);
   DS_ASSIGN_OR_RETURN(UpdateStats stats, replica->Update(args.version));
   DS_RETURN_IF_ERROR(WriteStateFile(args.out_path, replica->state(), replica->version()));
+  if (args.quiet) return Status::OK();
+  if (args.json) {
+    PrintJson({{"version", replica->version()},
+               {"bucket", store->Describe()},
+               {"output", args.out_path},
+               {"anchors_applied", stats.anchors_applied},
+               {"deltas_applied", stats.deltas_applied},
+               {"bytes_downloaded", stats.bytes_downloaded},
+               {"download_ms", stats.download_ms},
+               {"apply_ms", stats.apply_ms},
+               {"state_hash", replica->state_hash().Hex()}});
+    return Status::OK();
+  }
   std::printf("pulled version %llu from %s into %s: %llu anchor(s) + %llu delta(s), %s downloaded, state hash %s\n",
               static_cast<unsigned long long>(replica->version()), store->Describe().c_str(), args.out_path.c_str(),
               static_cast<unsigned long long>(stats.anchors_applied),
@@ -58,36 +87,50 @@ Status RunPull(const PullArgs& args) {
 
 Status RunGc(const GcArgs& args) {
   DS_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, OpenStore(args.bucket, /*create=*/false));
+  const bool text = !args.json && !args.quiet;
+  nlohmann::ordered_json out = {{"bucket", store->Describe()}, {"dry_run", args.dry_run}, {"pruned", nullptr},
+                                {"aborted_uploads", nullptr}};
   if (args.keep_anchors) {
     DS_ASSIGN_OR_RETURN(PruneStats pruned, PruneVersions(*store, *args.keep_anchors, args.dry_run));
+    out["pruned"] = {{"removed_versions", pruned.removed_versions},
+                     {"objects_deleted", pruned.objects_deleted},
+                     {"bytes_deleted", pruned.bytes_deleted},
+                     {"kept_versions", pruned.kept_versions},
+                     {"kept_anchors", pruned.kept_anchors}};
     std::string kept;
     for (uint64_t v : pruned.kept_anchors) kept += (kept.empty() ? "" : ", ") + std::to_string(v);
-    std::printf("%s: %s %zu version(s) (%s%llu object(s), %s); kept %llu version(s), anchors %s\n",
-                store->Describe().c_str(), args.dry_run ? "would remove" : "removed", pruned.removed_versions.size(),
-                pruned.removed_versions.empty()
-                    ? ""
-                    : (std::to_string(pruned.removed_versions.front()) + "-" +
-                       std::to_string(pruned.removed_versions.back()) + ": ")
-                          .c_str(),
-                static_cast<unsigned long long>(pruned.objects_deleted),
-                HumanBytes(static_cast<double>(pruned.bytes_deleted)).c_str(),
-                static_cast<unsigned long long>(pruned.kept_versions), kept.empty() ? "none" : kept.c_str());
+    if (text) {
+      std::printf("%s: %s %zu version(s) (%s%llu object(s), %s); kept %llu version(s), anchors %s\n",
+                  store->Describe().c_str(), args.dry_run ? "would remove" : "removed",
+                  pruned.removed_versions.size(),
+                  pruned.removed_versions.empty()
+                      ? ""
+                      : (std::to_string(pruned.removed_versions.front()) + "-" +
+                         std::to_string(pruned.removed_versions.back()) + ": ")
+                            .c_str(),
+                  static_cast<unsigned long long>(pruned.objects_deleted),
+                  HumanBytes(static_cast<double>(pruned.bytes_deleted)).c_str(),
+                  static_cast<unsigned long long>(pruned.kept_versions), kept.empty() ? "none" : kept.c_str());
+    }
   }
   auto* s3 = dynamic_cast<S3Store*>(store.get());
   if (s3 == nullptr) {
-    if (!args.keep_anchors) {
+    if (!args.keep_anchors && text) {
       std::printf("%s: a local bucket has no multipart uploads to abort; nothing to do (--keep-anchors K prunes "
                   "old versions)\n",
                   store->Describe().c_str());
     }
-    return Status::OK();
+  } else if (!args.dry_run) {
+    size_t aborted = 0;
+    auto older_than = std::chrono::seconds(static_cast<int64_t>(args.abort_uploads_older_than_h * 3600));
+    DS_RETURN_IF_ERROR(s3->AbortStaleUploads(older_than, &aborted));
+    out["aborted_uploads"] = aborted;
+    if (text) {
+      std::printf("%s: aborted %zu multipart upload(s) older than %g h\n", store->Describe().c_str(), aborted,
+                  args.abort_uploads_older_than_h);
+    }
   }
-  if (args.dry_run) return Status::OK();
-  size_t aborted = 0;
-  auto older_than = std::chrono::seconds(static_cast<int64_t>(args.abort_uploads_older_than_h * 3600));
-  DS_RETURN_IF_ERROR(s3->AbortStaleUploads(older_than, &aborted));
-  std::printf("%s: aborted %zu multipart upload(s) older than %g h\n", store->Describe().c_str(), aborted,
-              args.abort_uploads_older_than_h);
+  if (args.json) PrintJson(out);
   return Status::OK();
 }
 

@@ -45,12 +45,16 @@ struct PublishArgs {
   std::vector<std::string> notify;  // replica daemon URLs to wake after the commit
   std::string notify_token_file;
   bool create_bucket = false;
+  bool json = false;   // one JSON object on stdout instead of the text line
+  bool quiet = false;  // nothing on stdout on success
 };
 Status RunPublish(const PublishArgs& args);
 
 struct PullArgs {
   std::string bucket, out_path;
   std::optional<uint64_t> version;
+  bool json = false;
+  bool quiet = false;
 };
 Status RunPull(const PullArgs& args);
 
@@ -74,6 +78,8 @@ struct GcArgs {
   std::optional<uint64_t> keep_anchors;
   bool dry_run = false;
   double abort_uploads_older_than_h = 24;
+  bool json = false;
+  bool quiet = false;
 };
 Status RunGc(const GcArgs& args);
 

@@ -101,6 +101,8 @@ int main(int argc, char** argv) {
   publish_cmd->add_flag("--allow-nonfinite", publish.allow_nonfinite, "Pass NaN/Inf bit patterns through");
   publish_cmd->add_option("--notify", publish.notify, "Replica daemon URL to wake after the commit (repeatable)");
   publish_cmd->add_option("--notify-token-file", publish.notify_token_file, "Bearer token for --notify");
+  auto* publish_json = publish_cmd->add_flag("--json", publish.json, "Print one JSON object (keys in docs/cli.md)");
+  publish_cmd->add_flag("-q,--quiet", publish.quiet, "Print nothing on success")->excludes(publish_json);
   publish_cmd->footer("Example:\n  deltasync publish ./bucket step-100.safetensors --version 100\n"
                       "  deltasync publish s3://my-bucket/run1 step-100.safetensors --version 100 --json");
 
@@ -110,6 +112,8 @@ int main(int argc, char** argv) {
   pull_cmd->add_option("bucket", pull.bucket, "Bucket: a directory, file:// or s3://bucket/prefix URL")->required();
   pull_cmd->add_option("-o,--output", pull.out_path, "Safetensors file to write (a TRL anchor)")->required();
   pull_cmd->add_option("--version", pull_version, "Version to rebuild (default: the newest)")->check(WholeNumber(1));
+  auto* pull_json = pull_cmd->add_flag("--json", pull.json, "Print one JSON object (keys in docs/cli.md)");
+  pull_cmd->add_flag("-q,--quiet", pull.quiet, "Print nothing on success")->excludes(pull_json);
   pull_cmd->footer("Example:\n  deltasync pull ./bucket -o latest.safetensors\n"
                    "  deltasync pull s3://my-bucket/run1 -o step-100.safetensors --version 100");
 
@@ -132,6 +136,8 @@ int main(int argc, char** argv) {
   gc_cmd->add_option("--abort-uploads-older-than", gc.abort_uploads_older_than_h,
                      "S3: abort multipart uploads started more than this many hours ago")
       ->check(Number(0));
+  auto* gc_json = gc_cmd->add_flag("--json", gc.json, "Print one JSON object (keys in docs/cli.md)");
+  gc_cmd->add_flag("-q,--quiet", gc.quiet, "Print nothing on success")->excludes(gc_json);
   gc_cmd->footer("Example:\n  deltasync gc ./bucket --keep-anchors 2 --dry-run\n"
                  "  deltasync gc s3://my-bucket/run1 --abort-uploads-older-than 6");
 

@@ -52,6 +52,11 @@ Result<ChildProcess> SpawnWithStdoutPipe(const std::vector<std::string>& argv, b
   return ChildProcess{pid, ::fdopen(fds[0], "r")};
 }
 
+void PrintJson(const nlohmann::ordered_json& value) {
+  std::printf("%s\n", value.dump().c_str());
+  std::fflush(stdout);
+}
+
 std::string HumanBytes(double bytes) {
   const char* units[] = {"B", "kB", "MB", "GB", "TB"};
   int u = 0;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <vector>
 #include <string>
+#include <nlohmann/json.hpp>
 
 #include "deltasync/patch.h"
 #include "deltasync/status.h"
@@ -28,6 +29,9 @@ struct ChildProcess {
 // Starts argv[0] with arguments argv[1..] and the current environment, its
 // stdout on a pipe (and its stderr on /dev/null when quiet_stderr).
 Result<ChildProcess> SpawnWithStdoutPipe(const std::vector<std::string>& argv, bool quiet_stderr);
+
+// `value` as one line on stdout (--json).
+void PrintJson(const nlohmann::ordered_json& value);
 
 // "1.23 MB", "1.20 GB" (decimal units).
 std::string HumanBytes(double bytes);
