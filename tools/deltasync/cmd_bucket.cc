@@ -61,8 +61,16 @@ Status RunPublish(const PublishArgs& args) {
 
 Status RunPull(const PullArgs& args) {
   DS_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, OpenStore(args.bucket, /*create=*/false));
-  std::unique_ptr<Replica> replica = Replica::Create(store);
-  DS_ASSIGN_OR_RETURN(UpdateStats stats, replica->Update(args.version));
+  ReplicaOptions options;
+  const auto started = std::chrono::steady_clock::now();
+  options.progress = [&](uint64_t done, uint64_t total) {
+    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    DrawProgressLine(TransferText("downloading", done, total, elapsed));
+  };
+  std::unique_ptr<Replica> replica = Replica::Create(store, std::move(options));
+  Result<UpdateStats> updated = replica->Update(args.version);
+  EraseProgressLine();
+  DS_ASSIGN_OR_RETURN(UpdateStats stats, std::move(updated));
   DS_RETURN_IF_ERROR(WriteStateFile(args.out_path, replica->state(), replica->version()));
   if (args.quiet) return Status::OK();
   if (args.json) {

@@ -52,6 +52,32 @@ Result<ChildProcess> SpawnWithStdoutPipe(const std::vector<std::string>& argv, b
   return ChildProcess{pid, ::fdopen(fds[0], "r")};
 }
 
+namespace {
+bool StderrIsTerminal() {
+  static const bool tty = ::isatty(STDERR_FILENO) == 1;
+  return tty;
+}
+}  // namespace
+
+void DrawProgressLine(const std::string& text) {
+  if (!StderrIsTerminal()) return;
+  std::fprintf(stderr, "\r\033[K  %s", text.c_str());
+  std::fflush(stderr);
+}
+
+void EraseProgressLine() {
+  if (!StderrIsTerminal()) return;
+  std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+}
+
+std::string TransferText(const std::string& what, uint64_t done, uint64_t total, double elapsed_s) {
+  std::string text = what + ": " + HumanBytes(static_cast<double>(done)) + " of " +
+                     HumanBytes(static_cast<double>(total));
+  if (elapsed_s > 0.05 && done > 0) text += ", " + HumanBytes(static_cast<double>(done) / elapsed_s) + "/s";
+  return text;
+}
+
 void PrintJson(const nlohmann::ordered_json& value) {
   std::printf("%s\n", value.dump().c_str());
   std::fflush(stdout);

@@ -30,6 +30,15 @@ struct ChildProcess {
 // stdout on a pipe (and its stderr on /dev/null when quiet_stderr).
 Result<ChildProcess> SpawnWithStdoutPipe(const std::vector<std::string>& argv, bool quiet_stderr);
 
+// A live progress line on stderr, drawn only when stderr is a terminal: a
+// pipe or a log file gets none of it (no \r, no escape codes).
+void DrawProgressLine(const std::string& text);
+void EraseProgressLine();
+
+// A transfer's progress for DrawProgressLine: "what: 1.20 GB of 3.40 GB,
+// 410 MB/s" (the rate since `started_ms` on a steady clock).
+std::string TransferText(const std::string& what, uint64_t done, uint64_t total, double elapsed_s);
+
 // `value` as one line on stdout (--json).
 void PrintJson(const nlohmann::ordered_json& value);
 
