@@ -110,8 +110,9 @@ std::string HelpFormatter::make_option_opts(const CLI::Option* opt) const {
   return out;
 }
 
-std::string HelpFormatter::make_usage(const CLI::App* app, std::string name) const {
-  std::string full = app->get_parent() == nullptr ? "deltasync" : "deltasync " + name;
+std::string HelpFormatter::make_usage(const CLI::App* app, std::string) const {
+  // CLI11 passes argv[0] and the parents' names; users type "deltasync CMD".
+  std::string full = app->get_parent() == nullptr ? "deltasync" : "deltasync " + app->get_name();
   return CLI::Formatter::make_usage(app, full);
 }
 

@@ -212,7 +212,8 @@ int main(int argc, char** argv) {
   }
   if (*help_cmd) {
     if (help_topic.empty()) {
-      std::cout << app.help();
+      // app.help() would describe the selected subcommand, 'help' itself.
+      std::cout << app.get_formatter()->make_help(&app, "deltasync", CLI::AppFormatMode::Normal);
       return 0;
     }
     CLI::App* topic = nullptr;
