@@ -260,3 +260,21 @@ def test_serve_waits_for_the_first_version_without_an_error(deltasync_bin, tmp_p
         _, err = proc.communicate(timeout=60)
     assert "info deltasync serve: waiting for the first version" in err
     assert " error " not in err and "failed" not in err
+
+
+def test_python_renamed_tensors_say_the_same(bucket):
+    """Publisher.publish (C++ detection) and the torch sparse path use the CLI's wording."""
+    deltasync = pytest.importorskip("deltasync")
+    weights = make_weights(10)
+    with deltasync.Publisher(bucket) as pub:
+        pub.publish(1, weights)
+        with pytest.raises(deltasync.InvalidArgumentError, match="they differ by the prefix 'module.'"):
+            pub.publish(2, {"module." + k: v for k, v in weights.items()})
+    torch = pytest.importorskip("torch")
+    import deltasync.torch as dt
+    tensors = {k: torch.from_numpy(v) for k, v in weights.items()}
+    with deltasync.Publisher(bucket + "-sparse") as pub:
+        dt.publish(pub, 1, tensors, sparse=True)
+        with pytest.raises(deltasync.InvalidArgumentError,
+                           match=r"all 3 tensors missing, 3 new; they differ by the prefix '_orig_mod\.'"):
+            dt.publish(pub, 2, {"_orig_mod." + k: t for k, t in tensors.items()}, sparse=True)

@@ -26,11 +26,23 @@ Status RunPublish(const PublishArgs& args) {
   options.anchor_max_fraction = args.anchor_max_fraction;
   options.allow_nonfinite = args.allow_nonfinite;
   options.notify_urls = args.notify;
+  auto started = std::chrono::steady_clock::now();
+  const char* phase = "reading the bucket";
+  options.progress = [&](uint64_t done, uint64_t total) {
+    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    DrawProgressLine(TransferText(phase, done, total, elapsed));
+  };
   if (!args.notify_token_file.empty()) {
     DS_ASSIGN_OR_RETURN(options.notify_token, ReadTokenFile(args.notify_token_file));
   }
-  DS_ASSIGN_OR_RETURN(auto publisher, Publisher::Open(store, options));
-  DS_ASSIGN_OR_RETURN(PublishStats stats, publisher->Publish(args.version, file.tensors()));
+  auto opened = Publisher::Open(store, options);
+  EraseProgressLine();
+  DS_ASSIGN_OR_RETURN(auto publisher, std::move(opened));
+  phase = "uploading";
+  started = std::chrono::steady_clock::now();
+  Result<PublishStats> published = publisher->Publish(args.version, file.tensors());
+  EraseProgressLine();
+  DS_ASSIGN_OR_RETURN(PublishStats stats, std::move(published));
   if (args.quiet) return Status::OK();
   if (args.json) {
     PrintJson({{"version", stats.version},
