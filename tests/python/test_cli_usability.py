@@ -226,11 +226,13 @@ def test_inspect_lists_what_a_user_needs(run, bucket, tmp_path):
 def test_serve_takes_the_bucket_as_a_positional_and_logs_with_time_and_level(deltasync_bin, run, bucket, tmp_path):
     publish(run, bucket, make_weights(9), tmp_path, 1)
     env = dict(os.environ, DELTASYNC_LOG_LEVEL="debug")
-    proc = subprocess.Popen([deltasync_bin, "serve", bucket, "--listen", "127.0.0.1:0", "--poll", "0.05"],
+    # "--listen 0": a bare port, on loopback.
+    proc = subprocess.Popen([deltasync_bin, "serve", bucket, "--listen", "0", "--poll", "0.05"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
         assert line.startswith("listening on 127.0.0.1:")
+        time.sleep(0.5)  # a few polls, each logged at debug
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
@@ -240,6 +242,7 @@ def test_serve_takes_the_bucket_as_a_positional_and_logs_with_time_and_level(del
     stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (debug|info|warn|error) deltasync serve: "
     assert all(re.match(stamp, l) for l in lines), err
     assert any(" info deltasync serve: following " in l for l in lines)
+    assert any(" debug deltasync serve: up to date: holding version 1" in l for l in lines)
 
     # Both forms agree; different ones are a usage error; none is one too.
     assert run("serve", bucket, "--bucket", tmp_path / "other", check=False).returncode == 2
@@ -260,6 +263,7 @@ def test_serve_waits_for_the_first_version_without_an_error(deltasync_bin, tmp_p
         _, err = proc.communicate(timeout=60)
     assert "info deltasync serve: waiting for the first version" in err
     assert " error " not in err and "failed" not in err
+    assert " debug " not in err  # --log-level info
 
 
 def test_python_renamed_tensors_say_the_same(bucket):
