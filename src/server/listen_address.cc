@@ -13,7 +13,8 @@ std::string ListenAddress::WithPort(int real_port) const {
 
 Result<ListenAddress> ParseListenAddress(const std::string& text) {
   auto bad = [&](const std::string& why) {
-    return Status::InvalidArgument("--listen '" + text + "': " + why + " (expected HOST:PORT or PORT, e.g. 127.0.0.1:8470 or 8470)");
+    return Status::InvalidArgument("--listen '" + text + "': " + why +
+                                   " (expected HOST:PORT or PORT, e.g. 127.0.0.1:8470 or 8470)");
   };
   size_t colon = text.rfind(':');
   ListenAddress a;

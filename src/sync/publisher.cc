@@ -288,7 +288,8 @@ Result<PublishStats> Publisher::PublishChanges(uint64_t version, std::span<const
         }
         if (nonfinite) {
           return Status::InvalidArgument(at + "element " + std::to_string(c.indices[k]) +
-                                         " is NaN or Inf (pass --allow-nonfinite, or allow_nonfinite=True in Python, to publish it)");
+                                         " is NaN or Inf (pass --allow-nonfinite, or allow_nonfinite=True in "
+                                         "Python, to publish it)");
         }
       }
     }

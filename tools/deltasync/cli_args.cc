@@ -22,7 +22,8 @@ CLI::Validator WholeNumber(uint64_t min, uint64_t max) {
                                         : "from " + std::to_string(min) + " to " + std::to_string(max);
   return CLI::Validator(
       [min, max, range](std::string& text) -> std::string {
-        bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+        bool digits =
+            !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
         if (!digits) return "must be a whole number " + range + ", not '" + text + "'";
         errno = 0;
         unsigned long long v = std::strtoull(text.c_str(), nullptr, 10);

@@ -179,7 +179,8 @@ Status RunInspect(const InspectArgs& args) {
     // The model's tensors, not the compressed blobs that hold them.
     tensors = nlohmann::ordered_json::array();
     for (const WeightState::Tensor& t : anchor.tensors) {
-      tensors.push_back({{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"bytes", t.data.size()}});
+      tensors.push_back(
+          {{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"bytes", t.data.size()}});
     }
   } else if (!IsPatch(file)) {
     out["kind"] = "plain";

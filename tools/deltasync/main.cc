@@ -71,7 +71,8 @@ int main(int argc, char** argv) {
   apply_cmd->add_option("base", apply.base_path, "Base safetensors file")->required();
   apply_cmd->add_option("patches", apply.patch_paths, "Patches, applied in order")->required();
   apply_cmd->add_option("-o,--output", apply.out_path, "Output safetensors file")->required();
-  apply_cmd->footer("Example:\n  deltasync apply step-99.safetensors step-100.delta.safetensors -o step-100.safetensors");
+  apply_cmd->footer(
+      "Example:\n  deltasync apply step-99.safetensors step-100.delta.safetensors -o step-100.safetensors");
 
   InspectArgs inspect;
   auto* inspect_cmd = app.add_subcommand("inspect", "Describe a safetensors file or patch");
@@ -173,7 +174,9 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--listen", serve.listen, "HOST:PORT, [IPV6]:PORT or PORT (on 127.0.0.1) to bind; port 0: any "
                                                   "free port");
   auto* out_opt = serve_cmd->add_option("--out", serve.out_dir, "Write each version held to DIR as a safetensors file");
-  serve_cmd->add_option("--keep", serve.keep, "--out files kept (newest)")->check(WholeNumber(1, 1000000))->needs(out_opt);
+  serve_cmd->add_option("--keep", serve.keep, "--out files kept (newest)")
+      ->check(WholeNumber(1, 1000000))
+      ->needs(out_opt);
   serve_cmd->add_option("--shm", serve.shm, "POSIX shared-memory object holding the state (docs/shm.md)");
   serve_cmd->add_option("--token-file", serve.token_file, "Bearer token required on POST routes");
   serve_cmd->add_option("--poll", serve.poll, "Seconds between manifest reads")->check(Number(0, /*exclusive=*/true));
