@@ -74,12 +74,15 @@ def test_every_help_describes_its_arguments_and_gives_an_example(run, command):
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if line.startswith("  -") or (line.startswith("  ") and " TEXT" in line and not line.startswith("   ")):
-            same = len(line) > 30 and line[28:30] == "  " and line[30:].strip()
-            nxt = i + 1 < len(lines) and lines[i + 1].startswith(" " * 30) and lines[i + 1].strip()
+            same = len(line) > 32 and line[30:32] == "  " and line[32:].strip()
+            nxt = i + 1 < len(lines) and lines[i + 1].startswith(" " * 32) and lines[i + 1].strip()
             assert same or nxt, f"no description: {line!r}"
     if command == "publish":
-        assert "--anchor-interval UINT:>= 1 (default: 10)" in text
-        assert "--encoding TEXT:compact, gap_delta or raw (default: compact)" in text
+        # The bucket's settings are unset unless given: the help says so.
+        assert "(default: the bucket's setting; 10 for a new bucket)" in text
+        assert "(default: the bucket's setting; compact for a new bucket)" in text
+    if command == "demo":
+        assert "--steps UINT:>= 1 (default: 20)" in text
 
 
 # --- messages ---------------------------------------------------------------

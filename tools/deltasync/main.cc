@@ -45,7 +45,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "deltasync 0.1.0");
   // Every --help shows each option's default ("[10]").
   app.option_defaults()->always_capture_default();
-  app.formatter(std::make_shared<HelpFormatter>());
+  auto formatter = std::make_shared<HelpFormatter>();
+  formatter->column_width(32);  // a signature of up to 30 characters keeps two spaces before its text
+  app.formatter(formatter);
   app.footer("Run 'deltasync help COMMAND' (or 'deltasync COMMAND --help') for a command's options and an example.\n"
              "Exit codes: 0 success, 1 error (one line on stderr), 2 usage error. Docs: docs/cli.md.");
 
@@ -246,7 +248,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> commands = CommandNames(app);
   const std::string first = argv[1];
   const std::vector<CLI::App*> all = app.get_subcommands([](CLI::App*) { return true; });
-  bool known = std::any_of(all.begin(), all.end(), [&](CLI::App* a) { return a->get_name() == first; });
+  bool known = std::any_of(all.begin(), all.end(), [&](CLI::App* a) { return a->check_name(first); });  // aliases too
   if (!first.starts_with("-") && !known) {
     std::string near = ClosestMatch(first, commands);
     return UsageError("unknown command '" + first + "'" + (near.empty() ? "" : " (did you mean '" + near + "'?)"));
