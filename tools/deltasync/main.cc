@@ -160,8 +160,13 @@ int main(int argc, char** argv) {
   auto* serve_cmd = app.add_subcommand("serve", "Replica daemon: follows the bucket, speaks TRL's control plane over HTTP");
   serve_cmd->add_option("--bucket", serve.bucket, "Bucket: a directory, file:// or s3://bucket/prefix URL")->required();
   serve_cmd->add_option("--listen", serve.listen, "HOST:PORT to bind (port 0: any free port)");
-  auto* out_opt = serve_cmd->add_option("--out", serve.out_dir, "Write each version held to DIR as a safetensors file");
-  serve_cmd->add_option("--keep", serve.keep, "--out files kept (newest)")->check(CLI::PositiveNumber)->needs(out_opt);
+  auto* out_opt = serve_cmd->add_option("--out", serve.out_dir,
+                                        "Write each version held to DIR as a model folder DIR/step_NNNNNN/ (DIR/latest links the newest)");
+  serve_cmd->add_option("--keep", serve.keep, "--out versions kept (newest)")->check(CLI::PositiveNumber)->needs(out_opt);
+  serve_cmd->add_option("--out-layout", serve.out_layout,
+                        "folder: a model folder per version (default); file: one DIR/step_NNNNNN.safetensors")
+      ->check(CLI::IsMember({"folder", "file"}))
+      ->needs(out_opt);
   serve_cmd->add_option("--shm", serve.shm, "POSIX shared-memory object holding the state (docs/shm.md)");
   serve_cmd->add_option("--token-file", serve.token_file, "Bearer token required on POST routes");
   serve_cmd->add_option("--poll", serve.poll, "Seconds between manifest reads")->check(CLI::PositiveNumber);
