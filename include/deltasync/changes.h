@@ -64,6 +64,14 @@ Result<std::vector<TensorChanges>> DetectChanges(const WeightState& published,
                                                  std::span<const TensorView> current,
                                                  const DetectOptions& options = {});
 
+// How the tensor names of `current` differ from those of `base`, in one
+// wording for publish, diff and the Python package; empty when the sets are
+// equal. "all 3 tensors missing, 3 new; they differ by the prefix 'module.'"
+// when one name prefix (DDP/FSDP's 'module.', torch.compile's '_orig_mod.')
+// explains the difference, else "2 tensors missing (first: 'a'), 1 new
+// (first: 'b')" (names sorted).
+std::string DescribeTensorSetDiff(std::span<const std::string> base, std::span<const std::string> current);
+
 // Converts trainer tensors to the published form: bf16 stays, f32 is rounded
 // to bf16 (unless options.keep_fp32 says otherwise), other dtypes are copied. Checks NaN/Inf as DetectChanges does.
 // Used for the first version, when there is nothing to compare against.

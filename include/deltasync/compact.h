@@ -85,6 +85,15 @@ struct CompactStreamSizes {
   uint64_t diff_bytes = 0;     // bf16 ULP differences
   uint64_t escape_bytes = 0;   // raw bf16 values (sign flips, NaN/Inf, big moves)
   uint64_t value_bytes = 0;    // raw values of other dtypes
+  // Each model tensor the delta changes, in file order: its name (without
+  // the stream's '.cmp'), whether its stream is bf16 (otherwise the dtype is
+  // the base's) and its changed elements.
+  struct Tensor {
+    std::string name;
+    bool bf16 = false;
+    uint64_t changed = 0;
+  };
+  std::vector<Tensor> changed_tensors;
 };
 Result<CompactStreamSizes> MeasureCompactDelta(const SafetensorsFile& file);
 

@@ -84,6 +84,12 @@ struct PublisherOptions {
   // (a failure is logged to stderr once per URL; replicas still poll).
   std::vector<std::string> notify_urls;
   std::string notify_token;
+
+  // When set, called with (done, total) bytes around each object of a
+  // transfer: the download that rebuilds the published state in Open(), and
+  // the uploads of each Publish(). A front end can show progress (the
+  // library draws nothing; the CLI's `publish` draws it on a terminal).
+  std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
 struct PublishStats {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +31,11 @@ struct ReplicaOptions {
   // Record which elements each update changes, for TakeChanges(): costs the
   // changed indices (8 bytes each) between two TakeChanges() calls.
   bool track_changes = false;
+  // When set, called from Update() before and after each object is
+  // downloaded, with the bytes of this update downloaded so far and the
+  // update's total: a front end can show progress (the library draws
+  // nothing). The CLI's `pull` draws it on a terminal.
+  std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
 // The elements of the held state that changed since the last TakeChanges().

@@ -32,6 +32,11 @@ enum class OutLayout {
   kFile,    // OUT/step_000012.safetensors: one plain checkpoint
 };
 
+// The weight of a log line: kDebug for every poll, kInfo for events (a
+// version reached, waiting for the first one, a pause), kWarn and kError for
+// failures the daemon survives by retrying and holding its version.
+enum class LogLevel { kDebug, kInfo, kWarn, kError };
+
 struct ServerOptions {
   // The bucket URL (as for OpenStore). Not created when missing.
   std::string bucket;
@@ -79,9 +84,10 @@ struct ServerOptions {
   // Threads a replica uses to apply and hash (0 = hardware concurrency).
   int threads = 0;
 
-  // Receives one line per event (a version reached, a failure, a pause).
-  // Lines never contain the token. Called from the daemon's threads.
-  std::function<void(std::string_view line)> log;
+  // Receives one line per event (a version reached, a failure, a pause)
+  // with its level. Lines never contain the token. Called from the daemon's
+  // threads.
+  std::function<void(LogLevel level, std::string_view line)> log;
 };
 
 class Server {

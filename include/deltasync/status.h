@@ -55,7 +55,8 @@ class [[nodiscard]] Status {
   const std::string& message() const { return message_; }
   // "corruption: <message>", or "ok".
   std::string ToString() const;
-  // The same status with "<context>: " put before the message (OK stays OK).
+  // The same status with "<context>: " put before the message (OK stays OK);
+  // unchanged when the message already starts with "<context>: ".
   Status WithContext(std::string_view context) const;
 
  private:

@@ -32,6 +32,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from . import _native
 from ._errors import FailedPreconditionError, InvalidArgumentError
 
 __all__ = [
@@ -217,11 +218,9 @@ class DeviceTracker:
     def _publish_changes(self, publisher, version, items, background):
         names = {name for name, _ in items}
         if names != set(self._snapshots):
-            missing = sorted(set(self._snapshots) - names)
-            extra = sorted(names - set(self._snapshots))
             raise InvalidArgumentError(
-                f"version {version}: the tensor set changed since the first version "
-                f"(missing {missing[:3]}, new {extra[:3]})")
+                f"version {version}: the tensors differ from the first version's: "
+                f"{_native.describe_tensor_set_diff(list(self._snapshots), list(names))}")
         found: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         for name, t in items:
             snap = self._snapshots[name]

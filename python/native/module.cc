@@ -1,8 +1,10 @@
 // deltasync._native: the nanobind extension behind the deltasync package.
 // Errors surface as the classes of deltasync._errors (see common.cc).
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "common.h"
+#include "deltasync/changes.h"
 #include "deltasync/status.h"
 #include "deltasync/tensor.h"
 
@@ -32,6 +34,13 @@ NB_MODULE(_native, m) {
         deltasync::py::Raise(deltasync::ErrorCode::kInvalidArgument, "unknown error code '" + code + "'");
       },
       "code"_a, "message"_a);
+  // The one wording of a tensor-set mismatch (include/deltasync/changes.h).
+  m.def(
+      "describe_tensor_set_diff",
+      [](const std::vector<std::string>& base, const std::vector<std::string>& current) {
+        return deltasync::DescribeTensorSetDiff(base, current);
+      },
+      "base"_a, "current"_a);
   m.def(
       "dtype_size", [](const std::string& name) -> size_t {
         auto dt = deltasync::ParseDType(name);

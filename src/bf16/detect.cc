@@ -108,6 +108,16 @@ void ScanChunk(const ScanJob& job, const Chunk& chunk, WorkerScratch& scratch, C
   scratch.value_bytes = out.value_offset + out.count * value_size;
 }
 
+// The base (the published state, or diff's old file) and the new weights
+// hold different tensor names.
+Status TensorSetError(const WeightState& base, std::span<const TensorView> current) {
+  std::vector<std::string> base_names, current_names;
+  for (const WeightState::Tensor& t : base.tensors()) base_names.push_back(t.name);
+  for (const TensorView& v : current) current_names.push_back(v.name);
+  return Status::InvalidArgument("the tensors differ from the base's: " +
+                                 DescribeTensorSetDiff(base_names, current_names));
+}
+
 }  // namespace
 
 Result<std::vector<ScanJob>> PlanDetect(const WeightState& published,
@@ -124,22 +134,17 @@ Result<std::vector<ScanJob>> PlanDetect(const WeightState& published,
   jobs.reserve(published.tensors().size());
   for (const WeightState::Tensor& t : published.tensors()) {
     auto it = by_name.find(t.name);
-    if (it == by_name.end()) {
-      return Status::InvalidArgument(Quoted(t.name) +
-                                     " is in the published state but missing from the current "
-                                     "weights");
-    }
+    if (it == by_name.end()) return TensorSetError(published, current);
     const TensorView& cur = *it->second;
     if (cur.shape != t.shape) {
-      return Status::InvalidArgument(Quoted(t.name) + ": current shape " +
-                                     ShapeToString(cur.shape) + " does not match published shape " +
-                                     ShapeToString(t.shape));
+      return Status::InvalidArgument(Quoted(t.name) + ": shape " + ShapeToString(cur.shape) +
+                                     " does not match the base's " + ShapeToString(t.shape));
     }
     const bool rounds = t.dtype == DType::kBF16 && cur.dtype == DType::kF32;
     if (cur.dtype != t.dtype && !rounds) {
       return Status::InvalidArgument(
-          Quoted(t.name) + ": current dtype " + std::string(DTypeName(cur.dtype)) +
-          " cannot be compared with published dtype " + std::string(DTypeName(t.dtype)) +
+          Quoted(t.name) + ": dtype " + std::string(DTypeName(cur.dtype)) +
+          " cannot be compared with the base's " + std::string(DTypeName(t.dtype)) +
           (t.dtype == DType::kBF16 ? " (expected BF16 or F32)" : ""));
     }
     ScanJob job;
@@ -152,14 +157,7 @@ Result<std::vector<ScanJob>> PlanDetect(const WeightState& published,
     job.exp_mask = options.allow_nonfinite ? 0 : NonFiniteMask(t.dtype);
     jobs.push_back(job);
   }
-  if (by_name.size() != jobs.size()) {
-    for (const TensorView& v : current) {
-      if (published.Find(v.name) == nullptr) {
-        return Status::InvalidArgument(Quoted(v.name) +
-                                       " is in the current weights but not in the published state");
-      }
-    }
-  }
+  if (by_name.size() != jobs.size()) return TensorSetError(published, current);
   return jobs;
 }
 

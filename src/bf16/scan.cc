@@ -58,8 +58,8 @@ Status CheckView(const TensorView& v) {
 Status NonFiniteError(const ScanJob& job, uint64_t index) {
   return Status::InvalidArgument(Quoted(job.name) + ": element " + std::to_string(index) + " is " +
                                  DescribeNonFinite(job, index) +
-                                 "; non-finite weights are refused (DetectOptions::allow_nonfinite "
-                                 "passes them through)");
+                                 "; non-finite weights are refused (--allow-nonfinite, or allow_nonfinite=True in "
+                                 "Python, passes them through)");
 }
 
 std::vector<uint64_t> ElementCounts(const std::vector<ScanJob>& jobs) {

@@ -635,6 +635,9 @@ Result<CompactStreamSizes> MeasureCompactDelta(const SafetensorsFile& file) {
     if (!gaps || !second || !third) return bad("truncated or malformed block");
     out.tensors++;
     out.changed += *count;
+    std::string_view param = t.name;
+    if (param.ends_with(kSuffix)) param.remove_suffix(kSuffix.size());
+    out.changed_tensors.push_back({std::string(param), *mode == kModeBf16, *count});
     out.gap_bytes += *gaps;
     if (*mode == kModeBf16) {
       out.diff_bytes += *second;

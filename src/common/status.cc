@@ -25,6 +25,12 @@ std::string Status::ToString() const {
 
 Status Status::WithContext(std::string_view context) const {
   if (ok()) return *this;
+  // A message that already starts with this label (a file path, a key) is
+  // not labelled twice: "x.safetensors: x.safetensors: ..." reads as a bug.
+  if (message_.size() > context.size() + 1 && message_.starts_with(context) &&
+      message_.compare(context.size(), 2, ": ") == 0) {
+    return *this;
+  }
   return Status(code_, std::string(context) + ": " + message_);
 }
 

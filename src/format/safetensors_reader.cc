@@ -296,7 +296,7 @@ Result<Entry> ParseEntry(const std::string& name, const json& v, const std::stri
   }
   if (e.end > data_size) {
     return Status::Corruption(prefix + ": data_offsets " + span_text + " extend past the " +
-                              std::to_string(data_size) + "-byte data section");
+                              std::to_string(data_size) + "-byte data section (truncated?)");
   }
   return e;
 }
@@ -348,6 +348,39 @@ Result<json> ParseHeaderJson(ByteSpan header, const std::string& label) {
   return std::move(builder.root());
 }
 
+// What a file that is not safetensors looks like, from its first bytes, for
+// "not a safetensors file (it looks like ...)"; empty when it is not clear.
+// A real file starts with a small little-endian length (zero high bytes), so
+// none of these match one.
+std::string LooksLike(ByteSpan bytes) {
+  if (bytes.size() >= 2 && bytes[0] == 0x80 && bytes[1] >= 2 && bytes[1] <= 5) return "a PyTorch pickle";
+  if (bytes.size() >= 4 && bytes[0] == 'P' && bytes[1] == 'K' && bytes[2] == 3 && bytes[3] == 4) {
+    return "a zip archive (PyTorch .bin?)";
+  }
+  const size_t n = std::min<size_t>(bytes.size(), 64);
+  if (n == 0) return "";
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t c = bytes[i];
+    if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') return "";  // binary
+    if (c == 0x7f) return "";
+  }
+  // Text is UTF-8; a sequence cut by the 64-byte window does not count.
+  if (std::optional<size_t> bad = FirstInvalidUtf8(bytes.subspan(0, n)); bad && *bad + 4 <= n) return "";
+  size_t i = 0;
+  if (n >= 3 && bytes[0] == 0xEF && bytes[1] == 0xBB && bytes[2] == 0xBF) i = 3;  // UTF-8 byte order mark
+  while (i < n && (bytes[i] == ' ' || bytes[i] == '\t' || bytes[i] == '\n' || bytes[i] == '\r')) ++i;
+  if (i < n && (bytes[i] == '{' || bytes[i] == '[')) return "JSON";
+  return "text";
+}
+
+// The message for a file whose length prefix cannot be right: what it looks
+// like when that is clear, else the numbers.
+Status NotSafetensors(ByteSpan bytes, const std::string& label, const std::string& numbers) {
+  std::string looks = LooksLike(bytes);
+  if (!looks.empty()) return Status::Corruption(label + ": not a safetensors file (it looks like " + looks + ")");
+  return Status::Corruption(label + ": not a safetensors file (" + numbers + ")");
+}
+
 }  // namespace
 
 // The file's fields are private, so the parse lives in a member; the helpers
@@ -358,20 +391,23 @@ Result<SafetensorsFile> SafetensorsFile::Parse(Blob blob, std::string label) {
   try {
     const ByteSpan bytes = blob.bytes();
     if (bytes.size() < 8) {
-      return Status::Corruption(label + ": file is " + std::to_string(bytes.size()) +
-                                " bytes, shorter than the 8-byte header length");
+      return NotSafetensors(bytes, label, "file is " + std::to_string(bytes.size()) +
+                                              " bytes, shorter than the 8-byte header length");
     }
     uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];  // little-endian
     if (n > kMaxSafetensorsHeaderBytes) {
-      return Status::Corruption(label + ": header length " + std::to_string(n) + " exceeds the " +
-                                std::to_string(kMaxSafetensorsHeaderBytes) + "-byte limit");
+      return NotSafetensors(bytes, label, "header length " + std::to_string(n) + " exceeds the " +
+                                              std::to_string(kMaxSafetensorsHeaderBytes) + "-byte limit");
     }
     // n <= 1e8, so 8 + n cannot overflow.
     if (8 + n > bytes.size()) {
-      return Status::Corruption(label + ": header length " + std::to_string(n) + " needs " +
-                                std::to_string(8 + n) + " bytes but the file has only " +
-                                std::to_string(bytes.size()));
+      // A header that starts like one was cut short; anything else is some
+      // other kind of file.
+      std::string numbers = "header length " + std::to_string(n) + " needs " + std::to_string(8 + n) +
+                            " bytes but the file has only " + std::to_string(bytes.size());
+      if (bytes.size() > 8 && bytes[8] == '{') return Status::Corruption(label + ": " + numbers + " (truncated?)");
+      return NotSafetensors(bytes, label, numbers);
     }
     const ByteSpan header = bytes.subspan(8, n);
     const ByteSpan data = bytes.subspan(8 + n);

@@ -222,6 +222,7 @@ bool Follower::Cycle(bool hold) {
     if (latest && latest->version != replica_->version()) {
       ok = MoveTo(latest->version).ok() && ok;
     } else {
+      Log("up to date: holding " + V(replica_->version()), LogLevel::kDebug);
       ClearError("update");  // nothing left to move to
     }
   }
@@ -244,11 +245,21 @@ void Follower::ClearErrorLocked(std::string_view stage) {
 
 Status Follower::ReadManifest() {
   Status refreshed = replica_->Refresh();
+  if (refreshed.code() == ErrorCode::kNotFound && replica_->version() == 0) {
+    // No manifest and nothing held: the trainer has not published yet. The
+    // normal state of a daemon started first, not a failure.
+    std::lock_guard lock(mu_);
+    snapshot_.waiting_for_first_version = true;
+    if (!logged_waiting_) Log("waiting for the first version (nothing is published in the bucket yet)");
+    logged_waiting_ = true;
+    return refreshed;
+  }
   if (!refreshed.ok()) {
     RecordError("manifest", refreshed);
     return refreshed;
   }
   std::lock_guard lock(mu_);
+  snapshot_.waiting_for_first_version = false;
   snapshot_.manifest_read_ever = true;
   snapshot_.last_manifest_read = std::chrono::steady_clock::now();
   PublishHeldLocked();
@@ -371,7 +382,7 @@ void Follower::RecordError(std::string_view stage, const Status& status) {
   // A persistent failure is logged once, not on every poll.
   std::string line = std::string(stage) + " failed: " + status.ToString() + " (holding " + V(snapshot_.version) + ")";
   if (line != last_logged_error_) {
-    Log(line);
+    Log(line, LogLevel::kError);
     last_logged_error_ = line;
   }
 }
@@ -389,8 +400,8 @@ void Follower::PublishHeldLocked() {
   }
 }
 
-void Follower::Log(const std::string& line) const {
-  if (options_.log) options_.log(line);
+void Follower::Log(const std::string& line, LogLevel level) const {
+  if (options_.log) options_.log(level, line);
 }
 
 }  // namespace deltasync::server

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "deltasync/replica.h"
+#include "deltasync/server.h"
 #include "deltasync/store.h"
 #include "server/metrics.h"
 #include "server/sink.h"
@@ -29,7 +30,7 @@ namespace deltasync::server {
 struct FollowerOptions {
   double poll_seconds = 1.0;
   int threads = 0;
-  std::function<void(std::string_view)> log;  // may be empty
+  std::function<void(LogLevel, std::string_view)> log;  // may be empty
 };
 
 // The answer to a move request.
@@ -108,7 +109,7 @@ class Follower {
   void ClearErrorLocked(std::string_view stage);  // REQUIRES mu_
   void PublishHeldLocked();  // copies version/hash/lag from the replica; REQUIRES mu_
   std::chrono::duration<double> NextInterval();
-  void Log(const std::string& line) const;
+  void Log(const std::string& line, LogLevel level = LogLevel::kInfo) const;
 
   std::shared_ptr<Store> store_;
   std::unique_ptr<Replica> replica_;
@@ -130,6 +131,7 @@ class Follower {
   bool in_weight_update_ = false;
   FollowerSnapshot snapshot_;  // guarded by mu_
   std::string last_logged_error_;
+  bool logged_waiting_ = false;  // "waiting for the first version" said once
   std::thread thread_;
 };
 

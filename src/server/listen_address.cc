@@ -13,11 +13,20 @@ std::string ListenAddress::WithPort(int real_port) const {
 
 Result<ListenAddress> ParseListenAddress(const std::string& text) {
   auto bad = [&](const std::string& why) {
-    return Status::InvalidArgument("--listen '" + text + "': " + why + " (expected HOST:PORT, e.g. 127.0.0.1:8470)");
+    return Status::InvalidArgument("--listen '" + text + "': " + why +
+                                   " (expected HOST:PORT or PORT, e.g. 127.0.0.1:8470 or 8470)");
   };
   size_t colon = text.rfind(':');
-  if (colon == std::string::npos) return bad("no port");
   ListenAddress a;
+  if (colon == std::string::npos) {
+    // A bare port means loopback, the default host: "--listen 8471".
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), a.port);
+    if (text.empty() || ec != std::errc() || end != text.data() + text.size() || a.port < 0 || a.port > 65535) {
+      return bad("no port");
+    }
+    a.host = "127.0.0.1";
+    return a;
+  }
   a.host = text.substr(0, colon);
   if (a.host.size() >= 2 && a.host.front() == '[' && a.host.back() == ']') {
     a.host = a.host.substr(1, a.host.size() - 2);

@@ -16,7 +16,8 @@ struct ListenAddress {
   std::string WithPort(int real_port) const;
 };
 
-// "HOST:PORT" or "[IPV6]:PORT", port 0-65535. kInvalidArgument otherwise.
+// "HOST:PORT", "[IPV6]:PORT" or "PORT" (on 127.0.0.1), port 0-65535.
+// kInvalidArgument otherwise.
 Result<ListenAddress> ParseListenAddress(const std::string& text);
 
 }  // namespace deltasync::server

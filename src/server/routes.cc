@@ -141,7 +141,10 @@ Reply Routes::Healthz() {
     return JsonReply(503, {{"ok", false}, {"version", s.version}, {"reason", reason}});
   };
   std::string last = s.last_error ? " (last error: " + s.last_error->message + ")" : "";
-  if (s.version == 0) return unhealthy("no verified version held yet" + last);
+  if (s.version == 0) {
+    if (s.waiting_for_first_version) return unhealthy("no verified version held yet: waiting for the first version");
+    return unhealthy("no verified version held yet" + last);
+  }
   auto since = std::chrono::steady_clock::now() - s.last_manifest_read;
   if (since > options_.stale_after) {
     return unhealthy("no successful read of manifest.json for " +

@@ -83,7 +83,12 @@ Result<std::unique_ptr<Server>> Server::StartOrThrow(ServerOptions options) {
     // Not created: a typo in --bucket should fail here, not wait forever on
     // an empty new directory.
     Result<std::shared_ptr<Store>> opened = OpenStore(options.bucket, /*create=*/false);
-    if (!opened.ok()) return opened.status().WithContext("--bucket " + options.bucket);
+    if (!opened.ok()) {
+      // Store messages name the bucket already; add it only where they do not.
+      Status failed = opened.status();
+      if (failed.message().find(options.bucket) != std::string::npos) return failed;
+      return failed.WithContext("bucket " + options.bucket);
+    }
     store = *opened;
   }
 
@@ -113,7 +118,7 @@ Result<std::unique_ptr<Server>> Server::StartOrThrow(ServerOptions options) {
   DS_RETURN_IF_ERROR(impl->http->Start());
   impl->follower->Start();
   if (options.log) {
-    options.log("following " + store->Describe() + " on " + impl->http->address() +
+    options.log(LogLevel::kInfo, "following " + store->Describe() + " on " + impl->http->address() +
                 (options.tls_cert.empty() ? "" : " (TLS)") + (options.token.empty() ? "" : " (token required)"));
   }
   return std::unique_ptr<Server>(new Server(std::move(impl)));

@@ -41,6 +41,7 @@ struct FollowerSnapshot {
   bool paused = false;
   bool in_weight_update = false;  // between /start_weight_update and /finish_weight_update
   bool manifest_read_ever = false;
+  bool waiting_for_first_version = false;  // no manifest in the bucket yet: nothing published
   std::chrono::steady_clock::time_point last_manifest_read;  // the last successful one
   std::optional<ErrorRecord> last_error;
   std::string export_error;  // non-empty while an --out/--shm export is behind `version`

@@ -104,7 +104,10 @@ Result<std::unique_ptr<LocalStore>> LocalStore::Open(const std::string& root, bo
   char* real = ::realpath(root.c_str(), nullptr);
   if (real == nullptr) {
     int err = errno;
-    if (err == ENOENT) return Status::NotFound(root + ": no such directory (open with create to make it)");
+    if (err == ENOENT) {
+      return Status::NotFound(root + ": no such directory (is the path right? a bucket exists once a version is "
+                                     "published to it)");
+    }
     return Status::IOError(root + ": cannot resolve path: " + Errno(err));
   }
   std::string abs(real);

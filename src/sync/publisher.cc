@@ -96,7 +96,9 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(std::shared_ptr<Store> store,
       pub->versions_since_anchor_++;
     }
   }
-  std::unique_ptr<Replica> replica = Replica::Create(store, ReplicaOptions{options.threads});
+  ReplicaOptions replica_options{options.threads};
+  replica_options.progress = options.progress;
+  std::unique_ptr<Replica> replica = Replica::Create(store, std::move(replica_options));
   auto rebuild = [&](uint64_t version) -> Status {
     Result<UpdateStats> caught_up = replica->Update(version);
     if (caught_up.ok()) return Status::OK();
@@ -321,7 +323,8 @@ Result<PublishStats> Publisher::PublishChanges(uint64_t version, std::span<const
         }
         if (nonfinite) {
           return Status::InvalidArgument(at + "element " + std::to_string(c.indices[k]) +
-                                         " is NaN or Inf (pass allow_nonfinite to publish it)");
+                                         " is NaN or Inf (pass --allow-nonfinite, or allow_nonfinite=True in "
+                                         "Python, to publish it)");
         }
       }
     }
@@ -423,9 +426,15 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
   entry.changed_elements = stats.changed_elements;
   entry.created_unix_ms = UnixMillis();
   entry.files = std::move(files);
+  const uint64_t upload_total =
+      (first ? 0 : delta.size) + cumulative.size + (anchor ? full.size : 0);
+  uint64_t uploaded_bytes = 0;
   auto upload = [&](PatchKind kind, const std::string& key, const EncodedPatch& patch,
                     std::optional<uint64_t> base) -> Status {
+    if (options_.progress) options_.progress(uploaded_bytes, upload_total);
     DS_RETURN_IF_ERROR(store_->Put(key, patch.parts));
+    uploaded_bytes += patch.size;
+    if (options_.progress) options_.progress(uploaded_bytes, upload_total);
     IndexEncoding encoding = kind == PatchKind::kAnchor && !compact ? IndexEncoding::kRaw : settings_.encoding;
     entry.objects.push_back(ObjectEntry{kind, key, encoding, patch.size, Xxh3Hex(patch.parts), base});
     return Status::OK();

@@ -90,6 +90,7 @@ Result<UpdateStats> Replica::Update(std::optional<uint64_t> target) {
   Result<CatchUpPlan> plan = PlanCatchUp(manifest_, version_, want);
   if (!plan.ok()) return plan.status().WithContext("cannot reach " + V(want));
   for (const PlanStep& step : plan->steps) {
+    if (options_.progress) options_.progress(stats.bytes_downloaded, plan->bytes);
     const VersionEntry& entry = *manifest_.Find(step.version);
     if (step.object.kind == PatchKind::kAnchor) {
       DS_RETURN_IF_ERROR(LoadAnchor(entry, step.object, stats));
@@ -97,6 +98,7 @@ Result<UpdateStats> Replica::Update(std::optional<uint64_t> target) {
       DS_RETURN_IF_ERROR(ApplyDelta(entry, step.object, stats));
     }
   }
+  if (options_.progress) options_.progress(stats.bytes_downloaded, plan->bytes);
   stats.to_version = version_;
   return stats;
 }

@@ -244,6 +244,34 @@ TEST(DetectNonFiniteTest, Fp32OverflowAndOtherFloatDtypes) {
   }
 }
 
+TEST(TensorSetDiffTest, NamesAPrefixThatExplainsTheDifference) {
+  const std::vector<std::string> plain = {"lm_head.weight", "model.embed.weight", "model.norm.weight"};
+  std::vector<std::string> wrapped, compiled;
+  for (const std::string& n : plain) {
+    wrapped.push_back("module." + n);
+    compiled.push_back("_orig_mod." + n);
+  }
+  EXPECT_EQ(DescribeTensorSetDiff(plain, wrapped), "all 3 tensors missing, 3 new; they differ by the prefix 'module.'");
+  EXPECT_EQ(DescribeTensorSetDiff(wrapped, plain), "all 3 tensors missing, 3 new; they differ by the prefix 'module.'");
+  EXPECT_EQ(DescribeTensorSetDiff(plain, compiled),
+            "all 3 tensors missing, 3 new; they differ by the prefix '_orig_mod.'");
+  EXPECT_EQ(DescribeTensorSetDiff(plain, plain), "");
+  EXPECT_EQ(DescribeTensorSetDiff(plain, std::vector<std::string>{"model.norm.weight", "x", "y"}),
+            "2 tensors missing (first: 'lm_head.weight'), 2 new (first: 'x')");
+}
+
+TEST(DetectErrorsTest, RenamedCheckpointSaysWhichPrefix) {
+  std::mt19937_64 rng(8);
+  const std::vector<OwnedTensor> tensors = {RandomTensor(rng, "a", DType::kBF16, {2, 3}),
+                                            RandomTensor(rng, "b", DType::kBF16, {4})};
+  std::vector<OwnedTensor> renamed = tensors;
+  for (OwnedTensor& t : renamed) t.name = "module." + t.name;
+  auto got = DetectChanges(StateOf(tensors), Views(renamed));
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().message(),
+            "the tensors differ from the base's: all 2 tensors missing, 2 new; they differ by the prefix 'module.'");
+}
+
 TEST(DetectErrorsTest, MismatchesNameTheTensor) {
   std::mt19937_64 rng(6);
   const std::vector<OwnedTensor> tensors = {RandomTensor(rng, "a", DType::kBF16, {2, 3}),
@@ -255,22 +283,22 @@ TEST(DetectErrorsTest, MismatchesNameTheTensor) {
     EXPECT_EQ(got.status().code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(got.status().message().find(text), std::string::npos) << got.status().message();
   };
-  expect_error({tensors[0]}, "tensor 'b' is in the published state but missing");
+  expect_error({tensors[0]}, "the tensors differ from the base's: 1 tensor missing (first: 'b')");
   expect_error({tensors[0], tensors[1], RandomTensor(rng, "z", DType::kBF16, {1})},
-               "tensor 'z' is in the current weights but not in the published state");
+               "the tensors differ from the base's: 1 new tensor (first: 'z')");
   expect_error({tensors[0], tensors[1], tensors[1]}, "tensor 'b' appears twice");
   OwnedTensor reshaped = tensors[0];
   reshaped.shape = {3, 2};
   expect_error({reshaped, tensors[1]},
-               "tensor 'a': current shape [3, 2] does not match published shape [2, 3]");
+               "tensor 'a': shape [3, 2] does not match the base's [2, 3]");
   OwnedTensor f16 = tensors[0];
   f16.dtype = DType::kF16;
   expect_error({f16, tensors[1]},
-               "tensor 'a': current dtype F16 cannot be compared with published dtype BF16");
+               "tensor 'a': dtype F16 cannot be compared with the base's BF16");
   // F32 -> BF16 rounding applies only to a bf16 published tensor.
   OwnedTensor b16{"b", DType::kBF16, {4}, std::vector<uint8_t>(8)};
   expect_error({tensors[0], b16},
-               "tensor 'b': current dtype BF16 cannot be compared with published dtype F32");
+               "tensor 'b': dtype BF16 cannot be compared with the base's F32");
   OwnedTensor short_data = tensors[0];
   short_data.data.pop_back();
   expect_error({short_data, tensors[1]}, "tensor 'a': 11 bytes do not match shape [2, 3] x BF16");

@@ -28,6 +28,9 @@ TEST(StatusTest, CarriesCodeAndMessage) {
   EXPECT_EQ(s.code(), ErrorCode::kCorruption);
   EXPECT_EQ(s.ToString(), "corruption: x.safetensors: bad");
   EXPECT_EQ(s.WithContext("version 3").message(), "version 3: x.safetensors: bad");
+  // A label already at the front is not repeated.
+  EXPECT_EQ(s.WithContext("x.safetensors").message(), "x.safetensors: bad");
+  EXPECT_EQ(s.WithContext("x.safe").message(), "x.safe: x.safetensors: bad");
 }
 
 TEST(StatusTest, ResultPropagates) {

@@ -313,6 +313,30 @@ TEST(SafetensorsReader, HeaderLongerThanFile) {
   EXPECT_CORRUPT(bytes, "header length 3 needs 11 bytes but the file has only 10");
 }
 
+TEST(SafetensorsReader, OtherFilesSayWhatTheyLookLike) {
+  auto bytes = [](std::string_view text) { return std::vector<uint8_t>(text.begin(), text.end()); };
+  EXPECT_CORRUPT(bytes("{\"weight_map\": {\"a\": \"model-00001-of-00002.safetensors\"}}"),
+                 "not a safetensors file (it looks like JSON)");
+  EXPECT_CORRUPT(bytes("  [1, 2, 3]\n"), "not a safetensors file (it looks like JSON)");
+  EXPECT_CORRUPT(bytes("{}\n"), "not a safetensors file (it looks like JSON)");  // shorter than 8 bytes
+  EXPECT_CORRUPT(bytes("hello, these are my notes about the run\n"), "not a safetensors file (it looks like text)");
+  std::vector<uint8_t> pickle = {0x80, 0x02, 0x7d, 0x71, 0x00, 0x28, 0x58, 0x01, 0x00, 0x00, 0x00, 0x61};
+  EXPECT_CORRUPT(pickle, "not a safetensors file (it looks like a PyTorch pickle)");
+  std::vector<uint8_t> zip = {'P', 'K', 3, 4, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  EXPECT_CORRUPT(zip, "not a safetensors file (it looks like a zip archive (PyTorch .bin?))");
+  // Binary that is none of these still gets the numbers.
+  std::vector<uint8_t> noise(64, 0xfe);
+  EXPECT_CORRUPT(noise, "not a safetensors file (header length");
+}
+
+TEST(SafetensorsReader, CutShortFileSaysTruncated) {
+  std::vector<uint8_t> whole = Raw(One(R"("dtype":"U8","shape":[4],"data_offsets":[0,4])"), 4);
+  std::vector<uint8_t> in_header(whole.begin(), whole.begin() + 20);
+  EXPECT_CORRUPT(in_header, "(truncated?)");
+  std::vector<uint8_t> in_data(whole.begin(), whole.end() - 2);
+  EXPECT_CORRUPT(in_data, "extend past the 2-byte data section (truncated?)");
+}
+
 TEST(SafetensorsReader, HeaderNotUtf8) {
   // Each is invalid inside an otherwise fine metadata string.
   for (std::string bad : {"\xc0\xaf", "\xc1\xbf", "\xe0\x80\xaf", "\xed\xa0\x80", "\xed\xbf\xbf",

@@ -24,7 +24,12 @@ TEST(ListenAddressTest, ParsesHostPortAndBracketedIpv6) {
   ASSERT_TRUE(v6.ok());
   EXPECT_EQ(v6->host, "::1");
   EXPECT_EQ(v6->WithPort(9000), "[::1]:9000");
-  for (const char* bad : {"", "8470", ":8470", "host:", "host:65536", "host:-1", "host:80x", "::1:80", "[]:1"}) {
+  // A bare port is on loopback.
+  auto port_only = ParseListenAddress("8471");
+  ASSERT_TRUE(port_only.ok());
+  EXPECT_EQ(port_only->ToString(), "127.0.0.1:8471");
+  for (const char* bad :
+       {"", "84x0", "65536", ":8470", "host:", "host:65536", "host:-1", "host:80x", "::1:80", "[]:1"}) {
     auto r = ParseListenAddress(bad);
     EXPECT_FALSE(r.ok()) << bad;
     if (!r.ok()) {

@@ -45,17 +45,55 @@ Status RunPublish(const PublishArgs& args) {
   options.allow_version_jump = args.allow_version_jump;
   options.allow_nonfinite = args.allow_nonfinite;
   options.notify_urls = args.notify;
+  auto started = std::chrono::steady_clock::now();
+  const char* phase = "reading the bucket";
+  options.progress = [&](uint64_t done, uint64_t total) {
+    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    DrawProgressLine(TransferText(phase, done, total, elapsed));
+  };
   if (!args.notify_token_file.empty()) {
     DS_ASSIGN_OR_RETURN(options.notify_token, ReadTokenFile(args.notify_token_file));
   }
-  DS_ASSIGN_OR_RETURN(auto publisher, Publisher::Open(store, options));
-  DS_ASSIGN_OR_RETURN(PublishStats stats, folder ? publisher->PublishFolder(args.version, *dir)
-                                                 : publisher->Publish(args.version, file->tensors()));
-  if (!publisher->changed_settings().empty()) {
+  auto opened = Publisher::Open(store, options);
+  EraseProgressLine();
+  DS_ASSIGN_OR_RETURN(auto publisher, std::move(opened));
+  phase = "uploading";
+  started = std::chrono::steady_clock::now();
+  Result<PublishStats> published = folder ? publisher->PublishFolder(args.version, *dir)
+                                          : publisher->Publish(args.version, file->tensors());
+  EraseProgressLine();
+  DS_ASSIGN_OR_RETURN(PublishStats stats, std::move(published));
+  nlohmann::ordered_json changed_settings = publisher->changed_settings();
+  if (!publisher->changed_settings().empty() && !args.json) {
     std::string changed;
     for (const std::string& c : publisher->changed_settings()) changed += (changed.empty() ? "" : ", ") + c;
     std::fprintf(stderr, "deltasync: changed the settings of %s from version %llu on: %s\n",
                  store->Describe().c_str(), static_cast<unsigned long long>(stats.version), changed.c_str());
+  }
+  if (args.quiet) return Status::OK();
+  if (args.json) {
+    nlohmann::ordered_json out = {{"version", stats.version},
+                                  {"bucket", store->Describe()},
+                                  {"total_elements", stats.total_elements},
+                                  {"changed_elements", stats.changed_elements},
+                                  {"wrote_delta", stats.wrote_delta},
+                                  {"delta_bytes", stats.delta_bytes},
+                                  {"cumulative_bytes", stats.cumulative_bytes},
+                                  {"wrote_anchor", stats.wrote_anchor},
+                                  {"anchor_bytes", stats.anchor_bytes},
+                                  {"state_hash", stats.state_hash.Hex()},
+                                  {"detect_encode_ms", stats.detect_encode_ms},
+                                  {"upload_ms", stats.upload_ms},
+                                  {"changed_settings", changed_settings}};
+    if (folder) {
+      nlohmann::ordered_json side = nlohmann::ordered_json::array();
+      for (const SideFile& f : dir->side_files) side.push_back(f.name);
+      out["weight_files"] = dir->shards.size();
+      out["side_files"] = side;
+      out["not_carried"] = dir->left_out;
+    }
+    PrintJson(out);
+    return Status::OK();
   }
   std::printf("published version %llu to %s: %.3f%% changed", static_cast<unsigned long long>(stats.version),
               store->Describe().c_str(),
@@ -100,20 +138,42 @@ Result<uint64_t> ParseByteSize(const std::string& text, const std::string& flag)
 
 Status RunPull(const PullArgs& args) {
   DS_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, OpenStore(args.bucket, /*create=*/false));
-  std::unique_ptr<Replica> replica = Replica::Create(store);
+  ReplicaOptions options;
+  const auto started = std::chrono::steady_clock::now();
+  options.progress = [&](uint64_t done, uint64_t total) {
+    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    DrawProgressLine(TransferText("downloading", done, total, elapsed));
+  };
+  std::unique_ptr<Replica> replica = Replica::Create(store, std::move(options));
   HfWriteOptions folder;
   if (!args.max_shard_size.empty()) {
     DS_ASSIGN_OR_RETURN(folder.max_shard_bytes, ParseByteSize(args.max_shard_size, "--max-shard-size"));
   }
   folder.replace = args.force;
   if (!args.hf_dir.empty()) DS_RETURN_IF_ERROR(CheckHfFolderTarget(args.hf_dir, args.force));
-  DS_ASSIGN_OR_RETURN(UpdateStats stats, replica->Update(args.version));
+  Result<UpdateStats> updated = replica->Update(args.version);
+  EraseProgressLine();
+  DS_ASSIGN_OR_RETURN(UpdateStats stats, std::move(updated));
   if (args.hf_dir.empty()) {
     DS_RETURN_IF_ERROR(WriteStateFile(args.out_path, replica->state(), replica->version()));
   } else {
     DS_RETURN_IF_ERROR(WriteReplicaFolder(*store, *replica, args.hf_dir, folder));
   }
   const std::string& out = args.hf_dir.empty() ? args.out_path : args.hf_dir;
+  if (args.quiet) return Status::OK();
+  if (args.json) {
+    PrintJson({{"version", replica->version()},
+               {"bucket", store->Describe()},
+               {"output", out},
+               {"hf_dir", !args.hf_dir.empty()},
+               {"anchors_applied", stats.anchors_applied},
+               {"deltas_applied", stats.deltas_applied},
+               {"bytes_downloaded", stats.bytes_downloaded},
+               {"download_ms", stats.download_ms},
+               {"apply_ms", stats.apply_ms},
+               {"state_hash", replica->state_hash().Hex()}});
+    return Status::OK();
+  }
   std::printf("pulled version %llu from %s into %s: %llu anchor(s) + %llu delta(s), %s downloaded, state hash %s\n",
               static_cast<unsigned long long>(replica->version()), store->Describe().c_str(), out.c_str(),
               static_cast<unsigned long long>(stats.anchors_applied),
@@ -124,36 +184,50 @@ Status RunPull(const PullArgs& args) {
 
 Status RunGc(const GcArgs& args) {
   DS_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, OpenStore(args.bucket, /*create=*/false));
+  const bool text = !args.json && !args.quiet;
+  nlohmann::ordered_json out = {{"bucket", store->Describe()}, {"dry_run", args.dry_run}, {"pruned", nullptr},
+                                {"aborted_uploads", nullptr}};
   if (args.keep_anchors) {
     DS_ASSIGN_OR_RETURN(PruneStats pruned, PruneVersions(*store, *args.keep_anchors, args.dry_run));
+    out["pruned"] = {{"removed_versions", pruned.removed_versions},
+                     {"objects_deleted", pruned.objects_deleted},
+                     {"bytes_deleted", pruned.bytes_deleted},
+                     {"kept_versions", pruned.kept_versions},
+                     {"kept_anchors", pruned.kept_anchors}};
     std::string kept;
     for (uint64_t v : pruned.kept_anchors) kept += (kept.empty() ? "" : ", ") + std::to_string(v);
-    std::printf("%s: %s %zu version(s) (%s%llu object(s), %s); kept %llu version(s), anchors %s\n",
-                store->Describe().c_str(), args.dry_run ? "would remove" : "removed", pruned.removed_versions.size(),
-                pruned.removed_versions.empty()
-                    ? ""
-                    : (std::to_string(pruned.removed_versions.front()) + "-" +
-                       std::to_string(pruned.removed_versions.back()) + ": ")
-                          .c_str(),
-                static_cast<unsigned long long>(pruned.objects_deleted),
-                HumanBytes(static_cast<double>(pruned.bytes_deleted)).c_str(),
-                static_cast<unsigned long long>(pruned.kept_versions), kept.empty() ? "none" : kept.c_str());
+    if (text) {
+      std::printf("%s: %s %zu version(s) (%s%llu object(s), %s); kept %llu version(s), anchors %s\n",
+                  store->Describe().c_str(), args.dry_run ? "would remove" : "removed",
+                  pruned.removed_versions.size(),
+                  pruned.removed_versions.empty()
+                      ? ""
+                      : (std::to_string(pruned.removed_versions.front()) + "-" +
+                         std::to_string(pruned.removed_versions.back()) + ": ")
+                            .c_str(),
+                  static_cast<unsigned long long>(pruned.objects_deleted),
+                  HumanBytes(static_cast<double>(pruned.bytes_deleted)).c_str(),
+                  static_cast<unsigned long long>(pruned.kept_versions), kept.empty() ? "none" : kept.c_str());
+    }
   }
   auto* s3 = dynamic_cast<S3Store*>(store.get());
   if (s3 == nullptr) {
-    if (!args.keep_anchors) {
+    if (!args.keep_anchors && text) {
       std::printf("%s: a local bucket has no multipart uploads to abort; nothing to do (--keep-anchors K prunes "
                   "old versions)\n",
                   store->Describe().c_str());
     }
-    return Status::OK();
+  } else if (!args.dry_run) {
+    size_t aborted = 0;
+    auto older_than = std::chrono::seconds(static_cast<int64_t>(args.abort_uploads_older_than_h * 3600));
+    DS_RETURN_IF_ERROR(s3->AbortStaleUploads(older_than, &aborted));
+    out["aborted_uploads"] = aborted;
+    if (text) {
+      std::printf("%s: aborted %zu multipart upload(s) older than %g h\n", store->Describe().c_str(), aborted,
+                  args.abort_uploads_older_than_h);
+    }
   }
-  if (args.dry_run) return Status::OK();
-  size_t aborted = 0;
-  auto older_than = std::chrono::seconds(static_cast<int64_t>(args.abort_uploads_older_than_h * 3600));
-  DS_RETURN_IF_ERROR(s3->AbortStaleUploads(older_than, &aborted));
-  std::printf("%s: aborted %zu multipart upload(s) older than %g h\n", store->Describe().c_str(), aborted,
-              args.abort_uploads_older_than_h);
+  if (args.json) PrintJson(out);
   return Status::OK();
 }
 

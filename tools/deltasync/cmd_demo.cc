@@ -50,16 +50,9 @@ Result<nlohmann::json> ReadReport(ReplicaProcess& r, int index) {
   return j;
 }
 
-void Progress(const std::string& what) {
-  std::fprintf(stderr, "\r\033[K  %s", what.c_str());
-  std::fflush(stderr);
-  SetProgressLineLive(true);
-}
-void ClearProgress() {
-  std::fprintf(stderr, "\r\033[K");
-  std::fflush(stderr);
-  SetProgressLineLive(false);
-}
+// Drawn only on a terminal (output.h).
+void Progress(const std::string& what) { DrawProgressLine(what); }
+void ClearProgress() { EraseProgressLine(); }
 
 }  // namespace
 

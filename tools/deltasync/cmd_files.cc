@@ -141,6 +141,14 @@ Status RunInspect(const InspectArgs& args) {
     changed = sizes.changed;
     params = sizes.tensors;
     total = ParseU64(m, "total_elements").value_or(0);
+    nlohmann::ordered_json changed_tensors = nlohmann::ordered_json::array();
+    for (const CompactStreamSizes::Tensor& t : sizes.changed_tensors) {
+      // A non-bf16 stream carries the base's dtype, which the delta does not name.
+      changed_tensors.push_back({{"name", t.name},
+                                 {"dtype", t.bf16 ? nlohmann::ordered_json("BF16") : nlohmann::ordered_json()},
+                                 {"changed", t.changed}});
+    }
+    out["changed_tensors"] = changed_tensors;
     auto per = [&](uint64_t bytes) {
       return nlohmann::ordered_json{
           {"bytes", bytes}, {"bytes_per_changed_element", changed ? static_cast<double>(bytes) / changed : 0.0}};
@@ -165,6 +173,12 @@ Status RunInspect(const InspectArgs& args) {
     out["compression_ratio"] = size ? static_cast<double>(raw) / static_cast<double>(size) : 0.0;
     changed = total;
     params = anchor.tensors.size();
+    // The model's tensors, not the compressed blobs that hold them.
+    tensors = nlohmann::ordered_json::array();
+    for (const WeightState::Tensor& t : anchor.tensors) {
+      tensors.push_back(
+          {{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"bytes", t.data.size()}});
+    }
   } else if (!IsPatch(file)) {
     out["kind"] = "plain";
     for (const TensorView& t : file.tensors()) total += t.num_elements();
@@ -196,7 +210,9 @@ Status RunInspect(const InspectArgs& args) {
   out["changed_elements"] = changed;
   out["changed_params"] = params;
   out["sparsity"] = total ? 1.0 - static_cast<double>(changed) / static_cast<double>(total) : 0.0;
-  out["bytes_per_changed_element"] = changed ? static_cast<double>(size) / static_cast<double>(changed) : 0.0;
+  // A plain checkpoint changes nothing: no bytes per changed element.
+  out["bytes_per_changed_element"] = out["kind"] == "plain" ? nlohmann::ordered_json()
+                                     : nlohmann::ordered_json(changed ? static_cast<double>(size) / changed : 0.0);
   out["tensors"] = tensors;
 
   if (args.json) {
@@ -213,10 +229,15 @@ Status RunInspect(const InspectArgs& args) {
                     ? ""
                     : (", base version " + std::to_string(out["base_version"].get<uint64_t>())).c_str());
   }
-  std::printf("  %llu of %llu elements %s in %llu tensors (sparsity %.4f), %.2f bytes per changed element\n",
-              static_cast<unsigned long long>(changed), static_cast<unsigned long long>(total),
-              out["kind"] == "delta" ? "changed" : "stored", static_cast<unsigned long long>(params),
-              out["sparsity"].get<double>(), out["bytes_per_changed_element"].get<double>());
+  if (out["kind"] == "plain") {
+    std::printf("  %llu elements in %llu tensors\n", static_cast<unsigned long long>(total),
+                static_cast<unsigned long long>(params));
+  } else {
+    std::printf("  %llu of %llu elements %s in %llu tensors (sparsity %.4f), %.2f bytes per changed element\n",
+                static_cast<unsigned long long>(changed), static_cast<unsigned long long>(total),
+                out["kind"] == "delta" ? "changed" : "stored", static_cast<unsigned long long>(params),
+                out["sparsity"].get<double>(), out["bytes_per_changed_element"].get<double>());
+  }
   if (out.contains("streams")) {
     std::printf("  streams (bytes, bytes per changed element):\n");
     for (const auto& [name, v] : out["streams"].items()) {
@@ -227,6 +248,14 @@ Status RunInspect(const InspectArgs& args) {
   if (out.contains("compression_ratio")) {
     std::printf("  %s raw, compression ratio %.4f\n", HumanBytes(out["raw_bytes"].get<double>()).c_str(),
                 out["compression_ratio"].get<double>());
+  }
+  if (out.contains("changed_tensors")) {
+    std::printf("  changed tensors (%zu):\n", out["changed_tensors"].size());
+    for (const auto& t : out["changed_tensors"]) {
+      std::printf("    %-60s %-5s %llu changed\n", t["name"].get<std::string>().c_str(),
+                  t["dtype"].is_null() ? "-" : t["dtype"].get<std::string>().c_str(),
+                  static_cast<unsigned long long>(t["changed"].get<uint64_t>()));
+    }
   }
   std::printf("  metadata:\n");
   for (const auto& [k, v] : out["metadata"].items()) std::printf("    %s = %s\n", k.c_str(), v.get<std::string>().c_str());

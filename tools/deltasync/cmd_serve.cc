@@ -6,8 +6,11 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 
@@ -36,7 +39,45 @@ Result<std::string> ReadTokenFile(const std::string& path) {
   return token;
 }
 
+namespace {
+
+constexpr const char* kLevelNames[] = {"debug", "info", "warn", "error"};
+
+Result<LogLevel> ParseLogLevel(const std::string& text, const std::string& source) {
+  for (int i = 0; i < 4; ++i) {
+    if (text == kLevelNames[i]) return static_cast<LogLevel>(i);
+  }
+  return Status::InvalidArgument(source + " must be debug, info, warn or error, not '" + text + "'");
+}
+
+// "2026-11-30T17:02:03.123Z": now, ISO 8601 in UTC with milliseconds.
+std::string UtcTimestamp() {
+  auto now = std::chrono::system_clock::now();
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
+  std::time_t seconds = static_cast<std::time_t>(ms / 1000);
+  std::tm utc{};
+  gmtime_r(&seconds, &utc);
+  char buf[40];
+  size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &utc);
+  std::snprintf(buf + n, sizeof buf - n, ".%03dZ", static_cast<int>(ms % 1000));
+  return buf;
+}
+
+// One line on stderr: "<time> <level> deltasync serve: <text>".
+void LogLine(LogLevel level, std::string_view text) {
+  std::fprintf(stderr, "%s %s deltasync serve: %.*s\n", UtcTimestamp().c_str(),
+               kLevelNames[static_cast<int>(level)], static_cast<int>(text.size()), text.data());
+}
+
+}  // namespace
+
 Status RunServe(const ServeArgs& args) {
+  LogLevel least = LogLevel::kInfo;
+  if (!args.log_level.empty()) {
+    DS_ASSIGN_OR_RETURN(least, ParseLogLevel(args.log_level, "--log-level"));
+  } else if (const char* env = std::getenv("DELTASYNC_LOG_LEVEL"); env != nullptr && *env != '\0') {
+    DS_ASSIGN_OR_RETURN(least, ParseLogLevel(env, "DELTASYNC_LOG_LEVEL"));
+  }
   ServerOptions options;
   options.bucket = args.bucket;
   options.listen = args.listen;
@@ -51,8 +92,8 @@ Status RunServe(const ServeArgs& args) {
   if (!args.token_file.empty()) {
     DS_ASSIGN_OR_RETURN(options.token, ReadTokenFile(args.token_file));
   }
-  options.log = [](std::string_view line) {
-    std::fprintf(stderr, "deltasync serve: %.*s\n", static_cast<int>(line.size()), line.data());
+  options.log = [least](LogLevel level, std::string_view line) {
+    if (level >= least) LogLine(level, line);
   };
 
   sigset_t stop_signals;
@@ -74,7 +115,7 @@ Status RunServe(const ServeArgs& args) {
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  std::fprintf(stderr, "deltasync serve: %s: stopping\n", strsignal(signal_number));
+  if (LogLevel::kInfo >= least) LogLine(LogLevel::kInfo, std::string(strsignal(signal_number)) + ": stopping");
   (*server)->Stop();
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   return Status::OK();

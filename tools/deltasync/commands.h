@@ -49,6 +49,8 @@ struct PublishArgs {
   std::vector<std::string> notify;  // replica daemon URLs to wake after the commit
   std::string notify_token_file;
   bool create_bucket = false;
+  bool json = false;   // one JSON object on stdout instead of the text line
+  bool quiet = false;  // nothing on stdout on success
 };
 Status RunPublish(const PublishArgs& args);
 
@@ -58,6 +60,8 @@ struct PullArgs {
   std::string hf_dir;          // a model folder instead of out_path
   std::string max_shard_size;  // with hf_dir: "5GB", "500MB", "2GiB", bytes
   bool force = false;          // with hf_dir: replace a non-empty folder
+  bool json = false;
+  bool quiet = false;
 };
 
 // "5GB" -> 5e9, "2GiB" -> 2^31, "123" -> 123 (B, KB, MB, GB, TB decimal;
@@ -86,6 +90,8 @@ struct GcArgs {
   std::optional<uint64_t> keep_anchors;
   bool dry_run = false;
   double abort_uploads_older_than_h = 24;
+  bool json = false;
+  bool quiet = false;
 };
 Status RunGc(const GcArgs& args);
 
@@ -146,6 +152,7 @@ struct ServeArgs {
   double poll = 1.0;
   std::string tls_cert, tls_key;
   int threads = 0;
+  std::string log_level;  // debug|info|warn|error; empty: $DELTASYNC_LOG_LEVEL, else info
 };
 Status RunServe(const ServeArgs& args);
 

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "children.h"
 #include "deltasync/hf_folder.h"
 #include "deltasync/store.h"
 
@@ -19,6 +20,39 @@ Status WritePatchFile(const std::string& path, const EncodedPatch& patch) {
 Status WriteStateFile(const std::string& path, const WeightState& state, uint64_t version) {
   std::vector<TensorView> views = state.views();
   return WriteSafetensorsFile(path, CheckpointMetadata(version), views).WithContext("writing " + path);
+}
+
+namespace {
+bool StderrIsTerminal() {
+  static const bool tty = ::isatty(STDERR_FILENO) == 1;
+  return tty;
+}
+}  // namespace
+
+void DrawProgressLine(const std::string& text) {
+  if (!StderrIsTerminal()) return;
+  std::fprintf(stderr, "\r\033[K  %s", text.c_str());
+  std::fflush(stderr);
+  SetProgressLineLive(true);  // an interrupted demo ends the line first
+}
+
+void EraseProgressLine() {
+  if (!StderrIsTerminal()) return;
+  std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+  SetProgressLineLive(false);
+}
+
+std::string TransferText(const std::string& what, uint64_t done, uint64_t total, double elapsed_s) {
+  std::string text = what + ": " + HumanBytes(static_cast<double>(done)) + " of " +
+                     HumanBytes(static_cast<double>(total));
+  if (elapsed_s > 0.05 && done > 0) text += ", " + HumanBytes(static_cast<double>(done) / elapsed_s) + "/s";
+  return text;
+}
+
+void PrintJson(const nlohmann::ordered_json& value) {
+  std::printf("%s\n", value.dump().c_str());
+  std::fflush(stdout);
 }
 
 std::string HumanBytes(double bytes) {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <vector>
 #include <string>
+#include <nlohmann/json.hpp>
 
 #include "deltasync/patch.h"
 #include "deltasync/status.h"
@@ -20,6 +21,18 @@ Status WritePatchFile(const std::string& path, const EncodedPatch& patch);
 // metadata transformers checks and `apply` reads (CheckpointMetadata:
 // format "pt", model_version).
 Status WriteStateFile(const std::string& path, const WeightState& state, uint64_t version);
+
+// A live progress line on stderr, drawn only when stderr is a terminal: a
+// pipe or a log file gets none of it (no \r, no escape codes).
+void DrawProgressLine(const std::string& text);
+void EraseProgressLine();
+
+// A transfer's progress for DrawProgressLine: "what: 1.20 GB of 3.40 GB,
+// 410 MB/s" (the rate since `started_ms` on a steady clock).
+std::string TransferText(const std::string& what, uint64_t done, uint64_t total, double elapsed_s);
+
+// `value` as one line on stdout (--json).
+void PrintJson(const nlohmann::ordered_json& value);
 
 // "1.23 MB", "1.20 GB" (decimal units).
 std::string HumanBytes(double bytes);
