@@ -38,6 +38,13 @@ struct ReplicaOptions {
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
+// ReplicaOptions with only `threads` set.
+inline ReplicaOptions ReplicaWithThreads(int threads) {
+  ReplicaOptions options;
+  options.threads = threads;
+  return options;
+}
+
 // The elements of the held state that changed since the last TakeChanges().
 struct ChangedElements {
   // True on the first call, after an anchor was loaded, and always without

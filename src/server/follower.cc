@@ -32,7 +32,7 @@ std::string Ms(double ms) {
 Follower::Follower(std::shared_ptr<Store> store, std::vector<std::unique_ptr<StateSink>> sinks, Metrics& metrics,
                    FollowerOptions options)
     : store_(std::move(store)),
-      replica_(Replica::Create(store_, ReplicaOptions{options.threads})),
+      replica_(Replica::Create(store_, ReplicaWithThreads(options.threads))),
       sinks_(std::move(sinks)),
       exported_(sinks_.size(), 0),
       metrics_(metrics),
@@ -278,7 +278,7 @@ Status Follower::MoveTo(uint64_t target, UpdateStats* stats_out) {
     // version. Costs a second copy of the state while it runs.
     RecordError("update", stats.status());
     Log("rebuilding " + V(target) + " from its nearest anchor");
-    std::unique_ptr<Replica> fresh = Replica::Create(store_, ReplicaOptions{options_.threads});
+    std::unique_ptr<Replica> fresh = Replica::Create(store_, ReplicaWithThreads(options_.threads));
     Result<UpdateStats> rebuilt = fresh->Update(target);
     if (fresh->version() > replica_->version()) {
       replica_ = std::move(fresh);

@@ -96,7 +96,7 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(std::shared_ptr<Store> store,
       pub->versions_since_anchor_++;
     }
   }
-  ReplicaOptions replica_options{options.threads};
+  ReplicaOptions replica_options = ReplicaWithThreads(options.threads);
   replica_options.progress = options.progress;
   std::unique_ptr<Replica> replica = Replica::Create(store, std::move(replica_options));
   auto rebuild = [&](uint64_t version) -> Status {

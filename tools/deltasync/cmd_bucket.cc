@@ -235,7 +235,7 @@ Status RunGc(const GcArgs& args) {
 // reported as a line too (then the process exits 1).
 Status RunFollow(const FollowArgs& args) {
   DS_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, OpenStore(args.bucket, /*create=*/false));
-  std::unique_ptr<Replica> replica = Replica::Create(store, ReplicaOptions{args.threads});
+  std::unique_ptr<Replica> replica = Replica::Create(store, ReplicaWithThreads(args.threads));
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(args.timeout_s);
   auto emit = [](const nlohmann::json& line) {
     std::printf("%s\n", line.dump().c_str());

@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "demo_bucket.h"
 #include "demo_serve.h"
+#include "output.h"
 #include "deltasync/changes.h"
 #include "deltasync/manifest.h"
 #include "deltasync/publisher.h"
