@@ -23,6 +23,13 @@ struct ObjectSummary {
   const ObjectEntry* object = nullptr;  // into the manifest summarized
 };
 
+// A version whose `files` lists a side-file set (the set changed): the full
+// set's size, and its names against the previous set (none before the first).
+struct SideFileChanges {
+  uint64_t count = 0, bytes = 0;  // the full set
+  std::vector<std::string> added, changed, removed;  // sorted names
+};
+
 struct VersionSummary {
   const VersionEntry* entry = nullptr;  // into the manifest summarized
   std::vector<ObjectSummary> objects;   // in manifest order
@@ -35,12 +42,15 @@ struct VersionSummary {
   // The encodings of its objects, distinct, in order, joined by '+'
   // ("compact", "raw+gap_delta").
   std::string encoding;
+  // Set when the version lists its side files; nullopt: the previous set.
+  std::optional<SideFileChanges> files;
 };
 
 struct HistoryTotals {
   uint64_t versions = 0, objects = 0, bytes = 0;
   uint64_t anchors = 0, deltas = 0, cumulative = 0;  // objects by role
   uint64_t anchor_bytes = 0, delta_bytes = 0, cumulative_bytes = 0;
+  uint64_t file_objects = 0, file_bytes = 0;  // distinct side file objects (not in `objects`)
 };
 
 struct History {

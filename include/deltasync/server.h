@@ -1,7 +1,7 @@
 // Server: `deltasync serve`, a replica daemon. It keeps a verified replica of
 // the newest version in a bucket (a Replica driven by a watcher thread that
 // polls manifest.json), hands the weights to an inference engine on the same
-// host (--out: a safetensors file per version; --shm: a shared-memory region,
+// host (--out: a model folder per version; --shm: a shared-memory region,
 // docs/shm.md), and speaks HTTP: TRL's weight-update control plane plus
 // /notify, /status, /healthz and /metrics (docs/serve.md has every schema).
 //
@@ -26,6 +26,12 @@
 
 namespace deltasync {
 
+// How --out lays out each version (docs/serve.md, "--out").
+enum class OutLayout {
+  kFolder,  // OUT/step_000012/: a Hugging Face model folder, plus the OUT/latest link
+  kFile,    // OUT/step_000012.safetensors: one plain checkpoint
+};
+
 // The weight of a log line: kDebug for every poll, kInfo for events (a
 // version reached, waiting for the first one, a pause), kWarn and kError for
 // failures the daemon survives by retrying and holding its version.
@@ -43,11 +49,13 @@ struct ServerOptions {
   // control routes to the network, so use a token (and TLS) when you do.
   std::string listen = "127.0.0.1:8470";
 
-  // --out: when non-empty, every version held is written to this directory
-  // as a safetensors file (a TRL anchor), atomically, keeping the newest
-  // `keep` files (docs/serve.md, "--out").
+  // --out: when non-empty, every version held is written to this directory,
+  // atomically, as a model folder with its side files (or, with
+  // OutLayout::kFile, one safetensors file), keeping the newest `keep`
+  // (docs/serve.md, "--out").
   std::string out_dir;
   int keep = 2;
+  OutLayout out_layout = OutLayout::kFolder;
   // --shm: when non-empty, the POSIX shared-memory object of this name
   // ("/name" or "name") holds the state (docs/shm.md).
   std::string shm_name;

@@ -25,6 +25,11 @@ Result<FileSet> DescribeSideFiles(std::span<const SideFile> files);
 // pruned the last version listing one may be deleting it right now.
 Status UploadSideFiles(Store& store, std::span<const SideFile> files, const FileSet& set);
 
+// Downloads the object of side file `name` (as `entry` lists it) and checks
+// its size and XXH3-128: kNotFound for a missing object, kIntegrity for a
+// mismatch, naming the file, its key and `what` (when not empty).
+Result<Blob> FetchSideFile(Store& store, const std::string& name, const FileEntry& entry, std::string_view what);
+
 // Downloads the objects of `set` and checks each one's size and XXH3-128
 // against it: kNotFound for a missing object, kIntegrity for a mismatch, each
 // naming the file, its key and `what` (e.g. "version 12").

@@ -1,6 +1,7 @@
 // Verifying a bucket (deltasync verify): downloads the objects the manifest
 // lists, checks each one's size and XXH3-128, and replays them to check every
-// state they reach against the manifest's state hash. Reads only; never
+// state they reach against the manifest's state hash, and checks the side
+// files (config, tokenizer: side_files.h) the checked versions list. Reads only; never
 // writes to the bucket or to disk.
 //
 // Memory: one state at a time, plus what one replay step needs (a decoded
@@ -30,7 +31,8 @@ struct VerifyOptions {
   int threads = 0;  // 0 = hardware concurrency
 };
 
-// An object that failed a check, or (VerifyReport::unchecked) one whose bytes
+// An object that failed a check (a weight object, or a side file object
+// "ds/files/..." whose reason names the file), or (VerifyReport::unchecked) one whose bytes
 // are good but whose base could not be reached to replay it.
 struct ObjectProblem {
   uint64_t version = 0;  // the version whose listing holds the object
@@ -47,9 +49,12 @@ struct VerifyReport {
   std::vector<uint64_t> verified;
   // Targets that no chain of good objects reaches, ascending.
   std::vector<uint64_t> unreachable;
-  std::vector<ObjectProblem> bad_objects;  // in manifest order
+  // In manifest order. A side file object is checked once, for the set each
+  // target resolves to (Manifest::FilesAt), and reported once per version
+  // whose `files` lists it; it makes no version unreachable.
+  std::vector<ObjectProblem> bad_objects;
   std::vector<ObjectProblem> unchecked;    // all only: deltas from an unreachable base (bytes good)
-  uint64_t objects_checked = 0;            // distinct objects downloaded and checked
+  uint64_t objects_checked = 0;            // distinct objects (side files too) downloaded and checked
   uint64_t bytes_downloaded = 0;
 
   // No bad object and every target reachable.

@@ -327,7 +327,7 @@ Status Follower::ExportPending() {
   std::string export_error;
   for (size_t i = 0; i < sinks_.size() && held > 0; ++i) {
     if (exported_[i] == held) continue;
-    Status s = sinks_[i]->Export(held, replica_->state_hash(), replica_->state());
+    Status s = sinks_[i]->Export(held, replica_->state_hash(), replica_->state(), replica_->manifest().FilesAt(held));
     if (s.ok()) {
       exported_[i] = held;
       continue;

@@ -1,36 +1,111 @@
-// --out: the state as a TRL anchor file per version. LocalStore gives the
-// atomic write (temporary name that List never shows, fsync, rename, fsync of
-// the directory), so an engine that lists the directory or reads latest.json
-// never finds a partial file, even after the daemon is killed mid-write.
+// --out: every held version on disk. Nothing is ever visible half-written:
+// a folder is built in a hidden sibling and renamed into place
+// (WriteHfFolder), a file goes through LocalStore (temporary name, fsync,
+// rename), and the latest link and latest.json are switched by rename only
+// after the version is complete, so an engine that follows DIR/latest or
+// reads latest.json never finds a partial version, even after the daemon is
+// killed mid-write.
 #include "server/out_dir.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "deltasync/hf_folder.h"
 #include "deltasync/manifest.h"
 #include "deltasync/patch.h"
+#include "deltasync/side_files.h"
+#include "deltasync/temp_file.h"
 
 namespace deltasync::server {
 namespace {
 
+namespace fs = std::filesystem;
+
 constexpr std::string_view kPrefix = "step_";
 constexpr std::string_view kSuffix = ".safetensors";
 constexpr std::string_view kLatestKey = "latest.json";
+constexpr std::string_view kLatestLink = "latest";
 
-// The version in "step_000012.safetensors"; nullopt for any other name, so
-// that files the daemon did not write are never deleted.
-std::optional<uint64_t> VersionOf(std::string_view key) {
-  if (key.size() <= kPrefix.size() + kSuffix.size() || key.substr(0, kPrefix.size()) != kPrefix ||
-      key.substr(key.size() - kSuffix.size()) != kSuffix) {
+// The version in "step_000012" + `suffix`; nullopt for any other name, so
+// that entries the daemon did not write are never deleted.
+std::optional<uint64_t> VersionOf(std::string_view name, std::string_view suffix) {
+  if (name.size() <= kPrefix.size() + suffix.size() || !name.starts_with(kPrefix) || !name.ends_with(suffix)) {
     return std::nullopt;
   }
-  std::string_view digits = key.substr(kPrefix.size(), key.size() - kPrefix.size() - kSuffix.size());
+  std::string_view digits = name.substr(kPrefix.size(), name.size() - kPrefix.size() - suffix.size());
   uint64_t v = 0;
   auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
   if (ec != std::errc() || end != digits.data() + digits.size()) return std::nullopt;
   return v;
+}
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+Status SyncDir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::IOError(dir + ": cannot open: " + ErrnoText(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) return Status::IOError(dir + ": fsync failed: " + ErrnoText(err));
+  return Status::OK();
+}
+
+// OK when DIR/latest is absent or a symlink (the daemon's own).
+Status CheckLatestLink(const std::string& dir) {
+  const std::string link = dir + "/" + std::string(kLatestLink);
+  struct stat st;
+  if (::lstat(link.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::OK();
+    return Status::IOError(link + ": " + ErrnoText(errno));
+  }
+  if (S_ISLNK(st.st_mode)) return Status::OK();
+  return Status::FailedPrecondition(link + " exists and is not a symlink; the daemon keeps " + link +
+                                    " as a link to the newest version's folder: move it away, or pass "
+                                    "--out-layout file");
+}
+
+// Whether the process `pid` is gone (its leftovers may be removed).
+bool ProcessGone(std::string_view pid_text) {
+  int pid = 0;
+  auto [end, ec] = std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
+  if (ec != std::errc() || end != pid_text.data() + pid_text.size() || pid <= 0) return false;
+  return ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+// Leftovers of a daemon killed mid-write whose process is gone: a folder's
+// hidden sibling (".step_000012.tmp-PID-RAND", WriteHfFolder), a folder
+// being pruned or a latest link being switched (".tmp\NAME.PID.HEX",
+// TempPathFor). Temporary files (".tmp\step_000012.safetensors.PID.HEX")
+// are LocalStore's and stay as documented.
+void RemoveStaleLeftovers(const std::string& dir) {
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    std::string_view pid;
+    if (name.starts_with(".") && name.substr(1).starts_with(kPrefix) && name.find(".tmp-") != std::string::npos) {
+      std::string_view rest = std::string_view(name).substr(name.find(".tmp-") + 5);
+      pid = rest.substr(0, rest.find('-'));
+    } else if (name.starts_with(kTempFilePrefix) && !name.ends_with(kSuffix) &&
+               (name.substr(kTempFilePrefix.size()).starts_with(kPrefix) ||
+                name.substr(kTempFilePrefix.size()).starts_with(kLatestLink))) {
+      std::string_view stem = std::string_view(name).substr(0, name.rfind('.'));
+      pid = stem.substr(stem.rfind('.') + 1);
+    } else {
+      continue;
+    }
+    if (e.is_symlink(ec) || e.is_directory(ec)) {
+      if (ProcessGone(pid)) fs::remove_all(e.path(), ec);
+    }
+  }
 }
 
 }  // namespace
@@ -41,32 +116,36 @@ std::string OutDirSink::FileName(uint64_t version) {
   return key.substr(key.rfind('/') + 1);
 }
 
-Result<std::unique_ptr<OutDirSink>> OutDirSink::Open(const std::string& dir, int keep) {
+std::string OutDirSink::FolderName(uint64_t version) {
+  std::string file = FileName(version);
+  return file.substr(0, file.size() - kSuffix.size());
+}
+
+Result<std::unique_ptr<OutDirSink>> OutDirSink::Open(const std::string& dir, int keep, OutLayout layout,
+                                                     std::shared_ptr<Store> bucket) {
   if (keep < 1) return Status::InvalidArgument("--keep must be at least 1, got " + std::to_string(keep));
   Result<std::unique_ptr<LocalStore>> store = LocalStore::Open(dir, /*create=*/true);
   if (!store.ok()) return store.status().WithContext("--out " + dir);
-  return std::unique_ptr<OutDirSink>(new OutDirSink(std::shared_ptr<LocalStore>(std::move(*store)), dir, keep));
+  if (layout == OutLayout::kFolder) {
+    DS_RETURN_IF_ERROR(CheckLatestLink(dir).WithContext("--out " + dir));
+    RemoveStaleLeftovers(dir);
+  }
+  return std::unique_ptr<OutDirSink>(
+      new OutDirSink(std::shared_ptr<LocalStore>(std::move(*store)), dir, keep, layout, std::move(bucket)));
 }
 
-Status OutDirSink::Export(uint64_t version, const StateHash& hash, const WeightState& state) {
-  std::vector<TensorView> views = state.views();
-  // A plain checkpoint (format "pt", which transformers requires), not a patch.
-  Result<std::vector<uint8_t>> header = EncodeSafetensorsHeader(CheckpointMetadata(version), views);
-  if (!header.ok()) return header.status().WithContext(Describe());
-  std::vector<ByteSpan> parts{ByteSpan(*header)};
-  uint64_t size = header->size();
-  for (const TensorView& t : views) {
-    parts.push_back(t.data);
-    size += t.data.size();
-  }
-  const std::string file = FileName(version);
-  DS_RETURN_IF_ERROR(store_->Put(file, parts).WithContext(Describe()));
+Status OutDirSink::Export(uint64_t version, const StateHash& hash, const WeightState& state, const FileSet& files) {
+  Result<Written> written =
+      layout_ == OutLayout::kFolder ? WriteFolder(version, state, files) : WriteFile(version, state);
+  if (!written.ok()) return written.status().WithContext(Describe());
 
-  // latest.json last: once it names a file, the file is complete.
+  // The link, then latest.json: both only once the version is complete.
+  if (layout_ == OutLayout::kFolder) DS_RETURN_IF_ERROR(PointLatestAt(written->dir).WithContext(Describe()));
   nlohmann::json latest = {{"version", version},
-                           {"file", file},
+                           {"file", written->file},
                            {"state_hash", hash.Hex()},
-                           {"size", size}};
+                           {"size", written->size}};
+  if (layout_ == OutLayout::kFolder) latest["dir"] = written->dir;
   std::string text = latest.dump() + "\n";
   DS_RETURN_IF_ERROR(store_
                          ->Put(kLatestKey, ByteSpan(reinterpret_cast<const uint8_t*>(text.data()), text.size()))
@@ -74,19 +153,108 @@ Status OutDirSink::Export(uint64_t version, const StateHash& hash, const WeightS
   return Prune(version);
 }
 
-Status OutDirSink::Prune(uint64_t newest) {
-  DS_ASSIGN_OR_RETURN(std::vector<std::string> keys, store_->List(kPrefix));
-  std::vector<std::pair<uint64_t, std::string>> files;
-  for (const std::string& key : keys) {
-    std::optional<uint64_t> v = VersionOf(key);
-    // A file from a newer version than the one held (left by an earlier run
-    // on another bucket) is stale too; the held one always stays.
-    if (v && *v != newest) files.emplace_back(*v > newest ? 0 : *v, key);
+Result<OutDirSink::Written> OutDirSink::WriteFile(uint64_t version, const WeightState& state) {
+  std::vector<TensorView> views = state.views();
+  // A plain checkpoint (format "pt", which transformers requires), not a patch.
+  DS_ASSIGN_OR_RETURN(std::vector<uint8_t> header, EncodeSafetensorsHeader(CheckpointMetadata(version), views));
+  std::vector<ByteSpan> parts{ByteSpan(header)};
+  uint64_t size = header.size();
+  for (const TensorView& t : views) {
+    parts.push_back(t.data);
+    size += t.data.size();
   }
-  std::sort(files.begin(), files.end(), std::greater<>());
-  // The held file counts as one of the `keep`.
-  for (size_t i = static_cast<size_t>(keep_ - 1); i < files.size(); ++i) {
-    DS_RETURN_IF_ERROR(store_->Delete(files[i].second).WithContext(Describe()));
+  const std::string file = FileName(version);
+  DS_RETURN_IF_ERROR(store_->Put(file, parts));
+  return Written{"", file, size};
+}
+
+Result<OutDirSink::Written> OutDirSink::WriteFolder(uint64_t version, const WeightState& state,
+                                                    const FileSet& files) {
+  DS_ASSIGN_OR_RETURN(std::vector<SideFile> side_files, SideFilesOf(version, files));
+  const std::string name = FolderName(version);
+  const std::string path = dir_ + "/" + name;
+  std::vector<TensorView> views = state.views();
+  // replace: a folder of this version left by an earlier run is swapped out
+  // whole (same version, same bytes), never seen half-written.
+  HfWriteOptions options{.model_version = version, .max_shard_bytes = 0, .replace = true};
+  DS_RETURN_IF_ERROR(WriteHfFolder(path, views, side_files, options));
+
+  Written written{name, name + "/" + std::string(kHfSingleFile), 0};
+  std::error_code ec;
+  if (fs::exists(path + "/" + std::string(kHfIndexFile), ec)) written.file = name + "/" + std::string(kHfIndexFile);
+  for (const fs::directory_entry& e : fs::directory_iterator(path, ec)) {
+    if (e.path().extension() == kSuffix) written.size += e.file_size(ec);
+  }
+  if (ec) return Status::IOError(path + ": " + ec.message());
+  return written;
+}
+
+Result<std::vector<SideFile>> OutDirSink::SideFilesOf(uint64_t version, const FileSet& files) {
+  // Side files change rarely: fetch only when the listing differs from the
+  // one last fetched (the objects are content-addressed, so an equal listing
+  // means equal bytes).
+  if (cached_set_ && *cached_set_ == files) return cached_files_;
+  if (!bucket_) return Status::Internal("--out has no bucket to fetch side files from");
+  DS_ASSIGN_OR_RETURN(std::vector<SideFile> fetched,
+                      FetchSideFiles(*bucket_, files, "version " + std::to_string(version)));
+  cached_set_ = files;
+  cached_files_ = fetched;
+  return fetched;
+}
+
+Status OutDirSink::PointLatestAt(const std::string& target) {
+  DS_RETURN_IF_ERROR(CheckLatestLink(dir_));
+  const std::string link = dir_ + "/" + std::string(kLatestLink);
+  // Relative, so the folder can be moved or mounted elsewhere.
+  const std::string tmp = TempPathFor(link);
+  if (::symlink(target.c_str(), tmp.c_str()) != 0) {
+    return Status::IOError(tmp + ": cannot create a symlink: " + ErrnoText(errno));
+  }
+  if (::rename(tmp.c_str(), link.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return Status::IOError(link + ": cannot switch the link to " + target + ": " + ErrnoText(err));
+  }
+  return SyncDir(dir_);
+}
+
+Status OutDirSink::Prune(uint64_t newest) {
+  // Candidates: the layout's own kind only (folders, or files).
+  std::vector<std::pair<uint64_t, std::string>> entries;
+  if (layout_ == OutLayout::kFile) {
+    DS_ASSIGN_OR_RETURN(std::vector<std::string> keys, store_->List(kPrefix));
+    for (const std::string& key : keys) {
+      std::optional<uint64_t> v = VersionOf(key, kSuffix);
+      // A file from a newer version than the one held (left by an earlier run
+      // on another bucket) is stale too; the held one always stays.
+      if (v && *v != newest) entries.emplace_back(*v > newest ? 0 : *v, key);
+    }
+  } else {
+    std::error_code ec;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir_, ec)) {
+      std::optional<uint64_t> v = VersionOf(e.path().filename().string(), "");
+      if (!v || *v == newest || e.is_symlink(ec) || !e.is_directory(ec)) continue;
+      entries.emplace_back(*v > newest ? 0 : *v, e.path().filename().string());
+    }
+    if (ec) return Status::IOError(dir_ + ": cannot list: " + ec.message()).WithContext(Describe());
+  }
+  std::sort(entries.begin(), entries.end(), std::greater<>());
+  // The held version counts as one of the `keep`.
+  for (size_t i = static_cast<size_t>(keep_ - 1); i < entries.size(); ++i) {
+    if (layout_ == OutLayout::kFile) {
+      DS_RETURN_IF_ERROR(store_->Delete(entries[i].second).WithContext(Describe()));
+      continue;
+    }
+    // Renamed away first, so the folder disappears at once rather than file
+    // by file (a leftover of a kill mid-removal is removed at the next start).
+    const std::string path = dir_ + "/" + entries[i].second;
+    const std::string doomed = TempPathFor(path);
+    if (::rename(path.c_str(), doomed.c_str()) != 0) {
+      return Status::IOError(path + ": cannot remove: " + ErrnoText(errno)).WithContext(Describe());
+    }
+    std::error_code ec;
+    fs::remove_all(doomed, ec);
+    if (ec) return Status::IOError(doomed + ": cannot remove: " + ec.message()).WithContext(Describe());
   }
   return Status::OK();
 }

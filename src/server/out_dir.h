@@ -1,39 +1,76 @@
-// --out DIR [--keep N]: one safetensors file per held version, for engines
-// that reload weights from disk.
+// --out DIR [--keep N] [--out-layout folder|file]: every held version on
+// disk, for engines that load weights from a path.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "deltasync/hf_folder.h"
+#include "deltasync/server.h"
 #include "deltasync/store.h"
 #include "server/sink.h"
 
 namespace deltasync::server {
 
-// DIR/step_000012.safetensors: the full state as a plain checkpoint
-// (metadata format "pt" and model_version 12: CheckpointMetadata),
-// written atomically (temporary file, fsync, rename), then DIR/latest.json
-// ({"version", "file", "state_hash", "size"}) names it. Only the newest
-// `keep` step_*.safetensors files are kept; other files are never touched.
+// Layout kFolder (the default): DIR/step_000012/ is a complete Hugging Face
+// model folder (WriteHfFolder: the version's original sharding via its side
+// file model.safetensors.index.json, or one model.safetensors; metadata
+// format "pt" and model_version 12; the version's side files, fetched from the
+// bucket and verified), built in a hidden sibling and renamed into place. Then
+// the symlink DIR/latest -> step_000012 is switched (a temporary link renamed
+// over it) and DIR/latest.json ({"version", "dir", "file", "state_hash",
+// "size"}) replaced; both only once the folder is complete.
+//
+// Layout kFile: DIR/step_000012.safetensors, the full state as one plain
+// checkpoint (CheckpointMetadata), written atomically, then latest.json
+// ({"version", "file", "state_hash", "size"}); no latest link.
+//
+// Only the newest `keep` entries of the layout's kind (step_NNNNNN folders,
+// or step_NNNNNN.safetensors files) are kept; nothing else in DIR is touched.
 class OutDirSink : public StateSink {
  public:
-  // Creates DIR when missing. kInvalidArgument for keep < 1.
-  static Result<std::unique_ptr<OutDirSink>> Open(const std::string& dir, int keep);
+  // Creates DIR when missing. kInvalidArgument for keep < 1;
+  // kFailedPrecondition when DIR/latest exists and is not a symlink (kFolder).
+  // `bucket`: where side files are fetched from (kFolder).
+  static Result<std::unique_ptr<OutDirSink>> Open(const std::string& dir, int keep, OutLayout layout,
+                                                  std::shared_ptr<Store> bucket);
 
-  Status Export(uint64_t version, const StateHash& hash, const WeightState& state) override;
+  Status Export(uint64_t version, const StateHash& hash, const WeightState& state, const FileSet& files) override;
   std::string Describe() const override { return "--out " + dir_; }
 
-  // "step_000012.safetensors".
+  // "step_000012.safetensors" (kFile).
   static std::string FileName(uint64_t version);
+  // "step_000012" (kFolder).
+  static std::string FolderName(uint64_t version);
 
  private:
-  OutDirSink(std::shared_ptr<LocalStore> store, std::string dir, int keep)
-      : store_(std::move(store)), dir_(std::move(dir)), keep_(keep) {}
+  OutDirSink(std::shared_ptr<LocalStore> store, std::string dir, int keep, OutLayout layout,
+             std::shared_ptr<Store> bucket)
+      : store_(std::move(store)), dir_(std::move(dir)), keep_(keep), layout_(layout), bucket_(std::move(bucket)) {}
+  // What latest.json says of a written version (paths relative to DIR).
+  struct Written {
+    std::string dir;   // "step_000012" (kFolder) or empty
+    std::string file;  // the weights: the .safetensors file, or a folder's index when sharded
+    uint64_t size = 0; // bytes of the weight files
+  };
+  Result<Written> WriteFile(uint64_t version, const WeightState& state);
+  Result<Written> WriteFolder(uint64_t version, const WeightState& state, const FileSet& files);
+  // The side files of `files`, from the cache or fetched and verified.
+  Result<std::vector<SideFile>> SideFilesOf(uint64_t version, const FileSet& files);
+  // DIR/latest -> `target`, switched atomically.
+  Status PointLatestAt(const std::string& target);
   Status Prune(uint64_t newest);
 
   std::shared_ptr<LocalStore> store_;
   std::string dir_;
   int keep_;
+  OutLayout layout_;
+  std::shared_ptr<Store> bucket_;
+  // The side files last fetched, and the listing they were fetched for.
+  std::optional<FileSet> cached_set_;
+  std::vector<SideFile> cached_files_;
 };
 
 }  // namespace deltasync::server

@@ -94,7 +94,7 @@ Result<std::unique_ptr<Server>> Server::StartOrThrow(ServerOptions options) {
 
   std::vector<std::unique_ptr<server::StateSink>> sinks;
   if (!options.out_dir.empty()) {
-    DS_ASSIGN_OR_RETURN(auto out, server::OutDirSink::Open(options.out_dir, options.keep));
+    DS_ASSIGN_OR_RETURN(auto out, server::OutDirSink::Open(options.out_dir, options.keep, options.out_layout, store));
     sinks.push_back(std::move(out));
   }
   if (!options.shm_name.empty()) {

@@ -218,7 +218,8 @@ bool ShmExport::SameLayout(const WeightState& state) const {
   return true;
 }
 
-Status ShmExport::Export(uint64_t version, const StateHash& hash, const WeightState& state) {
+Status ShmExport::Export(uint64_t version, const StateHash& hash, const WeightState& state,
+                         const FileSet& /*files: the region holds weights only*/) {
   if (!base_) {
     DS_RETURN_IF_ERROR(CreateRegion(state));
     WriteVersion(version, hash, state, /*first=*/true);

@@ -41,7 +41,7 @@ class ShmExport : public StateSink {
   // Marks the region closed and unlinks the name (mappings stay valid).
   ~ShmExport() override;
 
-  Status Export(uint64_t version, const StateHash& hash, const WeightState& state) override;
+  Status Export(uint64_t version, const StateHash& hash, const WeightState& state, const FileSet& files) override;
   std::string Describe() const override { return "--shm " + name_; }
 
  private:

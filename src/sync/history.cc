@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
+#include <set>
 
 namespace deltasync {
 
@@ -20,6 +21,8 @@ std::string_view ObjectRoleName(ObjectRole role) {
 History SummarizeHistory(const Manifest& manifest) {
   History h;
   const VersionEntry* previous = nullptr;
+  FileSet files;                  // the side files in force
+  std::set<std::string> file_keys;  // side file objects counted
   for (const VersionEntry& v : manifest.versions) {
     VersionSummary s;
     std::vector<IndexEncoding> encodings;
@@ -50,6 +53,28 @@ History SummarizeHistory(const Manifest& manifest) {
         t.cumulative++;
         t.cumulative_bytes += o.size;
       }
+    }
+    if (v.files) {
+      SideFileChanges c;
+      for (const auto& [name, entry] : *v.files) {
+        c.count++;
+        c.bytes += entry.size;
+        auto it = files.find(name);
+        if (it == files.end()) {
+          c.added.push_back(name);
+        } else if (it->second.key != entry.key) {
+          c.changed.push_back(name);
+        }
+        if (file_keys.insert(entry.key).second) {
+          h.totals.file_objects++;
+          h.totals.file_bytes += entry.size;
+        }
+      }
+      for (const auto& [name, entry] : files) {
+        if (!v.files->count(name)) c.removed.push_back(name);
+      }
+      files = *v.files;
+      s.files = std::move(c);
     }
     h.totals.versions++;
     h.versions.push_back(std::move(s));

@@ -27,22 +27,28 @@ Status UploadSideFiles(Store& store, std::span<const SideFile> files, const File
   return Status::OK();
 }
 
+Result<Blob> FetchSideFile(Store& store, const std::string& name, const FileEntry& entry, std::string_view what) {
+  const std::string at =
+      (what.empty() ? "" : std::string(what) + ": ") + "side file " + name + " (" + entry.key + ")";
+  Result<Blob> blob = store.Get(entry.key);
+  if (!blob.ok()) return blob.status().WithContext(at);
+  if (blob->size() != entry.size) {
+    return Status::Integrity(at + ": " + std::to_string(blob->size()) + " bytes, the manifest lists " +
+                             std::to_string(entry.size));
+  }
+  std::string hash = Xxh3Hex(blob->bytes());
+  if (hash != entry.xxh3_128) {
+    return Status::Integrity(at + ": XXH3-128 " + hash + ", the manifest lists " + entry.xxh3_128);
+  }
+  return blob;
+}
+
 Result<std::vector<SideFile>> FetchSideFiles(Store& store, const FileSet& set, std::string_view what) {
   std::vector<SideFile> out;
   out.reserve(set.size());
   for (const auto& [name, entry] : set) {
-    const std::string at = std::string(what) + ": side file " + name + " (" + entry.key + ")";
-    Result<Blob> blob = store.Get(entry.key);
-    if (!blob.ok()) return blob.status().WithContext(at);
-    if (blob->size() != entry.size) {
-      return Status::Integrity(at + ": " + std::to_string(blob->size()) + " bytes, the manifest lists " +
-                               std::to_string(entry.size));
-    }
-    std::string hash = Xxh3Hex(blob->bytes());
-    if (hash != entry.xxh3_128) {
-      return Status::Integrity(at + ": XXH3-128 " + hash + ", the manifest lists " + entry.xxh3_128);
-    }
-    out.push_back(SideFile{name, std::move(*blob)});
+    DS_ASSIGN_OR_RETURN(Blob blob, FetchSideFile(store, name, entry, what));
+    out.push_back(SideFile{name, std::move(blob)});
   }
   return out;
 }

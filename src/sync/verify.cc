@@ -16,12 +16,14 @@
 // good.
 #include "deltasync/verify.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <utility>
 
 #include "deltasync/manifest.h"
 #include "deltasync/plan.h"
+#include "deltasync/side_files.h"
 #include "sync/replay.h"
 
 namespace deltasync {
@@ -112,6 +114,35 @@ class Checker {
     return Status::OK();
   }
 
+  // The side files of the targets (each target's full set, Manifest::FilesAt,
+  // as the version whose `files` holds it lists them): each distinct object
+  // downloaded once, its size and XXH3-128 checked. A bad one is reported for
+  // every such listing that holds it.
+  Status CheckSideFiles(const std::vector<uint64_t>& targets) {
+    std::set<uint64_t> listings;
+    for (uint64_t target : targets) {
+      const VersionEntry* listing = nullptr;
+      for (const VersionEntry& v : manifest_.versions) {
+        if (v.version <= target && v.files) listing = &v;
+      }
+      if (listing) listings.insert(listing->version);
+    }
+    for (const VersionEntry& v : manifest_.versions) {
+      if (!listings.count(v.version)) continue;
+      for (const auto& [name, entry] : *v.files) {
+        auto it = file_outcomes_.find(entry.key);
+        if (it == file_outcomes_.end()) {
+          Result<Blob> blob = FetchSideFile(store_, name, entry, "");
+          if (!blob.ok() && blob.status().code() == ErrorCode::kIOError) return blob.status();
+          if (blob.ok()) downloaded_ += blob->size();
+          it = file_outcomes_.emplace(entry.key, blob.status()).first;
+        }
+        if (!it->second.ok()) file_problems_.push_back({v.version, entry.key, it->second.code(), it->second.message()});
+      }
+    }
+    return Status::OK();
+  }
+
   VerifyReport Report(std::vector<uint64_t> targets) && {
     VerifyReport r;
     r.bucket = store_.Describe();
@@ -124,8 +155,12 @@ class Checker {
         if (it != outcomes_.end() && !it->second.ok()) r.bad_objects.push_back(Problem(v.version, o.key, it->second));
       }
     }
+    // Side files with the objects, in manifest order.
+    r.bad_objects.insert(r.bad_objects.end(), file_problems_.begin(), file_problems_.end());
+    std::stable_sort(r.bad_objects.begin(), r.bad_objects.end(),
+                     [](const ObjectProblem& a, const ObjectProblem& b) { return a.version < b.version; });
     r.unchecked = std::move(unchecked_);
-    r.objects_checked = outcomes_.size() + r.unchecked.size();
+    r.objects_checked = outcomes_.size() + r.unchecked.size() + file_outcomes_.size();
     r.bytes_downloaded = downloaded_;
     return r;
   }
@@ -229,6 +264,8 @@ class Checker {
   const Manifest manifest_;
   const int threads_;
   std::map<std::string, Status> outcomes_;  // by key: every object checked
+  std::map<std::string, Status> file_outcomes_;  // by key: every side file object checked
+  std::vector<ObjectProblem> file_problems_;
   std::set<uint64_t> verified_, unreachable_;
   std::vector<ObjectProblem> unchecked_;
   uint64_t downloaded_ = 0;
@@ -253,6 +290,7 @@ Result<VerifyReport> VerifyBucket(Store& store, const VerifyOptions& options) {
   }
   Checker checker(store, std::move(manifest), options.threads);
   DS_RETURN_IF_ERROR(options.all ? checker.CheckAll() : checker.CheckTarget(targets.front()));
+  DS_RETURN_IF_ERROR(checker.CheckSideFiles(targets));
   return std::move(checker).Report(std::move(targets));
 }
 

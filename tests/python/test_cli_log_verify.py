@@ -4,7 +4,10 @@ manifest; verify passes a good bucket and names the object it finds bad."""
 import json
 from datetime import datetime, timezone
 
+from safetensors.numpy import save_file
+
 from test_cli_compact import publish_versions
+from test_safetensors_interop import make_weights, nudge
 
 
 def manifest_of(bucket):
@@ -58,7 +61,9 @@ def test_log_json_matches_the_manifest(tmp_path, run):
         "delta_bytes": sum(o["size_bytes"] for v in out["versions"] for o in v["objects"] if o["role"] == "delta"),
         "cumulative": 1,
         "cumulative_bytes": sum(o["size_bytes"] for v in out["versions"] for o in v["objects"] if o["role"] == "cumulative"),
+        "file_objects": 0, "file_bytes": 0,
     }
+    assert all(v["files"] is None for v in out["versions"])  # published from plain files
 
 
 def test_ls_prints_one_line_per_version_and_totals(tmp_path, run):
@@ -115,3 +120,68 @@ def test_log_and_verify_refuse_a_directory_without_a_manifest(tmp_path, run):
         proc = run(command, tmp_path / "empty", check=False)
         assert proc.returncode == 1
         assert "has no manifest.json" in proc.stderr
+
+
+def published_folders(run, tmp_path):
+    """Versions 1-4 from model folders: config.json changes at 3, chat_template.jinja
+    arrives at 3, tokenizer_config.json leaves at 4."""
+    bucket, weights = tmp_path / "bucket", make_weights(30)
+    side = {1: {"config.json": '{"a": 1}', "tokenizer_config.json": "{}"},
+            2: {"config.json": '{"a": 1}', "tokenizer_config.json": "{}"},
+            3: {"config.json": '{"a": 3}', "tokenizer_config.json": "{}", "chat_template.jinja": "{{ x }}"},
+            4: {"config.json": '{"a": 3}', "chat_template.jinja": "{{ x }}"}}
+    for v in range(1, 5):
+        if v > 1:
+            weights = nudge(weights, 0.03, v)
+        folder = tmp_path / f"ckpt{v}"
+        folder.mkdir()
+        save_file(weights, folder / "model.safetensors")
+        for name, text in side[v].items():
+            (folder / name).write_text(text)
+        run("publish", bucket, folder, "--version", v)
+    return bucket
+
+
+def test_log_shows_side_file_changes(tmp_path, run):
+    bucket = published_folders(run, tmp_path)
+    out = json.loads(run("log", bucket, "--json").stdout)
+    files = {v["version"]: v["files"] for v in out["versions"]}
+    assert files[1] == {"count": 2, "bytes": 10, "added": ["config.json", "tokenizer_config.json"],
+                        "changed": [], "removed": []}
+    assert files[2] is None  # the set of version 1, unchanged
+    assert files[3] == {"count": 3, "bytes": 17, "added": ["chat_template.jinja"], "changed": ["config.json"],
+                        "removed": []}
+    assert files[4] == {"count": 2, "bytes": 15, "added": [], "changed": [], "removed": ["tokenizer_config.json"]}
+    # Distinct objects: two configs, the tokenizer config, the template.
+    assert (out["totals"]["file_objects"], out["totals"]["file_bytes"]) == (4, 8 + 2 + 8 + 7)
+
+    lines = run("log", bucket).stdout.splitlines()
+    rows = {int(line.split()[0]): line for line in lines[2:-2]}
+    assert rows[1].endswith("; files: 2 (10 B)"), rows[1]
+    assert "files" not in rows[2]
+    assert rows[3].endswith("; files: 3 (17 B), config.json changed, chat_template.jinja added"), rows[3]
+    assert rows[4].endswith("; files: 2 (15 B), tokenizer_config.json removed"), rows[4]
+    assert lines[-1] == "side files: 4 object(s), 25 B"
+
+
+def test_verify_checks_side_files(tmp_path, run):
+    bucket = published_folders(run, tmp_path)
+    m = manifest_of(bucket)
+    config3 = m["versions"][2]["files"]["config.json"]["key"]
+    template = m["versions"][2]["files"]["chat_template.jinja"]["key"]
+    report = json.loads(run("verify", bucket, "--all", "--json").stdout)
+    assert report["ok"] and report["objects_checked"] == len(
+        [o for v in m["versions"] for o in v["objects"]]) + 4
+
+    (bucket / config3).write_text('{"a": 4}')  # same size, other bytes
+    (bucket / template).unlink()
+    proc = run("verify", bucket, check=False)
+    assert proc.returncode == 1
+    # Version 4's set, as version 4 lists it.
+    assert f"bad object: {config3} (version 4): side file config.json ({config3}): XXH3-128 " in proc.stdout
+    assert f"bad object: {template} (version 4): side file chat_template.jinja" in proc.stdout
+    assert "failed verification: 2 bad object(s)" in proc.stderr
+    report = json.loads(run("verify", bucket, "--all", "--json", check=False).stdout)
+    assert not report["ok"] and report["unreachable"] == []
+    assert sorted((p["version"], p["key"], p["error"]) for p in report["bad_objects"]) == sorted(
+        [(3, config3, "integrity"), (3, template, "not found"), (4, config3, "integrity"), (4, template, "not found")])

@@ -43,6 +43,8 @@ TEST(FollowTest, TwoDaemonsFollowingOneBucketEndBitExact) {
     ServerOptions options = DaemonOptions(bucket.store());
     options.out_dir = bucket.tmp().Sub("out" + std::to_string(i));
     options.keep = 1;
+    // One of each --out layout.
+    options.out_layout = i == 0 ? OutLayout::kFolder : OutLayout::kFile;
     daemons.push_back(StartDaemon(options));
     ASSERT_TRUE(daemons.back());
   }
@@ -62,8 +64,10 @@ TEST(FollowTest, TwoDaemonsFollowingOneBucketEndBitExact) {
     EXPECT_EQ(s["version"], version);
     EXPECT_EQ(s["state_hash"], bucket.hash(version).Hex()) << "daemon " << i;
     EXPECT_EQ(s["lag_versions"], 0);
-    // The --out file: the trainer's weights, bit for bit.
-    const std::string file = bucket.tmp().Sub("out" + std::to_string(i)) + "/" + server::OutDirSink::FileName(version);
+    // The --out folder's or file's weights: the trainer's, bit for bit.
+    const std::string file = bucket.tmp().Sub("out" + std::to_string(i)) + "/" +
+                             (i == 0 ? server::OutDirSink::FolderName(version) + "/model.safetensors"
+                                     : server::OutDirSink::FileName(version));
     ASSERT_TRUE(WaitUntil([&] { return std::filesystem::exists(file); }));
     ExpectFileEqualsModel(file, bucket.model());
   }

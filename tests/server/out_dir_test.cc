@@ -1,8 +1,11 @@
-// --out DIR --keep N: one complete safetensors file per version, the newest
-// N kept, latest.json last, other files untouched, failures reported and
-// retried.
+// --out DIR --keep N: one complete model folder per version (with its side
+// files, fetched once per change) or, with --out-layout file, one safetensors
+// file; the newest N kept; the latest link and latest.json switched last;
+// other entries untouched; failures reported, retried, and the previous
+// latest left intact.
 #include <filesystem>
 #include <fstream>
+#include <span>
 
 #include "deltasync/patch.h"
 #include "deltasync/safetensors.h"
@@ -38,7 +41,134 @@ std::pair<StateHash, uint64_t> HashOfFile(const std::string& path) {
   return {HashTensors(file->tensors()), std::stoull(meta.at("model_version"))};
 }
 
-TEST(OutDirTest, OneFilePerVersionNewestKeptOthersUntouched) {
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+json LatestJson(const std::string& out) {
+  std::ifstream in(out + "/latest.json");
+  return json::parse(in, nullptr, false);
+}
+
+std::vector<SideFile> Files(std::initializer_list<std::pair<std::string, std::string>> files) {
+  std::vector<SideFile> out;
+  for (const auto& [name, text] : files) out.push_back(SideFile{name, Blob::FromVector({text.begin(), text.end()})});
+  return out;
+}
+
+// The version's folder: its weights (model_version v, the trainer's state),
+// exactly `side` besides model.safetensors, and latest -> it.
+void ExpectFolder(const std::string& out, uint64_t v, const StateHash& want,
+                  const std::map<std::string, std::string>& side) {
+  const std::string dir = out + "/" + server::OutDirSink::FolderName(v);
+  auto [hash, model_version] = HashOfFile(dir + "/model.safetensors");
+  EXPECT_EQ(hash, want) << v;
+  EXPECT_EQ(model_version, v);
+  std::map<std::string, std::string> got;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::string n = e.path().filename().string();
+    if (n != "model.safetensors") got[n] = ReadText(e.path().string());
+  }
+  EXPECT_EQ(got, side) << v;
+  EXPECT_EQ(fs::read_symlink(out + "/latest"), server::OutDirSink::FolderName(v)) << "relative link";
+  json latest = LatestJson(out);
+  ASSERT_TRUE(latest.is_object());
+  EXPECT_EQ(latest["version"], v);
+  EXPECT_EQ(latest["dir"], server::OutDirSink::FolderName(v));
+  EXPECT_EQ(latest["file"], server::OutDirSink::FolderName(v) + "/model.safetensors");
+  EXPECT_EQ(latest["state_hash"], want.Hex());
+  EXPECT_EQ(latest["size"], fs::file_size(dir + "/model.safetensors"));
+}
+
+TEST(OutDirTest, OneModelFolderPerVersionWithItsSideFilesAndALatestLink) {
+  TestBucket bucket;
+  const std::vector<SideFile> v1_files = Files({{"config.json", "{\"rope_theta\": 1}"}});
+  const std::vector<SideFile> v3_files = Files({{"config.json", "{\"rope_theta\": 3}"}, {"tokenizer.json", "{}"}});
+  bucket.Publish(1, 0.05, std::span<const SideFile>(v1_files));
+  const std::string out = bucket.tmp().Sub("out");
+  fs::create_directories(out + "/step_abc");
+  std::ofstream(out + "/notes.txt") << "the engine's own file";
+  std::ofstream(out + "/step_000001.safetensors") << "a file, not the layout's kind: never touched";
+  ServerOptions options = DaemonOptions(bucket.store());
+  options.out_dir = out;
+  options.keep = 2;
+  auto daemon = StartDaemon(options);
+  ASSERT_TRUE(daemon);
+  const std::string addr = daemon->address();
+  ASSERT_TRUE(WaitForVersion(addr, 1));
+  ASSERT_EQ(HttpPost(addr, "/pause", "").status, 200);
+  bucket.Publish(2);  // the side files of version 1, unchanged
+  bucket.Publish(3, 0.05, std::span<const SideFile>(v3_files));
+  bucket.Publish(4);
+  const std::map<std::string, std::string> side1 = {{"config.json", "{\"rope_theta\": 1}"}};
+  const std::map<std::string, std::string> side3 = {{"config.json", "{\"rope_theta\": 3}"}, {"tokenizer.json", "{}"}};
+  ExpectFolder(out, 1, bucket.hash(1), side1);
+  for (uint64_t v = 2; v <= 4; ++v) {
+    HttpReply r = HttpPost(addr, "/update_weights", UpdateWeightsBody(DeltaKey(v)));
+    ASSERT_EQ(r.status, 200) << r.body;
+    // Answered when held: the folder and the link are there already.
+    ExpectFolder(out, v, bucket.hash(v), v < 3 ? side1 : side3);
+    if (v == 3) {
+      // Fetched once per change: version 4 lists the same objects, so it
+      // needs none of them from the bucket.
+      for (const auto& e : fs::recursive_directory_iterator(bucket.dir() + "/ds/files")) {
+        if (e.is_regular_file()) fs::rename(e.path(), e.path().string() + ".away");
+      }
+    }
+  }
+  std::vector<std::string> want = {"step_000001.safetensors", "step_000003", "step_000004", "step_abc"};
+  EXPECT_EQ(StepFiles(out), want);
+  EXPECT_TRUE(fs::exists(out + "/notes.txt"));
+  for (const auto& e : fs::directory_iterator(out)) {
+    EXPECT_NE(e.path().filename().string()[0], '.') << "nothing left beside: " << e.path();
+  }
+
+  // A side file that cannot be fetched: the export fails, is reported, and
+  // the previous version stays what latest and latest.json name, whole.
+  const std::vector<SideFile> v5_files = Files({{"config.json", "{\"rope_theta\": 5}"}});
+  bucket.Publish(5, 0.05, std::span<const SideFile>(v5_files));
+  std::string key;
+  for (const auto& e : fs::recursive_directory_iterator(bucket.dir() + "/ds/files")) {
+    if (e.is_regular_file() && e.path().extension() != ".away") key = e.path().string();
+  }
+  ASSERT_FALSE(key.empty());
+  fs::rename(key, key + ".away");
+  HttpReply r = HttpPost(addr, "/update_weights", UpdateWeightsBody(DeltaKey(5)));
+  EXPECT_EQ(r.status, 500) << r.body;
+  json s = StatusOf(addr);
+  EXPECT_EQ(s["version"], 5) << "the replica moved; the folder lags";
+  EXPECT_EQ(s["last_error"]["stage"], "export");
+  EXPECT_NE(s["export_error"].get<std::string>().find("config.json"), std::string::npos) << s.dump();
+  EXPECT_FALSE(fs::exists(out + "/step_000005"));
+  ExpectFolder(out, 4, bucket.hash(4), side3);
+
+  // Back in place: the next cycle exports it.
+  fs::rename(key + ".away", key);
+  ASSERT_EQ(HttpPost(addr, "/resume", "").status, 200);
+  ASSERT_TRUE(WaitUntil([&] { return StatusOf(addr)["export_error"].is_null(); }));
+  ExpectFolder(out, 5, bucket.hash(5), {{"config.json", "{\"rope_theta\": 5}"}});
+  EXPECT_EQ(StepFiles(out), (std::vector<std::string>{"step_000001.safetensors", "step_000004", "step_000005",
+                                                       "step_abc"}));
+}
+
+TEST(OutDirTest, ALatestThatIsNotALinkIsRefusedAtStart) {
+  TestBucket bucket;
+  ServerOptions options = DaemonOptions(bucket.store());
+  options.out_dir = bucket.tmp().Sub("out");
+  options.listen = "127.0.0.1:0";
+  fs::create_directories(options.out_dir + "/latest");
+  std::ofstream(options.out_dir + "/latest/model.safetensors") << "someone's model";
+  auto server = Server::Start(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_NE(server.status().message().find(options.out_dir + "/latest exists and is not a symlink"),
+            std::string::npos)
+      << server.status().ToString();
+  EXPECT_TRUE(fs::exists(options.out_dir + "/latest/model.safetensors"));
+}
+
+TEST(OutDirTest, FileLayoutOneFilePerVersionNewestKeptOthersUntouched) {
   TestBucket bucket;
   bucket.Publish(1);
   const std::string out = bucket.tmp().Sub("out");
@@ -48,6 +178,7 @@ TEST(OutDirTest, OneFilePerVersionNewestKeptOthersUntouched) {
   ServerOptions options = DaemonOptions(bucket.store());
   options.out_dir = out;
   options.keep = 2;
+  options.out_layout = OutLayout::kFile;
   auto daemon = StartDaemon(options);
   ASSERT_TRUE(daemon);
   const std::string addr = daemon->address();
@@ -67,10 +198,11 @@ TEST(OutDirTest, OneFilePerVersionNewestKeptOthersUntouched) {
                                                        "step_abc.safetensors"}));
   EXPECT_TRUE(fs::exists(out + "/notes.txt"));
 
-  std::ifstream in(out + "/latest.json");
-  json latest = json::parse(in, nullptr, false);
+  json latest = LatestJson(out);
   ASSERT_TRUE(latest.is_object());
   EXPECT_EQ(latest["version"], 5);
+  EXPECT_FALSE(latest.contains("dir"));
+  EXPECT_FALSE(fs::exists(out + "/latest")) << "no link in the file layout";
   EXPECT_EQ(latest["file"], "step_000005.safetensors");
   EXPECT_EQ(latest["state_hash"], bucket.hash(5).Hex());
   EXPECT_EQ(latest["size"], fs::file_size(out + "/step_000005.safetensors"));
@@ -86,7 +218,7 @@ TEST(OutDirTest, AFailedWriteIsReportedAndRetried) {
   ASSERT_TRUE(daemon);
   const std::string addr = daemon->address();
   ASSERT_TRUE(WaitForVersion(addr, 1));
-  ASSERT_TRUE(WaitUntil([&] { return fs::exists(out + "/step_000001.safetensors"); }));
+  ASSERT_TRUE(WaitUntil([&] { return fs::exists(out + "/step_000001/model.safetensors"); }));
 
   // A file where the directory was: every write fails (even as root).
   // Paused while swapping, so that no write is in flight.
@@ -97,7 +229,7 @@ TEST(OutDirTest, AFailedWriteIsReportedAndRetried) {
   ASSERT_EQ(HttpPost(addr, "/resume", "").status, 200);
   ASSERT_TRUE(WaitUntil([&] { return !StatusOf(addr)["export_error"].is_null(); }));
   json s = StatusOf(addr);
-  EXPECT_EQ(s["version"], 2) << "the replica moved; the file lags";
+  EXPECT_EQ(s["version"], 2) << "the replica moved; the folder lags";
   EXPECT_EQ(s["last_error"]["stage"], "export");
   HttpReply health = HttpGet(addr, "/healthz");
   EXPECT_EQ(health.status, 503);
@@ -106,7 +238,8 @@ TEST(OutDirTest, AFailedWriteIsReportedAndRetried) {
   fs::remove(out);
   fs::create_directories(out);
   ASSERT_TRUE(WaitUntil([&] { return HttpGet(addr, "/healthz").status == 200; }));
-  EXPECT_EQ(HashOfFile(out + "/step_000002.safetensors").first, bucket.hash(2));
+  EXPECT_EQ(HashOfFile(out + "/step_000002/model.safetensors").first, bucket.hash(2));
+  EXPECT_EQ(fs::read_symlink(out + "/latest"), "step_000002");
   EXPECT_TRUE(StatusOf(addr)["export_error"].is_null());
 }
 

@@ -1,7 +1,7 @@
 // `deltasync serve` as a process: the "listening on" line, clean stops on
 // SIGTERM/SIGINT, usage errors, a daemon killed with SIGKILL in the middle
 // of an update that comes back on a verified version (with complete --out
-// files only), and `deltasync publish --notify`.
+// folders only), and `deltasync publish --notify`.
 #include <sys/wait.h>
 
 #include <filesystem>
@@ -11,6 +11,7 @@
 #include "deltasync/patch.h"
 #include "deltasync/safetensors.h"
 #include "deltasync/shm.h"
+#include "server/out_dir.h"
 #include "server/server_test_util.h"
 
 namespace deltasync::testing {
@@ -127,9 +128,9 @@ class BigModel {
   std::vector<uint16_t> a_, b_;
 };
 
-// Every step_*.safetensors in `dir` is complete and verified against the
-// manifest; latest.json, when present, names one of them.
-void ExpectOnlyCompleteFiles(const std::string& dir, Store& bucket) {
+// Every step_* folder in `dir` is a complete model folder verified against
+// the manifest; latest and latest.json, when present, name one of them.
+void ExpectOnlyCompleteFolders(const std::string& dir, Store& bucket) {
   if (!fs::exists(dir)) return;
   auto blob = bucket.Get(kManifestKey);
   ASSERT_TRUE(blob.ok());
@@ -138,7 +139,9 @@ void ExpectOnlyCompleteFiles(const std::string& dir, Store& bucket) {
   for (const auto& e : fs::directory_iterator(dir)) {
     std::string name = e.path().filename().string();
     if (name.rfind("step_", 0) != 0) continue;
-    auto file = SafetensorsFile::Open(e.path().string());
+    ASSERT_TRUE(e.is_directory()) << name;
+    // Published from a plain file: the folder is one model.safetensors.
+    auto file = SafetensorsFile::Open(e.path().string() + "/model.safetensors");
     ASSERT_TRUE(file.ok()) << name << ": " << file.status().ToString();
     // A plain checkpoint (format "pt") naming its model_version.
     const Metadata& meta = file->metadata();
@@ -146,13 +149,18 @@ void ExpectOnlyCompleteFiles(const std::string& dir, Store& bucket) {
     ASSERT_TRUE(meta.count("model_version")) << name;
     const VersionEntry* v = manifest->Find(std::stoull(meta.at("model_version")));
     ASSERT_NE(v, nullptr) << name;
+    EXPECT_EQ(server::OutDirSink::FolderName(v->version), name);
     EXPECT_EQ(HashTensors(file->tensors()), v->state_hash) << name;
+  }
+  if (fs::is_symlink(dir + "/latest")) {
+    EXPECT_TRUE(fs::exists(dir + "/latest/model.safetensors")) << fs::read_symlink(dir + "/latest");
   }
   if (fs::exists(dir + "/latest.json")) {
     std::ifstream in(dir + "/latest.json");
     json latest = json::parse(in, nullptr, false);
     ASSERT_TRUE(latest.is_object()) << "latest.json is whole";
     EXPECT_TRUE(fs::exists(dir + "/" + latest["file"].get<std::string>()));
+    EXPECT_TRUE(fs::is_directory(dir + "/" + latest["dir"].get<std::string>()));
   }
 }
 
@@ -199,7 +207,7 @@ TEST(ProcessTest, KilledMidUpdateComesBackOnAVerifiedVersion) {
     child.Signal(SIGKILL);
     int status = child.Wait();
     EXPECT_TRUE(WIFSIGNALED(status));
-    ExpectOnlyCompleteFiles(out, *store);
+    ExpectOnlyCompleteFolders(out, *store);
     publish(3);
   }
 
@@ -212,7 +220,7 @@ TEST(ProcessTest, KilledMidUpdateComesBackOnAVerifiedVersion) {
   EXPECT_EQ(s["version"], version);
   EXPECT_EQ(s["state_hash"], hashes[version].Hex());
   ASSERT_TRUE(WaitUntil([&] { return HttpGet(addr, "/healthz").status == 200; })) << StatusOf(addr).dump();
-  ExpectOnlyCompleteFiles(out, *store);
+  ExpectOnlyCompleteFolders(out, *store);
   std::ifstream in(out + "/latest.json");
   EXPECT_EQ(json::parse(in, nullptr, false)["version"], version);
   auto reader = ShmReader::Open(shm);

@@ -69,10 +69,12 @@ class TestBucket {
     publisher_ = std::move(*p);
   }
 
-  // Steps the model (except before the first version) and publishes it.
-  StateHash Publish(uint64_t version, double fraction = 0.05) {
+  // Steps the model (except before the first version) and publishes it,
+  // with `files` as the version's side files (nullopt: the previous set).
+  StateHash Publish(uint64_t version, double fraction = 0.05,
+                    std::optional<std::span<const SideFile>> files = std::nullopt) {
     if (publisher_->latest_version() > 0) model_.Step(fraction);
-    auto stats = publisher_->Publish(version, model_.Views());
+    auto stats = publisher_->Publish(version, model_.Views(), files);
     EXPECT_TRUE(stats.ok()) << stats.status().ToString();
     hashes_[version] = stats.ok() ? stats->state_hash : StateHash{};
     return hashes_[version];

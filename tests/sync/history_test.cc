@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "deltasync/publisher.h"
+#include "deltasync/side_files.h"
 #include "testing/bucket_util.h"
 #include "testing/random_model.h"
 #include "testing/temp_dir.h"
@@ -68,6 +69,43 @@ TEST(HistoryTest, RolesSizesAndTotals) {
   EXPECT_EQ(h.totals.cumulative, 1u);
   EXPECT_EQ(h.totals.bytes, bytes);
   EXPECT_EQ(h.totals.anchor_bytes + h.totals.delta_bytes + h.totals.cumulative_bytes, bytes);
+}
+
+TEST(HistoryTest, SideFileChangesPerListingAndDistinctObjectsInTotals) {
+  TempDir dir;
+  auto store = OpenDirStore(dir.path());
+  auto publisher = Publisher::Open(store, PublisherOptions{});
+  ASSERT_TRUE(publisher.ok());
+  auto file = [](const std::string& name, const std::string& text) {
+    return SideFile{name, Blob::FromVector({text.begin(), text.end()})};
+  };
+  const std::vector<std::vector<SideFile>> sets = {
+      {file("config.json", "aa"), file("vocab.txt", "vvv")},   // 1
+      {},                                                      // 2: unchanged (nullopt)
+      {file("config.json", "bbbb"), file("merges.txt", "m")},  // 3
+  };
+  RandomModel model(3);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) model.Step(0.04);
+    std::optional<std::span<const SideFile>> files;
+    if (v != 2) files = std::span<const SideFile>(sets[v - 1]);
+    ASSERT_TRUE((*publisher)->Publish(v, model.Views(), files).ok());
+  }
+  const Manifest m = ReadManifest(*store);
+  const History h = SummarizeHistory(m);
+  ASSERT_TRUE(h.versions[0].files.has_value());
+  EXPECT_EQ(h.versions[0].files->count, 2u);
+  EXPECT_EQ(h.versions[0].files->bytes, 5u);
+  EXPECT_EQ(h.versions[0].files->added, (std::vector<std::string>{"config.json", "vocab.txt"}));
+  EXPECT_FALSE(h.versions[1].files.has_value());
+  ASSERT_TRUE(h.versions[2].files.has_value());
+  EXPECT_EQ(h.versions[2].files->bytes, 5u);
+  EXPECT_EQ(h.versions[2].files->added, (std::vector<std::string>{"merges.txt"}));
+  EXPECT_EQ(h.versions[2].files->changed, (std::vector<std::string>{"config.json"}));
+  EXPECT_EQ(h.versions[2].files->removed, (std::vector<std::string>{"vocab.txt"}));
+  EXPECT_EQ(h.totals.file_objects, 4u);
+  EXPECT_EQ(h.totals.file_bytes, 10u);
+  EXPECT_EQ(h.totals.objects, 3u) << "side files are not objects";
 }
 
 TEST(HistoryTest, IsoUtcTime) {

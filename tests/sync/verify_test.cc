@@ -13,6 +13,7 @@
 #include "deltasync/publisher.h"
 #include "deltasync/replica.h"
 #include "deltasync/safetensors.h"
+#include "deltasync/side_files.h"
 #include "testing/bucket_util.h"
 #include "testing/random_model.h"
 #include "testing/temp_dir.h"
@@ -301,6 +302,75 @@ TEST_P(BucketVerifyTest, UnknownVersionAndMissingManifestAreErrors) {
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), ErrorCode::kNotFound);
   EXPECT_NE(none.status().message().find("manifest.json"), std::string::npos) << none.status().message();
+}
+
+// Side files: v1 lists {config A, tokenizer T}, v3 {config B, tokenizer T};
+// v2 and v4 inherit. Each object is checked once; a bad one is reported for
+// every version whose `files` lists it, and only for the sets checked.
+TEST(SideFileVerifyTest, CorruptedAndDeletedSideFilesAreBadObjects) {
+  TempDir dir;
+  std::shared_ptr<Store> store = OpenDirStore(dir.path());
+  auto publisher = Publisher::Open(store, PublisherOptions{.anchor_interval = 4});
+  ASSERT_TRUE(publisher.ok());
+  auto file = [](const std::string& name, const std::string& text) {
+    return SideFile{name, Blob::FromVector({text.begin(), text.end()})};
+  };
+  const std::vector<SideFile> v1 = {file("config.json", "{\"a\": 1}"), file("tokenizer.json", "{\"t\": 0}")};
+  const std::vector<SideFile> v3 = {file("config.json", "{\"a\": 3}"), file("tokenizer.json", "{\"t\": 0}")};
+  RandomModel model(5);
+  for (uint64_t v = 1; v <= 4; ++v) {
+    if (v > 1) model.Step(0.03);
+    std::optional<std::span<const SideFile>> files;
+    if (v == 1) files = std::span<const SideFile>(v1);
+    if (v == 3) files = std::span<const SideFile>(v3);
+    ASSERT_TRUE((*publisher)->Publish(v, model.Views(), files).ok());
+  }
+  const Manifest m = ReadManifest(*store);
+  const std::string a = m.Find(1)->files->at("config.json").key;
+  const std::string b = m.Find(3)->files->at("config.json").key;
+  const std::string t = m.Find(3)->files->at("tokenizer.json").key;
+  ASSERT_EQ(m.Find(1)->files->at("tokenizer.json").key, t);
+
+  VerifyReport clean = Verify(*store, All());
+  EXPECT_TRUE(clean.ok()) << Keys(clean.bad_objects);
+  uint64_t objects = 3;  // a, b, t: once each
+  for (const VersionEntry& v : m.versions) objects += v.objects.size();
+  EXPECT_EQ(clean.objects_checked, objects);
+
+  // Same size, one byte changed.
+  auto blob = store->Get(t);
+  ASSERT_TRUE(blob.ok());
+  std::vector<uint8_t> bytes(blob->bytes().begin(), blob->bytes().end());
+  bytes[2] ^= 0x01;
+  ASSERT_TRUE(store->Put(t, bytes).ok());
+  VerifyReport newest = Verify(*store);
+  EXPECT_FALSE(newest.ok());
+  EXPECT_TRUE(newest.unreachable.empty()) << "the weights are fine";
+  ASSERT_EQ(newest.bad_objects.size(), 1u) << Keys(newest.bad_objects);
+  EXPECT_EQ(newest.bad_objects[0].version, 3u);
+  EXPECT_EQ(newest.bad_objects[0].key, t);
+  EXPECT_EQ(newest.bad_objects[0].code, ErrorCode::kIntegrity);
+  EXPECT_NE(newest.bad_objects[0].reason.find("side file tokenizer.json"), std::string::npos)
+      << newest.bad_objects[0].reason;
+  EXPECT_NE(newest.bad_objects[0].reason.find("XXH3-128"), std::string::npos) << newest.bad_objects[0].reason;
+  VerifyReport all = Verify(*store, All());
+  EXPECT_EQ(Keys(all.bad_objects), "[1 " + t + ": " + newest.bad_objects[0].reason + "][3 " + t + ": " +
+                                       newest.bad_objects[0].reason + "]");
+  EXPECT_EQ(all.verified, (std::vector<uint64_t>{1, 2, 3, 4}));
+  ASSERT_TRUE(store->Put(t, blob->bytes()).ok());
+
+  // Deleted: only a check of a version whose set holds it finds it.
+  ASSERT_TRUE(store->Delete(a).ok());
+  EXPECT_TRUE(Verify(*store).ok()) << "version 4's set does not hold it";
+  VerifyOptions two;
+  two.version = 2;
+  VerifyReport r = Verify(*store, two);
+  ASSERT_EQ(r.bad_objects.size(), 1u) << Keys(r.bad_objects);
+  EXPECT_EQ(r.bad_objects[0].version, 1u);
+  EXPECT_EQ(r.bad_objects[0].key, a);
+  EXPECT_EQ(r.bad_objects[0].code, ErrorCode::kNotFound);
+  EXPECT_NE(r.bad_objects[0].reason.find("side file config.json"), std::string::npos) << r.bad_objects[0].reason;
+  EXPECT_EQ(Verify(*store, All()).bad_objects.size(), 1u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Encodings, BucketVerifyTest, ::testing::Values(IndexEncoding::kCompact, IndexEncoding::kGapDelta),

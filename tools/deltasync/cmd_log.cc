@@ -35,7 +35,13 @@ nlohmann::ordered_json LogJson(const std::string& bucket, const History& h) {
                         {"encoding", v.encoding},
                         {"bytes", v.bytes},
                         {"state_hash", v.entry->state_hash.Hex()},
-                        {"objects", std::move(objects)}});
+                        {"objects", std::move(objects)},
+                        {"files", v.files ? Json{{"count", v.files->count},
+                                                 {"bytes", v.files->bytes},
+                                                 {"added", v.files->added},
+                                                 {"changed", v.files->changed},
+                                                 {"removed", v.files->removed}}
+                                          : Json(nullptr)}});
   }
   const HistoryTotals& t = h.totals;
   return {{"bucket", bucket},
@@ -49,7 +55,21 @@ nlohmann::ordered_json LogJson(const std::string& bucket, const History& h) {
             {"deltas", t.deltas},
             {"delta_bytes", t.delta_bytes},
             {"cumulative", t.cumulative},
-            {"cumulative_bytes", t.cumulative_bytes}}}};
+            {"cumulative_bytes", t.cumulative_bytes},
+            {"file_objects", t.file_objects},
+            {"file_bytes", t.file_bytes}}}};
+}
+
+// "3 (12.4 KB), config.json changed, chat_template.jinja added": the set a
+// version lists, and what changed against the previous one (none at first).
+std::string FilesText(const SideFileChanges& c) {
+  std::string out = std::to_string(c.count) + " (" + HumanBytes(static_cast<double>(c.bytes)) + ")";
+  const bool first = c.changed.empty() && c.removed.empty() && c.added.size() == c.count;
+  if (first) return out;
+  for (const auto& [names, what] : {std::pair{&c.changed, " changed"}, {&c.added, " added"}, {&c.removed, " removed"}}) {
+    for (const std::string& name : *names) out += ", " + name + what;
+  }
+  return out;
 }
 
 void PrintLog(const std::string& bucket, const History& h) {
@@ -63,6 +83,7 @@ void PrintLog(const std::string& bucket, const History& h) {
       objects += std::string(ObjectRoleName(o.role)) + " " + HumanBytes(static_cast<double>(o.object->size));
       if (o.role == ObjectRole::kCumulative) objects += " (from " + std::to_string(*o.object->base_version) + ")";
     }
+    if (v.files) objects += "; files: " + FilesText(*v.files);
     char per_changed[32] = "-";
     if (v.bytes_per_changed_element) std::snprintf(per_changed, sizeof per_changed, "%.3f", *v.bytes_per_changed_element);
     std::printf("%8llu  %-24s  %8.3f%%  %9s  %-9s  %s\n", static_cast<unsigned long long>(v.entry->version),
@@ -76,6 +97,10 @@ void PrintLog(const std::string& bucket, const History& h) {
               HumanBytes(static_cast<double>(t.anchor_bytes)).c_str(), static_cast<unsigned long long>(t.deltas),
               HumanBytes(static_cast<double>(t.delta_bytes)).c_str(), static_cast<unsigned long long>(t.cumulative),
               HumanBytes(static_cast<double>(t.cumulative_bytes)).c_str());
+  if (t.file_objects > 0) {
+    std::printf("side files: %llu object(s), %s\n", static_cast<unsigned long long>(t.file_objects),
+                HumanBytes(static_cast<double>(t.file_bytes)).c_str());
+  }
 }
 
 }  // namespace

@@ -83,6 +83,7 @@ Status RunServe(const ServeArgs& args) {
   options.listen = args.listen;
   options.out_dir = args.out_dir;
   options.keep = args.keep;
+  options.out_layout = args.out_layout == "file" ? OutLayout::kFile : OutLayout::kFolder;
   options.shm_name = args.shm;
   options.poll_seconds = args.poll;
   options.tls_cert = args.tls_cert;

@@ -146,6 +146,7 @@ struct ServeArgs {
   std::string listen = "127.0.0.1:8470";
   std::string out_dir;
   int keep = 2;
+  std::string out_layout = "folder";  // "folder" or "file"
   std::string shm;
   std::string token_file;
   double poll = 1.0;

@@ -219,9 +219,15 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--bucket", serve_bucket_flag, "The same as BUCKET (the older form)");
   serve_cmd->add_option("--listen", serve.listen, "HOST:PORT, [IPV6]:PORT or PORT (on 127.0.0.1) to bind; port 0: any "
                                                   "free port");
-  auto* out_opt = serve_cmd->add_option("--out", serve.out_dir, "Write each version held to DIR as a safetensors file");
-  serve_cmd->add_option("--keep", serve.keep, "--out files kept (newest)")
+  auto* out_opt = serve_cmd->add_option("--out", serve.out_dir,
+                                        "Write each version held to DIR as a model folder DIR/step_NNNNNN/ "
+                                        "(DIR/latest links the newest)");
+  serve_cmd->add_option("--keep", serve.keep, "--out versions kept (newest)")
       ->check(WholeNumber(1, 1000000))
+      ->needs(out_opt);
+  serve_cmd->add_option("--out-layout", serve.out_layout,
+                        "folder: a model folder per version (default); file: one DIR/step_NNNNNN.safetensors")
+      ->check(CLI::IsMember({"folder", "file"}))
       ->needs(out_opt);
   serve_cmd->add_option("--shm", serve.shm, "POSIX shared-memory object holding the state (docs/shm.md)");
   serve_cmd->add_option("--token-file", serve.token_file, "Bearer token required on POST routes");
