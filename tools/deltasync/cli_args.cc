@@ -108,6 +108,10 @@ std::string HelpFormatter::make_option_opts(const CLI::Option* opt) const {
     for (const CLI::Option* other : opt->get_needs()) out += " " + other->get_name();
     out += ")";
   }
+  // CLI11 starts the description on the same line when "  " + name + opts
+  // is narrower than the column, so a signature one short of it would be
+  // followed by a single space: pad it over the column, onto its own line.
+  if (2 + make_option_name(opt, opt->get_positional()).size() + out.size() + 1 == get_column_width()) out += " ";
   return out;
 }
 

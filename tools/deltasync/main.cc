@@ -227,7 +227,7 @@ int main(int argc, char** argv) {
       ->needs(out_opt);
   serve_cmd->add_option("--out-layout", serve.out_layout,
                         "folder: a model folder per version (default); file: one DIR/step_NNNNNN.safetensors")
-      ->check(CLI::IsMember({"folder", "file"}))
+      ->check(OneOf({"folder", "file"}))
       ->needs(out_opt);
   serve_cmd->add_option("--shm", serve.shm, "POSIX shared-memory object holding the state (docs/shm.md)");
   serve_cmd->add_option("--token-file", serve.token_file, "Bearer token required on POST routes");
