@@ -8,6 +8,7 @@
 // Thread safety: a Store may be used from several threads at once.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -91,6 +92,19 @@ class LocalStore : public Store {
                                      const std::optional<std::string>& expected_token) override;
 
   const std::string& root() const { return root_; }
+
+  // Leftover temporary files (temp_file.h: ".tmp-*", and the older ".tmp\*")
+  // anywhere under the root, removed when both hold: the file was last
+  // modified at least `older_than` ago, and its writer is not a live process
+  // of this host (TempWriterRunsHere; a name from another host is judged by
+  // its age only). Only regular files are removed; symlinks and folders are
+  // never followed or removed. `dry_run` counts without removing.
+  struct TempCleanup {
+    uint64_t removed_files = 0;
+    uint64_t removed_bytes = 0;
+    uint64_t kept_files = 0;  // temporaries too young or whose writer runs
+  };
+  Result<TempCleanup> RemoveStaleTemporaries(std::chrono::seconds older_than, bool dry_run = false);
 
  private:
   explicit LocalStore(std::string root) : root_(std::move(root)) {}

@@ -7,13 +7,18 @@
 // a SIGINT/SIGTERM can remove it: InstallTempFileCleanupOnSignals() (the CLI
 // calls it), or RemoveTempFiles() from a program's own signal handler.
 //
-// Naming: "<directory of target>/.tmp\<basename>.<pid>.<16 hex digits>", with
-// a literal backslash (the basename is cut to 160 bytes). A backslash is not
-// allowed in a bucket key, so no key names a temporary file and
-// LocalStore::List never shows one. Leftovers (from a SIGKILLed writer) match
-// the glob '.tmp\*' (docs/format.md, "Temporary files").
+// Naming: "<directory of target>/.tmp-<host>-<pid>-<16 hex>-<basename>":
+// <host> is this machine's host name with every byte other than [A-Za-z0-9.]
+// replaced by '_' and cut to 40 bytes (so it never holds a '-'), <pid> the
+// writer's process id in decimal, <basename> the target's file name cut to
+// 160 bytes. ValidateKey refuses a key segment starting with ".tmp-", so no
+// key names a temporary file and LocalStore::List never shows one. Leftovers
+// (from a SIGKILLed writer) match the glob '.tmp-*'; older releases wrote
+// ".tmp\<basename>.<pid>.<16 hex>" (a literal backslash), still recognised
+// (docs/format.md, "Temporary files").
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -21,10 +26,35 @@
 
 namespace deltasync {
 
-inline constexpr std::string_view kTempFilePrefix = ".tmp\\";
+inline constexpr std::string_view kTempNamePrefix = ".tmp-";
+inline constexpr std::string_view kLegacyTempNamePrefix = ".tmp\\";
 
 // A fresh temporary path beside `target` (see "Naming" above).
 std::string TempPathFor(const std::string& target);
+
+// What a temporary name says about its writer.
+struct TempNameInfo {
+  std::string host;  // as written in the name; empty for a legacy name
+  long pid = 0;
+  std::string base;  // the (possibly cut) target's basename
+  bool legacy = false;
+};
+
+// The parts of a temporary file name (a basename, not a path); nullopt for a
+// name that is not one.
+std::optional<TempNameInfo> ParseTempName(std::string_view name);
+// Whether `name` starts like a temporary name (either format).
+bool IsTempName(std::string_view name);
+// This machine's <host> part, as TempPathFor writes it.
+const std::string& TempNameHost();
+// Whether a temporary name was written on this host (its pid means something
+// here). A legacy name (no host) counts as this host's.
+bool TempNameIsFromThisHost(const TempNameInfo& info);
+// Whether the writer of a temporary name from this host still runs: its pid
+// exists (kill(pid, 0) succeeds or fails with EPERM). False for another
+// host's name. A pid reused by an unrelated process also reads as running
+// (a leftover kept longer, never a live file removed).
+bool TempWriterRunsHere(const TempNameInfo& info);
 
 // One temporary file, owned until RenameOverTarget() succeeds; otherwise the
 // destructor closes and removes it. The methods return 0 or an errno value,

@@ -16,7 +16,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -30,6 +32,8 @@ namespace {
 // Longest basename kept in a temporary name, so that the name stays below
 // NAME_MAX (255) whenever the target's own basename fits.
 constexpr size_t kTempBaseBytes = 160;
+// Longest host part (".tmp-" + 40 + pid + 16 hex + 160 stays below 255).
+constexpr size_t kTempHostBytes = 40;
 // write(2) never moves more than ~2 GiB at once on Linux; ask for less.
 constexpr size_t kMaxWriteChunk = size_t{1} << 30;
 
@@ -77,6 +81,20 @@ void CleanupHandler(int sig) {
 
 }  // namespace
 
+const std::string& TempNameHost() {
+  static const std::string host = [] {
+    char buf[256] = {};
+    if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') std::strcpy(buf, "localhost");
+    std::string out;
+    for (const char* p = buf; *p != '\0' && out.size() < kTempHostBytes; ++p) {
+      unsigned char c = static_cast<unsigned char>(*p);
+      out += std::isalnum(c) || c == '.' ? static_cast<char>(c) : '_';
+    }
+    return out;
+  }();
+  return host;
+}
+
 std::string TempPathFor(const std::string& target) {
   size_t slash = target.rfind('/');
   std::string dir = slash == std::string::npos ? "" : target.substr(0, slash + 1);
@@ -91,10 +109,67 @@ std::string TempPathFor(const std::string& target) {
   mix = (mix ^ (mix >> 30)) * 0xBF58476D1CE4E5B9ull;
   mix = (mix ^ (mix >> 27)) * 0x94D049BB133111EBull;
   mix ^= mix >> 31;
-  char suffix[40];
-  std::snprintf(suffix, sizeof suffix, ".%ld.%016llx", static_cast<long>(::getpid()),
+  char middle[48];
+  std::snprintf(middle, sizeof middle, "-%ld-%016llx-", static_cast<long>(::getpid()),
                 static_cast<unsigned long long>(mix));
-  return dir + std::string(kTempFilePrefix) + base.substr(0, kTempBaseBytes) + suffix;
+  return dir + std::string(kTempNamePrefix) + TempNameHost() + middle + base.substr(0, kTempBaseBytes);
+}
+
+std::optional<TempNameInfo> ParseTempName(std::string_view name) {
+  auto parse_pid = [](std::string_view digits) -> std::optional<long> {
+    long pid = 0;
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+    if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || pid <= 0) return std::nullopt;
+    return pid;
+  };
+  auto is_hex16 = [](std::string_view h) {
+    return h.size() == 16 && std::all_of(h.begin(), h.end(), [](char c) {
+             return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+           });
+  };
+  TempNameInfo info;
+  if (name.starts_with(kTempNamePrefix)) {
+    // host-pid-hex-base; the host never holds a '-'.
+    std::string_view rest = name.substr(kTempNamePrefix.size());
+    size_t a = rest.find('-');
+    if (a == std::string_view::npos || a == 0) return std::nullopt;
+    size_t b = rest.find('-', a + 1);
+    if (b == std::string_view::npos) return std::nullopt;
+    std::optional<long> pid = parse_pid(rest.substr(a + 1, b - a - 1));
+    if (!pid || rest.size() < b + 18 || !is_hex16(rest.substr(b + 1, 16)) || rest[b + 17] != '-') return std::nullopt;
+    info.host = std::string(rest.substr(0, a));
+    info.pid = *pid;
+    info.base = std::string(rest.substr(b + 18));
+    return info;
+  }
+  if (name.starts_with(kLegacyTempNamePrefix)) {
+    // base.pid.hex
+    std::string_view rest = name.substr(kLegacyTempNamePrefix.size());
+    size_t dot2 = rest.rfind('.');
+    if (dot2 == std::string_view::npos || dot2 == 0 || !is_hex16(rest.substr(dot2 + 1))) return std::nullopt;
+    size_t dot1 = rest.rfind('.', dot2 - 1);
+    if (dot1 == std::string_view::npos) return std::nullopt;
+    std::optional<long> pid = parse_pid(rest.substr(dot1 + 1, dot2 - dot1 - 1));
+    if (!pid) return std::nullopt;
+    info.pid = *pid;
+    info.base = std::string(rest.substr(0, dot1));
+    info.legacy = true;
+    return info;
+  }
+  return std::nullopt;
+}
+
+bool IsTempName(std::string_view name) {
+  return name.starts_with(kTempNamePrefix) || name.starts_with(kLegacyTempNamePrefix);
+}
+
+bool TempNameIsFromThisHost(const TempNameInfo& info) { return info.legacy || info.host == TempNameHost(); }
+
+bool TempWriterRunsHere(const TempNameInfo& info) {
+  if (!TempNameIsFromThisHost(info)) return false;
+  if (info.pid <= 0 || info.pid > INT_MAX) return true;
+  // EPERM: the process exists but belongs to someone else.
+  return ::kill(static_cast<pid_t>(info.pid), 0) == 0 || errno != ESRCH;
 }
 
 TempFile::~TempFile() {

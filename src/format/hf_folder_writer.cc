@@ -12,10 +12,10 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <set>
 
 #include "deltasync/hf_folder.h"
+#include "deltasync/temp_file.h"
 
 namespace deltasync {
 namespace {
@@ -213,10 +213,7 @@ Status WriteHfFolder(const std::string& dir_in, std::span<const TensorView> tens
   std::error_code ec;
   std::filesystem::create_directories(parent, ec);
   if (ec) return Status::IOError(parent.string() + ": cannot create: " + ec.message());
-  std::random_device rd;
-  char suffix[40];
-  std::snprintf(suffix, sizeof suffix, ".tmp-%d-%08x", static_cast<int>(::getpid()), rd());
-  const std::string tmp = (parent / ("." + target.filename().string() + suffix)).string();
+  const std::string tmp = TempPathFor(target.string());
   if (::mkdir(tmp.c_str(), 0755) != 0) return Status::IOError(tmp + ": cannot create: " + ErrnoText(errno));
   auto cleanup = [&](const std::string& path) { std::filesystem::remove_all(path, ec); };
 

@@ -8,7 +8,6 @@
 #include "server/out_dir.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -73,38 +72,31 @@ Status CheckLatestLink(const std::string& dir) {
                                     "--out-layout file");
 }
 
-// Whether the process `pid` is gone (its leftovers may be removed).
-bool ProcessGone(std::string_view pid_text) {
-  int pid = 0;
-  auto [end, ec] = std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
-  if (ec != std::errc() || end != pid_text.data() + pid_text.size() || pid <= 0) return false;
-  return ::kill(pid, 0) != 0 && errno == ESRCH;
-}
-
-// Leftovers of a daemon killed mid-write whose process is gone: a folder's
-// hidden sibling (".step_000012.tmp-PID-RAND", WriteHfFolder), a folder
-// being pruned or a latest link being switched (".tmp\NAME.PID.HEX",
-// TempPathFor). Temporary files (".tmp\step_000012.safetensors.PID.HEX")
-// are LocalStore's and stay as documented.
+// Leftovers of a daemon killed mid-write whose process is gone (on this
+// host): temporary files and links (TempPathFor: "step_000012.safetensors",
+// "latest.json", the "latest" link), a folder being built (WriteHfFolder) or
+// pruned, all named ".tmp-HOST-PID-HEX-NAME" (or ".tmp\NAME.PID.HEX" by
+// older releases), and older releases' folder siblings
+// (".step_000012.tmp-PID-RAND"). Only names the daemon writes are looked at.
 void RemoveStaleLeftovers(const std::string& dir) {
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    std::string_view pid;
-    if (name.starts_with(".") && name.substr(1).starts_with(kPrefix) && name.find(".tmp-") != std::string::npos) {
+    std::optional<TempNameInfo> info = ParseTempName(name);
+    if (info) {
+      if (!info->base.starts_with(kPrefix) && !info->base.starts_with(kLatestLink)) continue;
+    } else if (name.starts_with(".") && name.substr(1).starts_with(kPrefix) &&
+               name.find(".tmp-") != std::string::npos) {
       std::string_view rest = std::string_view(name).substr(name.find(".tmp-") + 5);
-      pid = rest.substr(0, rest.find('-'));
-    } else if (name.starts_with(kTempFilePrefix) && !name.ends_with(kSuffix) &&
-               (name.substr(kTempFilePrefix.size()).starts_with(kPrefix) ||
-                name.substr(kTempFilePrefix.size()).starts_with(kLatestLink))) {
-      std::string_view stem = std::string_view(name).substr(0, name.rfind('.'));
-      pid = stem.substr(stem.rfind('.') + 1);
+      std::string_view digits = rest.substr(0, rest.find('-'));
+      long pid = 0;
+      auto [end, perr] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+      if (perr != std::errc() || end != digits.data() + digits.size() || pid <= 0 || !e.is_directory(ec)) continue;
+      info = TempNameInfo{.host = "", .pid = pid, .base = "", .legacy = true};
     } else {
       continue;
     }
-    if (e.is_symlink(ec) || e.is_directory(ec)) {
-      if (ProcessGone(pid)) fs::remove_all(e.path(), ec);
-    }
+    if (TempNameIsFromThisHost(*info) && !TempWriterRunsHere(*info)) fs::remove_all(e.path(), ec);
   }
 }
 
@@ -126,10 +118,8 @@ Result<std::unique_ptr<OutDirSink>> OutDirSink::Open(const std::string& dir, int
   if (keep < 1) return Status::InvalidArgument("--keep must be at least 1, got " + std::to_string(keep));
   Result<std::unique_ptr<LocalStore>> store = LocalStore::Open(dir, /*create=*/true);
   if (!store.ok()) return store.status().WithContext("--out " + dir);
-  if (layout == OutLayout::kFolder) {
-    DS_RETURN_IF_ERROR(CheckLatestLink(dir).WithContext("--out " + dir));
-    RemoveStaleLeftovers(dir);
-  }
+  if (layout == OutLayout::kFolder) DS_RETURN_IF_ERROR(CheckLatestLink(dir).WithContext("--out " + dir));
+  RemoveStaleLeftovers(dir);
   return std::unique_ptr<OutDirSink>(
       new OutDirSink(std::shared_ptr<LocalStore>(std::move(*store)), dir, keep, layout, std::move(bucket)));
 }

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "deltasync/store.h"
+#include "deltasync/temp_file.h"
 
 namespace deltasync {
 namespace {
@@ -62,6 +63,9 @@ Status ValidateKey(std::string_view key) {
     if (segment.empty()) return Invalid(key, "empty segment ('//')");
     if (segment == ".") return Invalid(key, "'.' segment");
     if (segment == "..") return Invalid(key, "'..' segment; keys cannot leave the bucket");
+    if (segment.starts_with(kTempNamePrefix)) {
+      return Invalid(key, "a segment starts with '.tmp-', which is reserved for temporary files");
+    }
     start = end + 1;
   }
   return Status::OK();

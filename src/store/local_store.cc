@@ -6,11 +6,12 @@
 // the whole new one. Because an object is only ever replaced by rename, a
 // reader's mmap of the old file stays consistent (Blob::MapFile relies on it).
 //
-// Temporary files are TempFile's (temp_file.h): ".tmp\<basename>.<pid>.<unique>",
-// registered so that a SIGINT/SIGTERM removes them. The backslash makes the
-// name impossible as a key segment (ValidateKey refuses '\'), so List never
-// mistakes a leftover from a crashed writer for an object, and no key can
-// collide with a temporary file.
+// Temporary files are TempFile's (temp_file.h): ".tmp-<host>-<pid>-<unique>-<basename>",
+// registered so that a SIGINT/SIGTERM removes them. ValidateKey refuses a
+// segment starting with ".tmp-" (and any backslash, which the older
+// ".tmp\..." names hold), so List never mistakes a leftover from a crashed
+// writer for an object, and no key can collide with a temporary file.
+// RemoveStaleTemporaries removes the leftovers (`deltasync gc`).
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -319,7 +320,7 @@ Status Walk(int fd, const std::string& rel, std::string_view prefix, std::vector
       return done(Status::OK());
     }
     std::string_view name = e->d_name;
-    if (name == "." || name == ".." || StartsWith(name, kTempFilePrefix)) continue;
+    if (name == "." || name == ".." || IsTempName(name)) continue;
     unsigned char type = e->d_type;
     if (type == DT_UNKNOWN) {  // some file systems do not fill d_type
       struct stat st {};

@@ -33,16 +33,64 @@ std::string ReadAll(const std::string& path) {
 
 ByteSpan Bytes(std::string_view s) { return ByteSpan(reinterpret_cast<const uint8_t*>(s.data()), s.size()); }
 
-TEST(TempFileTest, NameIsBesideTheTargetWithPrefixAndPid) {
+TEST(TempFileTest, NameIsBesideTheTargetWithHostPidAndNoBackslash) {
   std::string name = TempPathFor("/some/dir/model.safetensors");
-  std::string pid = "." + std::to_string(::getpid()) + ".";
-  EXPECT_EQ(name.rfind("/some/dir/.tmp\\model.safetensors" + pid, 0), 0u) << name;
-  EXPECT_EQ(name.size(), std::string("/some/dir/.tmp\\model.safetensors").size() + pid.size() + 16);
+  std::string head = "/some/dir/.tmp-" + TempNameHost() + "-" + std::to_string(::getpid()) + "-";
+  ASSERT_EQ(name.rfind(head, 0), 0u) << name;
+  EXPECT_EQ(name.size(), head.size() + 16 + std::string("-model.safetensors").size()) << name;
+  EXPECT_TRUE(name.ends_with("-model.safetensors")) << name;
+  EXPECT_EQ(name.find('\\'), std::string::npos) << name;
   EXPECT_NE(TempPathFor("/some/dir/model.safetensors"), name);
-  EXPECT_EQ(TempPathFor("x").rfind(".tmp\\x.", 0), 0u);
+  EXPECT_EQ(TempPathFor("x").rfind(".tmp-", 0), 0u);
+  // The host part never holds a '-', so the name parses back.
+  EXPECT_FALSE(TempNameHost().empty());
+  EXPECT_EQ(TempNameHost().find('-'), std::string::npos) << TempNameHost();
   // A long basename is cut so that the name stays a valid file name.
   std::string base = std::filesystem::path(TempPathFor("/d/" + std::string(250, 'a'))).filename().string();
   EXPECT_LT(base.size(), 255u);
+}
+
+TEST(TempFileTest, ParseTempNameReadsBothFormats) {
+  std::string name = std::filesystem::path(TempPathFor("/d/step-000012.safetensors")).filename().string();
+  std::optional<TempNameInfo> info = ParseTempName(name);
+  ASSERT_TRUE(info) << name;
+  EXPECT_EQ(info->host, TempNameHost());
+  EXPECT_EQ(info->pid, ::getpid());
+  EXPECT_EQ(info->base, "step-000012.safetensors");
+  EXPECT_FALSE(info->legacy);
+  EXPECT_TRUE(IsTempName(name));
+
+  info = ParseTempName(".tmp\\manifest.v2.json.4242.0123456789abcdef");
+  ASSERT_TRUE(info);
+  EXPECT_TRUE(info->legacy);
+  EXPECT_EQ(info->pid, 4242);
+  EXPECT_EQ(info->base, "manifest.v2.json");
+  EXPECT_TRUE(info->host.empty());
+
+  for (std::string bad : {"model.safetensors", ".tmp-", ".tmp-host", ".tmp-host-12-0123456789abcdef",
+                          ".tmp-host-x-0123456789abcdef-b", ".tmp--12-0123456789abcdef-b", ".tmp-h-12-0123-b",
+                          ".tmp-h-0-0123456789abcdef-b", ".tmp\\x.12.nothex", ".tmp\\x.0123456789abcdef"}) {
+    EXPECT_FALSE(ParseTempName(bad)) << bad;
+  }
+}
+
+TEST(TempFileTest, WriterRunsHereOnlyWhileItsPidRuns) {
+  TempNameInfo self{.host = TempNameHost(), .pid = ::getpid(), .base = "x", .legacy = false};
+  EXPECT_TRUE(TempNameIsFromThisHost(self));
+  EXPECT_TRUE(TempWriterRunsHere(self));
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  TempNameInfo dead{.host = TempNameHost(), .pid = child, .base = "x", .legacy = false};
+  EXPECT_FALSE(TempWriterRunsHere(dead));
+  TempNameInfo legacy_dead{.host = "", .pid = child, .base = "x", .legacy = true};
+  EXPECT_TRUE(TempNameIsFromThisHost(legacy_dead));
+  EXPECT_FALSE(TempWriterRunsHere(legacy_dead));
+  // Another host's pid means nothing here.
+  TempNameInfo elsewhere{.host = TempNameHost() + "x", .pid = ::getpid(), .base = "x", .legacy = false};
+  EXPECT_FALSE(TempNameIsFromThisHost(elsewhere));
+  EXPECT_FALSE(TempWriterRunsHere(elsewhere));
 }
 
 TEST(TempFileTest, RegisteredUntilRenamedOverTheTarget) {

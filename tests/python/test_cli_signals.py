@@ -2,12 +2,15 @@
 
 - `demo --bucket DIR` never deletes a file it did not write;
 - SIGINT/SIGTERM/SIGKILL to `demo` leave no replica process behind;
-- SIGINT to `publish` leaves no temporary file.
+- SIGINT to `publish` leaves no temporary file;
+- what a SIGKILLed `publish` or `serve --out` leaves, `gc` or the next `serve` removes.
 
 Every wait is bounded, and every process a test starts is killed in `finally`.
 """
+import json
 import os
 import queue
+import socket
 import signal
 import subprocess
 import threading
@@ -36,7 +39,8 @@ def write_checkpoint(path, elements, seed=0):
 
 def temp_files(root):
     """Temporary files (docs/format.md, "Temporary files") anywhere under root."""
-    return [os.path.join(d, f) for d, _, files in os.walk(root) for f in files if f.startswith(".tmp\\")]
+    return [os.path.join(d, f) for d, _, files in os.walk(root) for f in files
+            if f.startswith(".tmp-") or f.startswith(".tmp\\")]
 
 
 def children_of(pid):
@@ -268,3 +272,78 @@ def test_sigterm_to_serve_mid_export_leaves_no_temporary_file(tmp_path, deltasyn
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+# --- what SIGKILL leaves, and who removes it ---------------------------------------------------------------
+
+
+def catch_temp_file_then_kill(proc, root):
+    """Waits for a temporary file under root, SIGKILLs proc; returns the files left."""
+    deadline = time.monotonic() + 120
+    seen = []
+    while not seen and proc.poll() is None and time.monotonic() < deadline:
+        seen = temp_files(root) if root.exists() else []
+    assert seen, f"no temporary file appeared (exited {proc.poll()})"
+    proc.kill()
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    return temp_files(root)
+
+
+def test_sigkilled_publish_leaves_a_temporary_that_gc_removes(tmp_path, deltasync_bin, run):
+    ckpt = tmp_path / "big.safetensors"
+    write_checkpoint(ckpt, 60_000_000)
+    bucket = tmp_path / "b"
+    proc = subprocess.Popen([deltasync_bin, "publish", str(bucket), str(ckpt), "--version", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        left = catch_temp_file_then_kill(proc, bucket)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert left, "SIGKILL gave no chance to clean up: the temporary file must still be there"
+    host = "".join(c if c.isalnum() or c == "." else "_" for c in socket.gethostname())[:40]
+    for path in left:
+        name = os.path.basename(path)
+        assert "\\" not in name
+        assert name.startswith(f".tmp-{host}-{proc.pid}-"), name
+    # Too young for the default age: kept.
+    kept = json.loads(run("gc", bucket, "--json").stdout)
+    assert kept["temporaries"] == {"removed_files": 0, "removed_bytes": 0, "kept_files": len(left)}
+    assert sorted(temp_files(bucket)) == sorted(left)
+    # Age 0: its writer is gone, so it goes.
+    size = sum(os.path.getsize(p) for p in left)
+    gone = json.loads(run("gc", bucket, "--temp-older-than", "0", "--json").stdout)
+    assert gone["temporaries"] == {"removed_files": len(left), "removed_bytes": size, "kept_files": 0}
+    assert temp_files(bucket) == []
+    text = run("gc", bucket, "--temp-older-than", "0").stdout
+    assert "removed 0 stale temporary file(s)" in text, text
+
+
+def test_restarted_serve_removes_what_a_sigkilled_one_left_in_out(tmp_path, deltasync_bin, run):
+    ckpt = tmp_path / "big.safetensors"
+    write_checkpoint(ckpt, 60_000_000)
+    bucket, out_dir = tmp_path / "b", tmp_path / "out"
+    run("publish", bucket, ckpt, "--version", "1")
+    serve = [deltasync_bin, "serve", "--bucket", str(bucket), "--listen", "127.0.0.1:0", "--out", str(out_dir),
+             "--out-layout", "file"]
+    proc = subprocess.Popen(serve, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        left = catch_temp_file_then_kill(proc, out_dir)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert left
+    again = subprocess.Popen(serve, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert wait_until(lambda: (out_dir / "latest.json").exists(), 120), "the restarted serve exported nothing"
+        assert not any(os.path.exists(p) for p in left), left
+        again.send_signal(signal.SIGTERM)
+        assert again.wait(timeout=60) == 0
+        assert temp_files(out_dir) == []
+    finally:
+        if again.poll() is None:
+            again.kill()
+            again.wait(timeout=10)

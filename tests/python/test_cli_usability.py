@@ -55,6 +55,7 @@ def test_unknown_command_suggests_the_nearest(run):
      "--encoding must be compact, gap_delta or raw, not 'compat' (did you mean 'compact'?)"),
     (["demo", "--layers", "30"], "--layers must be from 1 to 28, not 30"),
     (["gc", "b", "--abort-uploads-older-than", "-1"], "--abort-uploads-older-than must be >= 0, not -1"),
+    (["gc", "b", "--temp-older-than", "-1"], "--temp-older-than must be >= 0, not -1"),
     (["serve", "b", "--poll", "0"], "--poll must be > 0, not 0"),
 ])
 def test_range_errors_in_the_users_words(run, args, message):

@@ -3,12 +3,16 @@
 // file; the newest N kept; the latest link and latest.json switched last;
 // other entries untouched; failures reported, retried, and the previous
 // latest left intact.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <span>
 
 #include "deltasync/patch.h"
 #include "deltasync/safetensors.h"
+#include "deltasync/temp_file.h"
 #include "server/out_dir.h"
 #include "server/server_test_util.h"
 
@@ -150,6 +154,45 @@ TEST(OutDirTest, OneModelFolderPerVersionWithItsSideFilesAndALatestLink) {
   ExpectFolder(out, 5, bucket.hash(5), {{"config.json", "{\"rope_theta\": 5}"}});
   EXPECT_EQ(StepFiles(out), (std::vector<std::string>{"step_000001.safetensors", "step_000004", "step_000005",
                                                        "step_abc"}));
+}
+
+// What a SIGKILLed daemon left (temporary files, a half-built or half-pruned
+// folder, a link) goes at the next start when its writer is gone from this
+// host; a live writer's, another host's and names the daemon never writes stay.
+TEST(OutDirTest, LeftoversOfAKilledDaemonAreRemovedAtStartOnlyWhenItsWriterIsGone) {
+  pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
+  const std::string host = TempNameHost(), me = std::to_string(::getpid()), gone = std::to_string(dead);
+  auto name = [](const std::string& h, const std::string& pid, const std::string& base) {
+    return ".tmp-" + h + "-" + pid + "-0123456789abcdef-" + base;
+  };
+  for (OutLayout layout : {OutLayout::kFile, OutLayout::kFolder}) {
+    TestBucket bucket;
+    const std::string out = bucket.tmp().Sub("out");
+    fs::create_directories(out);
+    const std::vector<std::string> removed = {
+        name(host, gone, "step_000003.safetensors"), name(host, gone, "latest.json"),
+        name(host, gone, "step_000004"), name(host, gone, "latest"),
+        ".tmp\\step_000005.safetensors." + gone + ".0123456789abcdef", ".step_000006.tmp-" + gone + "-1234abcd"};
+    const std::vector<std::string> kept = {
+        name(host, me, "step_000007.safetensors"), name(host + "x", gone, "step_000008.safetensors"),
+        name(host, gone, "notes.txt"), ".tmp\\step_000009.safetensors." + me + ".0123456789abcdef",
+        ".step_000010.tmp-" + me + "-1234abcd"};
+    for (const std::string& n : {removed[0], removed[1], removed[4], kept[0], kept[1], kept[2], kept[3]}) {
+      std::ofstream(out + "/" + n) << "partial";
+    }
+    fs::create_directories(out + "/" + removed[2] + "/inner");
+    std::ofstream(out + "/" + removed[2] + "/inner/model.safetensors") << "partial";
+    fs::create_directory_symlink("step_000002", out + "/" + removed[3]);
+    fs::create_directories(out + "/" + removed[5]);
+    fs::create_directories(out + "/" + kept[4]);
+
+    auto sink = server::OutDirSink::Open(out, 2, layout, bucket.store());
+    ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+    for (const std::string& n : removed) EXPECT_FALSE(fs::exists(fs::symlink_status(out + "/" + n))) << n;
+    for (const std::string& n : kept) EXPECT_TRUE(fs::exists(out + "/" + n)) << n;
+  }
 }
 
 TEST(OutDirTest, ALatestThatIsNotALinkIsRefusedAtStart) {

@@ -12,7 +12,7 @@ namespace {
 TEST(ValidateKeyTest, AcceptsOrdinaryKeys) {
   for (const std::string& key : std::vector<std::string>{
            "manifest.json", "anchors/step_000010.safetensors", "deltas/step_1000000.safetensors", "a",
-           ".hidden", "...", "a..b/c.", "sp ace/ü", std::string(1024, 'k')}) {
+           ".hidden", "...", "a..b/c.", "sp ace/ü", ".tmp", "a.tmp-b", "x/.tmpfile", std::string(1024, 'k')}) {
     EXPECT_TRUE(ValidateKey(key).ok()) << key << ": " << ValidateKey(key).ToString();
   }
 }
@@ -37,6 +37,9 @@ TEST(ValidateKeyTest, RefusesEachRuleWithItsReason) {
       {"../x", "'..' segment"},
       {"a/../../etc", "'..' segment"},
       {"a/..", "'..' segment"},
+      {".tmp-host-1-0123456789abcdef-x", "reserved for temporary files"},
+      {"ds/anchors/.tmp-x", "reserved for temporary files"},
+      {".tmp-/y", "reserved for temporary files"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::PrintToString(c.key));

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "deltasync/store.h"
+#include "deltasync/temp_file.h"
 #include "store/store_conformance.h"
 
 namespace deltasync::testing {
@@ -22,8 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The prefix LocalStore gives its temporary files (docs/format.md, "Bucket layout").
-constexpr std::string_view kTempPrefix = ".tmp\\";
+// The prefix LocalStore gives its temporary files (docs/format.md, "Temporary files").
+constexpr std::string_view kTempPrefix = ".tmp-";
 
 ByteSpan Span(std::string_view s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
 std::string Str(const Blob& b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
@@ -53,7 +54,7 @@ std::vector<std::string> RawNames(const std::string& dir) {
 
 bool AnyTempFile(const std::string& dir) {
   for (const std::string& name : RawNames(dir)) {
-    if (name.rfind(kTempPrefix, 0) == 0) return true;
+    if (IsTempName(name)) return true;
   }
   return false;
 }
@@ -184,6 +185,7 @@ TEST_F(LocalStoreTest, TemporaryFilesAreNeverListed) {
   ASSERT_TRUE(store_->Put("deltas/step_000001.safetensors", Span("1")).ok());
   WriteFile(root_ + "/" + std::string(kTempPrefix) + "manifest.json.123.abc", "partial");
   WriteFile(root_ + "/deltas/" + std::string(kTempPrefix) + "step_000002.safetensors.9.f", "partial");
+  WriteFile(root_ + "/deltas/.tmp\\step_000003.safetensors.9.0123456789abcdef", "partial");  // older releases
   EXPECT_EQ(store_->List("").value(), std::vector<std::string>{"deltas/step_000001.safetensors"});
   EXPECT_EQ(store_->List("deltas/").value(), std::vector<std::string>{"deltas/step_000001.safetensors"});
   EXPECT_EQ(store_->List(".").value(), std::vector<std::string>{});

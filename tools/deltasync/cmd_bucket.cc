@@ -186,7 +186,7 @@ Status RunGc(const GcArgs& args) {
   DS_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, OpenStore(args.bucket, /*create=*/false));
   const bool text = !args.json && !args.quiet;
   nlohmann::ordered_json out = {{"bucket", store->Describe()}, {"dry_run", args.dry_run}, {"pruned", nullptr},
-                                {"aborted_uploads", nullptr}};
+                                {"aborted_uploads", nullptr}, {"temporaries", nullptr}};
   if (args.keep_anchors) {
     DS_ASSIGN_OR_RETURN(PruneStats pruned, PruneVersions(*store, *args.keep_anchors, args.dry_run));
     out["pruned"] = {{"removed_versions", pruned.removed_versions},
@@ -211,13 +211,21 @@ Status RunGc(const GcArgs& args) {
     }
   }
   auto* s3 = dynamic_cast<S3Store*>(store.get());
-  if (s3 == nullptr) {
-    if (!args.keep_anchors && text) {
-      std::printf("%s: a local bucket has no multipart uploads to abort; nothing to do (--keep-anchors K prunes "
-                  "old versions)\n",
-                  store->Describe().c_str());
+  if (auto* local = dynamic_cast<LocalStore*>(store.get())) {
+    auto older_than = std::chrono::seconds(static_cast<int64_t>(args.temp_older_than_h * 3600));
+    DS_ASSIGN_OR_RETURN(LocalStore::TempCleanup temps, local->RemoveStaleTemporaries(older_than, args.dry_run));
+    out["temporaries"] = {{"removed_files", temps.removed_files},
+                          {"removed_bytes", temps.removed_bytes},
+                          {"kept_files", temps.kept_files}};
+    if (text) {
+      std::printf("%s: %s %llu stale temporary file(s) (%s) older than %g h; kept %llu (younger, or written by a "
+                  "running process)\n",
+                  store->Describe().c_str(), args.dry_run ? "would remove" : "removed",
+                  static_cast<unsigned long long>(temps.removed_files),
+                  HumanBytes(static_cast<double>(temps.removed_bytes)).c_str(), args.temp_older_than_h,
+                  static_cast<unsigned long long>(temps.kept_files));
     }
-  } else if (!args.dry_run) {
+  } else if (s3 != nullptr && !args.dry_run) {
     size_t aborted = 0;
     auto older_than = std::chrono::seconds(static_cast<int64_t>(args.abort_uploads_older_than_h * 3600));
     DS_RETURN_IF_ERROR(s3->AbortStaleUploads(older_than, &aborted));

@@ -90,6 +90,7 @@ struct GcArgs {
   std::optional<uint64_t> keep_anchors;
   bool dry_run = false;
   double abort_uploads_older_than_h = 24;
+  double temp_older_than_h = 1;
   bool json = false;
   bool quiet = false;
 };

@@ -152,18 +152,23 @@ int main(int argc, char** argv) {
   follow_cmd->add_option("--threads", follow.threads);
 
   GcArgs gc;
-  auto* gc_cmd = app.add_subcommand("gc", "Clean up a bucket: prune old versions, abort stale S3 multipart uploads");
+  auto* gc_cmd = app.add_subcommand("gc", "Clean up a bucket: prune old versions, remove stale temporary files, abort stale S3 uploads");
   gc_cmd->add_option("bucket", gc.bucket, "Bucket: a directory, file:// or s3://bucket/prefix URL")->required();
   gc_cmd->add_option("--keep-anchors", gc.keep_anchors,
                      "Keep the newest K anchors and every version after the oldest of them; remove the rest")
       ->check(WholeNumber(1));
-  gc_cmd->add_flag("--dry-run", gc.dry_run, "Only report what --keep-anchors would remove");
+  gc_cmd->add_flag("--dry-run", gc.dry_run, "Only report what --keep-anchors and --temp-older-than would remove");
   gc_cmd->add_option("--abort-uploads-older-than", gc.abort_uploads_older_than_h,
                      "S3: abort multipart uploads started more than this many hours ago")
+      ->check(Number(0));
+  gc_cmd->add_option("--temp-older-than", gc.temp_older_than_h,
+                     "Local bucket: remove temporary files of killed writers last written more than this many "
+                     "hours ago (never a live writer's of this host)")
       ->check(Number(0));
   auto* gc_json = gc_cmd->add_flag("--json", gc.json, "Print one JSON object (keys in docs/cli.md)");
   gc_cmd->add_flag("-q,--quiet", gc.quiet, "Print nothing on success")->excludes(gc_json);
   gc_cmd->footer("Example:\n  deltasync gc ./bucket --keep-anchors 2 --dry-run\n"
+                 "  deltasync gc ./bucket --temp-older-than 0   # once every writer has stopped\n"
                  "  deltasync gc s3://my-bucket/run1 --abort-uploads-older-than 6");
 
   LogArgs log;
