@@ -10,10 +10,17 @@
 // the held one are considered (a failure midway then never leaves a replica
 // older than it was), unless no such chain exists: then any chain, which
 // starts at an anchor below the held version.
+//
+// Objects to avoid (known bad: damaged, missing) are left out of the graph:
+// the one reachability analysis behind a replica's replanning around failures
+// and the `verify` command.
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <optional>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "deltasync/manifest.h"
@@ -31,9 +38,21 @@ struct CatchUpPlan {
   uint64_t bytes = 0;           // sum of the objects' sizes
 };
 
+// An object as the manifest lists it: a key with its content (a key listed
+// again with another hash is another object).
+struct ObjectRef {
+  std::string key;
+  std::string xxh3_128;
+  auto operator<=>(const ObjectRef&) const = default;
+};
+inline ObjectRef RefOf(const ObjectEntry& object) { return ObjectRef{object.key, object.xxh3_128}; }
+using ObjectSet = std::set<ObjectRef>;
+
 // held: the version the replica holds (nullopt or 0: nothing). Requires
-// target in the manifest and target >= held. kNotFound when no chain of
-// listed objects reaches the target (e.g. gc removed the anchors it needs).
-Result<CatchUpPlan> PlanCatchUp(const Manifest& manifest, std::optional<uint64_t> held, uint64_t target);
+// target in the manifest and target >= held. Objects in `avoid` are not used.
+// kNotFound when no chain of listed objects (outside `avoid`) reaches the
+// target (e.g. gc removed the anchors it needs, or they are all bad).
+Result<CatchUpPlan> PlanCatchUp(const Manifest& manifest, std::optional<uint64_t> held, uint64_t target,
+                                const ObjectSet& avoid = {});
 
 }  // namespace deltasync

@@ -19,6 +19,7 @@
 
 #include "deltasync/changes.h"
 #include "deltasync/manifest.h"
+#include "deltasync/plan.h"
 #include "deltasync/state_hash.h"
 #include "deltasync/status.h"
 #include "deltasync/store.h"
@@ -66,6 +67,16 @@ struct UpdateStats {
   double apply_ms = 0;  // decode + verify + scatter
 };
 
+// A bucket object an update found bad (damaged, missing): not used again
+// while the manifest lists it with the same content (key + XXH3-128).
+struct BadObject {
+  uint64_t version = 0;  // the version the object produces
+  std::string key;
+  std::string xxh3_128;
+  ErrorCode code = ErrorCode::kIntegrity;  // kIntegrity, kNotFound or kCorruption
+  std::string reason;                      // the failure, in words
+};
+
 class Replica {
  public:
   // Does not download anything yet; call Update().
@@ -74,11 +85,17 @@ class Replica {
   // Moves to `target` (default: the newest version in the manifest). From no
   // state, or when `target` is not reachable by deltas from the current
   // version, starts from the nearest anchor at or below `target`.
+  // Routes around damage: when an object of a step is missing (kNotFound),
+  // malformed (kCorruption) or does not match its listing or the state hash
+  // (kIntegrity), it is remembered as bad (bad_objects()) and the update
+  // plans again without it from the version reached so far. A store failure
+  // (kIOError) is returned as is: it says nothing about the object.
   // Errors: target missing from the manifest or older than the held version
-  // (kInvalidArgument/kNotFound), a missing object (kNotFound), bad bytes
-  // (kCorruption), hash mismatch (kIntegrity). On error, the replica holds
-  // the last version it fully verified (possibly one between the start and
-  // `target`) and nothing else.
+  // (kInvalidArgument/kNotFound), or no route left without the bad objects
+  // (the code of the last failure; the message lists the bad objects and the
+  // versions they produce). On error, the replica holds the last version it
+  // fully verified (possibly one between the start and `target`) and
+  // nothing else.
   Result<UpdateStats> Update(std::optional<uint64_t> target = std::nullopt);
 
   // 0 when nothing is loaded yet. The tensors' buffers keep their addresses
@@ -90,6 +107,10 @@ class Replica {
   const StateHash& state_hash() const { return state_hash_; }
   // The manifest as last read.
   const Manifest& manifest() const { return manifest_; }
+  // The objects found bad and still listed (with the same content) by the
+  // manifest, in the order they were found. Forgotten once the manifest
+  // stops listing them with that content.
+  const std::vector<BadObject>& bad_objects() const { return bad_; }
   // Re-reads the manifest without moving.
   Status Refresh();
   // Recomputes the held state's hash from its bytes (O(model), about 0.1 s
@@ -114,6 +135,8 @@ class Replica {
   Status LoadAnchor(const VersionEntry& entry, const ObjectEntry& object, UpdateStats& stats);
   Status ApplyDelta(const VersionEntry& entry, const ObjectEntry& object, UpdateStats& stats);
   void RecordChanges(std::span<const TensorChanges> changes);
+  // The bad objects of versions up to `target`, in words.
+  std::string DescribeBad(uint64_t target) const;
 
   std::shared_ptr<Store> store_;
   ReplicaOptions options_;
@@ -122,6 +145,8 @@ class Replica {
   StateHash state_hash_;
   uint64_t version_ = 0;
   ChangedElements pending_;  // since the last TakeChanges()
+  std::vector<BadObject> bad_;
+  ObjectSet bad_set_;  // the same objects, for PlanCatchUp
 };
 
 }  // namespace deltasync

@@ -54,7 +54,9 @@ class Replica:
     Bit-exact or loud: update() either reaches the target version with a
     state whose hash matches the manifest, or raises (IntegrityError,
     CorruptionError, NotFoundError, ...) naming the version and the reason,
-    and the replica stays on the last version it fully verified.
+    and the replica stays on the last version it fully verified. A damaged
+    or missing object is routed around (another chain, a later anchor) and
+    listed in ``bad_objects``; update() raises only when no route is left.
     """
 
     def __init__(self, bucket: str, *, threads: int = 0) -> None:
@@ -90,6 +92,16 @@ class Replica:
     def state_hash(self) -> str:
         """32 hex digits: the verified hash of the held state (the manifest's for this version)."""
         return self._native.state_hash
+
+    @property
+    def bad_objects(self) -> list[dict[str, Any]]:
+        """The bucket objects update() found damaged or missing and routes around.
+
+        ``[{"key", "version", "kind", "reason"}]`` in the order found; ``kind``
+        is "integrity", "not_found" or "corruption". An object stays listed (and
+        is not fetched again) while the manifest lists it with the same content.
+        """
+        return self._native.bad_objects
 
     def latest_available(self) -> int:
         """Re-reads the manifest; the newest published version (0 when none). Does not move."""

@@ -3,6 +3,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -57,6 +58,23 @@ class PyReplica {
     Result<UpdateStats> stats = WithoutGil(mu_, [&] { return replica_->Update(target); });
     ThrowIfError(stats.status());
     return UpdateStatsToDict(*stats);
+  }
+
+  // [{key, version, kind, reason}]: Replica::bad_objects(), routed around.
+  nb::list BadObjects() {
+    std::vector<BadObject> bad = WithoutGil(mu_, [&] { return replica_->bad_objects(); });
+    nb::list out;
+    for (const BadObject& b : bad) {
+      std::string kind(ErrorCodeName(b.code));
+      std::replace(kind.begin(), kind.end(), ' ', '_');
+      nb::dict d;
+      d["key"] = b.key;
+      d["version"] = b.version;
+      d["kind"] = kind;
+      d["reason"] = b.reason;
+      out.append(d);
+    }
+    return out;
   }
 
   uint64_t Version() {
@@ -119,6 +137,7 @@ void BindReplica(nb::module_& m) {
       .def(nb::init<const std::string&, int>(), "bucket"_a, "threads"_a)
       .def("update", &PyReplica::Update, "version"_a = nb::none())
       .def_prop_ro("version", &PyReplica::Version)
+      .def_prop_ro("bad_objects", &PyReplica::BadObjects)
       .def_prop_ro("state_hash", &PyReplica::StateHashHex)
       .def("latest_available", &PyReplica::LatestAvailable)
       .def(

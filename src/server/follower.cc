@@ -270,20 +270,20 @@ Status Follower::ReadManifest() {
 Status Follower::MoveTo(uint64_t target, UpdateStats* stats_out) {
   const uint64_t from = replica_->version();
   Log(from == 0 ? "loading " + V(target) : "catching up from " + V(from) + " to " + V(target));
+  // The replica routes around damaged or missing objects by itself
+  // (Replica::Update) and remembers them, so a bad object is not fetched
+  // again on every poll; each is logged once, when found.
+  const size_t bad_before = replica_->bad_objects().size();
   Result<UpdateStats> stats = replica_->Update(target);
-  if (!stats.ok() && AnchorAfter(replica_->version(), target)) {
-    // The chain from the held version is broken (a damaged or missing
-    // delta), but an anchor past the damage exists: rebuild from it in a
-    // second replica and switch only once that one holds a newer verified
-    // version. Costs a second copy of the state while it runs.
-    RecordError("update", stats.status());
-    Log("rebuilding " + V(target) + " from its nearest anchor");
-    std::unique_ptr<Replica> fresh = Replica::Create(store_, ReplicaWithThreads(options_.threads));
-    Result<UpdateStats> rebuilt = fresh->Update(target);
-    if (fresh->version() > replica_->version()) {
-      replica_ = std::move(fresh);
-      stats = std::move(rebuilt);
+  {
+    const std::vector<BadObject>& bad = replica_->bad_objects();
+    for (size_t i = std::min(bad_before, bad.size()); i < bad.size(); ++i) {
+      Log("bad object " + bad[i].key + " (" + V(bad[i].version) + ", " + KindName(bad[i].code) +
+              "): planning around it: " + bad[i].reason,
+          LogLevel::kError);
     }
+    std::lock_guard lock(mu_);
+    snapshot_.bad_objects = bad;
   }
   // Sinks first, then /status: nobody reads a version in /status that the
   // engine cannot see yet. A partial move (an error after some verified
@@ -312,13 +312,6 @@ Status Follower::MoveTo(uint64_t target, UpdateStats* stats_out) {
       std::to_string(stats->anchors_applied) + " anchor(s) + " + std::to_string(stats->deltas_applied) +
       " delta(s), " + Mb(stats->bytes_downloaded) + " downloaded, apply " + Ms(stats->apply_ms) + ")");
   return exported;
-}
-
-bool Follower::AnchorAfter(uint64_t held, uint64_t target) const {
-  for (const VersionEntry& v : replica_->manifest().versions) {
-    if (v.version > held && v.version <= target && v.anchor()) return true;
-  }
-  return false;
 }
 
 Status Follower::ExportPending() {
@@ -390,6 +383,7 @@ void Follower::RecordError(std::string_view stage, const Status& status) {
 void Follower::PublishHeldLocked() {
   snapshot_.version = replica_->version();
   snapshot_.state_hash = replica_->state_hash();
+  snapshot_.bad_objects = replica_->bad_objects();  // forgotten once the manifest stops listing them
   const Manifest& m = replica_->manifest();
   snapshot_.latest_version = m.Latest() ? m.Latest()->version : 0;
   snapshot_.lag_versions = 0;

@@ -99,8 +99,6 @@ class Follower {
   // Replica::Update(target), exports, metrics, log. The update's error, or
   // else an export's. `stats_out` (optional) receives the update's stats.
   Status MoveTo(uint64_t target, UpdateStats* stats_out = nullptr);
-  // True when the manifest lists an anchor in (held, target].
-  bool AnchorAfter(uint64_t held, uint64_t target) const;
   // Exports the held version to every sink that does not have it yet.
   Status ExportPending();
   void RecordError(std::string_view stage, const Status& status);

@@ -95,6 +95,9 @@ std::string Metrics::Render(const FollowerSnapshot& s) const {
   out << "deltasync_latest_version " << s.latest_version << '\n';
   Head(out, "deltasync_lag_versions", "gauge", "Versions in the manifest newer than the held one.");
   out << "deltasync_lag_versions " << s.lag_versions << '\n';
+  Head(out, "deltasync_bad_objects", "gauge",
+       "Bucket objects found damaged or missing and still listed by the manifest (routed around).");
+  out << "deltasync_bad_objects " << s.bad_objects.size() << '\n';
   Head(out, "deltasync_paused", "gauge", "1 while paused (POST /pause) or inside a weight update bracket.");
   out << "deltasync_paused " << ((s.paused || s.in_weight_update) ? 1 : 0) << '\n';
   return out.str();

@@ -121,6 +121,10 @@ Reply Routes::GetStatus() {
                   {"message", s.last_error->message},
                   {"at", static_cast<double>(s.last_error->unix_ms) / 1000.0}};
   }
+  json bad_objects = json::array();
+  for (const BadObject& b : s.bad_objects) {
+    bad_objects.push_back({{"key", b.key}, {"version", b.version}, {"kind", KindName(b.code)}, {"reason", b.reason}});
+  }
   return JsonReply(200, {{"version", s.version},
                          {"state_hash", HashOrNull(s.version, s.state_hash)},
                          {"updated_at", s.updated_unix_ms ? json(static_cast<double>(s.updated_unix_ms) / 1000.0)
@@ -132,6 +136,7 @@ Reply Routes::GetStatus() {
                          {"latest_version", s.latest_version},
                          {"in_weight_update", s.in_weight_update},
                          {"export_error", s.export_error.empty() ? json(nullptr) : json(s.export_error)},
+                         {"bad_objects", std::move(bad_objects)},
                          {"bucket", options_.bucket}});
 }
 

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "deltasync/replica.h"
 #include "deltasync/state_hash.h"
 #include "deltasync/status.h"
 
@@ -45,6 +47,7 @@ struct FollowerSnapshot {
   std::chrono::steady_clock::time_point last_manifest_read;  // the last successful one
   std::optional<ErrorRecord> last_error;
   std::string export_error;  // non-empty while an --out/--shm export is behind `version`
+  std::vector<BadObject> bad_objects;  // Replica::bad_objects(): routed around, not fetched again
 };
 
 }  // namespace deltasync::server

@@ -23,7 +23,8 @@ bool Better(uint64_t bytes, uint64_t objects, const Best& than) {
 
 // The cheapest chain to `target` through versions >= floor only (plus the
 // held version); nullopt when there is none.
-std::optional<CatchUpPlan> Cheapest(const Manifest& manifest, uint64_t start, uint64_t target, uint64_t floor) {
+std::optional<CatchUpPlan> Cheapest(const Manifest& manifest, uint64_t start, uint64_t target, uint64_t floor,
+                                    const ObjectSet& avoid) {
   std::unordered_map<uint64_t, Best> best;
   if (start > 0 && manifest.Find(start)) best[start] = Best{0, 0, manifest.Find(start), nullptr, 0};
   for (const VersionEntry& v : manifest.versions) {
@@ -31,6 +32,7 @@ std::optional<CatchUpPlan> Cheapest(const Manifest& manifest, uint64_t start, ui
     if (v.version < floor || v.version == start) continue;  // the held version is reached for free
     std::optional<Best> here;
     for (const ObjectEntry& o : v.objects) {
+      if (!avoid.empty() && avoid.count(RefOf(o))) continue;
       uint64_t bytes = o.size, objects = 1, from = 0;
       if (o.kind == PatchKind::kDelta) {
         auto base = best.find(*o.base_version);
@@ -59,7 +61,8 @@ std::optional<CatchUpPlan> Cheapest(const Manifest& manifest, uint64_t start, ui
 
 }  // namespace
 
-Result<CatchUpPlan> PlanCatchUp(const Manifest& manifest, std::optional<uint64_t> held, uint64_t target) {
+Result<CatchUpPlan> PlanCatchUp(const Manifest& manifest, std::optional<uint64_t> held, uint64_t target,
+                                const ObjectSet& avoid) {
   const uint64_t start = held.value_or(0);
   if (!manifest.Find(target)) {
     return Status::NotFound("version " + std::to_string(target) + " is not in the manifest");
@@ -72,11 +75,14 @@ Result<CatchUpPlan> PlanCatchUp(const Manifest& manifest, std::optional<uint64_t
   // Forward only when possible, so that a failure midway leaves the replica
   // no older than it was; through an older anchor only when nothing else
   // reaches the target.
-  if (std::optional<CatchUpPlan> forward = Cheapest(manifest, start, target, start)) return std::move(*forward);
-  if (std::optional<CatchUpPlan> any = Cheapest(manifest, start, target, 0)) return std::move(*any);
+  if (std::optional<CatchUpPlan> forward = Cheapest(manifest, start, target, start, avoid)) return std::move(*forward);
+  if (std::optional<CatchUpPlan> any = Cheapest(manifest, start, target, 0, avoid)) return std::move(*any);
   return Status::NotFound("no chain of listed objects reaches version " + std::to_string(target) +
                           (start > 0 ? " from version " + std::to_string(start) : std::string()) +
-                          " (no anchor at or below it, or its chain was removed)");
+                          (avoid.empty() ? " (no anchor at or below it, or its chain was removed)"
+                                         : " without the " + std::to_string(avoid.size()) +
+                                               " object(s) known bad (no anchor at or below it, or its chain was "
+                                               "removed or damaged)"));
 }
 
 }  // namespace deltasync

@@ -1,5 +1,6 @@
 // Replica: plan the cheapest chain (plan.h) to the target version, then
-// fetch, verify and apply one object at a time. Each step is all-or-nothing:
+// fetch, verify and apply one object at a time; when an object turns out bad,
+// plan again without it from where the replica got. Each step is all-or-nothing:
 // an anchor is hashed from the downloaded bytes before it replaces anything,
 // and a delta's effect on the state hash is computed from the current values
 // before any of them is overwritten.
@@ -44,6 +45,12 @@ bool SameLayout(const WeightState& state, std::span<const TensorView> views) {
   return true;
 }
 
+// A failure that is the object's fault (missing, malformed, not what the
+// manifest promises), not the store's or the caller's.
+bool ObjectFault(const Status& s) {
+  return s.code() == ErrorCode::kIntegrity || s.code() == ErrorCode::kNotFound || s.code() == ErrorCode::kCorruption;
+}
+
 }  // namespace
 
 std::unique_ptr<Replica> Replica::Create(std::shared_ptr<Store> store, ReplicaOptions options) {
@@ -65,7 +72,25 @@ Status Replica::Refresh() {
                              " (the bucket was rolled back or replaced)");
   }
   manifest_ = std::move(m);
+  // Bad objects stay bad while the manifest lists them with the same content.
+  ObjectSet listed;
+  for (const VersionEntry& v : manifest_.versions) {
+    for (const ObjectEntry& o : v.objects) {
+      if (bad_set_.count(RefOf(o))) listed.insert(RefOf(o));
+    }
+  }
+  std::erase_if(bad_, [&](const BadObject& b) { return !listed.count(ObjectRef{b.key, b.xxh3_128}); });
+  bad_set_ = std::move(listed);
   return Status::OK();
+}
+
+std::string Replica::DescribeBad(uint64_t target) const {
+  std::string out;
+  for (const BadObject& b : bad_) {
+    if (b.version > target) continue;
+    out += (out.empty() ? "" : "; ") + b.key + " (" + V(b.version) + ": " + std::string(ErrorCodeName(b.code)) + ")";
+  }
+  return out;
 }
 
 Result<UpdateStats> Replica::Update(std::optional<uint64_t> target) {
@@ -85,20 +110,43 @@ Result<UpdateStats> Replica::Update(std::optional<uint64_t> target) {
                             " (latest is " + std::to_string(latest->version) + ")");
   }
 
-  // The chain that downloads the fewest bytes: deltas from the held version,
-  // or an anchor and deltas (step or cumulative) from it.
-  Result<CatchUpPlan> plan = PlanCatchUp(manifest_, version_, want);
-  if (!plan.ok()) return plan.status().WithContext("cannot reach " + V(want));
-  for (const PlanStep& step : plan->steps) {
-    if (options_.progress) options_.progress(stats.bytes_downloaded, plan->bytes);
-    const VersionEntry& entry = *manifest_.Find(step.version);
-    if (step.object.kind == PatchKind::kAnchor) {
-      DS_RETURN_IF_ERROR(LoadAnchor(entry, step.object, stats));
-    } else {
-      DS_RETURN_IF_ERROR(ApplyDelta(entry, step.object, stats));
+  // The chain that downloads the fewest bytes (deltas from the held version,
+  // or an anchor and deltas from it) among the objects not known bad; again
+  // from where the replica got whenever a step finds its object bad.
+  Status last_failure;
+  for (;;) {
+    Result<CatchUpPlan> plan = PlanCatchUp(manifest_, version_, want, bad_set_);
+    if (!plan.ok()) {
+      if (bad_.empty()) return plan.status().WithContext("cannot reach " + V(want));
+      const std::string blocked = "no route to " + V(want) + " is left without the object(s) found bad: " +
+                                  DescribeBad(want) + "; holding " + V(version_);
+      if (!last_failure.ok()) return Status(last_failure.code(), last_failure.message() + "; " + blocked);
+      // Found bad by an earlier update (not fetched again): that failure's kind.
+      ErrorCode code = plan.status().code();
+      for (const BadObject& b : bad_) {
+        if (b.version <= want) code = b.code;
+      }
+      return Status(code, blocked);
+    }
+    bool replan = false;
+    for (const PlanStep& step : plan->steps) {
+      if (options_.progress) options_.progress(stats.bytes_downloaded, plan->bytes);
+      const VersionEntry& entry = *manifest_.Find(step.version);
+      Status s = step.object.kind == PatchKind::kAnchor ? LoadAnchor(entry, step.object, stats)
+                                                        : ApplyDelta(entry, step.object, stats);
+      if (s.ok()) continue;
+      if (!ObjectFault(s)) return s;
+      bad_.push_back(BadObject{step.version, step.object.key, step.object.xxh3_128, s.code(), s.message()});
+      bad_set_.insert(RefOf(step.object));
+      last_failure = s;
+      replan = true;
+      break;
+    }
+    if (!replan) {
+      if (options_.progress) options_.progress(stats.bytes_downloaded, plan->bytes);
+      break;
     }
   }
-  if (options_.progress) options_.progress(stats.bytes_downloaded, plan->bytes);
   stats.to_version = version_;
   return stats;
 }

@@ -227,16 +227,16 @@ class Checker {
   // checks out) reaches it; `held` then holds some verified state or none.
   Result<bool> ReplayTo(uint64_t target, Held& held, bool only_known_good) {
     for (;;) {
-      Manifest usable = manifest_;
-      for (VersionEntry& v : usable.versions) {
-        std::erase_if(v.objects, [&](const ObjectEntry& o) {
+      ObjectSet avoid;
+      for (const VersionEntry& v : manifest_.versions) {
+        for (const ObjectEntry& o : v.objects) {
           auto it = outcomes_.find(o.key);
-          return it == outcomes_.end() ? only_known_good : !it->second.ok();
-        });
+          if (it == outcomes_.end() ? only_known_good : !it->second.ok()) avoid.insert(RefOf(o));
+        }
       }
       std::optional<uint64_t> from;
       if (held.version != 0 && held.version <= target) from = held.version;
-      Result<CatchUpPlan> plan = PlanCatchUp(usable, from, target);
+      Result<CatchUpPlan> plan = PlanCatchUp(manifest_, from, target, avoid);
       if (!plan.ok()) return false;
       bool failed = false;
       for (const PlanStep& step : plan->steps) {

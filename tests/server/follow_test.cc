@@ -6,7 +6,10 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 
+#include "deltasync/plan.h"
 #include "deltasync/safetensors.h"
 #include "server/out_dir.h"
 #include "server/server_test_util.h"
@@ -217,6 +220,9 @@ TEST(FollowTest, ADamagedDeltaKeepsTheLastGoodVersionUntilAnAnchorPassesIt) {
   EXPECT_EQ(s["last_error"]["stage"], "update");
   EXPECT_EQ(s["last_error"]["kind"], "not_found");
   EXPECT_NE(s["last_error"]["message"].get<std::string>().find(DeltaKey(3)), std::string::npos);
+  ASSERT_EQ(s["bad_objects"].size(), 1u);
+  EXPECT_EQ(s["bad_objects"][0]["key"], DeltaKey(3));
+  EXPECT_EQ(s["bad_objects"][0]["kind"], "not_found");
   EXPECT_EQ(HttpGet(addr, "/healthz").status, 200) << "a verified version and a fresh manifest";
 
   // Deltas after the hole cannot help; the anchor of 4 can.
@@ -227,6 +233,50 @@ TEST(FollowTest, ADamagedDeltaKeepsTheLastGoodVersionUntilAnAnchorPassesIt) {
   bucket.Publish(5);
   EXPECT_TRUE(WaitForVersion(addr, 5));
   EXPECT_EQ(StatusOf(addr)["state_hash"], bucket.hash(5).Hex());
+}
+
+TEST(FollowTest, ADamagedCumulativeDeltaIsRoutedAroundAndReportedOnce) {
+  TestBucket bucket(1, {.anchor_interval = 100, .cumulative_interval = 4});
+  bucket.PublishRange(1, 9);
+  // The cumulative delta 1->9, the cheapest route from nothing: one byte
+  // flipped, in a copy renamed over the object.
+  std::string cumulative;
+  const Manifest manifest = testing::ReadManifest(*bucket.store());
+  for (const ObjectEntry& o : manifest.Find(9)->objects) {
+    if (o.base_version == 1u) cumulative = o.key;
+  }
+  ASSERT_FALSE(cumulative.empty());
+  {
+    Result<CatchUpPlan> plan = PlanCatchUp(manifest, std::nullopt, 9);
+    ASSERT_TRUE(plan.ok());
+    ASSERT_EQ(plan->steps.size(), 2u) << "the fresh route is anchor 1 + the cumulative delta 1->9";
+    ASSERT_EQ(plan->steps[1].object.key, cumulative);
+  }
+  {
+    const std::string path = bucket.dir() + "/" + cumulative;
+    std::ifstream in(path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    bytes[bytes.size() / 2] ^= 0x01;
+    std::ofstream(bucket.tmp().Sub("damaged"), std::ios::binary) << bytes;
+    std::filesystem::rename(bucket.tmp().Sub("damaged"), path);
+  }
+  auto daemon = StartDaemon(DaemonOptions(bucket.store()));
+  ASSERT_TRUE(daemon);
+  const std::string addr = daemon->address();
+  ASSERT_TRUE(WaitForVersion(addr, 9));
+  json s = StatusOf(addr);
+  EXPECT_EQ(s["state_hash"], bucket.hash(9).Hex());
+  EXPECT_EQ(s["lag_versions"], 0);
+  EXPECT_TRUE(s["last_error"].is_null()) << s.dump();
+  ASSERT_EQ(s["bad_objects"].size(), 1u) << s.dump();
+  EXPECT_EQ(s["bad_objects"][0]["key"], cumulative);
+  EXPECT_EQ(s["bad_objects"][0]["version"], 9);
+  EXPECT_EQ(s["bad_objects"][0]["kind"], "integrity");
+  EXPECT_NE(HttpGet(addr, "/metrics").body.find("deltasync_bad_objects 1\n"), std::string::npos);
+  // Still listed (and not fetched again) after later versions.
+  bucket.PublishRange(10, 11);
+  ASSERT_TRUE(WaitForVersion(addr, 11));
+  EXPECT_EQ(StatusOf(addr)["bad_objects"].size(), 1u);
 }
 
 TEST(FollowTest, ARolledBackBucketIsRefusedAndTheVersionKept) {

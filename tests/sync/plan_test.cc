@@ -32,15 +32,16 @@ struct Cost {
 
 // Every chain ending at `v`, by recursion over the objects (exponential:
 // small manifests only). Reaching `held` costs nothing.
-Cost BruteForce(const Manifest& m, uint64_t held, uint64_t v, uint64_t floor) {
+Cost BruteForce(const Manifest& m, uint64_t held, uint64_t v, uint64_t floor, const ObjectSet& avoid = {}) {
   if (v == held) return {0, 0};
   Cost best;
   const VersionEntry* e = m.Find(v);
   if (!e || v < floor) return best;
   for (const ObjectEntry& o : e->objects) {
+    if (avoid.count(ObjectRef{o.key, o.xxh3_128})) continue;
     Cost c{o.size, 1};
     if (o.kind == PatchKind::kDelta) {
-      Cost base = BruteForce(m, held, *o.base_version, floor);
+      Cost base = BruteForce(m, held, *o.base_version, floor, avoid);
       if (base.bytes == std::numeric_limits<uint64_t>::max()) continue;
       c.bytes += base.bytes;
       c.objects += base.objects;
@@ -72,7 +73,7 @@ void ExpectValidChain(const CatchUpPlan& plan, uint64_t held, uint64_t target) {
 
 TEST(PlanTest, MatchesBruteForceOnRandomManifests) {
   std::mt19937_64 rng(20261129);
-  int checked = 0;
+  int checked = 0, unreachable = 0;
   for (int round = 0; round < 400; ++round) {
     Manifest m;
     const int n = 2 + static_cast<int>(rng() % 14);
@@ -105,29 +106,79 @@ TEST(PlanTest, MatchesBruteForceOnRandomManifests) {
     // Survives the manifest's own validation.
     ASSERT_TRUE(Manifest::Parse(ByteSpan(reinterpret_cast<const uint8_t*>(m.ToJson().data()), m.ToJson().size()))
                     .ok());
-    for (int q = 0; q < 6; ++q) {
+    std::vector<const ObjectEntry*> all;
+    for (const VersionEntry& e : m.versions) {
+      for (const ObjectEntry& o : e.objects) all.push_back(&o);
+    }
+    for (int q = 0; q < 12; ++q) {
       uint64_t target = versions[rng() % versions.size()];
       uint64_t held = rng() % 3 == 0 ? 0 : versions[rng() % versions.size()];
       if (held > target) std::swap(held, target);
-      Result<CatchUpPlan> plan = PlanCatchUp(m, held, target);
+      // Half the queries avoid a random set of objects (known bad).
+      ObjectSet avoid;
+      if (q % 2 == 1) {
+        for (const ObjectEntry* o : all) {
+          if (rng() % 4 == 0) avoid.insert(RefOf(*o));
+        }
+      }
+      Result<CatchUpPlan> plan = PlanCatchUp(m, held, target, avoid);
       // Forward (through versions >= held) when possible, else any chain.
-      Cost expected = BruteForce(m, held, target, held);
+      Cost expected = BruteForce(m, held, target, held, avoid);
       const bool forward = expected.bytes != std::numeric_limits<uint64_t>::max();
-      if (!forward) expected = BruteForce(m, held, target, 0);
+      if (!forward) expected = BruteForce(m, held, target, 0, avoid);
       if (held == target) {
         ASSERT_TRUE(plan.ok());
         EXPECT_TRUE(plan->steps.empty());
         continue;
       }
-      ASSERT_TRUE(plan.ok()) << plan.status().ToString();  // the first version is an anchor: always reachable
+      if (expected.bytes == std::numeric_limits<uint64_t>::max()) {
+        EXPECT_FALSE(avoid.empty()) << "the first version is an anchor: always reachable without avoid";
+        EXPECT_EQ(plan.status().code(), ErrorCode::kNotFound) << "round " << round;
+        ++unreachable;
+        continue;
+      }
+      ASSERT_TRUE(plan.ok()) << plan.status().ToString();
       ExpectValidChain(*plan, held, target);
+      for (const PlanStep& s : plan->steps) EXPECT_FALSE(avoid.count(RefOf(s.object))) << "uses an avoided object";
       EXPECT_EQ(plan->bytes, expected.bytes) << "round " << round << " held " << held << " target " << target;
       EXPECT_EQ(plan->steps.size(), expected.objects) << "round " << round;
       if (forward) EXPECT_GE(plan->steps.front().version, held);
       ++checked;
     }
   }
-  EXPECT_GT(checked, 1500);
+  EXPECT_GT(checked, 3000);
+  EXPECT_GT(unreachable, 50);  // the avoid sets do cut routes
+}
+
+TEST(PlanTest, AvoidsAnObjectByKeyAndContent) {
+  // 1..9, anchor 1, steps, cumulative 1->9 (cheapest) damaged: the steps.
+  Manifest m;
+  m.versions.push_back(Entry(1, {AnchorObj(1, 1000)}));
+  for (uint64_t v = 2; v <= 9; ++v) {
+    std::vector<ObjectEntry> objs{DeltaObj(v, v - 1, 100)};
+    if (v == 9) objs.push_back(DeltaObj(9, 1, 150));
+    m.versions.push_back(Entry(v, std::move(objs)));
+  }
+  const ObjectEntry cumulative = m.versions.back().objects[1];
+  Result<CatchUpPlan> plain = PlanCatchUp(m, 1, 9);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->bytes, 150u);
+  Result<CatchUpPlan> around = PlanCatchUp(m, 1, 9, {RefOf(cumulative)});
+  ASSERT_TRUE(around.ok());
+  EXPECT_EQ(around->steps.size(), 8u);
+  EXPECT_EQ(around->bytes, 800u);
+  // The same key listed with other content (republished) is another object.
+  Result<CatchUpPlan> other = PlanCatchUp(m, 1, 9, {ObjectRef{cumulative.key, std::string(32, 'f')}});
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->bytes, 150u);
+  // Nothing left: kNotFound saying so.
+  ObjectSet everything;
+  for (const VersionEntry& e : m.versions) {
+    for (const ObjectEntry& o : e.objects) everything.insert(RefOf(o));
+  }
+  Result<CatchUpPlan> none = PlanCatchUp(m, 1, 9, everything);
+  EXPECT_EQ(none.status().code(), ErrorCode::kNotFound);
+  EXPECT_NE(none.status().message().find("known bad"), std::string::npos) << none.status().ToString();
 }
 
 TEST(PlanTest, CumulativeDeltaBeatsTheSumOfSteps) {

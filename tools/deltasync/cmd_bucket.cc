@@ -161,6 +161,15 @@ Status RunPull(const PullArgs& args) {
   }
   const std::string& out = args.hf_dir.empty() ? args.out_path : args.hf_dir;
   if (args.quiet) return Status::OK();
+  // Damaged or missing objects the replica routed around: the bucket needs a look.
+  nlohmann::ordered_json bad = nlohmann::ordered_json::array();
+  for (const BadObject& b : replica->bad_objects()) {
+    bad.push_back({{"key", b.key}, {"version", b.version}, {"reason", b.reason}});
+    if (!args.json) {
+      std::fprintf(stderr, "warning: routed around %s (version %llu): %s\n", b.key.c_str(),
+                   static_cast<unsigned long long>(b.version), b.reason.c_str());
+    }
+  }
   if (args.json) {
     PrintJson({{"version", replica->version()},
                {"bucket", store->Describe()},
@@ -171,7 +180,8 @@ Status RunPull(const PullArgs& args) {
                {"bytes_downloaded", stats.bytes_downloaded},
                {"download_ms", stats.download_ms},
                {"apply_ms", stats.apply_ms},
-               {"state_hash", replica->state_hash().Hex()}});
+               {"state_hash", replica->state_hash().Hex()},
+               {"bad_objects", std::move(bad)}});
     return Status::OK();
   }
   std::printf("pulled version %llu from %s into %s: %llu anchor(s) + %llu delta(s), %s downloaded, state hash %s\n",
