@@ -88,8 +88,12 @@ class Replica {
   // Routes around damage: when an object of a step is missing (kNotFound),
   // malformed (kCorruption) or does not match its listing or the state hash
   // (kIntegrity), it is remembered as bad (bad_objects()) and the update
-  // plans again without it from the version reached so far. A store failure
-  // (kIOError) is returned as is: it says nothing about the object.
+  // plans again without it from the version reached so far. While it routes
+  // around bad objects it never goes below the version it holds: when the
+  // only route left starts from an older anchor, the update stops on the
+  // held version with an error saying so (a replica holding nothing takes
+  // that route). A store failure (kIOError) is returned as is: it says
+  // nothing about the object.
   // Errors: target missing from the manifest or older than the held version
   // (kInvalidArgument/kNotFound), or no route left without the bad objects
   // (the code of the last failure; the message lists the bad objects and the

@@ -128,6 +128,17 @@ Result<UpdateStats> Replica::Update(std::optional<uint64_t> target) {
       }
       return Status(code, blocked);
     }
+    // Routing around bad objects never takes the replica below the version
+    // it holds (a route from an older anchor that then failed would leave a
+    // follower serving older weights than before): stop on the held version.
+    if (!bad_set_.empty() && version_ > 0 && !plan->steps.empty() &&
+        plan->steps.front().object.kind == PatchKind::kAnchor && plan->steps.front().version < version_) {
+      const std::string blocked = "the only route to " + V(want) + " left without the object(s) found bad (" +
+                                  DescribeBad(want) + ") starts from the older anchor " +
+                                  V(plan->steps.front().version) + "; holding " + V(version_);
+      return Status(last_failure.ok() ? ErrorCode::kFailedPrecondition : last_failure.code(),
+                    last_failure.ok() ? blocked : last_failure.message() + "; " + blocked);
+    }
     bool replan = false;
     for (const PlanStep& step : plan->steps) {
       if (options_.progress) options_.progress(stats.bytes_downloaded, plan->bytes);

@@ -212,5 +212,37 @@ TEST(ReplanTest, ABadObjectIsNotFetchedAgainWhileListed) {
   EXPECT_TRUE(replica->bad_objects().empty());
 }
 
+// Routing around a bad object never takes a held replica below its version:
+// the only route left (an older anchor and its cumulative delta) could fail
+// in turn and leave a follower serving older weights than before.
+TEST(ReplanTest, RoutingAroundNeverGoesBelowTheHeldVersion) {
+  PublisherOptions options;
+  options.anchor_interval = 5;     // anchors 1, 5, 10
+  options.cumulative_interval = 4;  // version 9 also gets a delta from anchor 5
+  Bucket b(options);
+  b.PublishRange(1, 9);
+  auto replica = Replica::Create(b.store);
+  ASSERT_TRUE(replica->Update(7).ok());
+  const std::string delta8 = b.Object(8, 7).key;
+  ASSERT_FALSE(b.Object(9, 5).key.empty());
+  ASSERT_TRUE(b.store->Delete(delta8).ok());
+
+  Result<UpdateStats> stats = replica->Update(9);
+  ASSERT_FALSE(stats.ok());
+  EXPECT_NE(stats.status().message().find("starts from the older anchor version 5"), std::string::npos)
+      << stats.status().ToString();
+  EXPECT_NE(stats.status().message().find(delta8), std::string::npos) << stats.status().ToString();
+  EXPECT_EQ(replica->version(), 7u);
+  EXPECT_EQ(HashState(replica->state()), b.hashes[7]);
+
+  // A later poll knows the bad object and still stays on 7.
+  EXPECT_FALSE(replica->Update(9).ok());
+  EXPECT_EQ(replica->version(), 7u);
+  // A fresh replica (nothing held) takes that route.
+  auto fresh = Replica::Create(b.store);
+  ASSERT_TRUE(fresh->Update(9).ok());
+  EXPECT_EQ(fresh->state_hash(), b.hashes[9]);
+}
+
 }  // namespace
 }  // namespace deltasync
