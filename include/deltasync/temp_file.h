@@ -88,6 +88,11 @@ class TempFile {
   int slot_ = -1;  // registry slot, -1 when not registered
 };
 
+// fsync(2) of the directory `dir`: makes a rename or mkdir inside it
+// durable. 0 or an errno value (EINVAL, a file system that cannot sync
+// directories, counts as success), so that callers word the message.
+int SyncDirectory(const std::string& dir);
+
 // Removes every registered temporary file. Async-signal-safe (unlink only;
 // no allocation, no lock), for a signal handler. Each file is removed once.
 void RemoveTempFiles();

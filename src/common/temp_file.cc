@@ -263,4 +263,12 @@ int RegisteredTempFileCount() {
   return n;
 }
 
+int SyncDirectory(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  int err = ::fsync(fd) != 0 && errno != EINVAL ? errno : 0;
+  ::close(fd);
+  return err;
+}
+
 }  // namespace deltasync

@@ -151,12 +151,7 @@ Status WriteFile(const std::string& path, ByteSpan bytes) {
 }
 
 Status SyncDir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::IOError(dir + ": cannot open: " + ErrnoText(errno));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) return Status::IOError(dir + ": fsync failed: " + ErrnoText(err));
+  if (int err = SyncDirectory(dir)) return Status::IOError(dir + ": fsync of the directory failed: " + ErrnoText(err));
   return Status::OK();
 }
 

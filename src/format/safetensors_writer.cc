@@ -117,12 +117,9 @@ Status BuildHeaderJson(const Metadata& metadata, std::span<const TensorView> ten
 Status SyncParentDir(const std::string& target) {
   size_t slash = target.rfind('/');
   std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : target.substr(0, slash);
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::IOError(target + ": written, but cannot open directory " + dir + ": " + ErrnoText(errno));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) return Status::IOError(target + ": written, but fsync of directory " + dir + " failed: " + ErrnoText(err));
+  if (int err = SyncDirectory(dir)) {
+    return Status::IOError(target + ": written, but fsync of directory " + dir + " failed: " + ErrnoText(err));
+  }
   return Status::OK();
 }
 

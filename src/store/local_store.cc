@@ -73,14 +73,6 @@ class Fd {
   int fd_;
 };
 
-// 0, or the errno. Makes a rename or mkdir inside `dir` durable.
-int FsyncDir(const std::string& dir) {
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return errno;
-  if (::fsync(fd.get()) != 0 && errno != EINVAL) return errno;  // EINVAL: fs cannot sync dirs
-  return 0;
-}
-
 // mkdir -p. Existing directories are fine.
 Status MakeDirs(const std::string& path) {
   for (size_t i = 1; i <= path.size(); ++i) {
@@ -151,7 +143,7 @@ Result<std::string> LocalStore::PathFor(std::string_view key, bool create_parent
     if (err == ENOENT && !last && create_parents) {
       int made = ::mkdir(path.c_str(), 0755) == 0 ? 0 : errno;
       // The directory entry must be durable before objects below it are.
-      if (made == 0) made = FsyncDir(ParentOf(path));
+      if (made == 0) made = SyncDirectory(ParentOf(path));
       if (made == ENOENT && restart()) continue;  // a parent vanished
       if (made != 0 && made != EEXIST) {          // EEXIST: a concurrent Put made it
         return Status::IOError(Describe() + ": cannot create directory '" + std::string(so_far) +
@@ -224,7 +216,7 @@ Status LocalStore::Put(std::string_view key, std::span<const ByteSpan> parts) {
   if (int err = tmp.RenameOverTarget()) return fail("rename over the old object failed", err);
   // The rename itself lives in the directory; sync it so the new object
   // survives a crash. On failure the object is visible but perhaps not durable.
-  if (int err = FsyncDir(ParentOf(path))) {
+  if (int err = SyncDirectory(ParentOf(path))) {
     return fail("object replaced, but syncing its directory failed (it may not survive a crash)", err);
   }
   return Status::OK();
