@@ -72,7 +72,7 @@ class S3Bucket:
         self.scratch = scratch
         self.endpoint = os.environ["AWS_ENDPOINT_URL"].rstrip("/")
         region = os.environ.get("AWS_REGION", "us-east-1")
-        self.auth = ["--aws-sigv4", f"aws:amz:{region}:s3",
+        self.auth = ["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", "--aws-sigv4", f"aws:amz:{region}:s3",
                      "--user", f"{os.environ['AWS_ACCESS_KEY_ID']}:{os.environ['AWS_SECRET_ACCESS_KEY']}"]
         self.root = None
 
@@ -113,7 +113,7 @@ class S3Bucket:
 
     def temporaries(self):
         """Open multipart uploads under the prefix (S3's temporaries)."""
-        r = self._curl(f"{self.endpoint}/{self.name}?uploads=&prefix={self.prefix}")
+        r = self._curl(f"{self.endpoint}/{self.name}?prefix={self.prefix}&uploads=")  # SigV4 wants sorted parameters
         body, code = r.stdout.decode()[:-3], r.stdout.decode()[-3:]
         if code != "200":
             raise IOError(f"list multipart uploads: HTTP {code} {body[:200]}")
