@@ -2,7 +2,8 @@
 # The test command: installs dependencies, builds, and runs every test suite.
 #   1. unit tests (GoogleTest under CTest) and fuzz-corpus replays
 #   2. Python tests: the package (pip install .) and interop with the official
-#      safetensors package (pytest)
+#      safetensors package (pytest); the fault-injection soak (tests/soak/),
+#      against the RGW and against a local bucket
 #   3. an end-to-end demo on a reduced model, and a quick benchmark run
 #   4. unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer
 #   5. each libFuzzer target for FUZZ_SECONDS (default 30)
@@ -26,6 +27,12 @@ ctest --test-dir build --output-on-failure -j "$JOBS"
 demo_dir=$(mktemp -d)
 trap 'rm -rf "$demo_dir"' EXIT
 
+# The package first: the S3 step's soak runs a Python publisher and replica.
+step "python package (pip install . into .venv)"
+# Incremental: scikit-build-core keeps its build folder under build-py/.
+CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" .venv/bin/python -m pip install -q --no-build-isolation \
+  --disable-pip-version-check .
+
 if [[ "${DS_WITH_S3:-1}" == 1 ]]; then
   step "S3: store suite and demo against a Ceph RADOS Gateway on 127.0.0.1"
   rgw_env=$(scripts/start-rgw.sh)
@@ -37,6 +44,9 @@ if [[ "${DS_WITH_S3:-1}" == 1 ]]; then
   build/tests/store_tests --gtest_brief=1 --gtest_filter='*S3*:SigV4*:*Conformance*'
   build/deltasync demo --layers 2 --steps 5 --anchor-interval 3 --bucket s3://deltasync-ci/demo --create-bucket
   build/deltasync gc s3://deltasync-ci/demo
+  step "soak: faults against the RGW, radosgw itself killed and restarted (~1.5 min)"
+  .venv/bin/python tests/soak/soak.py --duration "${SOAK_S3_SECONDS:-70}" --seed "${SOAK_SEED:-1}" \
+    --bucket s3://deltasync-ci/soak
   scripts/stop-rgw.sh "$DS_RGW_DIR"
   unset AWS_ENDPOINT_URL AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION DS_RGW_DIR CEPH_CONF
   trap 'rm -rf "$demo_dir"' EXIT
@@ -44,11 +54,11 @@ else
   step "S3: skipped (DS_WITH_S3=0)"
 fi
 
-step "python tests (pip install . into .venv, then pytest)"
-# Incremental: scikit-build-core keeps its build folder under build-py/.
-CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" .venv/bin/python -m pip install -q --no-build-isolation \
-  --disable-pip-version-check .
+step "python tests (pytest)"
 DELTASYNC_BIN="$PWD/build/deltasync" .venv/bin/python -m pytest -q tests/python
+
+step "soak: faults against a local bucket (~3 min, seed ${SOAK_SEED:-1})"
+.venv/bin/python tests/soak/soak.py --duration "${SOAK_SECONDS:-150}" --seed "${SOAK_SEED:-1}"
 
 if [[ "${DS_WITH_TORCH:-1}" == 1 ]]; then
   step "python example: a torch model trains, a replica process follows bit-exactly"
