@@ -246,7 +246,8 @@ class Soak:
                     "--anchor-interval", str(self.a.anchor_interval), "--cumulative-every", str(self.a.cumulative_every)]
             if self.rng.random() < 0.3:
                 argv.append("--background")
-            self.publisher = Child("publisher_py", argv, self.log, self.kill_after(0.5, 4.0), upto=upto)
+            # its start regenerates the trainer up to newest (~3 ms a version): kills land in that and in publishing
+            self.publisher = Child("publisher_py", argv, self.log, self.kill_after(0.5, 1.0 + 0.003 * newest + 3.0), upto=upto)
 
     def reap_publisher(self):
         p = self.publisher
