@@ -55,10 +55,17 @@ class Child:
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         self.timer = None
-        if kill_after is not None:  # SIGKILL at a random moment of its work, wherever it is
-            self.timer = threading.Timer(kill_after, self._sigkill)
-            self.timer.daemon = True
-            self.timer.start()
+        if kill_after is not None:
+            self.arm_kill(kill_after)
+
+    def arm_kill(self, delay):
+        """SIGKILL after delay seconds, at whatever moment of its work that is."""
+        self.timer = threading.Timer(delay, self._sigkill)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def kill_armed(self):
+        return self.timer is not None and self.timer.is_alive()
 
     def _sigkill(self):
         if self.proc.poll() is None:
@@ -212,6 +219,11 @@ class Soak:
             print(f"soak: {text}", file=sys.stderr, flush=True)
 
     # ---- processes ---------------------------------------------------------------
+    def maybe_arm_kill(self, child):
+        """Long-lived replicas die at a rate (--kill-rate / 10 per second), at a random moment of their work."""
+        if not self.final and not child.kill_armed() and self.chance(self.a.kill_rate / 10):
+            child.arm_kill(self.rng.uniform(0.0, 1.0))
+
     def chance(self, per_second):
         """True with the probability of an event of this rate in the last loop's time."""
         return self.rng.random() < per_second * min(self.dt, 2.0)
@@ -286,7 +298,7 @@ class Soak:
         if d["shm"]:
             argv += ["--shm", d["shm"]]
         d["resume_at"] = None  # a restarted daemon is not paused
-        d["child"] = Child("serve", argv, self.log, self.kill_after(self.a.kill_rate, 8.0))
+        d["child"] = Child("serve", argv, self.log, self.kill_after(self.a.kill_rate / 4, 3.0))
         d["addr"] = None
 
     def observe_daemon(self, index):
@@ -307,6 +319,7 @@ class Soak:
             self.violation(f"serve daemon {index} exited by itself (exit {c.proc.returncode}); see {self.log.name}")
             self.start_daemon(index)
             return
+        self.maybe_arm_kill(c)
         for line in c.new_lines():
             if line.startswith("listening on "):
                 d["addr"] = line.split()[-1]
@@ -360,10 +373,11 @@ class Soak:
     def start_replica(self):
         argv = [self.py, os.path.join(HERE, "soak.py"), "--role", "replica", "--bucket", self.bucket.url,
                 "--pace", "0.2", "--seed", str(self.rng.randrange(1 << 30))]
-        self.replica = Child("replica_py", argv, self.log, self.kill_after(self.a.kill_rate, 8.0))
+        self.replica = Child("replica_py", argv, self.log, self.kill_after(self.a.kill_rate / 4, 3.0))
 
     def observe_replica(self):
         r = self.replica
+        self.maybe_arm_kill(r)
         for line in r.new_lines():
             msg = json.loads(line)
             if "version" in msg:
@@ -550,6 +564,15 @@ class Soak:
             if b["key"] not in self.damaged:
                 self.violation(f"after a publisher kill the manifest names a bad object the harness did not "
                                f"damage: {b['key']} (version {b['version']}): {b['reason']}")
+        # and the newest version (the one the killed publisher may have committed) holds the trainer's bytes
+        newest = max(report["targets"], default=0)
+        out = os.path.join(self.scratch, "commit-check.safetensors")
+        r = subprocess.run([self.bin, "pull", self.bucket.url, "-o", out, "--version", str(newest), "--quiet"],
+                           stdout=subprocess.DEVNULL, stderr=self.log, timeout=300)
+        if r.returncode == 0:
+            meta, digest = read_safetensors_hash(out)
+            os.unlink(out)
+            self.saw("commit-check", int(meta["model_version"]), digest)
 
     # ---- the run -----------------------------------------------------------------
     def run(self):
@@ -637,15 +660,18 @@ class Soak:
         if self.commit_check_pending:
             self.check_commits()
         # a last version after every fault: the final one every replica must reach by itself
-        for attempt in range(3):
-            self.start_publisher(self.newest() + 1)
-            if self.publisher is None:
-                continue
-            self.publisher.cancel_kill()
-            self.publisher.proc.wait()
-            self.reap_publisher()
-            break
+        before = self.newest()
+        for attempt in range(5):
+            self.start_publisher(before + 1)
+            if self.publisher is not None:
+                self.publisher.proc.wait()
+                self.reap_publisher()
+            if self.newest() > before:
+                break
+            time.sleep(1)
         final = self.newest()
+        if final == before:
+            self.violation(f"the last publish (version {before + 1}, after every fault) failed; see {self.log.name}")
         for d in self.daemons:
             d["child"].cancel_kill()
         self.replica.cancel_kill()
@@ -738,7 +764,9 @@ def main():
     p.add_argument("--anchor-interval", type=int, default=10)
     p.add_argument("--cumulative-every", type=int, default=4)
     p.add_argument("--keep-anchors", type=int, default=3)
-    p.add_argument("--kill-rate", type=float, default=0.5, help="chance that a replica process is killed in its life")
+    p.add_argument("--kill-rate", type=float, default=0.5,
+                   help="scales the kills: a pull is killed with this chance; a daemon or the Python replica "
+                        "with rate/10 per second")
     p.add_argument("--damage-rate", type=float, default=1.0, help="scales how often objects are damaged")
     p.add_argument("--publisher-damage", action="store_true",
                    help="also damage objects between the newest anchor and the newest version, then kill the "
