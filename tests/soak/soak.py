@@ -47,7 +47,7 @@ class Child:
     """A child process; its stdout lines are collected by a thread."""
 
     def __init__(self, kind, argv, log, kill_after=None, **extra):
-        self.kind, self.argv, self.killed = kind, argv, False
+        self.kind, self.argv, self.killed, self.proc_stderr = kind, argv, False, log
         self.__dict__.update(extra)
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
@@ -131,7 +131,7 @@ class Soak:
         self.checked = 0  # replica states compared with the ground truth
         self.divergent = 0
         self.violations = []
-        self.notes = {"publish_failures": 0, "pulls": 0, "pull_failures": 0, "gc_runs": 0, "commit_checks": 0,
+        self.notes = {"publish_failures_store_down": 0, "pulls": 0, "pull_failures": 0, "gc_runs": 0, "commit_checks": 0,
                       "removed_by_gc_meanwhile": 0, "daemon_start_failures": 0, "daemon_pauses": 0}
         self.publisher = None
         self.pulls = []
@@ -146,6 +146,7 @@ class Soak:
         self.dt = 0.0
         self.last_publish_ok = time.monotonic()
         self.pull_seq = 0
+        self.err_seq = 0
         self.pull_dir = os.path.join(self.work, "pulls")
         os.makedirs(self.pull_dir, exist_ok=True)
 
@@ -250,7 +251,8 @@ class Soak:
             argv = [self.bin, "publish", self.bucket.url, ckpt, "--version", str(version), "--quiet", *settings]
             if newest == 0 and self.bucket.root is None:
                 argv.append("--create-bucket")
-            self.publisher = Child("publisher_cli", argv, self.log, self.kill_after(0.3, 0.12), version=version)
+            self.publisher = Child("publisher_cli", argv, self.err_file("publish"), self.kill_after(0.3, 0.12),
+                                   version=version)
         else:
             upto = min(target, newest + self.rng.randint(3, 25))
             argv = [self.py, os.path.join(HERE, "soak.py"), "--role", "publisher", "--bucket", self.bucket.url,
@@ -259,7 +261,8 @@ class Soak:
             if self.rng.random() < 0.3:
                 argv.append("--background")
             # its start regenerates the trainer up to newest (~3 ms a version): kills land in that and in publishing
-            self.publisher = Child("publisher_py", argv, self.log, self.kill_after(0.5, 1.0 + 0.003 * newest + 3.0), upto=upto)
+            self.publisher = Child("publisher_py", argv, self.err_file("publish"),
+                                   self.kill_after(0.5, 1.0 + 0.003 * newest + 3.0), upto=upto)
 
     def reap_publisher(self):
         p = self.publisher
@@ -271,12 +274,14 @@ class Soak:
                     self.last_publish_ok = time.monotonic()
             return
         p.reader.join(timeout=5)
+        stderr = self.take_err(p)
+        error = None
         for line in p.new_lines():
             msg = json.loads(line)
             if "published" in msg:
                 self.last_publish_ok = time.monotonic()
             elif "error" in msg:
-                self.note(f"{p.kind} failed: {msg['error']}")
+                error = msg["error"]
         self.publisher = None
         if p.killed:
             self.kills[p.kind] += 1
@@ -285,9 +290,30 @@ class Soak:
             if p.kind == "publisher_cli":
                 self.last_publish_ok = time.monotonic()
         else:
-            self.notes["publish_failures"] += 1
-            if p.kind == "publisher_cli":
-                self.note(f"publish --version {p.version} failed (exit {p.proc.returncode})")
+            error = error or (stderr.strip().splitlines() or ["(no message)"])[-1]
+            if self.store_down():
+                self.notes["publish_failures_store_down"] += 1
+            else:
+                # with the store up, a publisher given the complete weights always moves forward
+                self.violation(f"{p.kind} failed (exit {p.proc.returncode}): {error}")
+
+    def store_down(self):
+        """radosgw is down, or came back less than 15 s ago (clients are still backing off)."""
+        return self.rgw_dir is not None and (self.rgw_down_until is not None or time.monotonic() - self.rgw_up_at < 15)
+
+    def err_file(self, name):
+        self.err_seq += 1
+        return open(os.path.join(self.scratch, f"{name}-{self.err_seq}.err"), "w+b")
+
+    def take_err(self, child):
+        """A child's stderr (its own file): appended to children.log, returned as text."""
+        f = child.proc_stderr
+        f.seek(0)
+        data = f.read()
+        f.close()
+        os.unlink(f.name)
+        self.log.write(data)
+        return data.decode(errors="replace")
 
     def start_daemon(self, index):
         d = self.daemons[index]
@@ -312,7 +338,7 @@ class Soak:
             self.start_daemon(index)
             return
         if not c.running():
-            if self.rgw_dir and (self.rgw_down_until is not None or time.monotonic() - self.rgw_up_at < 15):
+            if self.store_down():
                 self.notes["daemon_start_failures"] += 1  # could not reach radosgw at start: exit 1, as documented
                 self.start_daemon(index)
                 return
@@ -398,9 +424,8 @@ class Soak:
         argv = [self.bin, "pull", self.bucket.url, "-o", out, "--json"]
         if version:
             argv += ["--version", str(version)]
-        kill_after = None if self.final else self.kill_after(self.a.kill_rate, 0.15)
-        err = open(os.path.join(self.scratch, f"pull-{self.pull_seq}.err"), "w+b")
-        c = Child("pull", argv, err, kill_after, out=out, version=version, err=err, who=f"pull#{self.pull_seq}")
+        kill_after = None if self.final else self.kill_after(self.a.kill_rate / 2, 0.15)
+        c = Child("pull", argv, self.err_file("pull"), kill_after, out=out, version=version, who=f"pull#{self.pull_seq}")
         self.pulls.append(c)
         return c
 
@@ -410,12 +435,7 @@ class Soak:
                 continue
             c.reader.join(timeout=5)
             self.pulls.remove(c)
-            c.err.seek(0)
-            stderr = c.err.read()
-            c.err.close()
-            os.unlink(c.err.name)
-            self.log.write(stderr)
-            self.named_in(c.who, stderr.decode(errors="replace"))
+            self.named_in(c.who, self.take_err(c))
             if c.killed:
                 self.kills["pull"] += 1
                 if os.path.exists(c.out):  # it was complete before the kill: it must be right
@@ -765,7 +785,7 @@ def main():
     p.add_argument("--cumulative-every", type=int, default=4)
     p.add_argument("--keep-anchors", type=int, default=3)
     p.add_argument("--kill-rate", type=float, default=0.5,
-                   help="scales the kills: a pull is killed with this chance; a daemon or the Python replica "
+                   help="scales the kills: a pull is killed with half this chance; a daemon or the Python replica "
                         "with rate/10 per second")
     p.add_argument("--damage-rate", type=float, default=1.0, help="scales how often objects are damaged")
     p.add_argument("--publisher-damage", action="store_true",
