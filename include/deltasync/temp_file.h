@@ -56,6 +56,15 @@ bool TempNameIsFromThisHost(const TempNameInfo& info);
 // (a leftover kept longer, never a live file removed).
 bool TempWriterRunsHere(const TempNameInfo& info);
 
+// Removes what writers of `target` killed on this host left beside it: every
+// entry of target's directory named like TempPathFor(target) (same cut
+// basename; either format) whose writer no longer runs here, file, link or
+// folder (a model folder being built). A running writer's entry and another
+// host's are kept. For commands that write one path a user names (`pull -o`,
+// `pull --hf-dir`), at start. Returns the number of entries removed; errors
+// are ignored (a leftover that cannot be removed only stays).
+int RemoveDeadWritersTemporaries(const std::string& target);
+
 // One temporary file, owned until RenameOverTarget() succeeds; otherwise the
 // destructor closes and removes it. The methods return 0 or an errno value,
 // so that callers word the message for their own users.

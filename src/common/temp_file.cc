@@ -23,6 +23,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <thread>
 
@@ -170,6 +171,25 @@ bool TempWriterRunsHere(const TempNameInfo& info) {
   if (info.pid <= 0 || info.pid > INT_MAX) return true;
   // EPERM: the process exists but belongs to someone else.
   return ::kill(static_cast<pid_t>(info.pid), 0) == 0 || errno != ESRCH;
+}
+
+int RemoveDeadWritersTemporaries(const std::string& target) {
+  namespace fs = std::filesystem;
+  std::string trimmed = target;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  const fs::path path(trimmed);
+  const std::string base = path.filename().string().substr(0, kTempBaseBytes);
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  if (base.empty()) return 0;
+  int removed = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::optional<TempNameInfo> info = ParseTempName(it->path().filename().string());
+    if (!info || info->base != base || !TempNameIsFromThisHost(*info) || TempWriterRunsHere(*info)) continue;
+    std::error_code rm;
+    if (fs::remove_all(it->path(), rm) > 0 && !rm) ++removed;
+  }
+  return removed;
 }
 
 TempFile::~TempFile() {

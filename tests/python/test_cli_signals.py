@@ -3,7 +3,8 @@
 - `demo --bucket DIR` never deletes a file it did not write;
 - SIGINT/SIGTERM/SIGKILL to `demo` leave no replica process behind;
 - SIGINT to `publish` leaves no temporary file;
-- what a SIGKILLed `publish` or `serve --out` leaves, `gc` or the next `serve` removes.
+- what a SIGKILLed `publish`, `serve --out` or `pull` leaves, `gc`, the next `serve` or the next `pull`
+  removes.
 
 Every wait is bounded, and every process a test starts is killed in `finally`.
 """
@@ -319,6 +320,38 @@ def test_sigkilled_publish_leaves_a_temporary_that_gc_removes(tmp_path, deltasyn
     assert temp_files(bucket) == []
     text = run("gc", bucket, "--temp-older-than", "0").stdout
     assert "removed 0 stale temporary file(s)" in text, text
+
+
+def test_pull_removes_what_a_sigkilled_pull_left_beside_its_output(tmp_path, run):
+    """A pull SIGKILLed mid-write leaves its temporary file (or half-built folder) beside OUT; the soak found
+    that nothing ever removed it. The next pull to the same path removes those whose writer is gone."""
+    ckpt = tmp_path / "c.safetensors"
+    write_checkpoint(ckpt, 1000)
+    bucket = tmp_path / "b"
+    run("publish", bucket, ckpt, "--version", "1")
+    host = "".join(c if c.isalnum() or c == "." else "_" for c in socket.gethostname())[:40]
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead, live, hexa = gone.pid, os.getpid(), "0123456789abcdef"
+    out = tmp_path / "out"
+    out.mkdir()
+    removed = [out / f".tmp-{host}-{dead}-{hexa}-model.safetensors", out / f".tmp\\model.safetensors.{dead}.{hexa}"]
+    kept = [out / f".tmp-{host}-{live}-{hexa}-model.safetensors",  # a running writer's
+            out / f".tmp-{host}-{dead}-{hexa}-other.safetensors",  # another output's
+            out / f".tmp-elsewhere-{dead}-{hexa}-model.safetensors"]  # another host's (a shared file system)
+    folder = out / f".tmp-{host}-{dead}-{hexa}-model"  # a half-built --hf-dir folder
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"x" * 100)
+    for f in removed + kept:
+        f.write_bytes(b"x" * 100)
+    run("pull", bucket, "-o", out / "model.safetensors")
+    assert [f.name for f in removed if f.exists()] == []
+    assert [f.name for f in kept if not f.exists()] == []
+    assert folder.exists()
+    run("pull", bucket, "--hf-dir", out / "model")
+    assert not folder.exists()
+    assert (out / "model" / "model.safetensors").exists()
+    assert sorted(f.name for f in out.iterdir() if f.name.startswith(".tmp")) == sorted(f.name for f in kept)
 
 
 def test_restarted_serve_removes_what_a_sigkilled_one_left_in_out(tmp_path, deltasync_bin, run):

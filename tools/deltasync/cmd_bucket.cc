@@ -16,6 +16,7 @@
 #include "deltasync/safetensors.h"
 #include "deltasync/side_files.h"
 #include "deltasync/store.h"
+#include "deltasync/temp_file.h"
 #include "output.h"
 
 namespace deltasync::cli {
@@ -151,6 +152,8 @@ Status RunPull(const PullArgs& args) {
   }
   folder.replace = args.force;
   if (!args.hf_dir.empty()) DS_RETURN_IF_ERROR(CheckHfFolderTarget(args.hf_dir, args.force));
+  // What an earlier pull to the same path left when it was SIGKILLed mid-write.
+  RemoveDeadWritersTemporaries(args.hf_dir.empty() ? args.out_path : args.hf_dir);
   Result<UpdateStats> updated = replica->Update(args.version);
   EraseProgressLine();
   DS_ASSIGN_OR_RETURN(UpdateStats stats, std::move(updated));
