@@ -418,14 +418,18 @@ class Soak:
             self.violation(f"the Python replica exited by itself (exit {r.proc.returncode}); see {self.log.name}")
             self.start_replica()
 
-    def start_pull(self, version=None):
+    def start_pull(self, version=None, hf=None):
+        """A pull to the same path each time (one file, one model folder): each pull removes what a
+        SIGKILLed one left there."""
         self.pull_seq += 1
-        out = os.path.join(self.pull_dir, f"pull-{self.pull_seq}.safetensors")
-        argv = [self.bin, "pull", self.bucket.url, "-o", out, "--json"]
+        hf = self.rng.random() < 0.3 if hf is None else hf
+        out = os.path.join(self.pull_dir, "model" if hf else "model.safetensors")
+        argv = [self.bin, "pull", self.bucket.url, "--json"] + (["--hf-dir", out, "--force"] if hf else ["-o", out])
         if version:
             argv += ["--version", str(version)]
         kill_after = None if self.final else self.kill_after(self.a.kill_rate / 2, 0.15)
-        c = Child("pull", argv, self.err_file("pull"), kill_after, out=out, version=version, who=f"pull#{self.pull_seq}")
+        c = Child("pull", argv, self.err_file("pull"), kill_after, out=out, version=version, who=f"pull#{self.pull_seq}",
+                  file=os.path.join(out, "model.safetensors") if hf else out, hf=hf)
         self.pulls.append(c)
         return c
 
@@ -438,13 +442,13 @@ class Soak:
             self.named_in(c.who, self.take_err(c))
             if c.killed:
                 self.kills["pull"] += 1
-                if os.path.exists(c.out):  # it was complete before the kill: it must be right
+                if os.path.exists(c.file):  # complete (this pull's or, for a folder, an earlier one's): right
                     self.check_pull_file(c, None)
                 continue
             lines = c.new_lines()
             if c.proc.returncode != 0 or not lines:
                 self.notes["pull_failures"] += 1
-                if os.path.exists(c.out):
+                if not c.hf and os.path.exists(c.out):  # (a folder stays: the last good pull's)
                     self.violation(f"a failed pull left {c.out}")
                 continue
             self.notes["pulls"] += 1
@@ -454,14 +458,15 @@ class Soak:
             c.result = res
 
     def check_pull_file(self, c, version):
-        meta, digest = read_safetensors_hash(c.out)
+        meta, digest = read_safetensors_hash(c.file)
         v = int(meta.get("model_version", 0))
         if version is not None and v != version:
             self.violation(f"pull said version {version} but wrote model_version {v}")
-        if c.version and v != c.version:
+        if c.version and v != c.version and not (c.hf and c.killed):  # (a killed one's folder may be older)
             self.violation(f"pull --version {c.version} wrote model_version {v}")
         self.saw(c.who, v, digest)
-        os.unlink(c.out)
+        if not c.hf:
+            os.unlink(c.out)
 
     def start_gc(self):
         argv = [self.bin, "gc", self.bucket.url, "--json", "--keep-anchors", str(self.a.keep_anchors)]
@@ -695,9 +700,10 @@ class Soak:
         for d in self.daemons:
             d["child"].cancel_kill()
         self.replica.cancel_kill()
-        pull = self.start_pull()
+        final_pulls = {"pull": self.start_pull(hf=False), "pull --hf-dir": None}
         deadline = time.monotonic() + a.settle_seconds
-        replicas = [f"serve{i}/out" for i in range(len(self.daemons))] + ["serve0/shm", "replica_py", "pull"]
+        replicas = [f"serve{i}/out" for i in range(len(self.daemons))] + ["serve0/shm", "replica_py", "pull",
+                                                                          "pull --hf-dir"]
         replicas = [r for r in replicas if r != "serve0/shm" or self.daemons[0]["shm"]]
         final_ok = {}
         while time.monotonic() < deadline:
@@ -705,10 +711,13 @@ class Soak:
                 self.observe_daemon(i)
             self.observe_replica()
             self.reap_pulls()
-            if pull not in self.pulls and getattr(pull, "result", None) is None and "pull" not in final_ok:
-                pull = self.start_pull()  # a failed final pull may be retried; a wrong one is a violation
-            if getattr(pull, "result", None) and pull.result["version"] == final:
-                final_ok["pull"] = True
+            for name, pull in final_pulls.items():  # one at a time; a failed one is retried
+                if final_ok.get(name) or (pull is not None and pull in self.pulls) or self.pulls:
+                    continue
+                if getattr(pull, "result", None) and pull.result["version"] == final:
+                    final_ok[name] = True
+                else:
+                    final_pulls[name] = self.start_pull(hf=name != "pull")
             for i, d in enumerate(self.daemons):
                 got = read_out_dir(d["out"])
                 if got and got[0] == final and got[1] == self.truth_of(final):
@@ -741,9 +750,9 @@ class Soak:
         left = self.bucket.temporaries()
         for d in self.daemons:
             left += temporaries_under(d["out"])
+        left += temporaries_under(self.pull_dir)  # what SIGKILLed pulls left: the last pulls removed it
         for path in left:
             self.violation(f"temporary left behind: {path}")
-        pull_left = temporaries_under(self.pull_dir)  # SIGKILLed pulls: outside any bucket or --out folder
         injected = len(self.damaged)
         refused = sum(1 for k in self.damaged if k in self.named)
         summary = (
@@ -754,7 +763,7 @@ class Soak:
             f"never_needed={injected - refused} "
             f"states_checked={self.checked} divergent={self.divergent} "
             f"replicas_final_bit_exact={len(replicas) - len(repairs)}/{len(replicas)} repairs_needed={len(repairs)} "
-            f"temporaries_left={len(left)} (killed pulls' outputs: {len(pull_left)}) "
+            f"temporaries_left={len(left)} "
             f"pulls={self.notes['pulls']} pauses={self.notes['daemon_pauses']} gc_runs={self.notes['gc_runs']} commit_checks={self.notes['commit_checks']} "
             f"violations={len(self.violations)}")
         print(summary, flush=True)
