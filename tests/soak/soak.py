@@ -144,6 +144,7 @@ class Soak:
         self.commit_check_pending = False
         self.final = False
         self.dt = 0.0
+        self._manifest = None
         self.last_publish_ok = time.monotonic()
         self.pull_seq = 0
         self.err_seq = 0
@@ -170,7 +171,7 @@ class Soak:
             if key not in self.damaged and (who, key) not in self.undamaged_named:
                 # not damaged by the harness: fine only when gc removed it meanwhile (the manifest no longer
                 # lists it); anything else is a publisher that committed a bad object, or a bug
-                m = self.manifest()
+                m = self.manifest(fresh=True)
                 if m is None:
                     continue
                 self.undamaged_named.add((who, key))
@@ -203,16 +204,22 @@ class Soak:
             if key in message:
                 self.named.setdefault(key, set()).add(who)
 
-    def manifest(self):
+    def manifest(self, fresh=False):
+        """The bucket's manifest (None when unreadable); reads within 0.2 s share one unless fresh."""
+        now = time.monotonic()
+        if not fresh and self._manifest is not None and now - self._manifest[0] < 0.2:
+            return self._manifest[1]
         try:
-            return self.bucket.manifest()
+            m = self.bucket.manifest()
+            self._manifest = (now, m)
+            return m
         except (IOError, OSError, ValueError) as e:
             if self.rgw_down_until is None:
                 self.note(f"manifest read failed: {e}")
             return None
 
-    def newest(self, manifest=None):
-        m = manifest if manifest is not None else self.manifest()
+    def newest(self, manifest=None, fresh=False):
+        m = manifest if manifest is not None else self.manifest(fresh)
         return m["versions"][-1]["version"] if m and m["versions"] else 0
 
     def note(self, text):
@@ -227,7 +234,7 @@ class Soak:
 
     def chance(self, per_second):
         """True with the probability of an event of this rate in the last loop's time."""
-        return self.rng.random() < per_second * min(self.dt, 2.0)
+        return self.rng.random() < per_second * min(self.dt, 5.0)
 
     def kill_after(self, p, window):
         """With chance p, a delay within window after which the child is SIGKILLed."""
@@ -236,7 +243,7 @@ class Soak:
         return self.rng.uniform(0.005, window) if self.rng.random() < p else None
 
     def start_publisher(self, target):
-        m = self.manifest()
+        m = self.manifest(fresh=True)
         if m is None and self.rgw_down_until is not None:
             return
         newest = self.newest(m)
@@ -486,7 +493,7 @@ class Soak:
 
     # ---- faults ------------------------------------------------------------------
     def damage(self, publisher_side=False):
-        m = self.manifest()
+        m = self.manifest(fresh=True)
         if not m or not m["versions"]:
             return
         versions = m["versions"]
@@ -616,7 +623,7 @@ class Soak:
         self.publisher.cancel_kill()
         self.publisher.proc.wait()
         self.reap_publisher()
-        if self.newest() != 1:
+        if self.newest(fresh=True) != 1:
             raise SystemExit(f"soak: the first publish failed; see {self.log.name}")
         for i in range(a.daemons):
             self.start_daemon(i)
@@ -658,7 +665,7 @@ class Soak:
                 self.start_pull(pick)
             if not self.gcs and self.chance(0.3):
                 self.start_gc()
-            if self.rgw_dir and self.rgw_down_until is None and self.chance(1 / 40):
+            if self.rgw_dir and self.rgw_down_until is None and self.chance(1 / 30):
                 self.kill_rgw()
             if self.commit_check_pending:
                 self.check_commits()
@@ -685,16 +692,16 @@ class Soak:
         if self.commit_check_pending:
             self.check_commits()
         # a last version after every fault: the final one every replica must reach by itself
-        before = self.newest()
+        before = self.newest(fresh=True)
         for attempt in range(5):
             self.start_publisher(before + 1)
             if self.publisher is not None:
                 self.publisher.proc.wait()
                 self.reap_publisher()
-            if self.newest() > before:
+            if self.newest(fresh=True) > before:
                 break
             time.sleep(1)
-        final = self.newest()
+        final = self.newest(fresh=True)
         if final == before:
             self.violation(f"the last publish (version {before + 1}, after every fault) failed; see {self.log.name}")
         for d in self.daemons:
