@@ -665,7 +665,9 @@ class Soak:
                 self.start_pull(pick)
             if not self.gcs and self.chance(0.3):
                 self.start_gc()
-            if self.rgw_dir and self.rgw_down_until is None and self.chance(1 / 30):
+            halfway = (deadline and now > t0 + a.duration / 2) or (a.versions and newest > a.versions / 2)
+            if self.rgw_dir and self.rgw_down_until is None and (
+                    self.chance(1 / 30) or (halfway and not self.kills["rgw"])):  # at least one outage
                 self.kill_rgw()
             if self.commit_check_pending:
                 self.check_commits()
