@@ -5,6 +5,7 @@ object per line on stdout; the harness reads them."""
 import json
 import random
 import sys
+import threading
 import time
 
 import numpy as np
@@ -13,8 +14,12 @@ import deltasync
 from model import Trainer, canon_hash
 
 
+_say_lock = threading.Lock()
+
+
 def say(**fields):
-    print(json.dumps(fields), flush=True)
+    with _say_lock:  # a background publish reports from the worker thread
+        print(json.dumps(fields), flush=True)
 
 
 def publisher(args):

@@ -86,6 +86,16 @@ class Child:
         out, self._taken = self.lines[self._taken:n], n
         return out
 
+    def new_messages(self):
+        """The new stdout lines that are JSON objects (the Python roles' reports)."""
+        out = []
+        for line in self.new_lines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                print(f"soak: {self.kind} printed a line that is not JSON: {line!r}", file=sys.stderr)
+        return out
+
     def running(self):
         return self.proc.poll() is None
 
@@ -276,15 +286,14 @@ class Soak:
         if p is None:
             return
         if p.running():
-            for line in p.new_lines():
-                if "published" in json.loads(line):
+            for msg in p.new_messages():
+                if "published" in msg:
                     self.last_publish_ok = time.monotonic()
             return
         p.reader.join(timeout=5)
         stderr = self.take_err(p)
         error = None
-        for line in p.new_lines():
-            msg = json.loads(line)
+        for msg in p.new_messages():
             if "published" in msg:
                 self.last_publish_ok = time.monotonic()
             elif "error" in msg:
@@ -411,8 +420,7 @@ class Soak:
     def observe_replica(self):
         r = self.replica
         self.maybe_arm_kill(r)
-        for line in r.new_lines():
-            msg = json.loads(line)
+        for msg in r.new_messages():
             if "version" in msg:
                 self.saw("replica_py", msg["version"], msg["sha"], msg.get("bad", []))
             if msg.get("error"):
