@@ -136,6 +136,7 @@ class Soak:
         self.named = {}  # key -> set of replica ids that named it bad
         self.undamaged_named = set()  # (replica, key) named bad though not damaged: checked once
         self.routed = set()  # damaged keys a replica named and then went past
+        self.recovered = set()  # versions a publisher committed anchor-only (past damage it could not rebuild)
         self.held = {}  # replica id -> highest version verified
         self.current = {}  # replica id -> the version it reported last
         self.checked = 0  # replica states compared with the ground truth
@@ -222,6 +223,9 @@ class Soak:
         try:
             m = self.bucket.manifest()
             self._manifest = (now, m)
+            for v in (m or {}).get("versions", [])[-50:]:
+                if v.get("recovered"):  # an anchor-only version: a publisher got past damage by itself
+                    self.recovered.add(v["version"])
             return m
         except (IOError, OSError, ValueError) as e:
             if self.rgw_down_until is None:
@@ -771,13 +775,14 @@ class Soak:
         for path in left:
             self.violation(f"temporary left behind: {path}")
         injected = len(self.damaged)
+        publisher_side = sum(1 for d in self.damaged.values() if d["publisher_side"])
         refused = sum(1 for k in self.damaged if k in self.named)
         summary = (
             f"soak: {'PASS' if not self.violations else 'FAIL'} seed={a.seed} bucket={'s3' if self.bucket.root is None else 'local'} "
             f"seconds={time.monotonic() - t0:.0f} versions={final} "
             f"kills={sum(self.kills.values())} ({', '.join(f'{k} {v}' for k, v in self.kills.items() if v or k != 'rgw' or self.rgw_dir)}) "
             f"corruptions: injected={injected} refused={refused} routed_around={len(self.routed)} "
-            f"never_needed={injected - refused} "
+            f"never_needed={injected - refused} publisher_side={publisher_side} recovered_versions={len(self.recovered)} "
             f"states_checked={self.checked} divergent={self.divergent} "
             f"replicas_final_bit_exact={len(replicas) - len(repairs)}/{len(replicas)} repairs_needed={len(repairs)} "
             f"temporaries_left={len(left)} "
