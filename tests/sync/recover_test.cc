@@ -269,6 +269,42 @@ TEST(RecoverTest, ChangesAreRefusedUntilTheFullWeightsArePublished) {
   EXPECT_TRUE(sparse->wrote_delta);
 }
 
+// A recovered publish that fails (the anchor upload) commits nothing and
+// leaves the publisher degraded; the retry commits.
+TEST(RecoverTest, AFailedRecoveredPublishStaysDegraded) {
+  Bucket b(Plain());
+  {
+    auto first = b.Reopen();
+    ASSERT_TRUE(first.ok());
+    b.PublishRange(**first, 1, 12);
+  }
+  b.Damage(kStep12, Damage::kDelete);
+  auto faulty = std::make_shared<testing::FaultStore>(b.store);
+  faulty->fail_write = [](std::string_view key) {
+    return key.starts_with("ds/anchors/") ? Status::IOError("injected: upload failed") : Status::OK();
+  };
+  auto opened = Publisher::Open(faulty, b.options);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  Publisher& pub = **opened;
+  ASSERT_TRUE(pub.degraded());
+  b.model.Step(0.05);
+  Result<PublishStats> failed = pub.Publish(13, b.model.Views());
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), ErrorCode::kIOError) << failed.status().ToString();
+  EXPECT_TRUE(pub.degraded());
+  EXPECT_EQ(pub.latest_version(), 12u);
+  EXPECT_EQ(ReadManifest(*b.store).Latest()->version, 12u);
+
+  faulty->fail_write = nullptr;
+  Result<PublishStats> retried = pub.Publish(13, b.model.Views());
+  ASSERT_TRUE(retried.ok()) << retried.status().ToString();
+  EXPECT_TRUE(retried->recovered);
+  EXPECT_FALSE(pub.degraded());
+  auto replica = Replica::Create(b.store);
+  ASSERT_TRUE(replica->Update().ok());
+  EXPECT_EQ(HashState(replica->state()), HashTensors(b.model.Views()));
+}
+
 // Retention keeps what a fresh replica needs: the recovered anchor is an
 // anchor like any other.
 TEST(RecoverTest, GcAfterARecoveryKeepsTheRecoveredChain) {
