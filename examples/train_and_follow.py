@@ -84,7 +84,8 @@ def train(args) -> int:
         if step % 5 == 0 or step == 1:
             result = handle.last_result.result()
             wrote = " + ".join(k for k, on in (("anchor", result.wrote_anchor), ("delta", result.wrote_delta)) if on)
-            print(f"trainer: version {step:3d} loss {loss.item():.4f} changed {result.changed_elements:6d}/"
+            changed = "?" if result.changed_elements is None else result.changed_elements  # None: recovered
+            print(f"trainer: version {step:3d} loss {loss.item():.4f} changed {changed:>6}/"
                   f"{result.total_elements} wrote {wrote} ({result.anchor_bytes + result.delta_bytes} B)", flush=True)
     handle.flush()
     handle.remove()

@@ -34,8 +34,9 @@ struct VersionSummary {
   const VersionEntry* entry = nullptr;  // into the manifest summarized
   std::vector<ObjectSummary> objects;   // in manifest order
   uint64_t bytes = 0;                   // of its objects
-  // changed_elements / total_elements (0 for an empty model).
-  double changed_fraction = 0;
+  // changed_elements / total_elements (0 for an empty model); nullopt for a
+  // recovered version (VersionEntry::changed_elements unknown).
+  std::optional<double> changed_fraction;
   // The step delta's size / changed_elements; nullopt without a step delta
   // or when nothing changed.
   std::optional<double> bytes_per_changed_element;

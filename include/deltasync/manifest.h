@@ -68,7 +68,12 @@ struct VersionEntry {
   uint64_t version = 0;
   StateHash state_hash;        // of the complete state after this version
   uint64_t total_elements = 0;
-  uint64_t changed_elements = 0;  // relative to the previous version
+  // Elements that differ from the previous version; nullopt for a
+  // recovered version (`recovered`: true in the manifest): an anchor-only
+  // version published when the previous state could not be rebuilt
+  // (Publisher::degraded()), so how much changed is not known. ToJson writes
+  // total_elements there (readers before the marker require the field).
+  std::optional<uint64_t> changed_elements = 0;
   uint64_t created_unix_ms = 0;
   // At most one anchor (raw: TRL; compact: compressed) and deltas from
   // distinct base versions: the step delta from the previous version and,

@@ -97,7 +97,12 @@ struct PublishStats {
   bool wrote_anchor = false;
   bool wrote_delta = false;
   uint64_t total_elements = 0;
-  uint64_t changed_elements = 0;
+  // Elements that differ from the previous version (all of them for the
+  // first); nullopt when `recovered`.
+  std::optional<uint64_t> changed_elements = 0;
+  // Published by a degraded publisher (Publisher::degraded()): an anchor
+  // only, no delta, and its difference from the previous version unknown.
+  bool recovered = false;
   uint64_t delta_bytes = 0;   // size of the delta object (0 when none)
   uint64_t anchor_bytes = 0;  // size of the anchor object (0 when none)
   uint64_t cumulative_bytes = 0;  // size of the cumulative delta (0 when none)
@@ -114,7 +119,15 @@ class Publisher {
 
   // Opens the bucket. When it already holds versions, the publisher first
   // rebuilds the newest published state from it (verified like a replica
-  // does), so a new process continues where the last one stopped.
+  // does, routing around damaged objects), so a new process continues where
+  // the last one stopped.
+  // When that state cannot be rebuilt because objects of the bucket are
+  // damaged or missing (kIntegrity, kCorruption, kNotFound of an object) and
+  // no route avoids them, Open still succeeds, degraded (degraded()): it
+  // knows the manifest but holds no state, so the next version must come
+  // with the complete weights (Publish), which it commits as a recovered,
+  // anchor-only version. A store failure (kIOError: an outage, a timeout)
+  // still fails Open.
   static Result<std::unique_ptr<Publisher>> Open(std::shared_ptr<Store> store,
                                                  PublisherOptions options = {});
 
@@ -159,7 +172,8 @@ class Publisher {
   // Errors: as Publish; kFailedPrecondition before the first version (which
   // must come through Publish: there is no base yet); kInvalidArgument for
   // changes that do not fit state(), and for NaN/Inf bf16 values unless
-  // allow_nonfinite. On error nothing changes.
+  // allow_nonfinite; kFailedPrecondition when degraded() (no state to apply
+  // them to: publish the full weights once). On error nothing changes.
   Result<PublishStats> PublishChanges(uint64_t version, std::span<const TensorChanges> changes);
 
   // The newest committed version, 0 when none.
@@ -170,8 +184,14 @@ class Publisher {
   // With change_settings: each stored setting this publisher changes, as
   // "encoding compact -> gap_delta"; empty when none.
   const std::vector<std::string>& changed_settings() const { return changed_settings_; }
-  // The published bf16 state at latest_version().
+  // The published bf16 state at latest_version(); empty when degraded().
   const WeightState& state() const { return state_; }
+  // True when Open could not rebuild the newest version (see Open): the
+  // next Publish() commits a recovered, anchor-only version.
+  bool degraded() const { return !degraded_reason_.empty(); }
+  // When degraded(): one line naming the version, the objects that block it
+  // and what the next version does; empty otherwise.
+  const std::string& degraded_reason() const { return degraded_reason_; }
   const Manifest& manifest() const { return manifest_; }
 
  private:
@@ -199,8 +219,8 @@ class Publisher {
   // Applies `changes` to state_; the result puts the old values back.
   std::function<void()> ApplyWithUndo(std::vector<TensorChanges> changes);
   // Everything after the delta: cumulative delta, anchor, upload, commit;
-  // rolls back on failure. `first_state` for the first version, else
-  // `prepared`.
+  // rolls back on failure. `first_state` for a version without a base (the
+  // first one, or a recovered one when degraded), else `prepared`.
   Result<PublishStats> Commit(uint64_t version, std::optional<WeightState> first_state, Prepared prepared,
                               const Stopwatch& clock, std::optional<FileSet> files = std::nullopt);
   void RememberAnchor();
@@ -225,6 +245,8 @@ class Publisher {
   StateHash anchor_hash_;
   // The fused compact pass, kept between versions so its buffers are reused.
   std::unique_ptr<bf16::CompactScan> scan_;
+  // Non-empty while the newest state is unknown (Open could not rebuild it).
+  std::string degraded_reason_;
 };
 
 }  // namespace deltasync

@@ -54,6 +54,10 @@ struct VerifyReport {
   // whose `files` lists it; it makes no version unreachable.
   std::vector<ObjectProblem> bad_objects;
   std::vector<ObjectProblem> unchecked;    // all only: deltas from an unreachable base (bytes good)
+  // Recovered versions the manifest lists (VersionEntry::changed_elements
+  // unknown: anchor-only, published without a base), ascending. Information,
+  // not a problem.
+  std::vector<uint64_t> recovered;
   uint64_t objects_checked = 0;            // distinct objects (side files too) downloaded and checked
   uint64_t bytes_downloaded = 0;
 

@@ -47,6 +47,10 @@ class Publisher:
     def publish_dir(self, version: int, path: str) -> dict[str, Any]: ...
     @property
     def latest_version(self) -> int: ...
+    # deltasync::Publisher::degraded_reason(): "" unless the newest version
+    # could not be rebuilt (the next publish() is then a recovered anchor).
+    @property
+    def degraded_reason(self) -> str: ...
     # {"encoding", "anchor_interval", "cumulative_interval", "anchor_max_fraction"}
     # in use (deltasync::Publisher::settings).
     @property

@@ -5,6 +5,7 @@ import concurrent.futures
 import dataclasses
 import os
 import threading
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Union
 
@@ -34,7 +35,8 @@ class PublishResult:
     wrote_anchor: bool
     wrote_delta: bool
     total_elements: int
-    changed_elements: int
+    # Elements that differ from the previous version; None for a recovered version.
+    changed_elements: int | None
     delta_bytes: int
     anchor_bytes: int
     cumulative_bytes: int
@@ -43,6 +45,9 @@ class PublishResult:
     upload_ms: float
     full_bytes: int = 0  # bytes of the whole published (bf16) state
     gap_delta_bytes: int = 0  # with measure_gap_delta=True: the delta's size as TRL gap_delta
+    # Published by a degraded publisher (``Publisher.degraded``): an anchor only,
+    # no delta; changed_elements is None (not known).
+    recovered: bool = False
 
 
 def _result(stats: dict) -> PublishResult:
@@ -172,7 +177,13 @@ class Publisher:
     or ``s3://bucket/prefix``; anything else that looks like a URL (``s3:/x``)
     is refused. Opening a bucket that already holds versions rebuilds the
     newest state from it (verified), so a new process continues where the
-    last stopped.
+    last stopped. When that state cannot be rebuilt because objects of the
+    bucket are damaged or missing (and no route avoids them), the publisher
+    opens *degraded* (``degraded`` names the objects; a RuntimeWarning says
+    so): the next ``publish()`` of the full weights commits an anchor-only
+    version (its result has ``recovered=True``), after which it publishes
+    normally; ``publish_changes()`` raises FailedPreconditionError until then.
+    A store failure (StoreIOError) still fails the constructor.
 
     ``encoding``, ``anchor_interval``, ``cumulative_interval`` and
     ``anchor_max_fraction`` are the bucket's settings, stored in its
@@ -221,6 +232,9 @@ class Publisher:
             opt(anchor_max_fraction, float), bool(change_settings), bool(allow_version_jump), int(threads),
             bool(allow_nonfinite), bool(create_bucket), [str(u) for u in notify], str(notify_token),
             bool(measure_gap_delta))
+        reason = self._native.degraded_reason
+        if reason:
+            warnings.warn(f"deltasync: {reason}", RuntimeWarning, stacklevel=2)
         self._cond = threading.Condition()
         self._queue: list[_Job] = []
         self._outstanding = 0  # queued + running
@@ -246,6 +260,15 @@ class Publisher:
     def latest_version(self) -> int:
         """The newest committed version (0 when none)."""
         return self._native.latest_version
+
+    @property
+    def degraded(self) -> str | None:
+        """None, or why the newest version could not be rebuilt (the objects that block it).
+
+        While set, the next publish() must be the full weights and commits a
+        recovered, anchor-only version; publish_changes() is refused.
+        """
+        return self._native.degraded_reason or None
 
     def state_tensors(self) -> dict[str, np.ndarray]:
         """Read-only numpy views of the published snapshot (bf16 as ml_dtypes.bfloat16).

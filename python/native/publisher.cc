@@ -29,7 +29,8 @@ nb::dict StatsToDict(const PublishStats& s) {
   d["wrote_anchor"] = s.wrote_anchor;
   d["wrote_delta"] = s.wrote_delta;
   d["total_elements"] = s.total_elements;
-  d["changed_elements"] = s.changed_elements;
+  d["changed_elements"] = s.changed_elements ? nb::cast(*s.changed_elements) : nb::none();
+  d["recovered"] = s.recovered;
   d["delta_bytes"] = s.delta_bytes;
   d["anchor_bytes"] = s.anchor_bytes;
   d["cumulative_bytes"] = s.cumulative_bytes;
@@ -205,6 +206,11 @@ class PyPublisher {
     return d;
   }
 
+  // Publisher::degraded_reason(): "" when not degraded.
+  std::string DegradedReason() {
+    return WithoutGil(mu_, [&] { return pub_->degraded_reason(); });
+  }
+
   std::vector<std::string> ChangedSettings() {
     return WithoutGil(mu_, [&] { return pub_->changed_settings(); });
   }
@@ -239,6 +245,7 @@ void BindPublisher(nb::module_& m) {
       .def("snapshot", &PyPublisher::Snapshot, "items"_a)
       .def("publish_snapshot", &PyPublisher::PublishSnapshot, "version"_a, "snapshot"_a)
       .def_prop_ro("latest_version", &PyPublisher::LatestVersion)
+      .def_prop_ro("degraded_reason", &PyPublisher::DegradedReason)
       .def("published_dtypes", &PyPublisher::PublishedDTypes)
       .def(
           "state_tensors",

@@ -27,7 +27,9 @@ History SummarizeHistory(const Manifest& manifest) {
     VersionSummary s;
     std::vector<IndexEncoding> encodings;
     s.entry = &v;
-    s.changed_fraction = v.total_elements ? static_cast<double>(v.changed_elements) / v.total_elements : 0.0;
+    if (v.changed_elements) {
+      s.changed_fraction = v.total_elements ? static_cast<double>(*v.changed_elements) / v.total_elements : 0.0;
+    }
     for (const ObjectEntry& o : v.objects) {
       ObjectRole role = o.kind == PatchKind::kAnchor ? ObjectRole::kAnchor
                         : previous && o.base_version == previous->version ? ObjectRole::kDelta
@@ -48,7 +50,9 @@ History SummarizeHistory(const Manifest& manifest) {
       } else if (role == ObjectRole::kDelta) {
         t.deltas++;
         t.delta_bytes += o.size;
-        if (v.changed_elements > 0) s.bytes_per_changed_element = static_cast<double>(o.size) / v.changed_elements;
+        if (v.changed_elements.value_or(0) > 0) {
+          s.bytes_per_changed_element = static_cast<double>(o.size) / *v.changed_elements;
+        }
       } else {
         t.cumulative++;
         t.cumulative_bytes += o.size;

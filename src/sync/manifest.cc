@@ -98,7 +98,9 @@ OrderedJson VersionToJson(const VersionEntry& v) {
   out["version"] = v.version;
   out["state_hash"] = v.state_hash.Hex();
   out["total_elements"] = v.total_elements;
-  out["changed_elements"] = v.changed_elements;
+  // A recovered version: total_elements, for readers that need the field.
+  out["changed_elements"] = v.changed_elements.value_or(v.total_elements);
+  if (!v.changed_elements) out["recovered"] = true;
   out["created_unix_ms"] = v.created_unix_ms;
   OrderedJson objects = OrderedJson::array();
   for (const ObjectEntry& o : v.objects) {
@@ -286,11 +288,18 @@ Result<VersionEntry> ParseVersion(const Json& j, size_t index, uint64_t previous
   if (!state_hash.ok()) return r.Fail(state_hash.status().message());
   v.state_hash = *state_hash;
   DS_ASSIGN_OR_RETURN(v.total_elements, r.Unsigned(j, "total_elements"));
-  DS_ASSIGN_OR_RETURN(v.changed_elements, r.Unsigned(j, "changed_elements"));
-  if (v.changed_elements > v.total_elements) {
-    return r.Fail("changed_elements " + std::to_string(v.changed_elements) + " exceeds total_elements " +
+  DS_ASSIGN_OR_RETURN(uint64_t changed, r.Unsigned(j, "changed_elements"));
+  if (changed > v.total_elements) {
+    return r.Fail("changed_elements " + std::to_string(changed) + " exceeds total_elements " +
                   std::to_string(v.total_elements));
   }
+  v.changed_elements = changed;
+  bool recovered = false;
+  if (j.contains("recovered")) {
+    if (!j["recovered"].is_boolean()) return r.Fail("'recovered' must be true or false, got " + Snippet(j["recovered"]));
+    recovered = j["recovered"].get<bool>();
+  }
+  if (recovered) v.changed_elements = std::nullopt;  // not known: see VersionEntry
   DS_ASSIGN_OR_RETURN(v.created_unix_ms, r.Unsigned(j, "created_unix_ms"));
 
   DS_ASSIGN_OR_RETURN(const Json* objects, r.Field(j, "objects"));
@@ -327,6 +336,9 @@ Result<VersionEntry> ParseVersion(const Json& j, size_t index, uint64_t previous
   // delta gets this message rather than "base not listed".
   if (index == 0 && v.anchor() == nullptr) {
     return r.Fail("the first listed version has no anchor, so a new replica could not start");
+  }
+  if (recovered && v.anchor() == nullptr) {
+    return r.Fail("a recovered version has no anchor; it has no other route");
   }
   for (const ObjectEntry& d : v.objects) {
     if (d.kind != PatchKind::kDelta) continue;

@@ -23,6 +23,7 @@
 #include <random>
 #include "sync/bucket_settings.h"
 #include "sync/notifier.h"
+#include "sync/replay.h"
 
 namespace deltasync {
 namespace {
@@ -99,21 +100,43 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(std::shared_ptr<Store> store,
   ReplicaOptions replica_options = ReplicaWithThreads(options.threads);
   replica_options.progress = options.progress;
   std::unique_ptr<Replica> replica = Replica::Create(store, std::move(replica_options));
+  uint64_t rebuilding = 0;
   auto rebuild = [&](uint64_t version) -> Status {
+    rebuilding = version;
     Result<UpdateStats> caught_up = replica->Update(version);
     if (caught_up.ok()) return Status::OK();
     return caught_up.status().WithContext("cannot continue publishing to " + store->Describe() +
                                           ": rebuilding version " + std::to_string(version) + " failed");
   };
+  Status rebuilt = Status::OK();
   if (pub->settings_.cumulative_interval > 0 || pub->settings_.anchor_max_fraction > 0) {
-    DS_RETURN_IF_ERROR(rebuild(pub->last_anchor_));
-    std::vector<TensorView> views = replica->state().views();
-    DS_ASSIGN_OR_RETURN(pub->anchor_state_, WeightState::FromViews(views));
-    pub->anchor_hash_ = replica->state_hash();
+    rebuilt = rebuild(pub->last_anchor_);
+    if (rebuilt.ok()) {
+      std::vector<TensorView> views = replica->state().views();
+      DS_ASSIGN_OR_RETURN(pub->anchor_state_, WeightState::FromViews(views));
+      pub->anchor_hash_ = replica->state_hash();
+    }
   }
-  DS_RETURN_IF_ERROR(rebuild(pub->manifest_.Latest()->version));
-  pub->state_hash_ = replica->state_hash();
-  pub->state_ = std::move(*replica).ReleaseState();
+  if (rebuilt.ok()) rebuilt = rebuild(pub->manifest_.Latest()->version);
+  if (rebuilt.ok()) {
+    pub->state_hash_ = replica->state_hash();
+    pub->state_ = std::move(*replica).ReleaseState();
+    return pub;
+  }
+  // Degraded only when objects of the bucket block every route (the replica
+  // already routed around what it could); a store failure says nothing about
+  // the objects and fails Open as it is.
+  if (!replay::ObjectFault(rebuilt) || replica->bad_objects().empty()) return rebuilt;
+  std::string bad;
+  for (const BadObject& b : replica->bad_objects()) {
+    bad += (bad.empty() ? "" : ", ") + b.key + " (version " + std::to_string(b.version) + ": " +
+           std::string(ErrorCodeName(b.code)) + ")";
+  }
+  pub->anchor_state_ = WeightState();
+  pub->degraded_reason_ = "version " + std::to_string(rebuilding) + " of " + store->Describe() +
+                          " cannot be rebuilt: damaged or missing " + bad +
+                          "; the next version must be published with the full weights and becomes an anchor-only "
+                          "(recovered) version";
   return pub;
 }
 
@@ -177,8 +200,15 @@ Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const Tensor
       changed_files = std::move(set);
     }
   }
-  if (latest_version() == 0) {
+  if (latest_version() == 0 || degraded()) {
     DS_ASSIGN_OR_RETURN(WeightState first, ToPublishedState(tensors, Detection()));
+    if (degraded() && first.total_elements() != manifest_.Latest()->total_elements) {
+      return Status::InvalidArgument("version " + std::to_string(version) + ": the tensors hold " +
+                                     std::to_string(first.total_elements()) + " elements but version " +
+                                     std::to_string(latest_version()) + " in " + store_->Describe() + " holds " +
+                                     std::to_string(manifest_.Latest()->total_elements) +
+                                     "; a recovered version must be the same model's complete weights");
+    }
     return Commit(version, std::move(first), Prepared{}, clock, std::move(changed_files));
   }
   if (settings_.encoding == IndexEncoding::kCompact) {
@@ -279,6 +309,12 @@ Result<PublishStats> Publisher::PublishChanges(uint64_t version, std::span<const
     return Status::FailedPrecondition("publish the first version with full tensors (Publish): " +
                                       store_->Describe() + " has no version to apply changes to");
   }
+  if (degraded()) {
+    return Status::FailedPrecondition("cannot publish version " + std::to_string(version) +
+                                      " as changes: " + degraded_reason_ +
+                                      ". Publish the full weights once (deltasync publish, Publisher.publish); "
+                                      "changes work again after that");
+  }
   Stopwatch clock;
   std::vector<TensorChanges> copy(changes.begin(), changes.end());
   std::sort(copy.begin(), copy.end(), [](const TensorChanges& a, const TensorChanges& b) { return a.name < b.name; });
@@ -352,6 +388,8 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
                                        const Stopwatch& clock, std::optional<FileSet> files) {
   const uint64_t previous = latest_version();
   const bool first = first_state.has_value();
+  // A version without a base after others: degraded, the previous state is unknown.
+  const bool recovered = first && previous > 0;
   const bool compact = settings_.encoding == IndexEncoding::kCompact;
   PublishStats stats;
   stats.version = version;
@@ -363,7 +401,8 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
   StateHash next_hash;
   if (first) {
     next_hash = HashState(*first_state, options_.threads);
-    stats.changed_elements = first_state->total_elements();
+    stats.changed_elements = recovered ? std::nullopt : std::optional<uint64_t>(first_state->total_elements());
+    stats.recovered = recovered;
   } else {
     next_hash = prepared.next_hash;
     stats.changed_elements = prepared.changed;
@@ -470,6 +509,7 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
 
   if (first) state_ = std::move(*first_state);
   state_hash_ = next_hash;
+  degraded_reason_.clear();  // the state is known again
   if (anchor) {
     last_anchor_ = version;
     last_anchor_bytes_ = full.size;

@@ -23,6 +23,13 @@
 
 namespace deltasync::replay {
 
+// A failure that is a bucket object's fault (missing, malformed, not what
+// the manifest promises: kNotFound, kCorruption, kIntegrity), not the
+// store's (kIOError: an outage, a timeout) or the caller's.
+inline bool ObjectFault(const Status& s) {
+  return s.code() == ErrorCode::kIntegrity || s.code() == ErrorCode::kNotFound || s.code() == ErrorCode::kCorruption;
+}
+
 // Downloads `object` and checks its size and XXH3-128 against the listing.
 // Adds the bytes received to *downloaded (also when the check fails).
 // kNotFound: the object is missing; kIntegrity: wrong size or hash.

@@ -45,12 +45,6 @@ bool SameLayout(const WeightState& state, std::span<const TensorView> views) {
   return true;
 }
 
-// A failure that is the object's fault (missing, malformed, not what the
-// manifest promises), not the store's or the caller's.
-bool ObjectFault(const Status& s) {
-  return s.code() == ErrorCode::kIntegrity || s.code() == ErrorCode::kNotFound || s.code() == ErrorCode::kCorruption;
-}
-
 }  // namespace
 
 std::unique_ptr<Replica> Replica::Create(std::shared_ptr<Store> store, ReplicaOptions options) {
@@ -146,7 +140,7 @@ Result<UpdateStats> Replica::Update(std::optional<uint64_t> target) {
       Status s = step.object.kind == PatchKind::kAnchor ? LoadAnchor(entry, step.object, stats)
                                                         : ApplyDelta(entry, step.object, stats);
       if (s.ok()) continue;
-      if (!ObjectFault(s)) return s;
+      if (!replay::ObjectFault(s)) return s;
       bad_.push_back(BadObject{step.version, step.object.key, step.object.xxh3_128, s.code(), s.message()});
       bad_set_.insert(RefOf(step.object));
       last_failure = s;

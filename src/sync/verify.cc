@@ -150,6 +150,7 @@ class Checker {
     r.verified.assign(verified_.begin(), verified_.end());
     r.unreachable.assign(unreachable_.begin(), unreachable_.end());
     for (const VersionEntry& v : manifest_.versions) {
+      if (!v.changed_elements) r.recovered.push_back(v.version);
       for (const ObjectEntry& o : v.objects) {
         auto it = outcomes_.find(o.key);
         if (it != outcomes_.end() && !it->second.ok()) r.bad_objects.push_back(Problem(v.version, o.key, it->second));

@@ -235,6 +235,35 @@ TEST(FollowTest, ADamagedDeltaKeepsTheLastGoodVersionUntilAnAnchorPassesIt) {
   EXPECT_EQ(StatusOf(addr)["state_hash"], bucket.hash(5).Hex());
 }
 
+// A daemon stuck on a missing step delta moves on when a restarted trainer
+// publishes the full weights as a recovered, anchor-only version.
+TEST(FollowTest, ADaemonFollowsThroughARecoveredVersion) {
+  TestBucket bucket;  // anchors at 1, 4, 8
+  bucket.PublishRange(1, 5);
+  auto daemon = StartFollowing(bucket.store(), 5);
+  ASSERT_TRUE(daemon);
+  const std::string addr = daemon->address();
+  ASSERT_EQ(HttpPost(addr, "/pause", "").status, 200);
+  bucket.Publish(6);
+  ASSERT_TRUE(bucket.store()->Delete(DeltaKey(6)).ok());  // lost object
+  ASSERT_EQ(HttpPost(addr, "/resume", "").status, 200);
+  ASSERT_TRUE(WaitUntil([&] { return !StatusOf(addr)["last_error"].is_null(); }));
+  EXPECT_EQ(StatusOf(addr)["version"], 5);
+
+  auto restarted = Publisher::Open(bucket.store());
+  ASSERT_TRUE(restarted.ok()) << restarted.status().ToString();
+  ASSERT_TRUE((*restarted)->degraded());
+  for (uint64_t v : {7, 8, 9}) {
+    bucket.model().Step(0.05);
+    Result<PublishStats> stats = (*restarted)->Publish(v, bucket.model().Views());
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    EXPECT_EQ(stats->recovered, v == 7);
+    ASSERT_TRUE(WaitForVersion(addr, v));
+    EXPECT_EQ(StatusOf(addr)["state_hash"], stats->state_hash.Hex()) << "version " << v;
+  }
+  EXPECT_TRUE(StatusOf(addr)["last_error"].is_null());
+}
+
 TEST(FollowTest, ADamagedCumulativeDeltaIsRoutedAroundAndReportedOnce) {
   TestBucket bucket(1, {.anchor_interval = 100, .cumulative_interval = 4});
   bucket.PublishRange(1, 9);

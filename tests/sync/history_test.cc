@@ -52,10 +52,11 @@ TEST(HistoryTest, RolesSizesAndTotals) {
   EXPECT_EQ(two.entry->version, 2u);
   EXPECT_EQ(two.encoding, "compact");
   EXPECT_EQ(two.bytes, two.entry->objects[0].size);
-  EXPECT_DOUBLE_EQ(two.changed_fraction, double(two.entry->changed_elements) / two.entry->total_elements);
-  EXPECT_GT(two.changed_fraction, 0.02);
+  ASSERT_TRUE(two.changed_fraction.has_value());
+  EXPECT_DOUBLE_EQ(*two.changed_fraction, double(*two.entry->changed_elements) / two.entry->total_elements);
+  EXPECT_GT(*two.changed_fraction, 0.02);
   ASSERT_TRUE(two.bytes_per_changed_element.has_value());
-  EXPECT_DOUBLE_EQ(*two.bytes_per_changed_element, double(two.bytes) / two.entry->changed_elements);
+  EXPECT_DOUBLE_EQ(*two.bytes_per_changed_element, double(two.bytes) / *two.entry->changed_elements);
   EXPECT_FALSE(h.versions[0].bytes_per_changed_element.has_value());  // an anchor only
 
   uint64_t bytes = 0;

@@ -58,6 +58,7 @@ Status RunPublish(const PublishArgs& args) {
   auto opened = Publisher::Open(store, options);
   EraseProgressLine();
   DS_ASSIGN_OR_RETURN(auto publisher, std::move(opened));
+  if (publisher->degraded()) std::fprintf(stderr, "deltasync: warning: %s\n", publisher->degraded_reason().c_str());
   phase = "uploading";
   started = std::chrono::steady_clock::now();
   Result<PublishStats> published = folder ? publisher->PublishFolder(args.version, *dir)
@@ -76,7 +77,9 @@ Status RunPublish(const PublishArgs& args) {
     nlohmann::ordered_json out = {{"version", stats.version},
                                   {"bucket", store->Describe()},
                                   {"total_elements", stats.total_elements},
-                                  {"changed_elements", stats.changed_elements},
+                                  {"changed_elements", stats.changed_elements ? nlohmann::ordered_json(*stats.changed_elements)
+                                                                              : nlohmann::ordered_json(nullptr)},
+                                  {"recovered", stats.recovered},
                                   {"wrote_delta", stats.wrote_delta},
                                   {"delta_bytes", stats.delta_bytes},
                                   {"cumulative_bytes", stats.cumulative_bytes},
@@ -96,9 +99,15 @@ Status RunPublish(const PublishArgs& args) {
     PrintJson(out);
     return Status::OK();
   }
-  std::printf("published version %llu to %s: %.3f%% changed", static_cast<unsigned long long>(stats.version),
-              store->Describe().c_str(),
-              stats.total_elements ? 100.0 * stats.changed_elements / stats.total_elements : 0.0);
+  if (stats.recovered) {
+    std::printf("published version %llu to %s as a recovered version: the full weights as an anchor, no delta "
+                "(the previous version could not be rebuilt)",
+                static_cast<unsigned long long>(stats.version), store->Describe().c_str());
+  } else {
+    std::printf("published version %llu to %s: %.3f%% changed", static_cast<unsigned long long>(stats.version),
+                store->Describe().c_str(),
+                stats.total_elements ? 100.0 * *stats.changed_elements / stats.total_elements : 0.0);
+  }
   if (stats.wrote_delta) std::printf(", delta %s", HumanBytes(static_cast<double>(stats.delta_bytes)).c_str());
   if (stats.cumulative_bytes) {
     std::printf(", cumulative delta %s", HumanBytes(static_cast<double>(stats.cumulative_bytes)).c_str());

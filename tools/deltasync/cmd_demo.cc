@@ -179,7 +179,9 @@ Status RunDemo(const DemoArgs& args, const std::string& self_exe) {
     }
     ClearProgress();
     const PublishStats& s = *published;
-    double changed = s.total_elements ? 100.0 * s.changed_elements / s.total_elements : 0.0;
+    // Known whenever a delta was written (unknown only for a recovered version).
+    const uint64_t changed_n = s.changed_elements.value_or(0);
+    double changed = s.total_elements ? 100.0 * changed_n / s.total_elements : 0.0;
     auto mb = [](uint64_t bytes, bool present) {
       char buf[32];
       if (present) {
@@ -190,9 +192,9 @@ Status RunDemo(const DemoArgs& args, const std::string& self_exe) {
       return std::string(buf);
     };
     char per_changed[32] = "-";
-    if (s.wrote_delta && s.changed_elements) {
+    if (s.wrote_delta && changed_n) {
       std::snprintf(per_changed, sizeof per_changed, "%.3f",
-                    static_cast<double>(s.delta_bytes) / static_cast<double>(s.changed_elements));
+                    static_cast<double>(s.delta_bytes) / static_cast<double>(changed_n));
     }
     std::printf("%7llu %5llu %8.3f%% %12s %12s %7s %10s %14.1f %-22s %s\n", static_cast<unsigned long long>(version),
                 static_cast<unsigned long long>(version - 1), s.wrote_delta ? changed : 100.0,
@@ -203,7 +205,7 @@ Status RunDemo(const DemoArgs& args, const std::string& self_exe) {
       delta_mb += static_cast<double>(s.delta_bytes) / 1e6;
       trl_mb += static_cast<double>(s.gap_delta_bytes) / 1e6;
       changed_sum += changed;
-      changed_elements += static_cast<double>(s.changed_elements);
+      changed_elements += static_cast<double>(changed_n);
       ++delta_versions;
     }
     shipped_mb += static_cast<double>(s.delta_bytes + s.anchor_bytes + s.cumulative_bytes) / 1e6;

@@ -28,8 +28,10 @@ nlohmann::ordered_json LogJson(const std::string& bucket, const History& h) {
                         {"created", IsoUtcTime(v.entry->created_unix_ms)},
                         {"created_unix_ms", v.entry->created_unix_ms},
                         {"total_elements", v.entry->total_elements},
-                        {"changed_elements", v.entry->changed_elements},
-                        {"changed_fraction", v.changed_fraction},
+                        {"changed_elements", v.entry->changed_elements ? Json(*v.entry->changed_elements)
+                                                                       : Json(nullptr)},
+                        {"changed_fraction", v.changed_fraction ? Json(*v.changed_fraction) : Json(nullptr)},
+                        {"recovered", !v.entry->changed_elements},
                         {"bytes_per_changed_element",
                          v.bytes_per_changed_element ? Json(*v.bytes_per_changed_element) : Json(nullptr)},
                         {"encoding", v.encoding},
@@ -84,11 +86,14 @@ void PrintLog(const std::string& bucket, const History& h) {
       if (o.role == ObjectRole::kCumulative) objects += " (from " + std::to_string(*o.object->base_version) + ")";
     }
     if (v.files) objects += "; files: " + FilesText(*v.files);
-    char per_changed[32] = "-";
+    // A recovered version: how much changed is not known.
+    if (!v.changed_fraction) objects += " (recovered: no base)";
+    char per_changed[32] = "-", changed[32] = "?";
     if (v.bytes_per_changed_element) std::snprintf(per_changed, sizeof per_changed, "%.3f", *v.bytes_per_changed_element);
-    std::printf("%8llu  %-24s  %8.3f%%  %9s  %-9s  %s\n", static_cast<unsigned long long>(v.entry->version),
-                IsoUtcTime(v.entry->created_unix_ms).c_str(), 100.0 * v.changed_fraction, per_changed,
-                v.encoding.c_str(), objects.c_str());
+    if (v.changed_fraction) std::snprintf(changed, sizeof changed, "%.3f%%", 100.0 * *v.changed_fraction);
+    std::printf("%8llu  %-24s  %9s  %9s  %-9s  %s\n", static_cast<unsigned long long>(v.entry->version),
+                IsoUtcTime(v.entry->created_unix_ms).c_str(), changed, per_changed, v.encoding.c_str(),
+                objects.c_str());
   }
   const HistoryTotals& t = h.totals;
   std::printf("totals: %llu version(s), %llu object(s), %s: %llu anchor(s) %s, %llu delta(s) %s, %llu cumulative %s\n",

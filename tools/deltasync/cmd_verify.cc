@@ -51,6 +51,10 @@ void PrintReport(const VerifyReport& r, bool all) {
                 p.reason.c_str());
   }
   if (!r.unreachable.empty()) std::printf("unreachable versions: %s\n", Ranges(r.unreachable).c_str());
+  if (!r.recovered.empty()) {
+    std::printf("recovered versions: %s (anchor only, published when the version before could not be rebuilt)\n",
+                Ranges(r.recovered).c_str());
+  }
   if (r.ok()) std::printf("ok\n");
 }
 
@@ -72,6 +76,7 @@ Status RunVerify(const VerifyArgs& args) {
                                   {"unreachable", report.unreachable},
                                   {"bad_objects", ProblemsJson(report.bad_objects)},
                                   {"unchecked", ProblemsJson(report.unchecked)},
+                                  {"recovered", report.recovered},
                                   {"objects_checked", report.objects_checked},
                                   {"bytes_downloaded", report.bytes_downloaded}};
     std::printf("%s\n", out.dump().c_str());
