@@ -7,12 +7,18 @@ while replicas follow it: `serve` daemons (`--out` folder + `--shm`, `--out`
 file layout), repeated `pull`s, and a `deltasync.Replica` process. Meanwhile
 the harness SIGKILLs each of them at random moments, damages recent objects
 (byte flip, truncation, deletion: a damaged copy renamed over the object),
-runs `gc` concurrently and, on S3, SIGKILLs and restarts radosgw. It checks:
+runs `gc` concurrently and, on S3, SIGKILLs and restarts radosgw. Damage is
+of two kinds: below the newest anchor (replicas behind route around it), and
+between the newest anchor and the newest version followed by a publisher kill
+(the restarted publisher must commit a recovered, anchor-only version;
+`--no-publisher-damage` leaves this out). It checks:
 
 - every version a replica reports holds exactly the trainer's bytes (sha256 of
   the tensors, computed by the harness from its own regeneration);
 - after every publisher kill, the manifest names no missing or wrong object
-  (`verify --all`) other than those the harness damaged;
+  (`verify --all`) other than those the harness damaged, and its newest
+  version holds the trainer's bytes; a publisher never fails while the store
+  is up;
 - every replica reaches the final version by itself (no repair);
 - after every writer stops and an age-0 `gc`, no temporary file is left in the
   bucket or the `--out` folders.
@@ -819,9 +825,9 @@ def main():
                    help="scales the kills: a pull is killed with half this chance; a daemon or the Python replica "
                         "with rate/10 per second")
     p.add_argument("--damage-rate", type=float, default=1.0, help="scales how often objects are damaged")
-    p.add_argument("--publisher-damage", action="store_true",
+    p.add_argument("--publisher-damage", action=argparse.BooleanOptionalAction, default=True,
                    help="also damage objects between the newest anchor and the newest version, then kill the "
-                        "publisher (its restart must publish past them)")
+                        "publisher: its restart must publish past them (a recovered, anchor-only version)")
     p.add_argument("--stall-seconds", type=float, default=120)
     p.add_argument("--settle-seconds", type=float, default=90)
     p.add_argument("--verbose", "-v", action="store_true")
