@@ -28,6 +28,7 @@ It prints one summary line and exits 1 on any violation. Usage:
   .venv/bin/python tests/soak/soak.py --duration 180 --seed 1 [--bucket DIR|s3://b/prefix]
 """
 import argparse
+import http.client
 import json
 import os
 import random
@@ -380,8 +381,8 @@ class Soak:
         try:
             with urllib.request.urlopen(f"http://{d['addr']}/status", timeout=5) as r:
                 status = json.load(r)
-        except OSError:
-            return  # killed meanwhile, or busy
+        except (OSError, http.client.HTTPException, ValueError):
+            return  # killed meanwhile (a cut answer), or busy
         who = f"serve{index}"
         self.saw(who, 0, None, status.get("bad_objects", []))
         if (status.get("last_error") or {}).get("message"):
@@ -417,9 +418,10 @@ class Soak:
         try:
             req = urllib.request.Request(f"http://{d['addr']}{route}", data=b"{}", method="POST",
                                          headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=5):
+            with urllib.request.urlopen(req, timeout=5) as r:
+                r.read()
                 return True
-        except OSError:
+        except (OSError, http.client.HTTPException):
             return False
 
     def start_replica(self):
