@@ -805,9 +805,16 @@ class Soak:
         return 1 if self.violations else 0
 
     def cleanup(self):
-        for c in [self.publisher, self.replica] + self.pulls + self.gcs + [d.get("child") for d in self.daemons]:
+        """After a harness error or Ctrl-C: no child stays, and no --shm region (a SIGTERMed daemon removes its own)."""
+        for d in self.daemons:
+            if d.get("child") is not None:
+                d["child"].stop()
+        for c in [self.publisher, self.replica] + self.pulls + self.gcs:
             if c is not None and c.running():
                 c.kill()
+        for d in self.daemons:
+            if d["shm"] and os.path.exists(f"/dev/shm/{d['shm']}"):
+                os.unlink(f"/dev/shm/{d['shm']}")
 
 
 def main():
