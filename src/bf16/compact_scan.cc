@@ -295,6 +295,35 @@ std::vector<TensorChanges> CompactScan::AppliedChanges() const {
   return out;
 }
 
+void CompactScan::ChangesOf(size_t i, std::vector<uint64_t>& indices, std::vector<uint8_t>& old_values,
+                            std::vector<uint8_t>& new_values) const {
+  const auto* bitmap = reinterpret_cast<const uint64_t*>(words_.data());
+  const TensorRange& t = tensors_[i];
+  indices.clear();
+  old_values.clear();
+  new_values.clear();
+  indices.reserve(t.changed);
+  old_values.reserve(2 * t.changed);
+  new_values.reserve(2 * t.changed);
+  const uint16_t* data = data_[t.job];
+  for (size_t k = t.first_chunk; k < t.end_chunk; ++k) {
+    const ChunkResult& r = results_[k];
+    const uint16_t* old = workers_[r.worker]->old_values.at(r.old_offset);
+    const uint64_t* words = bitmap + r.words_offset;
+    for (uint64_t w = 0; w < (r.applied + 63) / 64; ++w) {
+      for (uint64_t bits = words[w]; bits != 0; bits &= bits - 1) {
+        const uint64_t e = chunks_[k].begin + 64 * w + static_cast<uint64_t>(__builtin_ctzll(bits));
+        indices.push_back(e);
+        const uint16_t o = *old++;
+        old_values.push_back(static_cast<uint8_t>(o));
+        old_values.push_back(static_cast<uint8_t>(o >> 8));
+        new_values.push_back(static_cast<uint8_t>(data[e]));
+        new_values.push_back(static_cast<uint8_t>(data[e] >> 8));
+      }
+    }
+  }
+}
+
 void CompactScan::Undo(int threads) const {
   const auto* bitmap = reinterpret_cast<const uint64_t*>(words_.data());
   ParallelFor(results_.size(), threads, [&](size_t c) {

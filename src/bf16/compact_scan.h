@@ -108,6 +108,11 @@ class CompactScan {
   // The bf16 changes the last Run applied, as DetectChanges returns them
   // (indices from the bitmap, values read back from the state). Before Undo.
   std::vector<TensorChanges> AppliedChanges() const;
+  // Tensor i's changes (block-local indices ascending, and the old and new
+  // bf16 bits of each, little-endian), for hashing them where the published
+  // tensors are blocks of larger ones (parts). Before Undo.
+  void ChangesOf(size_t i, std::vector<uint64_t>& indices, std::vector<uint8_t>& old_values,
+                 std::vector<uint8_t>& new_values) const;
   // Puts the old values of every bf16 change the last Run applied back into
   // the state it was given (which must still be alive).
   void Undo(int threads) const;
