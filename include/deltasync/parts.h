@@ -57,8 +57,8 @@ struct PartLayout {
   friend bool operator==(const PartLayout&, const PartLayout&) = default;
 };
 
-// Keys of a part's objects: "ds/parts/step_000012/anchor.part_00001_of_00004.safetensors",
-// "ds/parts/step_000012/delta_from_000011.part_00001_of_00004.safetensors".
+// Keys of a part's objects: "ds/parts/step_000012.anchor.part_00001_of_00004.safetensors",
+// "ds/parts/step_000012.delta_from_000011.part_00001_of_00004.safetensors".
 std::string PartAnchorKey(uint64_t version, size_t part, size_t parts);
 std::string PartDeltaKey(uint64_t version, uint64_t base_version, size_t part, size_t parts);
 

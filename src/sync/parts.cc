@@ -125,14 +125,14 @@ StateHash PartLayout::DescriptorTerms() const {
 
 std::string PartAnchorKey(uint64_t version, size_t part, size_t parts) {
   char buf[128];
-  std::snprintf(buf, sizeof buf, "ds/parts/step_%06" PRIu64 "/anchor.part_%05zu_of_%05zu.safetensors", version, part,
+  std::snprintf(buf, sizeof buf, "ds/parts/step_%06" PRIu64 ".anchor.part_%05zu_of_%05zu.safetensors", version, part,
                 parts);
   return buf;
 }
 
 std::string PartDeltaKey(uint64_t version, uint64_t base_version, size_t part, size_t parts) {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "ds/parts/step_%06" PRIu64 "/delta_from_%06" PRIu64 ".part_%05zu_of_%05zu.safetensors",
+  std::snprintf(buf, sizeof buf, "ds/parts/step_%06" PRIu64 ".delta_from_%06" PRIu64 ".part_%05zu_of_%05zu.safetensors",
                 version, base_version, part, parts);
   return buf;
 }

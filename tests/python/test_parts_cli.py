@@ -31,8 +31,8 @@ def test_log_shows_parts(bucket, run):
     (delta,) = v3["objects"]
     assert delta["key"] is None
     assert [p["key"] for p in delta["parts"]] == [
-        "ds/parts/step_000003/delta_from_000002.part_00000_of_00002.safetensors",
-        "ds/parts/step_000003/delta_from_000002.part_00001_of_00002.safetensors"]
+        "ds/parts/step_000003.delta_from_000002.part_00000_of_00002.safetensors",
+        "ds/parts/step_000003.delta_from_000002.part_00001_of_00002.safetensors"]
     assert delta["size_bytes"] == sum(p["size_bytes"] for p in delta["parts"])
     assert "in 2 parts" in run("log", bucket).stdout
     assert run("verify", bucket, "--all").returncode == 0

@@ -294,7 +294,7 @@ TEST(PartedPublish, ManifestIsFormatVersion2AndRoundTrips) {
   ASSERT_TRUE(blob.ok());
   const std::string json(reinterpret_cast<const char*>(blob->data()), blob->size());
   EXPECT_NE(json.find("\"format_version\": 2"), std::string::npos);
-  EXPECT_NE(json.find("ds/parts/step_000002/delta_from_000001.part_00001_of_00002.safetensors"), std::string::npos);
+  EXPECT_NE(json.find("ds/parts/step_000002.delta_from_000001.part_00001_of_00002.safetensors"), std::string::npos);
   auto m = Manifest::Parse(blob->bytes());
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->ToJson(), json);
@@ -441,8 +441,10 @@ TEST(PartedPublish, ReplicaRoutesAroundADamagedPartAndGcRemovesEveryPart) {
   auto pruned = PruneVersions(*store, 1);
   ASSERT_TRUE(pruned.ok()) << pruned.status().ToString();
   EXPECT_EQ(pruned->kept_versions, 2u);
-  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(dir.path()) / "ds/parts/step_000001"));
-  EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(dir.path()) / "ds/parts/step_000006"));
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(dir.path()) / PartAnchorKey(1, 0, 2)));
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(dir.path()) / PartAnchorKey(1, 1, 2)));
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(dir.path()) / PartDeltaKey(6, 5, 1, 2)));
+  EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(dir.path()) / PartAnchorKey(6, 1, 2)));
   Manifest after = ReadManifest(*store);
   EXPECT_EQ(after.versions.front().version, 6u);
 }
