@@ -6,6 +6,7 @@ saves the full parameters (gathered with full_tensor(), in the test only) of
 every committed version to OUT/v{version}.pt.
 """
 import os
+import signal
 import sys
 
 import torch
@@ -109,7 +110,20 @@ def main():
             loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
             loss.backward()
         if step == fail_at and rank == fail_rank:
-            handle.fail_next_publish = True
+            if os.environ.get("FAIL_MODE") == "kill":
+                # SIGKILLed in the middle of publishing its part.
+                native = handle._native
+
+                class Killed:
+                    def __getattr__(self, name):
+                        return getattr(native, name)
+
+                    def publish(self, *args):
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+                handle._native = Killed()
+            else:
+                handle.fail_next_publish = True
         version = handle.next_version
         optimizer.step()
         optimizer.zero_grad()

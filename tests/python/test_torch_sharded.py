@@ -6,8 +6,10 @@ a single-process Publisher computes for the same full state.
 """
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -114,3 +116,28 @@ def test_parameters_not_on_every_rank_are_refused_at_attach(tmp_path):
         assert "parameter 'extra.bias' is on rank 1 but not on rank 0" in message
         assert "pipeline stages" in message
     assert not (tmp_path / "bucket" / "manifest.json").exists()
+
+
+def test_a_sigkilled_rank_commits_nothing_and_the_restarted_job_continues(tmp_path):
+    bucket = str(tmp_path / "bucket")
+    out = tmp_path / "first"
+    out.mkdir()
+    init = out / "init"
+    environ = dict(os.environ, OMP_NUM_THREADS="1", STEPS="6", FAIL_AT="4", FAIL_RANK="1", FAIL_MODE="kill")
+    procs = [subprocess.Popen([sys.executable, str(WORKER), "fsdp", str(r), "2", str(init), bucket, str(out)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environ) for r in range(2)]
+    # Rank 1 dies mid-publish; the job is then ended as a launcher would (every rank).
+    assert procs[1].wait(timeout=240) == -signal.SIGKILL
+    time.sleep(1)
+    procs[0].kill()
+    procs[0].wait(timeout=60)
+    assert [v["version"] for v in manifest(bucket)["versions"]] == [1, 2, 3]
+    # The restarted job continues from the last committed weights with a delta.
+    restart = tmp_path / "restart"
+    restart.mkdir()
+    torch.save(torch.load(out / "v3.pt"), restart / "start.pt")
+    run_job("fsdp", 2, bucket, restart, STEPS=2)
+    m = manifest(bucket)
+    assert [v["version"] for v in m["versions"]] == [1, 2, 3, 4, 5]
+    assert [o["kind"] for o in m["versions"][3]["objects"]] == ["delta", "anchor"]  # 4: the cadence's anchor
+    follow_and_compare(bucket, restart, [4, 5], tmp_path)

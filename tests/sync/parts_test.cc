@@ -239,7 +239,9 @@ TEST_P(PartedPublishTest, ReplicaFollowsBitForBitWithTheSingleProcessHash) {
   Ranks ranks(store, layout, options);
   auto reference = Publisher::Open(reference_store, options);
   ASSERT_TRUE(reference.ok());
-  auto replica = Replica::Create(store, ReplicaWithThreads(2));
+  ReplicaOptions tracking = ReplicaWithThreads(2);
+  tracking.track_changes = true;
+  auto replica = Replica::Create(store, tracking);
   for (uint64_t v = 1; v <= 10; ++v) {
     if (v > 1) model.Step(0.02);
     auto stats = ranks.Publish(v, model.Views());
@@ -255,6 +257,20 @@ TEST_P(PartedPublishTest, ReplicaFollowsBitForBitWithTheSingleProcessHash) {
     EXPECT_EQ(updated->deltas_applied, v > 1 ? 1u : 0u);
     ExpectSameState(replica->state(), (*reference)->state());
     EXPECT_EQ(replica->state_hash(), single->state_hash);
+    // The changed elements, merged from every part: strictly ascending flat
+    // indices per tensor, as many as the version changed.
+    ChangedElements changes = replica->TakeChanges();
+    if (v > 1) {
+      ASSERT_FALSE(changes.everything);
+      uint64_t count = 0;
+      for (const auto& [name, indices] : changes.tensors) {
+        EXPECT_TRUE(std::adjacent_find(indices.begin(), indices.end(), std::greater_equal<uint64_t>()) ==
+                    indices.end())
+            << name << " at version " << v;
+        count += indices.size();
+      }
+      EXPECT_EQ(count, single->changed_elements) << "version " << v;
+    }
   }
   Manifest m = ReadManifest(*store);
   ASSERT_EQ(m.layouts.size(), 1u);
