@@ -119,6 +119,7 @@ class PartPublisher {
   uint64_t latest_ = 0;
   uint64_t last_anchor_ = 0;
   std::unique_ptr<bf16::CompactScan> scan_;
+  bool framed_ = false;  // every block one run: the scan computes the full tensors' hash terms
   struct Pending {
     uint64_t version = 0;
     bool anchor = false;

@@ -111,7 +111,9 @@ Status CompactScan::Run(WeightState& published, std::span<const TensorView> curr
   for (auto& w : workers_) w->Clear();
   std::vector<state_hash::TensorSeeds> seeds(jobs.size());
   for (size_t j = 0; j < jobs.size(); ++j) {
-    if (data_[j] != nullptr) seeds[j] = state_hash::SeedsFor(tensors[j].name, tensors[j].dtype, tensors[j].shape);
+    if (data_[j] == nullptr) continue;
+    const bool framed = j < frames_.size() && !frames_[j].full_shape.empty();
+    seeds[j] = state_hash::SeedsFor(tensors[j].name, tensors[j].dtype, framed ? frames_[j].full_shape : tensors[j].shape);
   }
 
   RunChunks(chunks_.size(), options.threads, [&](size_t worker, size_t c) {
@@ -142,7 +144,7 @@ Status CompactScan::Run(WeightState& published, std::span<const TensorView> curr
       span.f32 = job.f32_to_bf16();
       span.check_finite = job.exp_mask != 0;
       span.n = n;
-      span.index0 = begin;
+      span.index0 = begin + (chunk.tensor < frames_.size() ? frames_[chunk.tensor].index0 : 0);
       span.seed = seeds[chunk.tensor].element_seed;
       // The kernel appends at the chunk's counts (r.state), so each output
       // starts where the chunk's entries start.

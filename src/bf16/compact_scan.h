@@ -95,6 +95,18 @@ class CompactScan {
   Status Run(WeightState& published, std::span<const TensorView> current, const DetectOptions& options,
              uint64_t chunk_elements = kDefaultChunkElements);
 
+  // Where the published tensors are blocks of larger ones (parts): for
+  // published tensor j (name order), the full tensor's shape and the flat
+  // index of the block's element 0 in it, so that bf16_hash_delta() holds
+  // the full tensors' terms. Only for blocks that are one run (contiguous in
+  // the full tensor); an empty full_shape keeps the tensor's own frame.
+  // Applies to every later Run until changed.
+  struct HashFrame {
+    std::vector<uint64_t> full_shape;
+    uint64_t index0 = 0;
+  };
+  void SetHashFrames(std::vector<HashFrame> frames) { frames_ = std::move(frames); }
+
   // After a successful Run, until the next one:
   uint64_t bf16_changed() const { return bf16_changed_; }
   const StateHash& bf16_hash_delta() const { return hash_delta_; }
@@ -135,6 +147,7 @@ class CompactScan {
   std::vector<TensorRange> tensors_;
   ScratchBuffer words_;              // changed-element bitmaps, per chunk
   std::vector<TensorChanges> other_;
+  std::vector<HashFrame> frames_;
   uint64_t bf16_changed_ = 0;
   StateHash hash_delta_;
 };

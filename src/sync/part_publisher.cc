@@ -193,7 +193,23 @@ Result<PartReceipt> PartPublisher::Publish(uint64_t version, std::span<const Ten
 
 Result<PartReceipt> PartPublisher::PublishDelta(uint64_t version, std::span<const TensorView> blocks, bool anchor) {
   const int threads = options_.threads;
-  if (!scan_) scan_ = std::make_unique<bf16::CompactScan>();
+  if (!scan_) {
+    scan_ = std::make_unique<bf16::CompactScan>();
+    // Blocks that are one run of their full tensor (FSDP2's row ranges) get
+    // their hash terms from the fused pass itself; otherwise each change's
+    // term is computed afterwards at its full flat index.
+    std::vector<bf16::CompactScan::HashFrame> frames;
+    framed_ = true;
+    for (const WeightState::Tensor& t : state_.tensors()) {
+      for (const Block& b : layout_.parts[part_]) {
+        if (layout_.tensors[b.tensor].name != t.name) continue;
+        const BlockGeometry g = layout_.Geometry(b);
+        if (g.runs() != 1) framed_ = false;
+        frames.push_back({g.full_shape(), g.RunStart(0)});
+      }
+    }
+    if (framed_) scan_->SetHashFrames(std::move(frames));
+  }
   DS_RETURN_IF_ERROR(scan_->Run(state_, blocks, Detection()));
   std::vector<TensorChanges> others = std::move(scan_->other_changes());
   PatchInfo info;
@@ -214,11 +230,15 @@ Result<PartReceipt> PartPublisher::PublishDelta(uint64_t version, std::span<cons
   // The hash: each change's term at its full flat index.
   StateHash next = hash_;
   uint64_t changed = scan_->bf16_changed();
-  std::vector<uint64_t> indices;
-  std::vector<uint8_t> old_values, new_values;
-  for (size_t i = 0; i < scan_->tensors(); ++i) {
-    scan_->ChangesOf(i, indices, old_values, new_values);
-    next += HashBlockChanges(scan_->name(i), DType::kBF16, geometry(scan_->name(i)), indices, old_values, new_values);
+  if (framed_) {
+    next += scan_->bf16_hash_delta();
+  } else {
+    std::vector<uint64_t> indices;
+    std::vector<uint8_t> old_values, new_values;
+    for (size_t i = 0; i < scan_->tensors(); ++i) {
+      scan_->ChangesOf(i, indices, old_values, new_values);
+      next += HashBlockChanges(scan_->name(i), DType::kBF16, geometry(scan_->name(i)), indices, old_values, new_values);
+    }
   }
   // Other dtypes: found, not applied by the scan; applied here with their old values kept.
   std::vector<std::vector<uint8_t>> others_old(others.size());
