@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "deltasync/parts.h"
 #include "deltasync/patch.h"
 #include "deltasync/state_hash.h"
 #include "deltasync/status.h"
@@ -43,6 +44,17 @@ std::string FileObjectKey(std::string_view xxh3_128);
 std::string Xxh3Hex(std::span<const ByteSpan> parts);
 inline std::string Xxh3Hex(ByteSpan bytes) { return Xxh3Hex(std::span<const ByteSpan>(&bytes, 1)); }
 
+// One stored object of a parted version's object (a part's anchor or delta).
+struct PartObject {
+  std::string key;
+  uint64_t size = 0;
+  std::string xxh3_128;  // 32 hex digits
+  friend bool operator==(const PartObject&, const PartObject&) = default;
+};
+
+// An anchor or a delta of a version. In a parted version (VersionEntry::
+// layout set) it is a set of stored objects, one per part in part order
+// (`parts`); `key` and `xxh3_128` are then empty and `size` is their sum.
 struct ObjectEntry {
   PatchKind kind = PatchKind::kDelta;
   std::string key;
@@ -50,6 +62,20 @@ struct ObjectEntry {
   uint64_t size = 0;
   std::string xxh3_128;                 // 32 hex digits
   std::optional<uint64_t> base_version;  // deltas only
+  std::vector<PartObject> parts;         // parted versions only
+
+  bool parted() const { return !parts.empty(); }
+};
+
+// The objects a replica downloads for `object`: itself, or its parts.
+std::vector<PartObject> StoredObjects(const ObjectEntry& object);
+
+// A part of a parted version: the hash of its blocks (element terms only)
+// and how many of their elements changed.
+struct PartState {
+  StateHash state_hash;
+  uint64_t changed_elements = 0;
+  friend bool operator==(const PartState&, const PartState&) = default;
 };
 
 // A side file of a version (config.json, tokenizer files: hf_folder.h), a
@@ -83,7 +109,13 @@ struct VersionEntry {
   // changed; nullopt: the same set as the previous listed version (none
   // before the first version that lists one). See Manifest::FilesAt.
   std::optional<FileSet> files;
+  // Parted versions (docs/format.md, "Parts"): the digest of the manifest's
+  // layout they follow and each part's state, in part order; empty for a
+  // version published by one process.
+  std::string layout;
+  std::vector<PartState> parts;
 
+  bool parted() const { return !layout.empty(); }
   const ObjectEntry* anchor() const;
   // The delta with the newest base (normally the previous version); nullptr
   // when none.
@@ -121,9 +153,15 @@ struct Manifest {
   std::optional<BucketSettings> settings;  // absent in older manifests
   std::optional<WriterStamp> writer;  // absent in manifests not written by a Publisher
   std::vector<VersionEntry> versions;  // strictly ascending by version
+  // The part layouts parted versions follow, by digest (PartLayout::Digest).
+  // ToJson writes those a version refers to; a manifest with any is
+  // format_version 2.
+  std::map<std::string, PartLayout> layouts;
 
   // nullptr when absent.
   const VersionEntry* Find(uint64_t version) const;
+  // The layout of a parted version; nullptr for an unparted one.
+  const PartLayout* LayoutOf(const VersionEntry& v) const;
   // nullptr when empty.
   const VersionEntry* Latest() const;
   // The side files of `version`: its own `files`, else those of the newest

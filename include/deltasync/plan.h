@@ -46,7 +46,11 @@ struct ObjectRef {
   auto operator<=>(const ObjectRef&) const = default;
 };
 inline ObjectRef RefOf(const ObjectEntry& object) { return ObjectRef{object.key, object.xxh3_128}; }
+inline ObjectRef RefOf(const PartObject& object) { return ObjectRef{object.key, object.xxh3_128}; }
 using ObjectSet = std::set<ObjectRef>;
+// True when `avoid` holds the object or, for a parted version's object, any
+// of its parts (a version is reached only through all of its parts).
+bool Avoided(const ObjectEntry& object, const ObjectSet& avoid);
 
 // held: the version the replica holds (nullopt or 0: nothing). Requires
 // target in the manifest and target >= held. Objects in `avoid` are not used.

@@ -136,8 +136,10 @@ class Replica {
   Replica(std::shared_ptr<Store> store, ReplicaOptions options)
       : store_(std::move(store)), options_(options) {}
   Result<Blob> FetchVerified(const ObjectEntry& object, UpdateStats& stats);
-  Status LoadAnchor(const VersionEntry& entry, const ObjectEntry& object, UpdateStats& stats);
-  Status ApplyDelta(const VersionEntry& entry, const ObjectEntry& object, UpdateStats& stats);
+  // For a parted version's object, *bad_part is the part to blame for a
+  // failure (SIZE_MAX: none in particular).
+  Status LoadAnchor(const VersionEntry& entry, const ObjectEntry& object, UpdateStats& stats, size_t* bad_part);
+  Status ApplyDelta(const VersionEntry& entry, const ObjectEntry& object, UpdateStats& stats, size_t* bad_part);
   void RecordChanges(std::span<const TensorChanges> changes);
   // The bad objects of versions up to `target`, in words.
   std::string DescribeBad(uint64_t target) const;

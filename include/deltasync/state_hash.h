@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 
+#include "deltasync/block.h"
 #include "deltasync/changes.h"
 #include "deltasync/status.h"
 #include "deltasync/tensor.h"
@@ -52,5 +53,21 @@ StateHash HashDelta(const TensorView& before, const TensorChanges& changes);
 // tensor of `state`, computed on up to `threads` threads (0 = hardware
 // concurrency). REQUIRES: ValidateChanges(state, changes) is OK.
 StateHash HashChanges(const WeightState& state, std::span<const TensorChanges> changes, int threads = 0);
+
+// Parts (docs/format.md, "Parts"): a version's hash is the descriptor terms
+// of its tensors plus the element terms of every block of every part, each
+// element at its flat index in its full tensor.
+//
+// The descriptor term of tensor (name, dtype, full shape).
+StateHash DescriptorTerm(std::string_view name, DType dtype, std::span<const uint64_t> full_shape);
+// The element terms (no descriptor term) of a block's elements `data`
+// (g.elements() x dtype bytes, row-major in the block) of tensor
+// (name, dtype, g.full_shape()), on up to `threads` threads.
+StateHash HashBlock(std::string_view name, DType dtype, const BlockGeometry& g, ByteSpan data, int threads = 0);
+// The change to a block's element terms when its elements `local_indices`
+// (block-local, any order) go from `old_values` to `new_values` (count x
+// dtype bytes each).
+StateHash HashBlockChanges(std::string_view name, DType dtype, const BlockGeometry& g,
+                           std::span<const uint64_t> local_indices, ByteSpan old_values, ByteSpan new_values);
 
 }  // namespace deltasync

@@ -32,11 +32,13 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from . import _native
+from . import _native, _sharded
+from ._sharded import ShardedPublisher
 from ._errors import FailedPreconditionError, InvalidArgumentError
 
 __all__ = [
     "AttachHandle",
+    "ShardedPublisher",
     "DeviceTracker",
     "attach",
     "load_into",
@@ -336,15 +338,18 @@ def _storage_key(t: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
 
 
 def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 names: Mapping[str, str] | Callable[[str], str | None] | None) -> list[tuple[str, torch.Tensor]]:
-    by_storage: dict[tuple, str] = {}
+                 names: Mapping[str, str] | Callable[[str], str | None] | None,
+                 sharded: bool = False) -> list[tuple[str, torch.Tensor]]:
+    # DTensors have no storage of their own to compare: matched by identity.
+    key_of = id if sharded else _storage_key
+    by_storage: dict[Any, str] = {}
     for raw_name, p in model.named_parameters():
-        by_storage.setdefault(_storage_key(p), raw_name)
+        by_storage.setdefault(key_of(p), raw_name)
     out: list[tuple[str, torch.Tensor]] = []
     seen: dict[str, str] = {}
     for group in optimizer.param_groups:
         for p in group["params"]:
-            raw = by_storage.get(_storage_key(p))
+            raw = by_storage.get(key_of(p))
             if raw is None:
                 raise InvalidArgumentError(
                     f"an optimizer parameter of shape {tuple(p.shape)} is not a parameter of the model "
@@ -360,10 +365,11 @@ def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 continue
             if name in seen:
                 raise InvalidArgumentError(f"parameters {seen[name]} and {raw} both publish as {name}")
-            if callable(getattr(p, "full_tensor", None)):
+            if not sharded and callable(getattr(p, "full_tensor", None)):
                 raise InvalidArgumentError(
-                    f"parameter {raw} is sharded (a DTensor, e.g. FSDP2): attach() publishes whole local "
-                    "tensors; gather with full_tensor() and call deltasync.torch.publish() on rank 0 instead")
+                    f"parameter {raw} is sharded (a DTensor, e.g. FSDP2): pass a deltasync.torch.ShardedPublisher "
+                    "to attach() on every rank (each rank publishes its own part), or gather with full_tensor() "
+                    "and call deltasync.torch.publish() on rank 0")
             seen[name] = raw
             out.append((name, p))
     if not out:
@@ -446,6 +452,9 @@ def attach(model: torch.nn.Module, optimizer: torch.optim.Optimizer, publisher, 
     """
     if not hasattr(optimizer, "register_step_post_hook"):
         raise FailedPreconditionError("attach() needs PyTorch >= 2.1 (Optimizer.register_step_post_hook)")
+    if isinstance(publisher, ShardedPublisher):
+        return _sharded.attach(model, optimizer, publisher, _param_names(model, optimizer, names, sharded=True),
+                               start_version=start_version, background=background)
     params = _param_names(model, optimizer, names)
     publisher.flush()  # the queued versions count: start after them
     latest = publisher.latest_version

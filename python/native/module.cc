@@ -11,6 +11,7 @@
 namespace deltasync::py {
 void BindPublisher(nb::module_& m);
 void BindReplica(nb::module_& m);
+void BindParts(nb::module_& m);
 }  // namespace deltasync::py
 
 NB_MODULE(_native, m) {
@@ -22,6 +23,7 @@ NB_MODULE(_native, m) {
   m.doc() = "deltasync's C++ core (Publisher, Replica); use the deltasync package rather than this module";
   deltasync::py::BindPublisher(m);
   deltasync::py::BindReplica(m);
+  deltasync::py::BindParts(m);
   // For tests of the error mapping: raises the class for `code`
   // ("integrity", ...) with `message`.
   m.def(

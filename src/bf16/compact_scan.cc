@@ -111,7 +111,9 @@ Status CompactScan::Run(WeightState& published, std::span<const TensorView> curr
   for (auto& w : workers_) w->Clear();
   std::vector<state_hash::TensorSeeds> seeds(jobs.size());
   for (size_t j = 0; j < jobs.size(); ++j) {
-    if (data_[j] != nullptr) seeds[j] = state_hash::SeedsFor(tensors[j].name, tensors[j].dtype, tensors[j].shape);
+    if (data_[j] == nullptr) continue;
+    const bool framed = j < frames_.size() && !frames_[j].full_shape.empty();
+    seeds[j] = state_hash::SeedsFor(tensors[j].name, tensors[j].dtype, framed ? frames_[j].full_shape : tensors[j].shape);
   }
 
   RunChunks(chunks_.size(), options.threads, [&](size_t worker, size_t c) {
@@ -142,7 +144,7 @@ Status CompactScan::Run(WeightState& published, std::span<const TensorView> curr
       span.f32 = job.f32_to_bf16();
       span.check_finite = job.exp_mask != 0;
       span.n = n;
-      span.index0 = begin;
+      span.index0 = begin + (chunk.tensor < frames_.size() ? frames_[chunk.tensor].index0 : 0);
       span.seed = seeds[chunk.tensor].element_seed;
       // The kernel appends at the chunk's counts (r.state), so each output
       // starts where the chunk's entries start.
@@ -293,6 +295,35 @@ std::vector<TensorChanges> CompactScan::AppliedChanges() const {
     }
   }
   return out;
+}
+
+void CompactScan::ChangesOf(size_t i, std::vector<uint64_t>& indices, std::vector<uint8_t>& old_values,
+                            std::vector<uint8_t>& new_values) const {
+  const auto* bitmap = reinterpret_cast<const uint64_t*>(words_.data());
+  const TensorRange& t = tensors_[i];
+  indices.clear();
+  old_values.clear();
+  new_values.clear();
+  indices.reserve(t.changed);
+  old_values.reserve(2 * t.changed);
+  new_values.reserve(2 * t.changed);
+  const uint16_t* data = data_[t.job];
+  for (size_t k = t.first_chunk; k < t.end_chunk; ++k) {
+    const ChunkResult& r = results_[k];
+    const uint16_t* old = workers_[r.worker]->old_values.at(r.old_offset);
+    const uint64_t* words = bitmap + r.words_offset;
+    for (uint64_t w = 0; w < (r.applied + 63) / 64; ++w) {
+      for (uint64_t bits = words[w]; bits != 0; bits &= bits - 1) {
+        const uint64_t e = chunks_[k].begin + 64 * w + static_cast<uint64_t>(__builtin_ctzll(bits));
+        indices.push_back(e);
+        const uint16_t o = *old++;
+        old_values.push_back(static_cast<uint8_t>(o));
+        old_values.push_back(static_cast<uint8_t>(o >> 8));
+        new_values.push_back(static_cast<uint8_t>(data[e]));
+        new_values.push_back(static_cast<uint8_t>(data[e] >> 8));
+      }
+    }
+  }
 }
 
 void CompactScan::Undo(int threads) const {

@@ -95,6 +95,18 @@ class CompactScan {
   Status Run(WeightState& published, std::span<const TensorView> current, const DetectOptions& options,
              uint64_t chunk_elements = kDefaultChunkElements);
 
+  // Where the published tensors are blocks of larger ones (parts): for
+  // published tensor j (name order), the full tensor's shape and the flat
+  // index of the block's element 0 in it, so that bf16_hash_delta() holds
+  // the full tensors' terms. Only for blocks that are one run (contiguous in
+  // the full tensor); an empty full_shape keeps the tensor's own frame.
+  // Applies to every later Run until changed.
+  struct HashFrame {
+    std::vector<uint64_t> full_shape;
+    uint64_t index0 = 0;
+  };
+  void SetHashFrames(std::vector<HashFrame> frames) { frames_ = std::move(frames); }
+
   // After a successful Run, until the next one:
   uint64_t bf16_changed() const { return bf16_changed_; }
   const StateHash& bf16_hash_delta() const { return hash_delta_; }
@@ -108,6 +120,11 @@ class CompactScan {
   // The bf16 changes the last Run applied, as DetectChanges returns them
   // (indices from the bitmap, values read back from the state). Before Undo.
   std::vector<TensorChanges> AppliedChanges() const;
+  // Tensor i's changes (block-local indices ascending, and the old and new
+  // bf16 bits of each, little-endian), for hashing them where the published
+  // tensors are blocks of larger ones (parts). Before Undo.
+  void ChangesOf(size_t i, std::vector<uint64_t>& indices, std::vector<uint8_t>& old_values,
+                 std::vector<uint8_t>& new_values) const;
   // Puts the old values of every bf16 change the last Run applied back into
   // the state it was given (which must still be alive).
   void Undo(int threads) const;
@@ -130,6 +147,7 @@ class CompactScan {
   std::vector<TensorRange> tensors_;
   ScratchBuffer words_;              // changed-element bitmaps, per chunk
   std::vector<TensorChanges> other_;
+  std::vector<HashFrame> frames_;
   uint64_t bf16_changed_ = 0;
   StateHash hash_delta_;
 };

@@ -351,7 +351,9 @@ MoveOutcome Follower::HandleMove(const std::string& key) {
   const VersionEntry* owner = nullptr;
   for (const VersionEntry& v : replica_->manifest().versions) {
     for (const ObjectEntry& o : v.objects) {
-      if (o.key == key) owner = &v;
+      for (const PartObject& stored : StoredObjects(o)) {
+        if (stored.key == key) owner = &v;
+      }
     }
   }
   if (!owner) return finish(MoveOutcome::Kind::kUnknownKey);

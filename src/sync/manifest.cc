@@ -31,7 +31,10 @@ using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;
 
 constexpr std::string_view kFormatTag = "deltasync-manifest";
-constexpr uint64_t kFormatVersion = 1;
+// 1: every version published by one process; 2: parted versions (and their
+// layouts) may be listed. A writer writes 1 unless a listed version is parted.
+constexpr uint64_t kFormatVersion = 2;
+constexpr uint64_t kUnpartedFormatVersion = 1;
 // A manifest lists a few hundred versions; far beyond that is not a manifest
 // (and parsing it would cost ~10x its size in memory).
 constexpr size_t kMaxManifestBytes = size_t{64} << 20;
@@ -106,11 +109,22 @@ OrderedJson VersionToJson(const VersionEntry& v) {
   for (const ObjectEntry& o : v.objects) {
     OrderedJson obj;
     obj["kind"] = KindName(o.kind);
-    obj["key"] = o.key;
+    if (!o.parted()) obj["key"] = o.key;
     obj["encoding"] = EncodingName(o.encoding);
     obj["size"] = o.size;
-    obj["xxh3_128"] = o.xxh3_128;
+    if (!o.parted()) obj["xxh3_128"] = o.xxh3_128;
     if (o.base_version) obj["base_version"] = *o.base_version;
+    if (o.parted()) {
+      OrderedJson parts = OrderedJson::array();
+      for (const PartObject& p : o.parts) {
+        OrderedJson part;
+        part["key"] = p.key;
+        part["size"] = p.size;
+        part["xxh3_128"] = p.xxh3_128;
+        parts.push_back(std::move(part));
+      }
+      obj["parts"] = std::move(parts);
+    }
     objects.push_back(std::move(obj));
   }
   out["objects"] = std::move(objects);
@@ -125,6 +139,39 @@ OrderedJson VersionToJson(const VersionEntry& v) {
     }
     out["files"] = std::move(files);
   }
+  if (v.parted()) {
+    out["layout"] = v.layout;
+    OrderedJson parts = OrderedJson::array();
+    for (const PartState& p : v.parts) {
+      OrderedJson part;
+      part["state_hash"] = p.state_hash.Hex();
+      part["changed_elements"] = p.changed_elements;
+      parts.push_back(std::move(part));
+    }
+    out["parts"] = std::move(parts);
+  }
+  return out;
+}
+
+OrderedJson LayoutToJson(const std::string& digest, const PartLayout& l) {
+  OrderedJson out;
+  out["digest"] = digest;
+  OrderedJson tensors = OrderedJson::array();
+  for (const TensorDesc& t : l.tensors) {
+    OrderedJson tj;
+    tj["name"] = t.name;
+    tj["dtype"] = DTypeName(t.dtype);
+    tj["shape"] = t.shape;
+    tensors.push_back(std::move(tj));
+  }
+  out["tensors"] = std::move(tensors);
+  OrderedJson parts = OrderedJson::array();
+  for (const std::vector<Block>& part : l.parts) {
+    OrderedJson pj = OrderedJson::array();
+    for (const Block& b : part) pj.push_back(OrderedJson::array({b.tensor, b.offset, b.shape}));
+    parts.push_back(std::move(pj));
+  }
+  out["parts"] = std::move(parts);
   return out;
 }
 
@@ -218,9 +265,30 @@ Result<ObjectEntry> ParseObject(const Json& j, const FieldReader& r) {
   } else {
     return r.Fail("unknown kind \"" + kind + "\" (expected \"anchor\" or \"delta\")");
   }
-  DS_ASSIGN_OR_RETURN(o.key, r.String(j, "key"));
-  // A manifest must never steer a replica outside the bucket.
-  if (Status s = ValidateKey(o.key); !s.ok()) return r.Fail(s.message());
+  const bool parted = j.contains("parts");
+  if (parted) {
+    // A parted version's object: one stored object per part.
+    if (j.contains("key") || j.contains("xxh3_128")) {
+      return r.Fail("an object with 'parts' has no 'key' or 'xxh3_128' of its own (each part has them)");
+    }
+    const Json& parts = j["parts"];
+    if (!parts.is_array() || parts.empty()) return r.Fail("'parts' must be a non-empty array, got " + Snippet(parts));
+    for (size_t i = 0; i < parts.size(); ++i) {
+      FieldReader pr = r;
+      pr.set_where(r.where() + ": parts[" + std::to_string(i) + "]");
+      if (!parts[i].is_object()) return pr.Fail("must be a JSON object, got " + Snippet(parts[i]));
+      PartObject p;
+      DS_ASSIGN_OR_RETURN(p.key, pr.String(parts[i], "key"));
+      if (Status s = ValidateKey(p.key); !s.ok()) return pr.Fail(s.message());
+      DS_ASSIGN_OR_RETURN(p.size, pr.Unsigned(parts[i], "size"));
+      DS_ASSIGN_OR_RETURN(p.xxh3_128, pr.Hex32(parts[i], "xxh3_128"));
+      o.parts.push_back(std::move(p));
+    }
+  } else {
+    DS_ASSIGN_OR_RETURN(o.key, r.String(j, "key"));
+    // A manifest must never steer a replica outside the bucket.
+    if (Status s = ValidateKey(o.key); !s.ok()) return r.Fail(s.message());
+  }
   DS_ASSIGN_OR_RETURN(std::string encoding, r.String(j, "encoding"));
   Result<IndexEncoding> parsed = ParseEncoding(encoding);
   if (!parsed.ok()) {
@@ -232,7 +300,19 @@ Result<ObjectEntry> ParseObject(const Json& j, const FieldReader& r) {
   }
   o.encoding = *parsed;
   DS_ASSIGN_OR_RETURN(o.size, r.Unsigned(j, "size"));
-  DS_ASSIGN_OR_RETURN(o.xxh3_128, r.Hex32(j, "xxh3_128"));
+  if (parted) {
+    uint64_t sum = 0;
+    for (const PartObject& p : o.parts) {
+      if (p.size > UINT64_MAX - sum) return r.Fail("the sizes of its parts overflow");
+      sum += p.size;
+    }
+    if (sum != o.size) {
+      return r.Fail("'size' " + std::to_string(o.size) + " is not the sum of its parts' sizes " + std::to_string(sum));
+    }
+    if (o.encoding != IndexEncoding::kCompact) return r.Fail("a parted object must be compact, not " + encoding);
+  } else {
+    DS_ASSIGN_OR_RETURN(o.xxh3_128, r.Hex32(j, "xxh3_128"));
+  }
   // base_version's relation to other versions is checked in ParseVersion.
   bool has_base = j.contains("base_version");
   if (o.kind == PatchKind::kAnchor) {
@@ -266,10 +346,123 @@ Result<FileSet> ParseFiles(const Json& j, const FieldReader& r) {
   return files;
 }
 
+Result<std::vector<uint64_t>> UnsignedArray(const Json& j, const FieldReader& r, const char* what) {
+  if (!j.is_array()) return r.Fail(std::string(what) + " must be an array of integers, got " + Snippet(j));
+  std::vector<uint64_t> out;
+  for (const Json& e : j) {
+    if (!e.is_number_unsigned()) return r.Fail(std::string(what) + " must hold integers, got " + Snippet(e));
+    out.push_back(e.get<uint64_t>());
+  }
+  return out;
+}
+
+// One entry of the top-level "layouts" (docs/format.md, "Parts").
+Result<std::pair<std::string, PartLayout>> ParseLayout(const Json& j, FieldReader r) {
+  if (!j.is_object()) return r.Fail("must be a JSON object, got " + Snippet(j));
+  DS_ASSIGN_OR_RETURN(std::string digest, r.Hex32(j, "digest"));
+  r.set_where(r.where() + " (" + digest + ")");
+  PartLayout l;
+  DS_ASSIGN_OR_RETURN(const Json* tensors, r.Field(j, "tensors"));
+  if (!tensors->is_array()) return r.Fail("'tensors' must be an array, got " + Snippet(*tensors));
+  for (const Json& t : *tensors) {
+    if (!t.is_object()) return r.Fail("'tensors' must hold objects, got " + Snippet(t));
+    TensorDesc d;
+    DS_ASSIGN_OR_RETURN(d.name, r.String(t, "name"));
+    DS_ASSIGN_OR_RETURN(std::string dtype, r.String(t, "dtype"));
+    std::optional<DType> parsed = ParseDType(dtype);
+    if (!parsed) return r.Fail("tensor '" + d.name + "': unknown dtype \"" + dtype + "\"");
+    d.dtype = *parsed;
+    DS_ASSIGN_OR_RETURN(const Json* shape, r.Field(t, "shape"));
+    DS_ASSIGN_OR_RETURN(d.shape, UnsignedArray(*shape, r, "'shape'"));
+    l.tensors.push_back(std::move(d));
+  }
+  DS_ASSIGN_OR_RETURN(const Json* parts, r.Field(j, "parts"));
+  if (!parts->is_array()) return r.Fail("'parts' must be an array, got " + Snippet(*parts));
+  for (const Json& p : *parts) {
+    if (!p.is_array()) return r.Fail("a part must be an array of blocks, got " + Snippet(p));
+    std::vector<Block>& blocks = l.parts.emplace_back();
+    for (const Json& b : p) {
+      if (!b.is_array() || b.size() != 3 || !b[0].is_number_unsigned() || b[0].get<uint64_t>() > UINT32_MAX) {
+        return r.Fail("a block must be [tensor index, offset, shape], got " + Snippet(b));
+      }
+      Block block;
+      block.tensor = static_cast<uint32_t>(b[0].get<uint64_t>());
+      DS_ASSIGN_OR_RETURN(block.offset, UnsignedArray(b[1], r, "a block's offset"));
+      DS_ASSIGN_OR_RETURN(block.shape, UnsignedArray(b[2], r, "a block's shape"));
+      blocks.push_back(std::move(block));
+    }
+  }
+  if (Status s = l.Validate(); !s.ok()) return r.Fail(s.message());
+  if (l.Digest() != digest) return r.Fail("'digest' is not the layout's digest " + l.Digest());
+  return std::make_pair(std::move(digest), std::move(l));
+}
+
+// A version's "layout" and "parts", and the rules tying its objects and
+// hashes to them.
+Status ParseParts(const Json& j, VersionEntry& v, const std::map<std::string, PartLayout>& layouts,
+                  uint64_t format_version, const FieldReader& r) {
+  const bool any_parted_object =
+      std::any_of(v.objects.begin(), v.objects.end(), [](const ObjectEntry& o) { return o.parted(); });
+  if (!j.contains("layout")) {
+    if (j.contains("parts")) return r.Fail("'parts' without 'layout'");
+    if (any_parted_object) return r.Fail("an object has 'parts' but the version has no 'layout'");
+    return Status::OK();
+  }
+  if (format_version < 2) return r.Fail("a parted version ('layout') needs format_version 2");
+  DS_ASSIGN_OR_RETURN(v.layout, r.Hex32(j, "layout"));
+  auto layout = layouts.find(v.layout);
+  if (layout == layouts.end()) return r.Fail("'layout' " + v.layout + " is not in the manifest's 'layouts'");
+  const PartLayout& l = layout->second;
+  const size_t n = l.parts.size();
+  DS_ASSIGN_OR_RETURN(const Json* parts, r.Field(j, "parts"));
+  if (!parts->is_array() || parts->size() != n) {
+    return r.Fail("'parts' must be an array of the layout's " + std::to_string(n) + " parts, got " + Snippet(*parts) +
+                  (parts->is_array() ? " of " + std::to_string(parts->size()) : std::string()));
+  }
+  StateHash sum = l.DescriptorTerms();
+  uint64_t changed = 0;
+  for (size_t p = 0; p < n; ++p) {
+    FieldReader pr = r;
+    pr.set_where(r.where() + ": parts[" + std::to_string(p) + "]");
+    if (!(*parts)[p].is_object()) return pr.Fail("must be a JSON object, got " + Snippet((*parts)[p]));
+    PartState state;
+    DS_ASSIGN_OR_RETURN(std::string hash, pr.Hex32((*parts)[p], "state_hash"));
+    state.state_hash = *StateHash::FromHex(hash);
+    DS_ASSIGN_OR_RETURN(state.changed_elements, pr.Unsigned((*parts)[p], "changed_elements"));
+    if (state.changed_elements > l.PartElements(p)) {
+      return pr.Fail("changed_elements " + std::to_string(state.changed_elements) + " exceeds the part's " +
+                     std::to_string(l.PartElements(p)) + " elements");
+    }
+    sum += state.state_hash;
+    changed += state.changed_elements;
+    v.parts.push_back(state);
+  }
+  if (sum != v.state_hash) {
+    return r.Fail("state_hash " + v.state_hash.Hex() + " is not the layout's descriptor terms plus its parts' hashes (" +
+                  sum.Hex() + ")");
+  }
+  if (v.total_elements != l.total_elements()) {
+    return r.Fail("total_elements " + std::to_string(v.total_elements) + " differs from the layout's " +
+                  std::to_string(l.total_elements()));
+  }
+  if (v.changed_elements && *v.changed_elements != changed) {
+    return r.Fail("changed_elements " + std::to_string(*v.changed_elements) + " is not the sum of its parts' " +
+                  std::to_string(changed));
+  }
+  for (const ObjectEntry& o : v.objects) {
+    if (o.parts.size() != n) {
+      return r.Fail("a parted version's " + std::string(KindName(o.kind)) + " has " + std::to_string(o.parts.size()) +
+                    " part objects; its layout has " + std::to_string(n) + " parts");
+    }
+  }
+  return Status::OK();
+}
+
 // `listed`: versions seen so far (all lower). `keys`: key -> version, to
 // refuse one object listed twice.
 Result<VersionEntry> ParseVersion(const Json& j, size_t index, uint64_t previous,
                                   const std::set<uint64_t>& listed, std::map<std::string, uint64_t>& keys,
+                                  const std::map<std::string, PartLayout>& layouts, uint64_t format_version,
                                   FieldReader& r) {
   std::string at = "versions[" + std::to_string(index) + "]";
   r.set_where(at);
@@ -322,13 +515,16 @@ Result<VersionEntry> ParseVersion(const Json& j, size_t index, uint64_t previous
         }
       }
     }
-    auto [it, inserted] = keys.emplace(o.key, v.version);
-    if (!inserted) {
-      return obj_reader.Fail("key '" + o.key + "' is already listed by version " +
-                             std::to_string(it->second));
+    for (const PartObject& stored : StoredObjects(o)) {
+      auto [it, inserted] = keys.emplace(stored.key, v.version);
+      if (!inserted) {
+        return obj_reader.Fail("key '" + stored.key + "' is already listed by version " +
+                               std::to_string(it->second));
+      }
     }
     v.objects.push_back(std::move(o));
   }
+  DS_RETURN_IF_ERROR(ParseParts(j, v, layouts, format_version, r));
   if (j.contains("files")) {
     DS_ASSIGN_OR_RETURN(v.files, ParseFiles(j["files"], r));
   }
@@ -411,6 +607,16 @@ Result<Manifest> ParseDocument(const Json& doc, std::string_view label) {
     if (!printable) return r.Fail("'writer.id' must be 1-128 printable ASCII characters without spaces");
     m.writer = std::move(stamp);
   }
+  if (doc.contains("layouts")) {
+    const Json& layouts = doc["layouts"];
+    if (!layouts.is_array()) return r.Fail("'layouts' must be an array, got " + Snippet(layouts));
+    for (size_t i = 0; i < layouts.size(); ++i) {
+      DS_ASSIGN_OR_RETURN(auto layout, ParseLayout(layouts[i], FieldReader(label, "layouts[" + std::to_string(i) + "]")));
+      if (!m.layouts.emplace(layout.first, std::move(layout.second)).second) {
+        return r.Fail("layout " + layout.first + " is listed twice");
+      }
+    }
+  }
   DS_ASSIGN_OR_RETURN(const Json* versions, r.Field(doc, "versions"));
   if (!versions->is_array()) return r.Fail("'versions' must be an array, got " + Snippet(*versions));
 
@@ -418,7 +624,7 @@ Result<Manifest> ParseDocument(const Json& doc, std::string_view label) {
   std::map<std::string, uint64_t> keys;
   uint64_t previous = 0;
   for (size_t i = 0; i < versions->size(); ++i) {
-    DS_ASSIGN_OR_RETURN(VersionEntry v, ParseVersion((*versions)[i], i, previous, listed, keys, r));
+    DS_ASSIGN_OR_RETURN(VersionEntry v, ParseVersion((*versions)[i], i, previous, listed, keys, m.layouts, format_version, r));
     previous = v.version;
     listed.insert(v.version);
     m.versions.push_back(std::move(v));
@@ -470,6 +676,17 @@ std::string Xxh3Hex(std::span<const ByteSpan> parts) {
   return out;
 }
 
+std::vector<PartObject> StoredObjects(const ObjectEntry& object) {
+  if (object.parted()) return object.parts;
+  return {PartObject{object.key, object.size, object.xxh3_128}};
+}
+
+const PartLayout* Manifest::LayoutOf(const VersionEntry& v) const {
+  if (!v.parted()) return nullptr;
+  auto it = layouts.find(v.layout);
+  return it == layouts.end() ? nullptr : &it->second;
+}
+
 const ObjectEntry* VersionEntry::anchor() const {
   for (const ObjectEntry& o : objects) {
     if (o.kind == PatchKind::kAnchor) return &o;
@@ -513,7 +730,11 @@ std::string Manifest::ToJson() const {
   auto dump = [](const OrderedJson& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
   std::string out = "{\n";
   out += "  \"format\": " + dump(OrderedJson(kFormatTag)) + ",\n";
-  out += "  \"format_version\": " + std::to_string(kFormatVersion) + ",\n";
+  std::set<std::string> used;  // layouts the versions refer to
+  for (const VersionEntry& v : versions) {
+    if (v.parted()) used.insert(v.layout);
+  }
+  out += "  \"format_version\": " + std::to_string(used.empty() ? kUnpartedFormatVersion : kFormatVersion) + ",\n";
   out += "  \"anchor_interval\": " + std::to_string(settings ? settings->anchor_interval : anchor_interval) + ",\n";
   if (settings) {
     OrderedJson s;
@@ -526,6 +747,16 @@ std::string Manifest::ToJson() const {
   if (writer) {
     out += "  \"writer\": {\"id\": " + dump(OrderedJson(writer->id)) + ", \"seq\": " + std::to_string(writer->seq) +
            "},\n";
+  }
+  if (!used.empty()) {
+    out += "  \"layouts\": [\n";
+    size_t i = 0;
+    for (const std::string& digest : used) {
+      auto it = layouts.find(digest);
+      out += "    " + (it == layouts.end() ? std::string("null") : dump(LayoutToJson(digest, it->second)));
+      out += ++i < used.size() ? ",\n" : "\n";
+    }
+    out += "  ],\n";
   }
   if (versions.empty()) {
     out += "  \"versions\": []\n";

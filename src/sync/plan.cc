@@ -32,7 +32,7 @@ std::optional<CatchUpPlan> Cheapest(const Manifest& manifest, uint64_t start, ui
     if (v.version < floor || v.version == start) continue;  // the held version is reached for free
     std::optional<Best> here;
     for (const ObjectEntry& o : v.objects) {
-      if (!avoid.empty() && avoid.count(RefOf(o))) continue;
+      if (!avoid.empty() && Avoided(o, avoid)) continue;
       uint64_t bytes = o.size, objects = 1, from = 0;
       if (o.kind == PatchKind::kDelta) {
         auto base = best.find(*o.base_version);
@@ -60,6 +60,14 @@ std::optional<CatchUpPlan> Cheapest(const Manifest& manifest, uint64_t start, ui
 }
 
 }  // namespace
+
+bool Avoided(const ObjectEntry& object, const ObjectSet& avoid) {
+  if (!object.parted()) return avoid.count(RefOf(object)) > 0;
+  for (const PartObject& p : object.parts) {
+    if (avoid.count(RefOf(p))) return true;
+  }
+  return false;
+}
 
 Result<CatchUpPlan> PlanCatchUp(const Manifest& manifest, std::optional<uint64_t> held, uint64_t target,
                                 const ObjectSet& avoid) {

@@ -22,6 +22,7 @@
 
 #include <random>
 #include "sync/bucket_settings.h"
+#include "sync/manifest_writer.h"
 #include "sync/notifier.h"
 #include "sync/replay.h"
 
@@ -64,16 +65,7 @@ Result<std::unique_ptr<Publisher>> Publisher::Open(std::shared_ptr<Store> store,
   // Checked before the bucket is read, so a bad value fails fast.
   DS_RETURN_IF_ERROR(ResolveSettings(options, nullptr, store->Describe()).status());
   std::unique_ptr<Publisher> pub(new Publisher(store, options));
-  // A random id per Publisher instance: "<host>-<pid>-<64 random bits>".
-  char host[64] = "host";
-  ::gethostname(host, sizeof host - 1);
-  std::random_device rd;
-  char id[160];
-  std::snprintf(id, sizeof id, "%s-%d-%08x%08x", host, static_cast<int>(::getpid()), rd(), rd());
-  pub->writer_id_ = id;
-  for (char& c : pub->writer_id_) {
-    if (c < 0x21 || c > 0x7E) c = '_';
-  }
+  pub->writer_id_ = NewWriterId();  // one per Publisher instance
   Result<Store::Versioned> current = store->GetVersioned(kManifestKey);
   if (!current.ok()) {
     if (current.status().code() != ErrorCode::kNotFound) return current.status();
@@ -532,48 +524,7 @@ void Publisher::RememberAnchor() {
 }
 
 Status Publisher::CommitManifest(Manifest next) {
-  uint64_t seq = manifest_.writer && manifest_.writer->id == writer_id_ ? manifest_.writer->seq : 0;
-  next.writer = WriterStamp{writer_id_, seq + 1};
-  // A few rounds: another writer that only pruned old versions (gc) moves
-  // the token without publishing; this commit then rebases onto its list.
-  for (int round = 0;; ++round) {
-    std::string json = next.ToJson();
-    ByteSpan bytes(reinterpret_cast<const uint8_t*>(json.data()), json.size());
-    Result<std::string> token =
-        store_->PutIfUnchanged(kManifestKey, std::span<const ByteSpan>(&bytes, 1), manifest_token_);
-    if (token.ok()) {
-      manifest_token_ = *token;
-      manifest_ = std::move(next);
-      return Status::OK();
-    }
-    if (token.status().code() != ErrorCode::kConflict) return token.status();
-    Result<Store::Versioned> now = store_->GetVersioned(kManifestKey);
-    Result<Manifest> current = now.ok() ? Manifest::Parse(now->blob.bytes()) : Result<Manifest>(now.status());
-    if (current.ok() && current->Latest() && next.Latest()) {
-      // A retried conditional write whose first attempt landed also ends in
-      // a conflict: if the manifest now is exactly this writer's commit, it
-      // is ours, not another publisher's.
-      if (current->writer == next.writer && current->Latest()->version == next.Latest()->version &&
-          current->Latest()->state_hash == next.Latest()->state_hash) {
-        manifest_token_ = now->token;
-        manifest_ = std::move(next);
-        return Status::OK();
-      }
-      // Pruned (gc), not published to: its newest version is still ours.
-      const VersionEntry* ours = manifest_.Latest();
-      if (round < 3 && ours && current->Latest()->version == ours->version &&
-          current->Latest()->state_hash == ours->state_hash) {
-        VersionEntry added = next.versions.back();
-        next.versions = current->versions;
-        next.versions.push_back(std::move(added));
-        manifest_token_ = now->token;
-        continue;
-      }
-    }
-    return Status::Conflict("another publisher wrote " + std::string(kManifestKey) +
-                            " since this one read it; refusing to overwrite its history (" +
-                            token.status().message() + ")");
-  }
+  return deltasync::CommitManifest(*store_, writer_id_, manifest_, manifest_token_, std::move(next));
 }
 
 }  // namespace deltasync

@@ -1,7 +1,13 @@
 // Checked replay steps (replay.h), shared by Replica and VerifyBucket.
 #include "sync/replay.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <numeric>
 #include <string>
+
+#include "common/parallel.h"
 
 #include "deltasync/safetensors.h"
 
@@ -31,6 +37,10 @@ Status CheckListed(const PatchInfo& info, const ObjectEntry& object, uint64_t ve
 }  // namespace
 
 Result<Blob> FetchListed(Store& store, const ObjectEntry& object, uint64_t* downloaded) {
+  return FetchListed(store, PartObject{object.key, object.size, object.xxh3_128}, downloaded);
+}
+
+Result<Blob> FetchListed(Store& store, const PartObject& object, uint64_t* downloaded) {
   Result<Blob> blob = store.Get(object.key);
   if (!blob.ok()) {
     if (blob.status().code() == ErrorCode::kNotFound) {
@@ -98,6 +108,191 @@ Result<CheckedDelta> CheckDelta(Blob bytes, const VersionEntry& entry, const Obj
   out.next = base_hash + HashChanges(base, out.changes, threads);
   if (out.next != entry.state_hash) {
     return Status::Integrity("the state after it would hash to " + out.next.Hex() + ", the manifest says " +
+                             entry.state_hash.Hex());
+  }
+  return out;
+}
+
+}  // namespace deltasync::replay
+
+namespace deltasync::replay {
+namespace {
+
+std::string PartOf(const ObjectEntry& object, size_t p) {
+  return object.parts[p].key + " (part " + std::to_string(p) + " of " + std::to_string(object.parts.size()) + ")";
+}
+
+// The metadata of a part's object against its listing.
+Status CheckPartListed(const PatchInfo& info, const ObjectEntry& object, size_t p, uint64_t version) {
+  ObjectEntry one = object;
+  one.key = object.parts[p].key;
+  return CheckListed(info, one, version);
+}
+
+// A part's decoded block tensors must be exactly its blocks: names, dtypes, shapes.
+Status CheckBlocks(const std::vector<WeightState::Tensor>& got, const PartLayout& layout, size_t p,
+                   const std::string& label) {
+  const std::vector<Block>& blocks = layout.parts[p];
+  if (got.size() != blocks.size()) {
+    return Status::Corruption(label + ": holds " + std::to_string(got.size()) + " tensors; the layout gives the part " +
+                              std::to_string(blocks.size()) + " blocks");
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const TensorDesc& d = layout.tensors[blocks[i].tensor];
+    if (got[i].name != d.name || got[i].dtype != d.dtype || got[i].shape != blocks[i].shape) {
+      return Status::Corruption(label + ": tensor '" + got[i].name + "' (" + std::string(DTypeName(got[i].dtype)) + " " +
+                                ShapeToString(got[i].shape) + ") is not the layout's block of '" + d.name + "' (" +
+                                std::string(DTypeName(d.dtype)) + " " + ShapeToString(blocks[i].shape) + ")");
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<std::vector<Blob>> FetchParts(Store& store, const ObjectEntry& object, int threads, uint64_t* downloaded,
+                                     size_t* bad_part) {
+  const size_t n = object.parts.size();
+  std::vector<std::optional<Result<Blob>>> got(n);
+  std::vector<uint64_t> bytes(n, 0);
+  ParallelFor(n, std::min(ResolveThreads(threads), 16), [&](size_t p) {
+    got[p] = FetchListed(store, object.parts[p], &bytes[p]);
+  });
+  *downloaded += std::accumulate(bytes.begin(), bytes.end(), uint64_t{0});
+  std::vector<Blob> out;
+  out.reserve(n);
+  for (size_t p = 0; p < n; ++p) {
+    if (!got[p]->ok()) {
+      if (bad_part) *bad_part = p;
+      return got[p]->status();
+    }
+    out.push_back(std::move(**got[p]));
+  }
+  return out;
+}
+
+Result<CheckedAnchor> CheckPartedAnchor(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
+                                        const PartLayout& layout, int threads, size_t* bad_part) {
+  DecodedAnchor full;
+  full.model_version = entry.version;
+  for (const TensorDesc& d : layout.tensors) {
+    WeightState::Tensor& t = full.tensors.emplace_back();
+    t.name = d.name;
+    t.dtype = d.dtype;
+    t.shape = d.shape;
+    t.data.resize(CheckedElementCount(d.shape).value_or(0) * DTypeSize(d.dtype));
+  }
+  for (size_t p = 0; p < parts.size(); ++p) {
+    if (bad_part) *bad_part = p;
+    const std::string label = PartOf(object, p);
+    DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Parse(std::move(parts[p]), object.parts[p].key));
+    if (!IsCompressedAnchor(file)) return Status::Corruption(label + ": the manifest lists a compressed anchor, the file is not one");
+    DS_ASSIGN_OR_RETURN(DecodedAnchor d, DecodeCompressedAnchor(file, threads));
+    PatchInfo info;
+    info.kind = PatchKind::kAnchor;
+    info.model_version = d.model_version;
+    DS_RETURN_IF_ERROR(CheckPartListed(info, object, p, entry.version));
+    DS_RETURN_IF_ERROR(CheckBlocks(d.tensors, layout, p, label));
+    StateHash hash;
+    for (size_t i = 0; i < d.tensors.size(); ++i) {
+      const Block& b = layout.parts[p][i];
+      const BlockGeometry g = layout.Geometry(b);
+      hash += HashBlock(d.tensors[i].name, d.tensors[i].dtype, g, d.tensors[i].data, threads);
+      CopyBlockIn(g, DTypeSize(d.tensors[i].dtype), d.tensors[i].data.data(), full.tensors[b.tensor].data.data());
+    }
+    if (hash != entry.parts[p].state_hash) {
+      return Status::Integrity(label + ": its blocks hash to " + hash.Hex() + ", the manifest says " +
+                               entry.parts[p].state_hash.Hex());
+    }
+  }
+  if (bad_part) *bad_part = SIZE_MAX;
+  CheckedAnchor out;
+  out.decoded = std::move(full);
+  out.views = out.decoded->views();
+  // Each part checked above; the whole once more, from the assembled tensors.
+  out.hash = HashTensors(out.views, threads);
+  if (out.hash != entry.state_hash) {
+    return Status::Integrity("the assembled parts hash to " + out.hash.Hex() + ", the manifest says " +
+                             entry.state_hash.Hex());
+  }
+  return out;
+}
+
+Result<CheckedDelta> CheckPartedDelta(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
+                                      const PartLayout& layout, const WeightState& base, const StateHash& base_hash,
+                                      const VersionEntry& base_entry, int threads, size_t* bad_part) {
+  // Per tensor of the layout: every part's changes at full flat indices.
+  std::vector<TensorChanges> merged(layout.tensors.size());
+  std::vector<size_t> contributions(layout.tensors.size(), 0);
+  const bool same_layout = base_entry.layout == entry.layout;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    if (bad_part) *bad_part = SIZE_MAX;
+    const std::string label = PartOf(object, p);
+    // The part's base: its blocks of the held state (which must be the layout's tensors).
+    DS_ASSIGN_OR_RETURN(WeightState blocks, ExtractPart(layout, p, base));
+    // The base hash the part's object must name: the manifest's, when the
+    // base version had this layout; else computed from the held blocks.
+    const StateHash part_base = same_layout ? base_entry.parts[p].state_hash : HashPart(layout, p, blocks, threads);
+    if (bad_part) *bad_part = p;
+    DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Parse(std::move(parts[p]), object.parts[p].key));
+    if (!IsCompactDelta(file)) return Status::Corruption(label + ": the manifest lists a compact delta, the file is not one");
+    Result<CompactDelta> d = DecodeCompactDelta(file, blocks, part_base, threads);
+    if (!d.ok()) return d.status().WithContext(label);
+    d->info.kind = PatchKind::kDelta;
+    DS_RETURN_IF_ERROR(CheckPartListed(d->info, object, p, entry.version));
+    StateHash part_hash = part_base;
+    for (TensorChanges& c : d->changes) {
+      const WeightState::Tensor* before = blocks.Find(c.name);
+      const size_t width = DTypeSize(c.dtype);
+      auto b = std::find_if(layout.parts[p].begin(), layout.parts[p].end(),
+                            [&](const Block& blk) { return layout.tensors[blk.tensor].name == c.name; });
+      const BlockGeometry g = layout.Geometry(*b);
+      std::vector<uint8_t> old(c.values.size());
+      for (size_t k = 0; k < c.indices.size(); ++k) {
+        std::memcpy(old.data() + k * width, before->data.data() + c.indices[k] * width, width);
+      }
+      part_hash += HashBlockChanges(c.name, c.dtype, g, c.indices, old, c.values);
+      TensorChanges& into = merged[b->tensor];
+      into.name = c.name;
+      into.dtype = c.dtype;
+      for (uint64_t& i : c.indices) i = g.FullIndex(i);
+      into.indices.insert(into.indices.end(), c.indices.begin(), c.indices.end());
+      into.values.insert(into.values.end(), c.values.begin(), c.values.end());
+      contributions[b->tensor]++;
+    }
+    if (part_hash != entry.parts[p].state_hash) {
+      return Status::Integrity(label + ": its blocks would hash to " + part_hash.Hex() + ", the manifest says " +
+                               entry.parts[p].state_hash.Hex());
+    }
+  }
+  if (bad_part) *bad_part = SIZE_MAX;
+  CheckedDelta out;
+  for (size_t t = 0; t < merged.size(); ++t) {
+    TensorChanges& c = merged[t];
+    if (c.indices.empty()) continue;
+    if (contributions[t] > 1) {
+      // Blocks of several parts: sort by index (each part's run is ascending).
+      const size_t width = DTypeSize(c.dtype);
+      std::vector<uint32_t> order(c.indices.size());
+      std::iota(order.begin(), order.end(), 0u);
+      std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return c.indices[a] < c.indices[b]; });
+      TensorChanges sorted;
+      sorted.name = c.name;
+      sorted.dtype = c.dtype;
+      sorted.indices.reserve(order.size());
+      sorted.values.resize(c.values.size());
+      for (size_t k = 0; k < order.size(); ++k) {
+        sorted.indices.push_back(c.indices[order[k]]);
+        std::memcpy(sorted.values.data() + k * width, c.values.data() + order[k] * width, width);
+      }
+      c = std::move(sorted);
+    }
+    out.changes.push_back(std::move(c));
+  }
+  DS_RETURN_IF_ERROR(ValidateChanges(base, out.changes).WithContext("the parts of " + V(entry.version)));
+  out.next = base_hash + HashChanges(base, out.changes, threads);
+  if (out.next != entry.state_hash) {
+    return Status::Integrity("the state after its parts would hash to " + out.next.Hex() + ", the manifest says " +
                              entry.state_hash.Hex());
   }
   return out;

@@ -15,6 +15,7 @@
 #include "deltasync/blob.h"
 #include "deltasync/compact.h"
 #include "deltasync/manifest.h"
+#include "deltasync/parts.h"
 #include "deltasync/patch.h"
 #include "deltasync/state_hash.h"
 #include "deltasync/status.h"
@@ -34,6 +35,12 @@ inline bool ObjectFault(const Status& s) {
 // Adds the bytes received to *downloaded (also when the check fails).
 // kNotFound: the object is missing; kIntegrity: wrong size or hash.
 Result<Blob> FetchListed(Store& store, const ObjectEntry& object, uint64_t* downloaded);
+Result<Blob> FetchListed(Store& store, const PartObject& object, uint64_t* downloaded);
+// Every part of a parted version's `object`, fetched and checked in
+// parallel (up to `threads` at once). On failure *bad_part (when given) is
+// the part whose object failed.
+Result<std::vector<Blob>> FetchParts(Store& store, const ObjectEntry& object, int threads, uint64_t* downloaded,
+                                     size_t* bad_part = nullptr);
 
 // An anchor's tensors, checked. `views` point into `raw` (a TRL anchor, read
 // in place) or `decoded` (a compressed anchor); move the whole struct.
@@ -61,5 +68,21 @@ struct CheckedDelta {
 // the resulting state hash. `base` is only read.
 Result<CheckedDelta> CheckDelta(Blob bytes, const VersionEntry& entry, const ObjectEntry& object,
                                 const WeightState& base, const StateHash& base_hash, int threads);
+
+// Parted versions (docs/format.md, "Parts"): the same checks, part by part,
+// with the parts' blocks assembled into (or mapped onto) full tensors. Each
+// part's blocks must hash to the manifest's part hash, and the whole to the
+// version's state hash. On a failure that one part's object is to blame for,
+// *bad_part is set to that part.
+//
+// The anchor `object` of parted `entry` (layout `layout`) from its parts' bytes.
+Result<CheckedAnchor> CheckPartedAnchor(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
+                                        const PartLayout& layout, int threads, size_t* bad_part);
+// The delta `object` of parted `entry` against the full `base` (the state of
+// `base_entry`, hashing to `base_hash`; `base_layout` its layout, nullptr when
+// unparted): the changes of every part mapped to full flat indices.
+Result<CheckedDelta> CheckPartedDelta(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
+                                      const PartLayout& layout, const WeightState& base, const StateHash& base_hash,
+                                      const VersionEntry& base_entry, int threads, size_t* bad_part);
 
 }  // namespace deltasync::replay

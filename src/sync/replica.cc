@@ -70,7 +70,9 @@ Status Replica::Refresh() {
   ObjectSet listed;
   for (const VersionEntry& v : manifest_.versions) {
     for (const ObjectEntry& o : v.objects) {
-      if (bad_set_.count(RefOf(o))) listed.insert(RefOf(o));
+      for (const PartObject& stored : StoredObjects(o)) {
+        if (bad_set_.count(RefOf(stored))) listed.insert(RefOf(stored));
+      }
     }
   }
   std::erase_if(bad_, [&](const BadObject& b) { return !listed.count(ObjectRef{b.key, b.xxh3_128}); });
@@ -137,12 +139,19 @@ Result<UpdateStats> Replica::Update(std::optional<uint64_t> target) {
     for (const PlanStep& step : plan->steps) {
       if (options_.progress) options_.progress(stats.bytes_downloaded, plan->bytes);
       const VersionEntry& entry = *manifest_.Find(step.version);
-      Status s = step.object.kind == PatchKind::kAnchor ? LoadAnchor(entry, step.object, stats)
-                                                        : ApplyDelta(entry, step.object, stats);
+      size_t bad_part = SIZE_MAX;
+      Status s = step.object.kind == PatchKind::kAnchor ? LoadAnchor(entry, step.object, stats, &bad_part)
+                                                        : ApplyDelta(entry, step.object, stats, &bad_part);
       if (s.ok()) continue;
       if (!replay::ObjectFault(s)) return s;
-      bad_.push_back(BadObject{step.version, step.object.key, step.object.xxh3_128, s.code(), s.message()});
-      bad_set_.insert(RefOf(step.object));
+      // A parted version's object: the part to blame, or (a mismatch of the
+      // whole) every part.
+      std::vector<PartObject> blamed = StoredObjects(step.object);
+      if (step.object.parted() && bad_part < blamed.size()) blamed = {blamed[bad_part]};
+      for (const PartObject& b : blamed) {
+        bad_.push_back(BadObject{step.version, b.key, b.xxh3_128, s.code(), s.message()});
+        bad_set_.insert(RefOf(b));
+      }
       last_failure = s;
       replan = true;
       break;
@@ -204,13 +213,27 @@ Result<Blob> Replica::FetchVerified(const ObjectEntry& object, UpdateStats& stat
   return blob;
 }
 
-Status Replica::LoadAnchor(const VersionEntry& entry, const ObjectEntry& object, UpdateStats& stats) {
+Status Replica::LoadAnchor(const VersionEntry& entry, const ObjectEntry& object, UpdateStats& stats,
+                          size_t* bad_part) {
   auto fail = [&](const Status& s) { return s.WithContext("loading anchor of " + V(entry.version)); };
-  Result<Blob> blob = FetchVerified(object, stats);
-  if (!blob.ok()) return fail(blob.status());
+  Result<replay::CheckedAnchor> anchor = Status::Internal("unset");
   Stopwatch clock;
-  // Verified before copying: the held state stays untouched on any mismatch.
-  Result<replay::CheckedAnchor> anchor = replay::CheckAnchor(std::move(*blob), entry, object, options_.threads);
+  if (object.parted()) {
+    const PartLayout* layout = manifest_.LayoutOf(entry);
+    Stopwatch download;
+    Result<std::vector<Blob>> parts =
+        replay::FetchParts(*store_, object, options_.threads, &stats.bytes_downloaded, bad_part);
+    stats.download_ms += download.ElapsedMs();
+    if (!parts.ok()) return fail(parts.status());
+    clock = Stopwatch();
+    anchor = replay::CheckPartedAnchor(std::move(*parts), entry, object, *layout, options_.threads, bad_part);
+  } else {
+    Result<Blob> blob = FetchVerified(object, stats);
+    if (!blob.ok()) return fail(blob.status());
+    clock = Stopwatch();
+    // Verified before copying: the held state stays untouched on any mismatch.
+    anchor = replay::CheckAnchor(std::move(*blob), entry, object, options_.threads);
+  }
   if (!anchor.ok()) return fail(anchor.status());
   const std::vector<TensorView>& views = anchor->views;
   if (SameLayout(state_, views)) {
@@ -234,18 +257,32 @@ Status Replica::LoadAnchor(const VersionEntry& entry, const ObjectEntry& object,
   return Status::OK();
 }
 
-Status Replica::ApplyDelta(const VersionEntry& entry, const ObjectEntry& object, UpdateStats& stats) {
-  auto fail = [&](const Status& s) { return s.WithContext("applying delta " + object.key + " of " + V(entry.version)); };
+Status Replica::ApplyDelta(const VersionEntry& entry, const ObjectEntry& object, UpdateStats& stats,
+                          size_t* bad_part) {
+  const std::string name = object.parted() ? "the parted delta from " + V(object.base_version.value_or(0)) : object.key;
+  auto fail = [&](const Status& s) { return s.WithContext("applying delta " + name + " of " + V(entry.version)); };
   if (object.base_version != version_) {
     return fail(Status::FailedPrecondition("its base is " + V(object.base_version.value_or(0)) +
                                            " but the replica holds " + V(version_)));
   }
-  Result<Blob> blob = FetchVerified(object, stats);
-  if (!blob.ok()) return fail(blob.status());
+  Result<replay::CheckedDelta> delta = Status::Internal("unset");
   Stopwatch clock;
-  // Decoded and checked against the held state, which it does not touch.
-  Result<replay::CheckedDelta> delta =
-      replay::CheckDelta(std::move(*blob), entry, object, state_, state_hash_, options_.threads);
+  if (object.parted()) {
+    Stopwatch download;
+    Result<std::vector<Blob>> parts =
+        replay::FetchParts(*store_, object, options_.threads, &stats.bytes_downloaded, bad_part);
+    stats.download_ms += download.ElapsedMs();
+    if (!parts.ok()) return fail(parts.status());
+    clock = Stopwatch();
+    delta = replay::CheckPartedDelta(std::move(*parts), entry, object, *manifest_.LayoutOf(entry), state_, state_hash_,
+                                     *manifest_.Find(version_), options_.threads, bad_part);
+  } else {
+    Result<Blob> blob = FetchVerified(object, stats);
+    if (!blob.ok()) return fail(blob.status());
+    clock = Stopwatch();
+    // Decoded and checked against the held state, which it does not touch.
+    delta = replay::CheckDelta(std::move(*blob), entry, object, state_, state_hash_, options_.threads);
+  }
   if (!delta.ok()) {
     Status s = delta.status();
     if (s.code() == ErrorCode::kIntegrity) s = Status(s.code(), s.message() + "; the replica stays on " + V(version_));

@@ -35,7 +35,10 @@ Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_r
 
   Manifest pruned = manifest;
   pruned.versions.clear();
-  std::vector<ObjectEntry> doomed;
+  std::vector<PartObject> doomed;  // stored objects (a parted version's object has one per part)
+  auto doom = [&](const ObjectEntry& o) {
+    for (PartObject& stored : StoredObjects(o)) doomed.push_back(std::move(stored));
+  };
   std::set<uint64_t> kept;
   // Side file objects: content-addressed, so shared between versions; one is
   // doomed when only removed versions list it.
@@ -43,7 +46,7 @@ Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_r
   for (const VersionEntry& v : manifest.versions) {
     if (v.version < oldest_kept) {
       stats.removed_versions.push_back(v.version);
-      doomed.insert(doomed.end(), v.objects.begin(), v.objects.end());
+      for (const ObjectEntry& o : v.objects) doom(o);
       if (v.files) {
         for (const auto& [name, f] : *v.files) removed_files.emplace(f.key, f.size);
       }
@@ -63,7 +66,7 @@ Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_r
     for (const ObjectEntry& o : v.objects) {
       // A delta from a removed version is of no use to anyone any more.
       if (o.kind == PatchKind::kDelta && !kept.count(*o.base_version)) {
-        doomed.push_back(o);
+        doom(o);
       } else {
         entry.objects.push_back(o);
       }
@@ -74,9 +77,9 @@ Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_r
   stats.kept_versions = pruned.versions.size();
   for (const auto& [key, size] : removed_files) {
     // Deleted like the others (only key and size are read below).
-    if (!kept_files.count(key)) doomed.push_back(ObjectEntry{PatchKind::kAnchor, key, IndexEncoding::kRaw, size, "", {}});
+    if (!kept_files.count(key)) doomed.push_back(PartObject{key, size, ""});
   }
-  for (const ObjectEntry& o : doomed) stats.bytes_deleted += o.size;
+  for (const PartObject& o : doomed) stats.bytes_deleted += o.size;
   if (dry_run || doomed.empty()) {
     stats.objects_deleted = dry_run ? doomed.size() : 0;
     return stats;
@@ -94,7 +97,7 @@ Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_r
     }
     return written.status().WithContext("pruning " + where);
   }
-  for (const ObjectEntry& o : doomed) {
+  for (const PartObject& o : doomed) {
     Status deleted = store.Delete(o.key);
     if (!deleted.ok() && deleted.code() != ErrorCode::kNotFound) {
       return deleted.WithContext("the manifest no longer lists " + o.key + " but deleting it failed (run gc again "

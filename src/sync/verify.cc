@@ -100,15 +100,18 @@ class Checker {
     // Deltas never replayed (their base is unreachable): their bytes at least.
     for (const VersionEntry& v : manifest_.versions) {
       for (const ObjectEntry& o : v.objects) {
-        if (outcomes_.count(o.key)) continue;
-        Result<Blob> blob = Fetch(v, o);
-        if (!blob.ok()) {
-          if (blob.status().code() == ErrorCode::kIOError) return blob.status();
-          continue;  // recorded as bad
+        for (const PartObject& stored : StoredObjects(o)) {
+          if (outcomes_.count(stored.key)) continue;
+          Result<Blob> blob = replay::FetchListed(store_, stored, &downloaded_);
+          if (!blob.ok()) {
+            if (blob.status().code() == ErrorCode::kIOError) return blob.status();
+            outcomes_.emplace(stored.key, blob.status());
+            continue;  // recorded as bad
+          }
+          unchecked_.push_back({v.version, stored.key, ErrorCode::kFailedPrecondition,
+                                "not replayed: its base version " + std::to_string(o.base_version.value_or(0)) +
+                                    " is unreachable (size and xxh3-128 are good)"});
         }
-        unchecked_.push_back({v.version, o.key, ErrorCode::kFailedPrecondition,
-                              "not replayed: its base version " + std::to_string(o.base_version.value_or(0)) +
-                                  " is unreachable (size and xxh3-128 are good)"});
       }
     }
     return Status::OK();
@@ -152,8 +155,12 @@ class Checker {
     for (const VersionEntry& v : manifest_.versions) {
       if (!v.changed_elements) r.recovered.push_back(v.version);
       for (const ObjectEntry& o : v.objects) {
-        auto it = outcomes_.find(o.key);
-        if (it != outcomes_.end() && !it->second.ok()) r.bad_objects.push_back(Problem(v.version, o.key, it->second));
+        for (const PartObject& stored : StoredObjects(o)) {
+          auto it = outcomes_.find(stored.key);
+          if (it != outcomes_.end() && !it->second.ok()) {
+            r.bad_objects.push_back(Problem(v.version, stored.key, it->second));
+          }
+        }
       }
     }
     // Side files with the objects, in manifest order.
@@ -176,26 +183,50 @@ class Checker {
 
   // Records the first outcome of each object; a store failure is returned
   // (the object could not be checked), anything else is the object's fault.
-  Status Record(const ObjectEntry& object, const Status& s) {
+  // A parted version's object: the outcome is recorded for the part to
+  // blame (`bad_part`; the others are good) or, when none is, for every part.
+  Status Record(const ObjectEntry& object, const Status& s, size_t bad_part = SIZE_MAX) {
     if (s.code() == ErrorCode::kIOError) return s;
-    auto [it, inserted] = outcomes_.emplace(object.key, s);
-    if (!inserted && it->second.ok() && !s.ok()) it->second = s;  // good before, bad now: the store changed
+    const std::vector<PartObject> stored = StoredObjects(object);
+    for (size_t p = 0; p < stored.size(); ++p) {
+      const Status& outcome = !s.ok() && bad_part < stored.size() && p != bad_part ? Status::OK() : s;
+      auto [it, inserted] = outcomes_.emplace(stored[p].key, outcome);
+      if (!inserted && it->second.ok() && !outcome.ok()) it->second = outcome;  // good before, bad now: the store changed
+    }
     return Status::OK();
   }
 
-  Result<Blob> Fetch(const VersionEntry& entry, const ObjectEntry& object) {
-    Result<Blob> blob = replay::FetchListed(store_, object, &downloaded_);
-    if (!blob.ok()) DS_RETURN_IF_ERROR(Record(object, blob.status()));
-    return blob;
+  // The object's bytes: one blob, or one per part.
+  Result<std::vector<Blob>> Fetch(const VersionEntry& entry, const ObjectEntry& object) {
+    Result<std::vector<Blob>> blobs = Status::Internal("unset");
+    size_t bad_part = SIZE_MAX;
+    if (object.parted()) {
+      blobs = replay::FetchParts(store_, object, threads_, &downloaded_, &bad_part);
+    } else {
+      Result<Blob> blob = replay::FetchListed(store_, object, &downloaded_);
+      if (blob.ok()) {
+        std::vector<Blob> one;
+        one.push_back(std::move(*blob));
+        blobs = std::move(one);
+      } else {
+        blobs = blob.status();
+      }
+    }
+    if (!blobs.ok()) DS_RETURN_IF_ERROR(Record(object, blobs.status(), bad_part));
+    return blobs;
   }
 
   // true: good (and, with `into`, loaded into it); false: bad (recorded).
   Result<bool> CheckAnchor(const VersionEntry& entry, const ObjectEntry& object, Held* into, bool discard_first) {
     if (into && discard_first) *into = Held{};  // one state at a time
-    Result<Blob> blob = Fetch(entry, object);
+    Result<std::vector<Blob>> blob = Fetch(entry, object);
     if (!blob.ok()) return blob.status().code() == ErrorCode::kIOError ? Result<bool>(blob.status()) : false;
-    Result<replay::CheckedAnchor> anchor = replay::CheckAnchor(std::move(*blob), entry, object, threads_);
-    DS_RETURN_IF_ERROR(Record(object, anchor.status()));
+    size_t bad_part = SIZE_MAX;
+    Result<replay::CheckedAnchor> anchor =
+        object.parted() ? replay::CheckPartedAnchor(std::move(*blob), entry, object, *manifest_.LayoutOf(entry), threads_,
+                                                    &bad_part)
+                        : replay::CheckAnchor(std::move(blob->front()), entry, object, threads_);
+    DS_RETURN_IF_ERROR(Record(object, anchor.status(), bad_part));
     if (!anchor.ok()) return false;
     if (into) {
       Result<WeightState> state = anchor->decoded ? WeightState::FromTensors(std::move(anchor->decoded->tensors))
@@ -211,13 +242,18 @@ class Checker {
   Result<std::optional<replay::CheckedDelta>> CheckDelta(const VersionEntry& entry, const ObjectEntry& object,
                                                          const Held& base) {
     using Out = std::optional<replay::CheckedDelta>;
-    Result<Blob> blob = Fetch(entry, object);
+    Result<std::vector<Blob>> blob = Fetch(entry, object);
     if (!blob.ok()) {
       if (blob.status().code() == ErrorCode::kIOError) return blob.status();
       return Out();
     }
-    Result<replay::CheckedDelta> d = replay::CheckDelta(std::move(*blob), entry, object, base.state, base.hash, threads_);
-    DS_RETURN_IF_ERROR(Record(object, d.status()));
+    size_t bad_part = SIZE_MAX;
+    Result<replay::CheckedDelta> d =
+        object.parted()
+            ? replay::CheckPartedDelta(std::move(*blob), entry, object, *manifest_.LayoutOf(entry), base.state,
+                                       base.hash, *manifest_.Find(base.version), threads_, &bad_part)
+            : replay::CheckDelta(std::move(blob->front()), entry, object, base.state, base.hash, threads_);
+    DS_RETURN_IF_ERROR(Record(object, d.status(), bad_part));
     if (!d.ok()) return Out();
     return Out(std::move(*d));
   }
@@ -231,8 +267,10 @@ class Checker {
       ObjectSet avoid;
       for (const VersionEntry& v : manifest_.versions) {
         for (const ObjectEntry& o : v.objects) {
-          auto it = outcomes_.find(o.key);
-          if (it == outcomes_.end() ? only_known_good : !it->second.ok()) avoid.insert(RefOf(o));
+          for (const PartObject& stored : StoredObjects(o)) {
+            auto it = outcomes_.find(stored.key);
+            if (it == outcomes_.end() ? only_known_good : !it->second.ok()) avoid.insert(RefOf(stored));
+          }
         }
       }
       std::optional<uint64_t> from;

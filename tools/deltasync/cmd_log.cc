@@ -17,12 +17,20 @@ nlohmann::ordered_json LogJson(const std::string& bucket, const History& h) {
   for (const VersionSummary& v : h.versions) {
     Json objects = Json::array();
     for (const ObjectSummary& o : v.objects) {
-      objects.push_back({{"role", ObjectRoleName(o.role)},
-                         {"key", o.object->key},
-                         {"encoding", EncodingName(o.object->encoding)},
-                         {"size_bytes", o.object->size},
-                         {"base_version", o.object->base_version ? Json(*o.object->base_version) : Json(nullptr)},
-                         {"xxh3_128", o.object->xxh3_128}});
+      Json entry = {{"role", ObjectRoleName(o.role)},
+                    {"key", o.object->parted() ? Json(nullptr) : Json(o.object->key)},
+                    {"encoding", EncodingName(o.object->encoding)},
+                    {"size_bytes", o.object->size},
+                    {"base_version", o.object->base_version ? Json(*o.object->base_version) : Json(nullptr)},
+                    {"xxh3_128", o.object->parted() ? Json(nullptr) : Json(o.object->xxh3_128)}};
+      if (o.object->parted()) {
+        Json parts = Json::array();
+        for (const PartObject& p : o.object->parts) {
+          parts.push_back({{"key", p.key}, {"size_bytes", p.size}, {"xxh3_128", p.xxh3_128}});
+        }
+        entry["parts"] = std::move(parts);
+      }
+      objects.push_back(std::move(entry));
     }
     versions.push_back({{"version", v.entry->version},
                         {"created", IsoUtcTime(v.entry->created_unix_ms)},
@@ -38,6 +46,7 @@ nlohmann::ordered_json LogJson(const std::string& bucket, const History& h) {
                         {"bytes", v.bytes},
                         {"state_hash", v.entry->state_hash.Hex()},
                         {"objects", std::move(objects)},
+                        {"parts", v.entry->parted() ? Json(v.entry->parts.size()) : Json(nullptr)},
                         {"files", v.files ? Json{{"count", v.files->count},
                                                  {"bytes", v.files->bytes},
                                                  {"added", v.files->added},
@@ -83,6 +92,7 @@ void PrintLog(const std::string& bucket, const History& h) {
     for (const ObjectSummary& o : v.objects) {
       if (!objects.empty()) objects += ", ";
       objects += std::string(ObjectRoleName(o.role)) + " " + HumanBytes(static_cast<double>(o.object->size));
+      if (o.object->parted()) objects += " in " + std::to_string(o.object->parts.size()) + " parts";
       if (o.role == ObjectRole::kCumulative) objects += " (from " + std::to_string(*o.object->base_version) + ")";
     }
     if (v.files) objects += "; files: " + FilesText(*v.files);

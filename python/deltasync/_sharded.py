@@ -1,0 +1,279 @@
+"""Sharded trainers: every rank publishes its own part (docs/format.md, "Parts").
+
+``deltasync.torch.attach(model, optimizer, ShardedPublisher(bucket))`` on
+every rank of a ``torch.distributed`` job: each parameter's local block is
+derived from its DTensor placements (FSDP2 ``Shard(0)``, ``Shard(k)``, HSDP
+where only the replica group at coordinate 0 publishes; a plain tensor is
+published whole by rank 0), the layout is exchanged once at attach, and after
+every ``optimizer.step()`` each rank publishes its part in the background and
+rank 0 commits the version. Receipts and the outcome travel on a dedicated
+gloo group created at attach, never on the trainer's own group.
+"""
+from __future__ import annotations
+
+import math
+import os
+import queue
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import _native
+from ._errors import FailedPreconditionError, InvalidArgumentError
+
+__all__ = ["ShardedHandle", "ShardedPublisher", "attach"]
+
+_DTYPE_NAME = {
+    torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16", torch.float64: "F64",
+    torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
+    torch.bool: "BOOL",
+}
+_KEEP_FP32_SUFFIXES = ("e_score_correction_bias",)
+
+
+class ShardedPublisher:
+    """Where and how the ranks of a sharded trainer publish (opened at :func:`attach`).
+
+    The same on every rank. Parted buckets are compact, with the fixed anchor
+    cadence (cumulative deltas and adaptive anchors are refused).
+    """
+
+    def __init__(self, bucket: Any, *, anchor_interval: int | None = None, threads: int = 0,
+                 allow_nonfinite: bool = False, allow_version_jump: bool = False, create_bucket: bool = False):
+        self.bucket = os.path.expanduser(os.fspath(bucket) if isinstance(bucket, os.PathLike) else str(bucket))
+        self.anchor_interval = anchor_interval
+        self.threads = threads
+        self.allow_nonfinite = allow_nonfinite
+        self.allow_version_jump = allow_version_jump
+        self.create_bucket = create_bucket
+
+
+def _published_dtype(name: str, dtype: torch.dtype) -> str:
+    if dtype not in _DTYPE_NAME:
+        raise InvalidArgumentError(f"attach: parameter '{name}' has dtype {dtype}, which cannot be published")
+    if dtype == torch.float32 and not name.endswith(_KEEP_FP32_SUFFIXES):
+        return "BF16"
+    return _DTYPE_NAME[dtype]
+
+
+def _local_block(name: str, p: torch.Tensor, rank: int):
+    """(offset, shape, local tensor) of the block this rank publishes, or None."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    if not isinstance(p, DTensor):
+        # Replicated on every rank (DDP, or not wrapped): rank 0 publishes it.
+        return ((0,) * p.dim(), tuple(p.shape), p.detach()) if rank == 0 else None
+    mesh, placements = p.device_mesh, p.placements
+    for pl in placements:
+        # _StridedShard (FSDP+TP) is a Shard subclass whose blocks are not
+        # hyper-rectangles; Partial holds sums, not values.
+        if type(pl) is not Shard and type(pl) is not Replicate:
+            raise InvalidArgumentError(
+                f"attach: parameter '{name}' has placement {pl!r}, which deltasync cannot map to a block "
+                "(it knows Shard(k) and Replicate()); publish it gathered instead")
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        return None
+    if any(type(pl) is Replicate and coordinate[i] != 0 for i, pl in enumerate(placements)):
+        return None  # another replica group publishes it (HSDP)
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    shape, offset = compute_local_shape_and_global_offset(p.shape, mesh, placements)
+    local = p.to_local().detach()
+    if tuple(local.shape) != tuple(shape):
+        raise InvalidArgumentError(
+            f"attach: parameter '{name}': its local shard is {tuple(local.shape)} but its placements "
+            f"{placements} give {tuple(shape)}; deltasync cannot tell which elements it holds")
+    if math.prod(shape) == 0:
+        return None
+    return tuple(int(o) for o in offset), tuple(int(s) for s in shape), local
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """A parameter's local shard (the tensor itself when it is not a DTensor)."""
+    to_local = getattr(p, "to_local", None)
+    return (to_local() if callable(to_local) else p).detach()
+
+
+def _host_array(name: str, t: torch.Tensor) -> tuple[np.ndarray, str]:
+    """A private host copy of a local block, as the native side takes it."""
+    t = t.detach().to("cpu", copy=True).contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16), "BF16"
+    return t.numpy(), ""
+
+
+class ShardedHandle:
+    """What :func:`attach` returns for a sharded trainer. ``flush()`` waits, ``remove()`` stops."""
+
+    def __init__(self, publisher: ShardedPublisher, blocks, layout, part, group, start_version: int,
+                 background: bool):
+        self.publisher = publisher
+        self._blocks = blocks  # [(name, parameter)] whose local block this rank publishes
+        self._layout = layout
+        self._part = part      # this rank's part index, or None
+        self._group = group
+        self._rank = dist.get_rank()
+        self.next_version = start_version
+        self._background = background
+        self._error: BaseException | None = None
+        self._hook = None
+        self._native = None
+        self._committer = None
+        self.last_stats: dict | None = None   # rank 0: the last commit's stats
+        self.fail_next_publish = False         # tests: this rank's next part fails
+        tensors, parts = layout
+        if part is not None:
+            self._native = _native.PartPublisher(
+                publisher.bucket, tensors, parts, part, publisher.anchor_interval, publisher.threads,
+                publisher.allow_nonfinite, publisher.allow_version_jump, publisher.create_bucket)
+        if self._rank == 0:
+            self._committer = _native.PartCommitter(publisher.bucket, tensors, parts, publisher.anchor_interval,
+                                                    publisher.allow_version_jump, publisher.create_bucket)
+        self._queue: queue.Queue = queue.Queue(maxsize=2)
+        self._thread = None
+        if background:
+            self._thread = threading.Thread(target=self._worker, name="deltasync-sharded", daemon=True)
+            self._thread.start()
+
+    # -- on the training thread ------------------------------------------
+    def _on_step(self, optimizer, args, kwargs) -> None:
+        self._raise_pending()
+        items = [(name, *_host_array(name, _local(p))) for name, p in self._blocks]
+        job = (self.next_version, items)
+        if self._background:
+            self._queue.put(job)
+        else:
+            self._run(job)
+            self._raise_pending()
+
+    def flush(self) -> None:
+        """Waits until every queued version is committed or refused; raises a failure."""
+        if self._background:
+            self._queue.join()
+        self._raise_pending()
+
+    def remove(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        try:
+            self.flush()
+        finally:
+            if self._thread is not None:
+                self._queue.put(None)
+                self._thread.join()
+                self._thread = None
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    # -- on the publishing thread ----------------------------------------
+    def _worker(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                self._run(job)
+            finally:
+                self._queue.task_done()
+
+    def _run(self, job) -> None:
+        version, items = job
+        receipt = None
+        if self._native is not None:
+            try:
+                if self.fail_next_publish:
+                    self.fail_next_publish = False
+                    raise RuntimeError(f"injected failure of part {self._part}")
+                receipt = self._native.publish(version, items)
+            except Exception as e:  # reported to the committer: the version must not commit
+                receipt = ("error", self._part, f"{type(e).__name__}: {e}")
+        gathered = [None] * dist.get_world_size() if self._rank == 0 else None
+        dist.gather_object(receipt, gathered, dst=0, group=self._group)
+        outcome = [None]
+        if self._rank == 0:
+            receipts, failure = [], None
+            for r in gathered:
+                if isinstance(r, tuple):
+                    failure = failure or f"part {r[1]} failed: {r[2]}"
+                elif r is not None:
+                    receipts.append(r)
+            if failure is None:
+                try:
+                    self.last_stats = self._committer.commit(version, receipts)
+                except Exception as e:
+                    failure = f"{type(e).__name__}: {e}"
+            outcome = [failure]
+        dist.broadcast_object_list(outcome, src=0, group=self._group)
+        failure = outcome[0]
+        if self._native is not None:
+            self._native.finish(failure is None)
+        if failure is None:
+            self.next_version = version + 1
+        else:
+            self._error = FailedPreconditionError(
+                f"version {version} was not committed to {self.publisher.bucket} (every rank rolled back): {failure}")
+
+
+def attach(model, optimizer, publisher: ShardedPublisher, params, *, start_version: int | None,
+           background: bool) -> ShardedHandle:
+    if not dist.is_available() or not dist.is_initialized():
+        raise FailedPreconditionError("attach() with a ShardedPublisher needs torch.distributed initialized on every rank")
+    rank = dist.get_rank()
+    # A dedicated gloo group: receipts cross it from the publishing thread
+    # without racing the trainer's own collectives.
+    group = dist.new_group(backend="gloo")
+    mine = []     # (name, dtype, global shape, offset, shape)
+    blocks = []   # (name, parameter)
+    for name, p in params:
+        block = _local_block(name, p, rank)
+        dtype = _published_dtype(name, p.dtype)
+        entry = (name, dtype, tuple(int(d) for d in p.shape))
+        if block is not None:
+            offset, shape, _ = block
+            mine.append(entry + (offset, shape))
+            blocks.append((name, p))
+        else:
+            mine.append(entry + (None, None))
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine, group=group)
+    # Every rank must hold the same parameters (pipeline stages holding
+    # disjoint layers cannot be mapped to one model).
+    names = {e[0]: e for e in mine}
+    for r, entries in enumerate(everyone):
+        theirs = {e[0]: e for e in entries}
+        for name in sorted(set(names) ^ set(theirs)):
+            raise InvalidArgumentError(
+                f"attach: parameter '{name}' is on rank {r if name in theirs else rank} but not on rank "
+                f"{rank if name in theirs else r}; every rank must hold (a shard of) every parameter "
+                "(pipeline stages cannot be published as parts)")
+        for name, e in theirs.items():
+            if e[1:3] != names[name][1:3]:
+                raise InvalidArgumentError(f"attach: parameter '{name}' is {names[name][1:3]} on rank {rank} "
+                                           f"but {e[1:3]} on rank {r}")
+    ordered = sorted(names)
+    index = {n: i for i, n in enumerate(ordered)}
+    tensors = [(n, names[n][1], list(names[n][2])) for n in ordered]
+    parts, part_of_rank = [], {}
+    for r, entries in enumerate(everyone):
+        part = sorted((index[e[0]], list(e[3]), list(e[4])) for e in entries if e[3] is not None)
+        if part:
+            part_of_rank[r] = len(parts)
+            parts.append(part)
+    handle = ShardedHandle(publisher, sorted(blocks, key=lambda b: b[0]), (tensors, parts), part_of_rank.get(rank),
+                           group, 0, background)
+    latest = [handle._committer.latest_version if rank == 0 else None]
+    dist.broadcast_object_list(latest, src=0, group=group)
+    if start_version is None:
+        start_version = latest[0] + 1
+    elif start_version <= latest[0]:
+        raise InvalidArgumentError(f"attach(start_version={start_version}): {publisher.bucket} already holds "
+                                   f"version {latest[0]}; leave start_version out to continue at {latest[0] + 1}")
+    handle.next_version = start_version
+    handle._hook = optimizer.register_step_post_hook(handle._on_step)
+    return handle

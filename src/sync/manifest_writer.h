@@ -1,0 +1,28 @@
+// Writing the manifest by compare-and-swap (internal to src/sync/): the
+// Publisher's and the PartCommitter's commit step.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "deltasync/manifest.h"
+#include "deltasync/status.h"
+#include "deltasync/store.h"
+
+namespace deltasync {
+
+// A random writer id: "<host>-<pid>-<64 random bits>" (WriterStamp::id).
+std::string NewWriterId();
+
+// Writes `next`, stamped with `writer_id`, over the manifest this writer read
+// as `current` (its store token `token`; nullopt: none yet), with
+// Store::PutIfUnchanged. A conflict is resolved when the manifest now is
+// this writer's own commit (a retried PUT that landed) or when another
+// writer only pruned versions (gc) and the newest version is still
+// `current`'s: then `next`'s new version is appended to the pruned list. On
+// success `current` and `token` become the written manifest; otherwise
+// kConflict (another publisher) or the store's error, and they are unchanged.
+Status CommitManifest(Store& store, const std::string& writer_id, Manifest& current,
+                      std::optional<std::string>& token, Manifest next);
+
+}  // namespace deltasync
