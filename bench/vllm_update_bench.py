@@ -16,6 +16,7 @@ what runs). Figures, not pass/fail.
 import argparse
 import gc
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -28,6 +29,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join([sys.path[0], *filter(None, [os.envir
 
 
 def main():
+    tmp = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
+    try:
+        run(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # ~1.2 GB at --layers 4
+
+
+def run(tmp):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--versions", type=int, default=3)
@@ -43,7 +52,6 @@ def main():
     import deltasync.torch as dt
     from deltasync.vllm import update_llm
 
-    tmp = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=args.layers,
                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=1024,
