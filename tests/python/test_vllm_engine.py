@@ -180,20 +180,28 @@ def test_trl_style_update_info_and_entry_points(tmp_path):
     assert dict(sparse.calls[-1][1]) == changed(published, 2, 4)
 
 
-def test_a_failed_delivery_makes_the_next_one_full(tmp_path):
+def test_a_failed_delivery_is_retried_full_and_the_status_tells_what_the_engine_holds(tmp_path):
     published = trained_bucket(tmp_path / "b", steps=4)
     rec = Recorder()
     engine = DeltaSyncEngine(str(tmp_path / "b"), load_weights=rec.load_weights, apply_patches=rec.apply_patches)
     engine.update_weights({"version": 1})
 
-    def broken(patches):
+    def broken(*args):
         raise RuntimeError("worker out of memory")
 
+    # Patches fail part-way: the same call delivers the whole version instead.
+    engine.update_weights({"version": 2}, apply_patches=broken, load_weights=rec.load_weights)
+    assert engine.version == 2 and engine.last_error == ""
+    assert rec.calls[-1][0] == "dense" and "out of memory" in engine.last_update["retried_full_after"]
+    assert_state(rec, published[2], 2)
+
+    # Both fail: raised, and the engine holds no known version (not the replica's 3).
     with pytest.raises(RuntimeError, match="out of memory"):
-        engine.update_weights({"version": 2}, apply_patches=broken, load_weights=rec.load_weights)
-    engine.update_weights({"version": 3})
-    assert rec.calls[-1][0] == "dense"
-    assert_state(rec, published[3], 3)
+        engine.update_weights({"version": 3}, apply_patches=broken, load_weights=broken)
+    assert engine.version == 0 and engine.replica.version == 3 and "out of memory" in engine.last_error
+    engine.update_weights({"version": 4})
+    assert rec.calls[-1][0] == "dense" and engine.version == 4
+    assert_state(rec, published[4], 4)
 
 
 def test_missing_version_and_bucket_are_errors(tmp_path):
@@ -243,12 +251,18 @@ def test_request_update_drives_the_control_plane():
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        request_update(f"http://127.0.0.1:{server.server_port}", 12, bucket="s3://b/run")
+        url = f"http://127.0.0.1:{server.server_port}"
+        request_update(url, 12, bucket="s3://b/run")
+        assert seen == [("/pause?mode=wait&clear_cache=true", {}),  # as TRL: clears the prefix cache
+                        ("/start_weight_update", {}),
+                        ("/update_weights", {"update_info": {"version": 12, "bucket": "s3://b/run"}}),
+                        ("/finish_weight_update", {}),
+                        ("/resume", {})]
+        seen.clear()
+        request_update(url, pause=None)
+        assert [p for p, _ in seen] == ["/start_weight_update", "/update_weights", "/finish_weight_update"]
     finally:
         server.shutdown()
-    assert seen == [("/start_weight_update", {}),
-                    ("/update_weights", {"update_info": {"version": 12, "bucket": "s3://b/run"}}),
-                    ("/finish_weight_update", {})]
 
 
 def test_module_imports_without_vllm():

