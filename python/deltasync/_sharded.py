@@ -220,6 +220,27 @@ class ShardedHandle:
                 f"version {version} was not committed to {self.publisher.bucket} (every rank rolled back): {failure}")
 
 
+def _on_every_rank(group, fn):
+    """fn() on every rank of `group`; when it raises on any rank, it raises on every rank.
+
+    The ranks exchange one short error text (or None) afterwards, so that a
+    rank that failed alone (a bucket it cannot open, say) does not leave the
+    others waiting in the next collective until the gloo timeout.
+    """
+    try:
+        result, error = fn(), None
+    except Exception as e:  # noqa: BLE001 - re-raised below, on every rank
+        result, error = None, e
+    texts: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(texts, None if error is None else f"{type(error).__name__}: {error}", group=group)
+    if error is not None:
+        raise error
+    for r, text in enumerate(texts):
+        if text is not None:
+            raise FailedPreconditionError(f"attach failed on rank {r}: {text}")
+    return result
+
+
 def attach(model, optimizer, publisher: ShardedPublisher, params, *, start_version: int | None,
            background: bool) -> ShardedHandle:
     if not dist.is_available() or not dist.is_initialized():
@@ -228,18 +249,23 @@ def attach(model, optimizer, publisher: ShardedPublisher, params, *, start_versi
     # A dedicated gloo group: receipts cross it from the publishing thread
     # without racing the trainer's own collectives.
     group = dist.new_group(backend="gloo")
-    mine = []     # (name, dtype, global shape, offset, shape)
-    blocks = []   # (name, parameter)
-    for name, p in params:
-        block = _local_block(name, p, rank)
-        dtype = _published_dtype(name, p.dtype)
-        entry = (name, dtype, tuple(int(d) for d in p.shape))
-        if block is not None:
-            offset, shape, _ = block
-            mine.append(entry + (offset, shape))
-            blocks.append((name, p))
-        else:
-            mine.append(entry + (None, None))
+
+    def map_blocks():
+        mine = []     # (name, dtype, global shape, offset, shape)
+        blocks = []   # (name, parameter)
+        for name, p in params:
+            block = _local_block(name, p, rank)
+            dtype = _published_dtype(name, p.dtype)
+            entry = (name, dtype, tuple(int(d) for d in p.shape))
+            if block is not None:
+                offset, shape, _ = block
+                mine.append(entry + (offset, shape))
+                blocks.append((name, p))
+            else:
+                mine.append(entry + (None, None))
+        return mine, blocks
+
+    mine, blocks = _on_every_rank(group, map_blocks)
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine, group=group)
     # Every rank must hold the same parameters (pipeline stages holding
@@ -265,8 +291,11 @@ def attach(model, optimizer, publisher: ShardedPublisher, params, *, start_versi
         if part:
             part_of_rank[r] = len(parts)
             parts.append(part)
-    handle = ShardedHandle(publisher, sorted(blocks, key=lambda b: b[0]), (tensors, parts), part_of_rank.get(rank),
-                           group, 0, background)
+    # Opening reads the bucket (and rebuilds this rank's blocks): it can fail
+    # on one rank alone, and the others must not wait for it in a collective.
+    handle = _on_every_rank(group, lambda: ShardedHandle(publisher, sorted(blocks, key=lambda b: b[0]),
+                                                         (tensors, parts), part_of_rank.get(rank), group, 0,
+                                                         background))
     latest = [handle._committer.latest_version if rank == 0 else None]
     dist.broadcast_object_list(latest, src=0, group=group)
     if start_version is None:

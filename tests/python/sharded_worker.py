@@ -88,9 +88,11 @@ def main():
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if scenario == "badbucket" and rank == 1:
+        bucket = "s3:" + bucket  # "s3:/tmp/...": refused on this rank alone, when its part publisher opens
     try:
         handle = dt.attach(model, optimizer, dt.ShardedPublisher(bucket, anchor_interval=4, threads=1))
-    except deltasync.InvalidArgumentError as e:
+    except (deltasync.InvalidArgumentError, deltasync.FailedPreconditionError) as e:
         with open(os.path.join(out, f"refused-{rank}.txt"), "w") as f:
             f.write(str(e))
         dist.destroy_process_group()

@@ -118,6 +118,18 @@ def test_parameters_not_on_every_rank_are_refused_at_attach(tmp_path):
     assert not (tmp_path / "bucket" / "manifest.json").exists()
 
 
+def test_a_bucket_one_rank_cannot_open_fails_attach_on_every_rank_at_once(tmp_path):
+    # Rank 1 alone cannot open its bucket: rank 0 must not wait for it in the
+    # next collective (gloo's timeout is 30 minutes); both raise at attach.
+    out = tmp_path / "out"
+    started = time.monotonic()
+    run_job("badbucket", 2, str(tmp_path / "bucket"), out)
+    assert time.monotonic() - started < 200
+    assert "is not a bucket URL" in (out / "refused-1.txt").read_text()
+    assert "attach failed on rank 1: InvalidArgumentError" in (out / "refused-0.txt").read_text()
+    assert "is not a bucket URL" in (out / "refused-0.txt").read_text()
+
+
 def test_a_sigkilled_rank_commits_nothing_and_the_restarted_job_continues(tmp_path):
     bucket = str(tmp_path / "bucket")
     out = tmp_path / "first"
