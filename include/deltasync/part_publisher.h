@@ -106,6 +106,8 @@ class PartPublisher {
   PartPublisher() = default;
   DetectOptions Detection() const;
   Status CheckBlocks(std::span<const TensorView> blocks) const;
+  // A receipt naming this part of `version` (version, part, parts, layout).
+  PartReceipt NewReceipt(uint64_t version) const;
   Result<PartReceipt> PublishDelta(uint64_t version, std::span<const TensorView> blocks, bool anchor);
 
   std::shared_ptr<Store> store_;

@@ -136,6 +136,8 @@ class Replica {
   Replica(std::shared_ptr<Store> store, ReplicaOptions options)
       : store_(std::move(store)), options_(options) {}
   Result<Blob> FetchVerified(const ObjectEntry& object, UpdateStats& stats);
+  // Every part of a parted object, fetched in parallel (see *bad_part below).
+  Result<std::vector<Blob>> FetchVerifiedParts(const ObjectEntry& object, UpdateStats& stats, size_t* bad_part);
   // For a parted version's object, *bad_part is the part to blame for a
   // failure (SIZE_MAX: none in particular).
   Status LoadAnchor(const VersionEntry& entry, const ObjectEntry& object, UpdateStats& stats, size_t* bad_part);

@@ -162,6 +162,15 @@ Status PartPublisher::CheckBlocks(std::span<const TensorView> blocks) const {
   return Status::OK();
 }
 
+PartReceipt PartPublisher::NewReceipt(uint64_t version) const {
+  PartReceipt r;
+  r.version = version;
+  r.part = part_;
+  r.parts = static_cast<uint32_t>(layout_.parts.size());
+  r.layout = digest_;
+  return r;
+}
+
 Result<PartReceipt> PartPublisher::Publish(uint64_t version, std::span<const TensorView> blocks) {
   if (pending_) {
     return Status::FailedPrecondition(V(pending_->version) + " of part " + std::to_string(part_) +
@@ -179,11 +188,7 @@ Result<PartReceipt> PartPublisher::Publish(uint64_t version, std::span<const Ten
   const std::string key = PartAnchorKey(version, part_, layout_.parts.size());
   DS_RETURN_IF_ERROR(store_->Put(key, encoded.parts).WithContext("publishing part " + std::to_string(part_) + " of " +
                                                                   V(version) + " to " + store_->Describe()));
-  PartReceipt r;
-  r.version = version;
-  r.part = part_;
-  r.parts = static_cast<uint32_t>(layout_.parts.size());
-  r.layout = digest_;
+  PartReceipt r = NewReceipt(version);
   r.state_hash = hash;
   r.changed_elements = first.total_elements();
   r.objects.push_back({PatchKind::kAnchor, key, encoded.size, Xxh3Hex(encoded.parts), 0});
@@ -266,11 +271,7 @@ Result<PartReceipt> PartPublisher::PublishDelta(uint64_t version, std::span<cons
                          store_->Describe());
   };
 
-  PartReceipt r;
-  r.version = version;
-  r.part = part_;
-  r.parts = static_cast<uint32_t>(layout_.parts.size());
-  r.layout = digest_;
+  PartReceipt r = NewReceipt(version);
   r.base_version = latest_;
   r.state_hash = next;
   r.changed_elements = changed;

@@ -213,6 +213,15 @@ Result<Blob> Replica::FetchVerified(const ObjectEntry& object, UpdateStats& stat
   return blob;
 }
 
+Result<std::vector<Blob>> Replica::FetchVerifiedParts(const ObjectEntry& object, UpdateStats& stats,
+                                                      size_t* bad_part) {
+  Stopwatch clock;
+  Result<std::vector<Blob>> parts =
+      replay::FetchParts(*store_, object, options_.threads, &stats.bytes_downloaded, bad_part);
+  stats.download_ms += clock.ElapsedMs();
+  return parts;
+}
+
 Status Replica::LoadAnchor(const VersionEntry& entry, const ObjectEntry& object, UpdateStats& stats,
                           size_t* bad_part) {
   auto fail = [&](const Status& s) { return s.WithContext("loading anchor of " + V(entry.version)); };
@@ -220,10 +229,7 @@ Status Replica::LoadAnchor(const VersionEntry& entry, const ObjectEntry& object,
   Stopwatch clock;
   if (object.parted()) {
     const PartLayout* layout = manifest_.LayoutOf(entry);
-    Stopwatch download;
-    Result<std::vector<Blob>> parts =
-        replay::FetchParts(*store_, object, options_.threads, &stats.bytes_downloaded, bad_part);
-    stats.download_ms += download.ElapsedMs();
+    Result<std::vector<Blob>> parts = FetchVerifiedParts(object, stats, bad_part);
     if (!parts.ok()) return fail(parts.status());
     clock = Stopwatch();
     anchor = replay::CheckPartedAnchor(std::move(*parts), entry, object, *layout, options_.threads, bad_part);
@@ -268,10 +274,7 @@ Status Replica::ApplyDelta(const VersionEntry& entry, const ObjectEntry& object,
   Result<replay::CheckedDelta> delta = Status::Internal("unset");
   Stopwatch clock;
   if (object.parted()) {
-    Stopwatch download;
-    Result<std::vector<Blob>> parts =
-        replay::FetchParts(*store_, object, options_.threads, &stats.bytes_downloaded, bad_part);
-    stats.download_ms += download.ElapsedMs();
+    Result<std::vector<Blob>> parts = FetchVerifiedParts(object, stats, bad_part);
     if (!parts.ok()) return fail(parts.status());
     clock = Stopwatch();
     delta = replay::CheckPartedDelta(std::move(*parts), entry, object, *manifest_.LayoutOf(entry), state_, state_hash_,
