@@ -229,40 +229,123 @@ HWY_INLINE unsigned SelectBit(uint64_t x, uint64_t r) {
   }
 }
 
-void ClassWalk16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint64_t* HWY_RESTRICT rem,
-                     uint64_t* HWY_RESTRICT g, const uint64_t* HWY_RESTRICT gaps, const uint64_t* HWY_RESTRICT end,
-                     uint64_t* HWY_RESTRICT hits) {
-  const hn::ScalableTag<uint32_t> d32;
-  const hn::Rebind<uint16_t, decltype(d32)> d16;
-  const hn::Rebind<uint8_t, decltype(d32)> d8;
-  const size_t N = hn::Lanes(d32);
-  HWY_ALIGN uint8_t cls[kScanBlock];
-  n = std::min(n, kScanBlock);
+// The class byte (compact::ClassOf) of each of n <= kScanBlock elements,
+// kNoClass after them up to a whole word. u16 lanes: class = min(exponent
+// -sat 112, 15), demoted to bytes.
+HWY_INLINE void ClassBytes16(const uint16_t* HWY_RESTRICT data, size_t n, uint8_t* HWY_RESTRICT cls) {
+  const hn::ScalableTag<uint16_t> d16;
+  const hn::RebindToSigned<decltype(d16)> di16;
+  const hn::Rebind<uint8_t, decltype(d16)> d8;
+  const size_t N = hn::Lanes(d16);
+  const auto c112 = hn::Set(d16, 112), c15 = hn::Set(d16, 15), ff = hn::Set(d16, 0xFF);
   size_t i = 0;
-  for (; i + N <= n; i += N) hn::StoreU(ClassBytes(d32, hn::PromoteTo(d32, hn::LoadU(d16, data + i))), d8, cls + i);
+  for (; i + N <= n; i += N) {
+    const auto c = hn::Min(hn::SaturatedSub(hn::And(hn::ShiftRight<7>(hn::LoadU(d16, data + i)), ff), c112), c15);
+    hn::StoreU(hn::DemoteTo(d8, hn::BitCast(di16, c)), d8, cls + i);
+  }
   for (; i < n; ++i) cls[i] = static_cast<uint8_t>(compact::ClassOf(bf16::LoadElement(data, i)));
   std::memset(cls + n, kNoClass, (n + 63) / 64 * 64 - n);
-  for (size_t w = 0; w < (n + 63) / 64; ++w) {
-    uint64_t mask[kScanClasses];
-    ClassMasks(cls + 64 * w, mask);
-    uint64_t word_hits = 0;
-    for (int c = 0; c < kScanClasses; ++c) {
-      uint64_t bits = mask[c];
-      for (;;) {
-        const uint64_t here = static_cast<uint64_t>(__builtin_popcountll(bits));
-        if (rem[c] >= here) {
-          rem[c] -= here;  // from ~0 it never reaches a word's count within n < 2^60 elements
-          break;
+}
+
+// Per class that still has changes: its elements' mask in each word and
+// their running count at each word (so a class without a change in the
+// block costs one subtraction), then each change inside the block in a few
+// branch-free steps: its word by a binary search of the running counts, its
+// bit by SelectBit. No branch depends on where the changes are, except the
+// loop over a class's changes inside the block.
+void ClassWalk16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint64_t* HWY_RESTRICT rem,
+                     uint64_t* HWY_RESTRICT g, const uint64_t* HWY_RESTRICT ranks, const uint64_t* HWY_RESTRICT end,
+                     uint64_t* HWY_RESTRICT hits) {
+  const hn::ScalableTag<uint8_t> d8;
+  const size_t N8 = hn::Lanes(d8);
+  constexpr size_t kMax = HWY_MAX_BYTES;
+  HWY_ALIGN uint8_t cls[kScanBlock];
+  n = std::min(n, kScanBlock);
+  ClassBytes16(data, n, cls);
+  const size_t words = (n + 63) / 64;
+  std::memset(hits, 0, words * sizeof(uint64_t));
+  HWY_ALIGN uint64_t mask[kScanWords];
+  // before[w]: class elements in words [0, w); padded with the total so the
+  // binary search over 16 entries needs no bound check.
+  uint32_t before[kScanWords + 1];
+  for (int c = 0; c < kScanClasses; ++c) {
+    if (g[c] >= end[c]) continue;  // no change left in this class (rem is ~0)
+    const auto want = hn::Set(d8, static_cast<uint8_t>(c));
+    uint32_t total = 0;
+    for (size_t w = 0; w < words; ++w) {
+      if (N8 >= 8) {
+        HWY_ALIGN uint8_t bits[8 + kMax / 8] = {};
+        for (size_t i = 0; i < 64; i += N8) {
+          hn::StoreMaskBits(d8, hn::Eq(hn::LoadU(d8, cls + 64 * w + i), want), bits + i / 8);
         }
-        const unsigned at = SelectBit(bits, rem[c]);
-        word_hits |= uint64_t{1} << at;
-        bits = at == 63 ? 0 : bits & (~uint64_t{0} << (at + 1));  // the class elements after it
-        ++g[c];
-        rem[c] = g[c] < end[c] ? gaps[g[c]] : ~uint64_t{0};
+        std::memcpy(&mask[w], bits, 8);
+      } else {
+        uint64_t m = 0;
+        for (size_t k = 0; k < 64; ++k) m |= static_cast<uint64_t>(cls[64 * w + k] == c) << k;
+        mask[w] = m;
       }
+      before[w] = total;
+      total += static_cast<uint32_t>(__builtin_popcountll(mask[w]));
     }
-    hits[w] = word_hits;
+    uint64_t r = rem[c];
+    if (r >= total) {
+      rem[c] = r - total;
+      continue;
+    }
+    for (size_t w = words; w <= kScanWords; ++w) before[w] = total;
+    uint64_t gc = g[c];
+    const uint64_t ec = end[c];
+    while (r < total) {
+      // The last word whose running count is <= r.
+      size_t w = 0;
+      for (size_t step = kScanWords / 2; step >= 1; step /= 2) w += before[w + step] <= r ? step : 0;
+      const unsigned at = SelectBit(mask[w], r - before[w]);
+      hits[w] |= uint64_t{1} << at;
+      if (++gc >= ec) {
+        r = ~uint64_t{0};
+        break;
+      }
+      r += ranks[gc] - ranks[gc - 1];  // the next change, r + 1 + its gap (ranks ascend, < 2^63)
+    }
+    g[c] = gc;
+    rem[c] = r == ~uint64_t{0} ? r : r - total;
   }
+}
+
+// Class bytes of a block (u16 lanes: e = exponent, class = min(e -sat 112,
+// 15)), then per class one compare and subtract per vector of bytes into
+// byte counters, summed before they can wrap.
+void ClassCounts16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint64_t* HWY_RESTRICT counts) {
+#if HWY_TARGET == HWY_SCALAR
+  for (size_t i = 0; i < n; ++i) ++counts[compact::ClassOf(bf16::LoadElement(data, i))];
+#else
+  const hn::ScalableTag<uint16_t> d16;
+  const hn::Repartition<uint8_t, decltype(d16)> d8;
+  const hn::Repartition<uint64_t, decltype(d16)> d64;
+  const size_t N16 = hn::Lanes(d16), N8 = hn::Lanes(d8);
+  constexpr size_t kBlock = 2048;  // <= 255 vectors of bytes even at 16 lanes
+  HWY_ALIGN uint8_t cls[kBlock];
+  const auto c112 = hn::Set(d16, 112), c15 = hn::Set(d16, 15), ff = hn::Set(d16, 0xFF);
+  for (size_t start = 0; start < n; start += kBlock) {
+    const size_t len = std::min(kBlock, n - start);
+    const uint16_t* p = data + start;
+    // Two vectors of u16 classes (< 16) make one vector of bytes: the
+    // second's shifted into the high bytes. Order does not matter here.
+    size_t i = 0, b = 0;
+    for (; i + 2 * N16 <= len; i += 2 * N16, b += N8) {
+      const auto lo = hn::Min(hn::SaturatedSub(hn::And(hn::ShiftRight<7>(hn::LoadU(d16, p + i)), ff), c112), c15);
+      const auto hi = hn::Min(hn::SaturatedSub(hn::And(hn::ShiftRight<7>(hn::LoadU(d16, p + i + N16)), ff), c112), c15);
+      hn::Store(hn::BitCast(d8, hn::Or(lo, hn::ShiftLeft<8>(hi))), d8, cls + b);
+    }
+    for (; i < len; ++i) ++counts[compact::ClassOf(bf16::LoadElement(p, i))];
+    for (int c = 0; c < kScanClasses; ++c) {
+      const auto want = hn::Set(d8, static_cast<uint8_t>(c));
+      auto acc = hn::Zero(d8);
+      for (size_t k = 0; k < b; k += N8) acc = hn::Sub(acc, hn::VecFromMask(d8, hn::Eq(hn::Load(d8, cls + k), want)));
+      counts[c] += hn::GetLane(hn::SumOfLanes(d64, hn::SumsOf8(acc)));
+    }
+  }
+#endif
 }
 
 size_t ScanCompactSpanImpl(const CompactScanSpan& span, CompactScanState& state) {
@@ -277,10 +360,15 @@ namespace deltasync::kernels {
 
 HWY_EXPORT(ScanCompactSpanImpl);
 HWY_EXPORT(ClassWalk16Impl);
+HWY_EXPORT(ClassCounts16Impl);
 
-void ClassWalk16(const uint16_t* data, size_t n, uint64_t* rem, uint64_t* g, const uint64_t* gaps,
+void ClassWalk16(const uint16_t* data, size_t n, uint64_t* rem, uint64_t* g, const uint64_t* ranks,
                  const uint64_t* end, uint64_t* hits) {
-  HWY_DYNAMIC_DISPATCH(ClassWalk16Impl)(data, n, rem, g, gaps, end, hits);
+  HWY_DYNAMIC_DISPATCH(ClassWalk16Impl)(data, n, rem, g, ranks, end, hits);
+}
+
+void ClassCounts16(const uint16_t* data, size_t n, uint64_t* counts) {
+  HWY_DYNAMIC_DISPATCH(ClassCounts16Impl)(data, n, counts);
 }
 
 size_t ScanCompactSpan(const CompactScanSpan& span, CompactScanState& state) {

@@ -89,13 +89,20 @@ void HashTermDiffs(const uint64_t* index, const uint64_t* new_bits, const uint64
 // --- compact codec: exponent classes --------------------------------------
 
 // The compact decoder's walk over n <= 1024 base elements at `data`: per
-// exponent class c (compact::ClassOf), rem[c] class-c elements are skipped
-// before the next change; a change's element gets its bit in
-// hits[(offset) / 64], then rem[c] = gaps[g[c]] after ++g[c], or ~0 once
-// g[c] reaches end[c]. Writes ceil(n / 64) hit words; rem and g carry over
-// to the next call. The changes' classes follow from their base elements.
-void ClassWalk16(const uint16_t* data, size_t n, uint64_t* rem, uint64_t* g, const uint64_t* gaps,
+// exponent class c (compact::ClassOf) that has changes left (g[c] <
+// end[c]), rem[c] class-c elements are skipped before change g[c]; that
+// change's element gets its bit in hits[(offset) / 64], then ++g[c] and
+// rem[c] = ranks[g[c]] - ranks[g[c] - 1] - 1 (the gap to the next change of
+// the class; ranks strictly ascending within a class, below 2^63), or ~0
+// once g[c] reaches end[c]. Writes ceil(n / 64) hit words; rem and g carry
+// over to the next call. The changes' classes follow from their base
+// elements.
+void ClassWalk16(const uint16_t* data, size_t n, uint64_t* rem, uint64_t* g, const uint64_t* ranks,
                  const uint64_t* end, uint64_t* hits);
+
+// Adds to counts[c] how many of the n bf16 elements at `data` are of
+// exponent class c (compact::ClassOf): the decoder's counting pass.
+void ClassCounts16(const uint16_t* data, size_t n, uint64_t* counts);
 
 // --- targets (tests and benchmarks) ----------------------------------------
 

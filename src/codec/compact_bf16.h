@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "deltasync/compact.h"
 #include "deltasync/patch.h"
 #include "deltasync/state_hash.h"
 #include "deltasync/status.h"
@@ -80,6 +81,15 @@ Status EncodeTensorStream(const TensorChanges& changes, const WeightState::Tenso
 Result<EncodedPatch> AssembleCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                           uint64_t base_total_elements, std::span<const std::string> names,
                                           std::vector<std::vector<uint8_t>> streams, uint64_t changed);
+
+// The decoder rebuilds positions in chunks of this many elements of a
+// tensor, all chunks in parallel (compact_decode.cc).
+inline constexpr uint64_t kDecodeChunkElements = uint64_t{1} << 18;
+
+// DecodeCompactDelta with chunks of `chunk_elements` (>= 1; tests use tiny
+// ones). The result does not depend on it or on `threads`.
+Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, const WeightState& base,
+                                               const StateHash& base_hash, int threads, uint64_t chunk_elements);
 
 }  // namespace deltasync::compact
 

@@ -14,6 +14,7 @@
 #include "bf16/compact_scan.h"
 #include "bf16/simd_kernels.h"
 #include "codec/compact_bf16.h"
+#include "codec/compact_rice.h"
 #include "codec/compact_streams.h"
 #include "codec/patch_metadata.h"
 #include "common/parallel.h"
@@ -24,6 +25,7 @@ namespace {
 
 namespace pm = patchmeta;
 using compact::PutBlock;
+using compact::PutRiceGaps;
 using compact::PutVarint;
 using compact::Reader;
 
@@ -52,116 +54,6 @@ constexpr std::array<uint8_t, 256> kClassOfExponent = [] {
   for (int e = 0; e < 256; ++e) t[e] = static_cast<uint8_t>(e <= 112 ? 0 : e >= 127 ? 15 : e - 112);
   return t;
 }();
-
-// Gaps (bf16 mode) are Rice-coded per class in blocks of up to kRiceBlock
-// gaps, each block with its own parameter k (6 bits): q = gap >> k in unary
-// (q one bits, a zero bit) and then k low bits; q >= kUnaryEscape is written
-// as kUnaryEscape one bits, the gap's bit width L (7 bits) and its L bits.
-// Near the entropy of geometric gaps, and blocks follow the change rate
-// along a tensor (rows with large gradients change more often).
-constexpr size_t kRiceBlock = 1024;
-constexpr int kMaxRiceK = 56;
-constexpr int kUnaryEscape = 31;
-
-int BitWidth(uint64_t v) { return v ? 64 - __builtin_clzll(v) : 0; }
-
-uint64_t RiceBits(uint64_t gap, int k) {
-  const uint64_t q = gap >> k;
-  return q < kUnaryEscape ? q + 1 + static_cast<uint64_t>(k) : kUnaryEscape + 7 + BitWidth(gap);
-}
-
-void PutRice(compact::BitWriter& w, uint64_t gap, int k) {
-  const uint64_t q = gap >> k;
-  if (q < kUnaryEscape) {
-    // q ones, a zero, then the k low bits; one write when it fits.
-    const uint64_t unary = (uint64_t{1} << q) - 1;
-    if (q + 1 + k <= 56) {
-      const uint64_t low = k == 0 ? 0 : gap & ((uint64_t{1} << k) - 1);
-      w.Put(unary | (low << (q + 1)), static_cast<int>(q) + 1 + k);
-    } else {
-      w.Put(unary, static_cast<int>(q) + 1);
-      w.Put(gap, k);
-    }
-  } else {
-    w.Put((uint64_t{1} << kUnaryEscape) - 1, kUnaryEscape);
-    w.Put(static_cast<uint64_t>(BitWidth(gap)), 7);
-    w.Put(gap, BitWidth(gap));
-  }
-}
-
-// The sum of RiceBits(gaps[i], k) over n gaps whose largest is max_gap. A
-// gap takes (gap >> k) + 1 + k bits unless escaped; the sum of shifts is a
-// loop the compiler vectorises, and escapes (rare) are corrected one by one
-// (mod 2^64: the corrections undo any wrap of the plain sum).
-uint64_t RiceCost(const uint64_t* gaps, size_t n, int k, uint64_t max_gap) {
-  uint64_t q = 0;
-  for (size_t i = 0; i < n; ++i) q += gaps[i] >> k;
-  uint64_t bits = q + n * static_cast<uint64_t>(1 + k);
-  if ((max_gap >> k) >= kUnaryEscape) {
-    for (size_t i = 0; i < n; ++i) {
-      if ((gaps[i] >> k) >= kUnaryEscape) bits += RiceBits(gaps[i], k) - ((gaps[i] >> k) + 1 + static_cast<uint64_t>(k));
-    }
-  }
-  return bits;
-}
-
-void PutRiceGaps(compact::BitWriter& w, uint64_t count, compact::GapSource& source) {
-  uint64_t gaps[kRiceBlock];
-  for (uint64_t done = 0; done < count;) {
-    const size_t e = source.Next(gaps, static_cast<size_t>(std::min<uint64_t>(kRiceBlock, count - done)));
-    if (e == 0) break;  // a source shorter than its count (never, for the two encoders' sources)
-    done += e;
-    double sum = 0;
-    uint64_t max_gap = 0;
-    for (size_t i = 0; i < e; ++i) {
-      sum += static_cast<double>(gaps[i]);
-      max_gap = std::max(max_gap, gaps[i]);
-    }
-    // A geometric source's best k is about log2(mean x ln 2); the exact cost
-    // decides among it and its neighbours.
-    const double scaled = sum / static_cast<double>(e) * 0.6931471805599453;
-    const int guess = scaled >= 1 ? std::min(kMaxRiceK, static_cast<int>(std::log2(scaled))) : 0;
-    // The three candidates' costs in one pass (k = guess - 1 only when >= 0).
-    const int lo = std::max(0, guess - 1), hi = std::min(kMaxRiceK, guess + 1);
-    const uint64_t cost[3] = {RiceCost(gaps, e, lo, max_gap), RiceCost(gaps, e, lo + 1 <= hi ? lo + 1 : lo, max_gap),
-                              RiceCost(gaps, e, hi, max_gap)};
-    int best_k = lo;
-    uint64_t best_bits = cost[0];
-    if (lo + 1 <= hi && cost[1] < best_bits) best_bits = cost[1], best_k = lo + 1;
-    if (cost[2] < best_bits) best_bits = cost[2], best_k = hi;
-    w.Put(static_cast<uint64_t>(best_k), 6);
-    for (size_t i = 0; i < e; ++i) PutRice(w, gaps[i], best_k);
-  }
-}
-
-// Reads `count` gaps of one class into `out`; nullopt-style error text.
-std::optional<std::string> GetRiceGaps(compact::BitReader& r, uint64_t count, uint64_t* out) {
-  for (uint64_t b = 0; b < count; b += kRiceBlock) {
-    std::optional<uint64_t> k = r.Get(6);
-    if (!k) return "truncated Rice parameter";
-    if (*k > kMaxRiceK) return "Rice parameter " + std::to_string(*k) + " above " + std::to_string(kMaxRiceK);
-    const int kk = static_cast<int>(*k);
-    const uint64_t e = std::min<uint64_t>(count, b + kRiceBlock);
-    for (uint64_t i = b; i < e; ++i) {
-      std::optional<int> q = r.Unary(kUnaryEscape);
-      if (!q) return "gap " + std::to_string(i) + " is truncated";
-      if (*q < kUnaryEscape) {
-        std::optional<uint64_t> low = r.Get(kk);
-        if (!low) return "gap " + std::to_string(i) + " is truncated";
-        out[i] = (static_cast<uint64_t>(*q) << kk) | *low;
-        continue;
-      }
-      std::optional<uint64_t> width = r.Get(7);
-      std::optional<uint64_t> gap = width && *width <= 64 ? r.Get(static_cast<int>(*width)) : std::nullopt;
-      if (!gap) return "escaped gap " + std::to_string(i) + " is truncated or wider than 64 bits";
-      if ((*gap >> kk) < kUnaryEscape || BitWidth(*gap) != static_cast<int>(*width)) {
-        return "escaped gap " + std::to_string(i) + " is not canonical";
-      }
-      out[i] = *gap;
-    }
-  }
-  return std::nullopt;
-}
 
 // Hands out one vector's gaps.
 class VectorGaps final : public compact::GapSource {
@@ -295,139 +187,6 @@ Status Corrupt(const std::string& label, std::string_view tensor, const std::str
   return Status::Corruption(label + ": tensor '" + std::string(tensor) + "': " + msg);
 }
 
-Status DecodeTensor(const std::string& label, const TensorView& stream, const WeightState::Tensor& base,
-                    TensorChanges& c) {
-  auto bad = [&](const std::string& msg) { return Corrupt(label, stream.name, msg); };
-  Reader in(stream.data);
-  std::optional<uint8_t> version = in.Byte();
-  std::optional<uint8_t> mode = in.Byte();
-  if (!version || !mode) return bad("truncated stream header");
-  if (*version != kStreamVersion) return bad("unknown stream version " + std::to_string(*version));
-  const bool bf16 = base.dtype == DType::kBF16;
-  if (*mode != (bf16 ? kModeBf16 : kModeRaw)) {
-    return bad("mode " + std::to_string(*mode) + " does not fit base dtype " + std::string(DTypeName(base.dtype)));
-  }
-  const uint64_t n = base.num_elements();
-  std::optional<uint64_t> count = in.Varint();
-  if (!count) return bad("truncated or malformed count");
-  if (*count > n) return bad("count " + std::to_string(*count) + " exceeds the base's " + std::to_string(n) + " elements");
-  c.name = base.name;
-  c.dtype = base.dtype;
-  const size_t esize = DTypeSize(base.dtype);
-
-  std::array<uint64_t, kClasses + 1> class_begin{};  // class cl: changes [begin[cl], begin[cl+1])
-  if (bf16) {
-    for (int cl = 0; cl < kClasses; ++cl) {
-      std::optional<uint64_t> m = in.Varint();
-      if (!m || *m > *count - class_begin[cl]) return bad("class counts are malformed or exceed the count");
-      class_begin[cl + 1] = class_begin[cl] + *m;
-    }
-    if (class_begin[kClasses] != *count) return bad("class counts do not sum to the count");
-  }
-  std::vector<uint8_t> gap_bytes;
-  std::vector<uint64_t> gaps(*count);
-  if (bf16) {
-    // A Rice-coded gap takes at most 31 + 7 + 64 bits, each block 6 more.
-    const uint64_t max_bytes = (*count * 102 + (*count / kRiceBlock + kClasses) * 6) / 8 + 1;
-    if (auto err = compact::GetBlock(in, std::nullopt, max_bytes, gap_bytes)) return bad("gap block: " + *err);
-    compact::BitReader bits(gap_bytes);
-    for (int cl = 0; cl < kClasses; ++cl) {
-      if (auto err = GetRiceGaps(bits, class_begin[cl + 1] - class_begin[cl], gaps.data() + class_begin[cl])) {
-        return bad("class " + std::to_string(cl) + ": " + *err);
-      }
-    }
-    if (!bits.AtPaddedEnd()) return bad("trailing bits in the gap block");
-  } else {
-    // A gap varint takes at most 10 bytes.
-    if (auto err = compact::GetBlock(in, std::nullopt, *count * 10, gap_bytes)) return bad("gap block: " + *err);
-    Reader g(gap_bytes);
-    for (uint64_t k = 0; k < *count; ++k) {
-      std::optional<uint64_t> gap = g.Varint();
-      if (!gap) return bad("gap " + std::to_string(k) + " is truncated or malformed");
-      gaps[k] = *gap;
-    }
-    if (g.remaining() != 0) return bad(std::to_string(g.remaining()) + " trailing bytes in the gap block");
-  }
-
-  c.indices.resize(*count);
-  if (!bf16) {
-    uint64_t next = 0;
-    for (uint64_t k = 0; k < *count; ++k) {
-      if (next >= n || gaps[k] >= n - next) {  // next + gap >= n, without overflow
-        return bad("index at position " + std::to_string(k) + " is out of range (" + std::to_string(n) + " elements)");
-      }
-      c.indices[k] = next + gaps[k];
-      next = c.indices[k] + 1;
-    }
-    if (auto err = compact::GetBlock(in, *count * esize, 0, c.values)) return bad("value block: " + *err);
-  } else {
-    std::vector<uint8_t> diffs, escapes, class_diffs;
-    diffs.reserve(*count);
-    for (int cl = 0; cl < kClasses; ++cl) {
-      const uint64_t m = class_begin[cl + 1] - class_begin[cl];
-      if (m == 0) continue;
-      if (auto err = compact::GetBlock(in, m, 0, class_diffs)) {
-        return bad("diff block of class " + std::to_string(cl) + ": " + *err);
-      }
-      diffs.insert(diffs.end(), class_diffs.begin(), class_diffs.end());
-    }
-    const uint64_t n_escapes = static_cast<uint64_t>(std::count(diffs.begin(), diffs.end(), kEscape));
-    if (auto err = compact::GetBlock(in, 2 * n_escapes, 0, escapes)) return bad("escape block: " + *err);
-    // Per class: the next change's gap (g) and diff (p) cursors, its escape
-    // cursor (e), and how many more class elements to skip before the next
-    // change (rem; ~0 once the class is done).
-    std::array<uint64_t, kClasses> g, p, e, rem;
-    uint64_t esc = 0;
-    for (int cl = 0; cl < kClasses; ++cl) {
-      g[cl] = p[cl] = class_begin[cl];
-      e[cl] = esc;
-      esc += static_cast<uint64_t>(std::count(diffs.begin() + class_begin[cl], diffs.begin() + class_begin[cl + 1], kEscape));
-      rem[cl] = g[cl] < class_begin[cl + 1] ? gaps[g[cl]] : ~uint64_t{0};
-    }
-    c.values.resize(2 * *count);
-    const uint8_t* b = base.data.data();
-    // Block by block, in a SIMD kernel: the base's class masks say, per
-    // class, how many of its elements a 64-element word holds, so a class
-    // whose next change lies beyond the word skips it with one subtraction,
-    // and a change inside is the rem-th set bit of its class's mask. The
-    // word's changes are then emitted in element order.
-    constexpr size_t kWalkBlock = 1024;
-    std::array<uint64_t, kClasses> end;
-    for (int cl = 0; cl < kClasses; ++cl) end[cl] = class_begin[cl + 1];
-    uint64_t hit_words[kWalkBlock / 64];
-    uint64_t k = 0;
-    for (uint64_t start = 0; start < n && k < *count; start += kWalkBlock) {
-      const size_t len = static_cast<size_t>(std::min<uint64_t>(kWalkBlock, n - start));
-      kernels::ClassWalk16(reinterpret_cast<const uint16_t*>(b) + start, len, rem.data(), g.data(), gaps.data(),
-                           end.data(), hit_words);
-      for (size_t w = 0; w < (len + 63) / 64; ++w) {
-        uint64_t hits = hit_words[w];
-        for (; hits != 0; hits &= hits - 1) {
-          const uint64_t i = start + 64 * w + static_cast<uint64_t>(__builtin_ctzll(hits));
-          const uint16_t o = Load16(b + 2 * i);
-          const int cl = ClassOf(o);
-          const uint64_t j = p[cl]++;
-          uint16_t v;
-          if (diffs[j] == kEscape) {
-            v = Load16(escapes.data() + 2 * e[cl]++);
-          } else {
-            v = static_cast<uint16_t>(o + compact::UnZigZag(diffs[j]));
-          }
-          if (DiffByte(o, v) != diffs[j]) {  // canonical: an escape exactly when needed
-            return bad("element " + std::to_string(i) + ": non-canonical change code " + std::to_string(diffs[j]));
-          }
-          c.indices[k] = i;
-          std::memcpy(c.values.data() + 2 * k, &v, 2);
-          ++k;
-        }
-      }
-    }
-    if (k != *count) return bad("gaps run past the elements of their exponent class");
-  }
-  if (in.remaining() != 0) return bad(std::to_string(in.remaining()) + " trailing bytes after the last block");
-  return Status::OK();
-}
-
 Metadata BuildMetadata(const PatchInfo& info, const StateHash& base_hash, uint64_t params, uint64_t changed,
                        uint64_t total) {
   Metadata m;
@@ -443,12 +202,6 @@ Metadata BuildMetadata(const PatchInfo& info, const StateHash& base_hash, uint64
   m.emplace(pm::kBaseVersion, std::to_string(*info.base_version));
   m.emplace(kBaseStateHashKey, base_hash.Hex());
   return m;
-}
-
-std::string Show(std::string_view v) {
-  std::string out;
-  for (char ch : v.substr(0, 40)) out += (ch >= 0x20 && ch < 0x7f) ? ch : '?';
-  return "'" + out + (v.size() > 40 ? "...'" : "'");
 }
 
 }  // namespace
@@ -507,94 +260,6 @@ Result<EncodedPatch> compact::AssembleCompactDelta(const PatchInfo& info, const 
     if (part.empty()) continue;
     out.parts.push_back(part);
     out.size += part.size();
-  }
-  return out;
-}
-
-Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, const WeightState& base,
-                                        const StateHash& base_hash, int threads) {
-  const std::string& label = file.label();
-  auto bad = [&](const std::string& msg) { return Status::Corruption(label + ": " + msg); };
-  const Metadata& m = file.metadata();
-  auto get = [&](std::string_view key) -> const std::string* {
-    auto it = m.find(std::string(key));
-    return it == m.end() ? nullptr : &it->second;
-  };
-  auto expect = [&](std::string_view key, std::string_view want) -> Status {
-    const std::string* v = get(key);
-    if (!v) return bad("__metadata__ lacks '" + std::string(key) + "'");
-    if (*v != want) return bad("__metadata__ '" + std::string(key) + "' is " + Show(*v) + ", expected '" + std::string(want) + "'");
-    return Status::OK();
-  };
-  auto integer = [&](std::string_view key) -> Result<uint64_t> {
-    const std::string* v = get(key);
-    if (!v) return bad("__metadata__ lacks '" + std::string(key) + "'");
-    std::optional<uint64_t> x = pm::ParseDecimal(*v);
-    if (!x) return bad("__metadata__ '" + std::string(key) + "' is " + Show(*v) + ", not a non-negative integer");
-    return *x;
-  };
-  DS_RETURN_IF_ERROR(expect(pm::kFormat, pm::kFormatValue));
-  DS_RETURN_IF_ERROR(expect(pm::kVersion, pm::kVersionValue));
-  DS_RETURN_IF_ERROR(expect(pm::kEncoding, kCompactEncodingName));
-  DS_RETURN_IF_ERROR(expect(pm::kSparse, pm::kTrue));
-  CompactDelta out;
-  out.info.kind = PatchKind::kDelta;
-  DS_ASSIGN_OR_RETURN(out.info.model_version, integer(pm::kModelVersion));
-  DS_ASSIGN_OR_RETURN(uint64_t base_version, integer(pm::kBaseVersion));
-  if (base_version >= out.info.model_version) {
-    return bad("base version " + std::to_string(base_version) + " is not older than model_version " +
-               std::to_string(out.info.model_version));
-  }
-  out.info.base_version = base_version;
-  const std::string* hash_hex = get(kBaseStateHashKey);
-  if (!hash_hex) return bad("__metadata__ lacks '" + std::string(kBaseStateHashKey) + "'");
-  Result<StateHash> hash = StateHash::FromHex(*hash_hex);
-  if (!hash.ok()) return bad("__metadata__ '" + std::string(kBaseStateHashKey) + "' is " + Show(*hash_hex) + ", not 32 hex digits");
-  out.base_hash = *hash;
-  if (!(out.base_hash == base_hash)) {
-    return Status::FailedPrecondition(label + ": compact delta to version " + std::to_string(out.info.model_version) +
-                                      " applies to base version " + std::to_string(base_version) + " with state hash " +
-                                      out.base_hash.Hex() + ", but the given base has state hash " + base_hash.Hex());
-  }
-  DS_ASSIGN_OR_RETURN(out.info.total_elements, integer(pm::kTotalElements));
-  DS_ASSIGN_OR_RETURN(out.info.total_changed_elements, integer(pm::kTotalChangedElements));
-  DS_ASSIGN_OR_RETURN(out.info.num_changed_params, integer(pm::kNumChangedParams));
-  if (out.info.total_elements != base.total_elements()) {
-    return bad("total_elements " + std::to_string(out.info.total_elements) + " differs from the base's " +
-               std::to_string(base.total_elements()));
-  }
-
-  // Tensors, in name order; each `{param}.cmp` of a base tensor, U8, 1-D.
-  std::vector<const TensorView*> streams;
-  for (const TensorView& t : file.tensors()) streams.push_back(&t);
-  std::sort(streams.begin(), streams.end(), [](auto* a, auto* b) { return a->name < b->name; });
-  if (streams.size() != out.info.num_changed_params) {
-    return bad("num_changed_params " + std::to_string(out.info.num_changed_params) + " but " +
-               std::to_string(streams.size()) + " tensors");
-  }
-  std::vector<const WeightState::Tensor*> bases;
-  uint64_t stream_bytes = 0;
-  for (const TensorView* s : streams) {
-    const std::string& name = s->name;
-    if (name.size() <= kSuffix.size() || name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0) {
-      return Corrupt(label, name, "name does not end in '.cmp'");
-    }
-    if (s->dtype != DType::kU8 || s->shape.size() != 1) return Corrupt(label, name, "not a 1-D U8 tensor");
-    const WeightState::Tensor* t = base.Find(std::string_view(name).substr(0, name.size() - kSuffix.size()));
-    if (!t) return Corrupt(label, name, "names a tensor the base does not have");
-    bases.push_back(t);
-    stream_bytes += s->data.size();
-  }
-  out.changes.resize(streams.size());
-  std::vector<Status> errors(streams.size());
-  ParallelFor(streams.size(), stream_bytes >= kParallelMin ? threads : 1,
-              [&](size_t i) { errors[i] = DecodeTensor(label, *streams[i], *bases[i], out.changes[i]); });
-  for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
-  uint64_t changed = 0;
-  for (const TensorChanges& c : out.changes) changed += c.count();
-  if (changed != out.info.total_changed_elements) {
-    return bad("total_changed_elements " + std::to_string(out.info.total_changed_elements) + " but the tensors hold " +
-               std::to_string(changed));
   }
   return out;
 }
