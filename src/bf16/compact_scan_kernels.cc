@@ -247,15 +247,10 @@ HWY_INLINE void ClassBytes16(const uint16_t* HWY_RESTRICT data, size_t n, uint8_
   std::memset(cls + n, kNoClass, (n + 63) / 64 * 64 - n);
 }
 
-// Per class that still has changes: its elements' mask in each word and
-// their running count at each word (so a class without a change in the
-// block costs one subtraction), then each change inside the block in a few
-// branch-free steps: its word by a binary search of the running counts, its
-// bit by SelectBit. No branch depends on where the changes are, except the
-// loop over a class's changes inside the block.
-void ClassWalk16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint64_t* HWY_RESTRICT rem,
-                     uint64_t* HWY_RESTRICT g, const uint64_t* HWY_RESTRICT ranks, const uint64_t* HWY_RESTRICT end,
-                     uint64_t* HWY_RESTRICT hits) {
+// Per class in `classes`: its elements' mask in each word (one vector
+// compare of class bytes per word) and their running counts.
+void ClassMasks16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes, uint64_t* HWY_RESTRICT masks,
+                      uint32_t* HWY_RESTRICT before) {
   const hn::ScalableTag<uint8_t> d8;
   const size_t N8 = hn::Lanes(d8);
   constexpr size_t kMax = HWY_MAX_BYTES;
@@ -263,89 +258,83 @@ void ClassWalk16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint64_t* HWY_
   n = std::min(n, kScanBlock);
   ClassBytes16(data, n, cls);
   const size_t words = (n + 63) / 64;
-  std::memset(hits, 0, words * sizeof(uint64_t));
-  HWY_ALIGN uint64_t mask[kScanWords];
-  // before[w]: class elements in words [0, w); padded with the total so the
-  // binary search over 16 entries needs no bound check.
-  uint32_t before[kScanWords + 1];
   for (int c = 0; c < kScanClasses; ++c) {
-    if (g[c] >= end[c]) continue;  // no change left in this class (rem is ~0)
+    if (!(classes >> c & 1)) continue;
     const auto want = hn::Set(d8, static_cast<uint8_t>(c));
     uint32_t total = 0;
     for (size_t w = 0; w < words; ++w) {
+      uint64_t m = 0;
       if (N8 >= 8) {
         HWY_ALIGN uint8_t bits[8 + kMax / 8] = {};
         for (size_t i = 0; i < 64; i += N8) {
           hn::StoreMaskBits(d8, hn::Eq(hn::LoadU(d8, cls + 64 * w + i), want), bits + i / 8);
         }
-        std::memcpy(&mask[w], bits, 8);
+        std::memcpy(&m, bits, 8);
       } else {
-        uint64_t m = 0;
         for (size_t k = 0; k < 64; ++k) m |= static_cast<uint64_t>(cls[64 * w + k] == c) << k;
-        mask[w] = m;
       }
+      masks[w] = m;
       before[w] = total;
-      total += static_cast<uint32_t>(__builtin_popcountll(mask[w]));
-    }
-    uint64_t r = rem[c];
-    if (r >= total) {
-      rem[c] = r - total;
-      continue;
+      total += static_cast<uint32_t>(__builtin_popcountll(m));
     }
     for (size_t w = words; w <= kScanWords; ++w) before[w] = total;
-    uint64_t gc = g[c];
-    const uint64_t ec = end[c];
+    masks += kScanWords;
+    before += kScanWords + 1;
+  }
+}
+
+// Each change inside the block in a few branch-free steps: its word by a
+// binary search of the running counts, its bit by SelectBit, its value from
+// its diff byte.
+size_t ClassSelect16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
+                         const uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s,
+                         ClassWalkCursor& cur, uint64_t* HWY_RESTRICT hits, uint16_t* HWY_RESTRICT values) {
+  std::memset(hits, 0, kScanWords * sizeof(uint64_t));
+  size_t bad = n;
+  const uint64_t* HWY_RESTRICT ranks = s.ranks;
+  const uint8_t* HWY_RESTRICT diffs = s.diffs;
+  for (int c = 0; c < kScanClasses; ++c) {
+    if (!(classes >> c & 1)) continue;
+    const uint64_t* mask = masks;
+    const uint32_t* bef = before;
+    masks += kScanWords;
+    before += kScanWords + 1;
+    const uint64_t total = bef[kScanWords];
+    uint64_t r = cur.rem[c];
+    if (r >= total) {
+      if (r != ~uint64_t{0}) cur.rem[c] = r - total;
+      continue;
+    }
+    uint64_t gc = cur.g[c], ec = cur.e[c];
+    const uint64_t end = s.end[c];
     while (r < total) {
       // The last word whose running count is <= r.
       size_t w = 0;
-      for (size_t step = kScanWords / 2; step >= 1; step /= 2) w += before[w + step] <= r ? step : 0;
-      const unsigned at = SelectBit(mask[w], r - before[w]);
+      for (size_t step = kScanWords / 2; step >= 1; step /= 2) w += bef[w + step] <= r ? step : 0;
+      const unsigned at = SelectBit(mask[w], r - bef[w]);
       hits[w] |= uint64_t{1} << at;
-      if (++gc >= ec) {
+      const size_t i = 64 * w + at;
+      const uint16_t o = bf16::LoadElement(data, i);
+      const uint8_t d = diffs[gc];
+      uint16_t v;
+      if (HWY_UNLIKELY(d == compact::kEscape)) {
+        std::memcpy(&v, s.escapes + 2 * ec++, 2);
+      } else {
+        v = static_cast<uint16_t>(o + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));  // unzigzag
+      }
+      if (HWY_UNLIKELY(compact::DiffByte(o, v) != d)) bad = std::min(bad, i);
+      values[i] = v;
+      if (++gc >= end) {
         r = ~uint64_t{0};
         break;
       }
       r += ranks[gc] - ranks[gc - 1];  // the next change, r + 1 + its gap (ranks ascend, < 2^63)
     }
-    g[c] = gc;
-    rem[c] = r == ~uint64_t{0} ? r : r - total;
+    cur.g[c] = gc;
+    cur.e[c] = ec;
+    cur.rem[c] = r == ~uint64_t{0} ? r : r - total;
   }
-}
-
-// Class bytes of a block (u16 lanes: e = exponent, class = min(e -sat 112,
-// 15)), then per class one compare and subtract per vector of bytes into
-// byte counters, summed before they can wrap.
-void ClassCounts16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint64_t* HWY_RESTRICT counts) {
-#if HWY_TARGET == HWY_SCALAR
-  for (size_t i = 0; i < n; ++i) ++counts[compact::ClassOf(bf16::LoadElement(data, i))];
-#else
-  const hn::ScalableTag<uint16_t> d16;
-  const hn::Repartition<uint8_t, decltype(d16)> d8;
-  const hn::Repartition<uint64_t, decltype(d16)> d64;
-  const size_t N16 = hn::Lanes(d16), N8 = hn::Lanes(d8);
-  constexpr size_t kBlock = 2048;  // <= 255 vectors of bytes even at 16 lanes
-  HWY_ALIGN uint8_t cls[kBlock];
-  const auto c112 = hn::Set(d16, 112), c15 = hn::Set(d16, 15), ff = hn::Set(d16, 0xFF);
-  for (size_t start = 0; start < n; start += kBlock) {
-    const size_t len = std::min(kBlock, n - start);
-    const uint16_t* p = data + start;
-    // Two vectors of u16 classes (< 16) make one vector of bytes: the
-    // second's shifted into the high bytes. Order does not matter here.
-    size_t i = 0, b = 0;
-    for (; i + 2 * N16 <= len; i += 2 * N16, b += N8) {
-      const auto lo = hn::Min(hn::SaturatedSub(hn::And(hn::ShiftRight<7>(hn::LoadU(d16, p + i)), ff), c112), c15);
-      const auto hi = hn::Min(hn::SaturatedSub(hn::And(hn::ShiftRight<7>(hn::LoadU(d16, p + i + N16)), ff), c112), c15);
-      hn::Store(hn::BitCast(d8, hn::Or(lo, hn::ShiftLeft<8>(hi))), d8, cls + b);
-    }
-    for (; i < len; ++i) ++counts[compact::ClassOf(bf16::LoadElement(p, i))];
-    for (int c = 0; c < kScanClasses; ++c) {
-      const auto want = hn::Set(d8, static_cast<uint8_t>(c));
-      auto acc = hn::Zero(d8);
-      for (size_t k = 0; k < b; k += N8) acc = hn::Sub(acc, hn::VecFromMask(d8, hn::Eq(hn::Load(d8, cls + k), want)));
-      counts[c] += hn::GetLane(hn::SumOfLanes(d64, hn::SumsOf8(acc)));
-    }
-  }
-#endif
+  return bad;
 }
 
 size_t ScanCompactSpanImpl(const CompactScanSpan& span, CompactScanState& state) {
@@ -359,16 +348,16 @@ HWY_AFTER_NAMESPACE();
 namespace deltasync::kernels {
 
 HWY_EXPORT(ScanCompactSpanImpl);
-HWY_EXPORT(ClassWalk16Impl);
-HWY_EXPORT(ClassCounts16Impl);
+HWY_EXPORT(ClassMasks16Impl);
+HWY_EXPORT(ClassSelect16Impl);
 
-void ClassWalk16(const uint16_t* data, size_t n, uint64_t* rem, uint64_t* g, const uint64_t* ranks,
-                 const uint64_t* end, uint64_t* hits) {
-  HWY_DYNAMIC_DISPATCH(ClassWalk16Impl)(data, n, rem, g, ranks, end, hits);
+void ClassMasks16(const uint16_t* data, size_t n, uint32_t classes, uint64_t* masks, uint32_t* before) {
+  HWY_DYNAMIC_DISPATCH(ClassMasks16Impl)(data, n, classes, masks, before);
 }
 
-void ClassCounts16(const uint16_t* data, size_t n, uint64_t* counts) {
-  HWY_DYNAMIC_DISPATCH(ClassCounts16Impl)(data, n, counts);
+size_t ClassSelect16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data,
+                     size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur, uint64_t* hits, uint16_t* values) {
+  return HWY_DYNAMIC_DISPATCH(ClassSelect16Impl)(masks, before, classes, data, n, s, cur, hits, values);
 }
 
 size_t ScanCompactSpan(const CompactScanSpan& span, CompactScanState& state) {

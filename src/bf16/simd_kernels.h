@@ -88,21 +88,38 @@ void HashTermDiffs(const uint64_t* index, const uint64_t* new_bits, const uint64
 
 // --- compact codec: exponent classes --------------------------------------
 
-// The compact decoder's walk over n <= 1024 base elements at `data`: per
-// exponent class c (compact::ClassOf) that has changes left (g[c] <
-// end[c]), rem[c] class-c elements are skipped before change g[c]; that
-// change's element gets its bit in hits[(offset) / 64], then ++g[c] and
-// rem[c] = ranks[g[c]] - ranks[g[c] - 1] - 1 (the gap to the next change of
-// the class; ranks strictly ascending within a class, below 2^63), or ~0
-// once g[c] reaches end[c]. Writes ceil(n / 64) hit words; rem and g carry
-// over to the next call. The changes' classes follow from their base
-// elements.
-void ClassWalk16(const uint16_t* data, size_t n, uint64_t* rem, uint64_t* g, const uint64_t* ranks,
-                 const uint64_t* end, uint64_t* hits);
-
-// Adds to counts[c] how many of the n bf16 elements at `data` are of
-// exponent class c (compact::ClassOf): the decoder's counting pass.
-void ClassCounts16(const uint16_t* data, size_t n, uint64_t* counts);
+// The compact decoder's walk, in two halves per block of n <= 1024 base
+// elements (so that a chunk's class counts are known before any of its
+// changes is placed):
+//  - ClassMasks16: for each exponent class c (compact::ClassOf) whose bit
+//    is set in `classes`, in ascending order, slot by slot: masks[16 s + w]
+//    = which of the elements of word w (64 elements; past n none) are of
+//    class c, and before[17 s + w] = the class's elements in words [0, w),
+//    for w in [0, 16] (so before[17 s + 16] is the block's total).
+//  - ClassSelect16: from those, per class c in `classes`: cur.rem[c]
+//    class-c elements are skipped before change cur.g[c]; that change's
+//    element (offset i in the block) gets its bit in hits (16 words, all
+//    written) and its new value in values[i]: base + UnZigZag(diff) for
+//    its diff byte s.diffs[g], or for an escape (0xFF) the raw
+//    s.escapes[cur.e[c]++] (u16 LE). Then ++g and rem = s.ranks[g] -
+//    s.ranks[g - 1] - 1 (the gap to the class's next change; ranks
+//    strictly ascending within a class, below 2^63), or ~0 once g reaches
+//    s.end[c]. The cursors carry over to the next block; a rem of ~0 stays
+//    ~0. Returns the smallest offset whose change code is not canonical
+//    (compact::DiffByte(base, new) != diff: an escape where a diff fits,
+//    or a diff into another sign or a non-finite value), else n.
+struct ClassWalkStreams {
+  const uint64_t* ranks;
+  const uint64_t* end;     // per class: one past its last change
+  const uint8_t* diffs;
+  const uint8_t* escapes;
+};
+struct ClassWalkCursor {
+  uint64_t rem[16], g[16], e[16];
+};
+void ClassMasks16(const uint16_t* data, size_t n, uint32_t classes, uint64_t* masks, uint32_t* before);
+size_t ClassSelect16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data,
+                     size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur, uint64_t* hits, uint16_t* values);
 
 // --- targets (tests and benchmarks) ----------------------------------------
 

@@ -84,7 +84,7 @@ Result<EncodedPatch> AssembleCompactDelta(const PatchInfo& info, const StateHash
 
 // The decoder rebuilds positions in chunks of this many elements of a
 // tensor, all chunks in parallel (compact_decode.cc).
-inline constexpr uint64_t kDecodeChunkElements = uint64_t{1} << 18;
+inline constexpr uint64_t kDecodeChunkElements = uint64_t{1} << 16;
 
 // DecodeCompactDelta with chunks of `chunk_elements` (>= 1; tests use tiny
 // ones). The result does not depend on it or on `threads`.

@@ -198,62 +198,121 @@ Status ReadTensor(const std::string& label, const TensorView& stream, const Weig
   return Status::OK();
 }
 
-// Step 2's walk of one chunk from `start`; `next` is where the next chunk
-// of the tensor starts (nullptr for its last chunk).
-Status WalkChunk(const std::string& label, const Bf16Tensor& t, const Chunk& chunk, const WalkStart& start,
-                 const WalkStart* next) {
-  auto bad = [&](const std::string& msg) { return Corrupt(label, t.stream->name, msg); };
-  const uint8_t* b = t.base->data.data();
-  std::array<uint64_t, kClasses> rem = start.rem, g = start.g, p = start.g, e = start.e;
-  std::array<uint64_t, kClasses> end;
-  for (int cl = 0; cl < kClasses; ++cl) end[cl] = t.class_begin[cl + 1];
-  uint64_t* indices = t.out->indices.data();
-  uint8_t* values = t.out->values.data();
-  const uint8_t* diffs = t.diffs.data();
-  const uint8_t* escapes = t.escapes.data();
-  constexpr size_t kWalkBlock = 1024;
-  uint64_t hit_words[kWalkBlock / 64];
-  uint64_t k = start.out;
-  const uint64_t k_end = next ? next->out : t.out->indices.size();
-  for (uint64_t at = chunk.begin; at < chunk.end && k < k_end; at += kWalkBlock) {
-    const size_t len = static_cast<size_t>(std::min<uint64_t>(kWalkBlock, chunk.end - at));
-    kernels::ClassWalk16(reinterpret_cast<const uint16_t*>(b) + at, len, rem.data(), g.data(), t.ranks.data(),
-                         end.data(), hit_words);
-    for (size_t w = 0; w < (len + 63) / 64; ++w) {
-      for (uint64_t hits = hit_words[w]; hits != 0; hits &= hits - 1) {
-        const uint64_t i = at + 64 * w + static_cast<uint64_t>(__builtin_ctzll(hits));
-        const uint16_t o = Load16(b + 2 * i);
-        const int cl = ClassOf(o);
-        const uint64_t jd = p[cl]++;
-        const uint8_t d = diffs[jd];
-        uint16_t v;
-        if (d == kEscape) {
-          v = Load16(escapes + 2 * e[cl]++);  // e[cl] < escaped.size(): diffs[jd] is one
-        } else {
-          v = static_cast<uint16_t>(o + compact::UnZigZag(d));
-        }
-        if (DiffByte(o, v) != d) {  // canonical: an escape exactly when needed
-          return bad("element " + std::to_string(i) + ": non-canonical change code " + std::to_string(d));
-        }
-        indices[k] = i;
-        std::memcpy(values + 2 * k, &v, 2);
-        ++k;
+// Step 2 for one chunk: the class masks of its blocks, published running
+// class counts, then the walk from the start those counts give.
+// ready[k] / upto[k]: chunk k's published counts (up to its end).
+class ChunkWalker {
+ public:
+  ChunkWalker(const std::string& label, const std::vector<Bf16Tensor*>& tensors, const std::vector<Chunk>& chunks)
+      : label_(label), tensors_(tensors), chunks_(chunks), ready_(new std::atomic<uint32_t>[chunks.size()]),
+        upto_(chunks.size()) {
+    for (size_t k = 0; k < chunks.size(); ++k) ready_[k].store(0, std::memory_order_relaxed);
+  }
+
+  Status Walk(size_t k) {
+    const Chunk& c = chunks_[k];
+    const Bf16Tensor& t = *tensors_[c.tensor];
+    uint32_t classes = 0;  // the classes with changes
+    for (int cl = 0; cl < kClasses; ++cl) classes |= uint32_t{t.class_begin[cl + 1] > t.class_begin[cl]} << cl;
+    const size_t active = static_cast<size_t>(__builtin_popcount(classes));
+    const size_t blocks = static_cast<size_t>((c.end - c.begin + kBlock - 1) / kBlock);
+    // Per thread, reused: fresh memory would cost page faults every chunk.
+    thread_local std::vector<uint64_t> masks;
+    thread_local std::vector<uint32_t> before;
+    masks.resize(std::max(masks.size(), blocks * active * kWords));
+    before.resize(std::max(before.size(), blocks * active * (kWords + 1)));
+    const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
+    std::array<uint64_t, kClasses> counts{};
+    for (size_t b = 0; b < blocks; ++b) {
+      const uint64_t at = c.begin + b * kBlock;
+      uint64_t* m = masks.data() + b * active * kWords;
+      uint32_t* p = before.data() + b * active * (kWords + 1);
+      kernels::ClassMasks16(data + at, static_cast<size_t>(std::min<uint64_t>(kBlock, c.end - at)), classes, m, p);
+      for (int cl = 0, s = 0; cl < kClasses; ++cl) {
+        if (classes >> cl & 1) counts[cl] += p[(kWords + 1) * s++ + kWords];
       }
     }
-  }
-  for (int cl = 0; cl < kClasses; ++cl) {
-    const uint64_t want = next ? next->g[cl] : end[cl];
-    if (p[cl] != want) {
-      if (next) {
-        return Status::Internal(label + ": tensor '" + t.stream->name + "': the walk of elements " +
-                                std::to_string(chunk.begin) + ".." + std::to_string(chunk.end) +
-                                " disagrees with the class counts (decoder bug)");
-      }
-      return bad("gaps run past the elements of exponent class " + std::to_string(cl));
+    std::array<uint64_t, kClasses> start_at{};
+    if (c.begin > 0) {
+      // Chunk k - 1 was handed out before this one and publishes before
+      // its walk, so this wait is short and cannot deadlock.
+      while (ready_[k - 1].load(std::memory_order_acquire) == 0) ready_[k - 1].wait(0, std::memory_order_acquire);
+      start_at = upto_[k - 1];
     }
+    std::array<uint64_t, kClasses> end_at = start_at;
+    for (int cl = 0; cl < kClasses; ++cl) end_at[cl] += counts[cl];
+    if (!c.last) {
+      upto_[k] = end_at;
+      ready_[k].store(1, std::memory_order_release);
+      ready_[k].notify_all();
+    }
+    const WalkStart start = StartAt(t, start_at);
+    const WalkStart next = c.last ? WalkStart{} : StartAt(t, end_at);
+    return Place(t, c, blocks, active, classes, masks.data(), before.data(), start, c.last ? nullptr : &next);
   }
-  return Status::OK();
-}
+
+ private:
+  static constexpr uint64_t kBlock = 1024;  // ClassMasks16's block
+  static constexpr size_t kWords = kBlock / 64;
+
+  // The walk of a chunk from `start` over its blocks' class masks, then
+  // the values; `next` is where the next chunk of the tensor starts
+  // (nullptr for its last chunk).
+  Status Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, size_t active, uint32_t classes,
+               const uint64_t* masks, const uint32_t* before, const WalkStart& start, const WalkStart* next) {
+    const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
+    kernels::ClassWalkCursor cur;
+    std::array<uint64_t, kClasses> end;
+    for (int cl = 0; cl < kClasses; ++cl) {
+      cur.rem[cl] = start.rem[cl];
+      cur.g[cl] = start.g[cl];
+      cur.e[cl] = start.e[cl];
+      end[cl] = t.class_begin[cl + 1];
+    }
+    const kernels::ClassWalkStreams streams{t.ranks.data(), end.data(), t.diffs.data(), t.escapes.data()};
+    uint64_t* indices = t.out->indices.data();
+    uint8_t* values = t.out->values.data();
+    uint64_t hit_words[kWords];
+    uint16_t block_values[kBlock];
+    uint64_t k = start.out;
+    const uint64_t k_end = next ? next->out : t.out->indices.size();
+    for (size_t blk = 0; blk < blocks && k < k_end; ++blk) {
+      const uint64_t at = chunk.begin + blk * kBlock;
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(kBlock, chunk.end - at));
+      const size_t wrong = kernels::ClassSelect16(masks + blk * active * kWords, before + blk * active * (kWords + 1),
+                                                  classes, data + at, len, streams, cur, hit_words, block_values);
+      if (wrong < len) {
+        return Corrupt(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
+      }
+      for (size_t w = 0; w < kWords; ++w) {
+        for (uint64_t hits = hit_words[w]; hits != 0; hits &= hits - 1) {
+          const size_t i = 64 * w + static_cast<size_t>(__builtin_ctzll(hits));
+          indices[k] = at + i;
+          std::memcpy(values + 2 * k, &block_values[i], 2);
+          ++k;
+        }
+      }
+    }
+    for (int cl = 0; cl < kClasses; ++cl) {
+      const uint64_t want = next ? next->g[cl] : end[cl];
+      if (cur.g[cl] != want) {
+        if (next) {
+          return Status::Internal(label_ + ": tensor '" + t.stream->name + "': the walk of elements " +
+                                  std::to_string(chunk.begin) + ".." + std::to_string(chunk.end) +
+                                  " disagrees with the class counts (decoder bug)");
+        }
+        return Corrupt(label_, t.stream->name, "gaps run past the elements of exponent class " + std::to_string(cl));
+      }
+    }
+    return Status::OK();
+  }
+
+  const std::string& label_;
+  const std::vector<Bf16Tensor*>& tensors_;
+  const std::vector<Chunk>& chunks_;
+  std::unique_ptr<std::atomic<uint32_t>[]> ready_;
+  std::vector<std::array<uint64_t, kClasses>> upto_;
+};
 
 std::string Show(std::string_view v) {
   std::string out;
@@ -369,34 +428,10 @@ Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, cons
     walked.push_back(&t);
     walk_elements += n;
   }
-  // Chunk k publishes (ready[k]) the class elements up to its end for
-  // chunk k + 1 of the same tensor.
-  std::unique_ptr<std::atomic<uint32_t>[]> ready(new std::atomic<uint32_t>[chunks.size()]);
-  std::vector<std::array<uint64_t, kClasses>> upto(chunks.size());
-  for (size_t k = 0; k < chunks.size(); ++k) ready[k].store(0, std::memory_order_relaxed);
+  ChunkWalker walker(label, walked, chunks);
   errors.assign(chunks.size(), Status::OK());
-  ParallelFor(chunks.size(), walk_elements >= kParallelWalkMin ? threads : 1, [&](size_t k) {
-    const Chunk& c = chunks[k];
-    const Bf16Tensor& t = *walked[c.tensor];
-    const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
-    std::array<uint64_t, kClasses> before{}, after{};
-    if (!c.last) kernels::ClassCounts16(data + c.begin, static_cast<size_t>(c.end - c.begin), after.data());
-    if (c.begin > 0) {
-      // Chunk k - 1 was handed out before this one and publishes before
-      // its walk, so this wait is short and cannot deadlock.
-      while (ready[k - 1].load(std::memory_order_acquire) == 0) ready[k - 1].wait(0, std::memory_order_acquire);
-      before = upto[k - 1];
-    }
-    if (!c.last) {
-      for (int cl = 0; cl < kClasses; ++cl) after[cl] += before[cl];
-      upto[k] = after;
-      ready[k].store(1, std::memory_order_release);
-      ready[k].notify_all();
-    }
-    const WalkStart start = StartAt(t, before);
-    const WalkStart next = c.last ? WalkStart{} : StartAt(t, after);
-    errors[k] = WalkChunk(label, t, c, start, c.last ? nullptr : &next);
-  });
+  ParallelFor(chunks.size(), walk_elements >= kParallelWalkMin ? threads : 1,
+              [&](size_t k) { errors[k] = walker.Walk(k); });
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
   return out;
 }

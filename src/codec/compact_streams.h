@@ -155,6 +155,15 @@ class BitReader {
     Drop(ones + 1);
     return ones;
   }
+  // The next bits, least significant first, without consuming them;
+  // *avail of them are valid (fewer only near the end).
+  uint64_t Peek(int* avail) {
+    Refill();
+    *avail = n_;
+    return acc_;
+  }
+  // Consumes `bits` <= *avail bits of the last Peek.
+  void Skip(int bits) { Drop(bits); }
   // True when only zero padding (fewer than 8 bits) is left.
   bool AtPaddedEnd() {
     Refill();
@@ -163,6 +172,16 @@ class BitReader {
 
  private:
   void Refill() {
+    if (n_ <= 56 && pos_ + 8 <= bytes_.size()) {
+      // One load: as many whole bytes as fit above the n_ bits held.
+      uint64_t w;
+      std::memcpy(&w, bytes_.data() + pos_, 8);
+      acc_ |= w << n_;
+      const int take = (63 - n_) >> 3;
+      pos_ += static_cast<size_t>(take);
+      n_ += 8 * take;
+      return;
+    }
     while (n_ <= 56 && pos_ < bytes_.size()) {
       acc_ |= static_cast<uint64_t>(bytes_[pos_++]) << n_;
       n_ += 8;

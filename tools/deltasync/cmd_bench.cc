@@ -21,6 +21,7 @@
 #include "deltasync/safetensors.h"
 #include "deltasync/state_hash.h"
 #include "deltasync/weight_state.h"
+#include "bench_apply.h"
 #include "codec_stats.h"
 #include "synthetic_model.h"
 #include "timing.h"
@@ -44,6 +45,25 @@ void ParallelCopy(uint8_t* dst, const uint8_t* src, size_t n, int threads) {
 }  // namespace
 
 Status RunBench(const BenchArgs& args) {
+  if (args.sweep) {
+    SweepArgs sweep{args.scales, args.rates, args.threads, args.quick ? 2 : 3};
+    DS_ASSIGN_OR_RETURN(std::vector<CompactApplyFigures> rows, RunSweep(sweep));
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    size_t i = 0;
+    for (double scale : args.scales) {
+      for (double rate : args.rates) {
+        const CompactApplyFigures& f = rows[i++];
+        const double gb = static_cast<double>(f.model_bytes) / 1e9;
+        out.push_back({{"scale", scale}, {"rate", rate}, {"threads", args.threads}, {"model_bytes", f.model_bytes},
+                       {"changed", f.changed}, {"delta_bytes", f.delta_bytes}, {"apply_compact_s", f.apply_s},
+                       {"apply_compact_gbps", gb / f.apply_s}, {"apply_compact_vs_memcpy", f.memcpy_s / f.apply_s},
+                       {"decode_compact_s", f.decode_s}, {"decode_compact_gbps_per_core", gb / f.decode_1thread_s},
+                       {"memcpy_gbps", gb / f.memcpy_s}});
+      }
+    }
+    std::printf("%s\n", out.dump().c_str());
+    return Status::OK();
+  }
   const int layers = args.quick ? 2 : 28;
   const uint64_t vocab = args.quick ? 16384 : 151936;
   const int threads = args.threads;
@@ -137,6 +157,9 @@ Status RunBench(const BenchArgs& args) {
   });
   DS_RETURN_IF_ERROR(failure);
 
+  // Replica: the whole apply of the same changes as a compact delta.
+  DS_ASSIGN_OR_RETURN(CompactApplyFigures compact_apply, MeasureCompactApply(published, changes, threads, reps));
+
   // Publishing a compact delta from the fp32 masters into a local bucket:
   // Publisher::Publish (one fused pass: detect, code, hash and apply per
   // chunk) against the unfused route the same Publisher takes for changes
@@ -181,6 +204,11 @@ Status RunBench(const BenchArgs& args) {
   out["memcpy_gbps"] = gb / memcpy_s;
   out["detect_encode_vs_memcpy"] = memcpy_s / detect_s;
   out["apply_vs_memcpy"] = memcpy_s / apply_s;
+  out["apply_compact_gbps"] = gb / compact_apply.apply_s;
+  out["apply_compact_vs_memcpy"] = memcpy_s / compact_apply.apply_s;
+  out["decode_compact_gbps"] = gb / compact_apply.decode_s;
+  out["decode_compact_gbps_per_core"] = gb / compact_apply.decode_1thread_s;
+  out["compact_delta_bytes"] = compact_apply.delta_bytes;
   out["publish_compact_gbps"] = gb / fused_s;
   out["publish_compact_vs_memcpy"] = memcpy_s / fused_s;
   out["publish_compact_unfused_gbps"] = gb / unfused_s;
@@ -225,6 +253,10 @@ Status RunBench(const BenchArgs& args) {
     std::printf("memcpy of the model:        %7.2f GB/s (baseline)\n", gb / memcpy_s);
     std::printf("detect+encode (fp32 in):    %7.2f GB/s = %.2f x memcpy\n", gb / detect_s, memcpy_s / detect_s);
     std::printf("apply (decode+verify+scatter): %4.2f GB/s = %.2f x memcpy\n", gb / apply_s, memcpy_s / apply_s);
+    std::printf("apply compact (digest, decode, hash check, scatter): %.2f GB/s = %.2f x memcpy; decode alone %.2f GB/s "
+                "(%d threads), %.2f GB/s per core (1 thread)\n",
+                gb / compact_apply.apply_s, memcpy_s / compact_apply.apply_s, gb / compact_apply.decode_s, threads,
+                gb / compact_apply.decode_1thread_s);
     std::printf("publish compact (fp32 in, fused pass, local bucket): %.2f GB/s = %.2f x memcpy; "
                 "%.2f x the unfused detect, encode, hash, apply (%.2f GB/s)\n",
                 gb / fused_s, memcpy_s / fused_s, unfused_s / fused_s, gb / unfused_s);

@@ -121,6 +121,10 @@ struct BenchArgs {
   bool quick = false;
   bool json = false;
   int threads = 2;
+  // --sweep: the replica's compact apply over model sizes x change rates.
+  bool sweep = false;
+  std::vector<double> scales{0.25, 1.0, 2.0};
+  std::vector<double> rates{0.005, 0.03, 0.10};
 };
 Status RunBench(const BenchArgs& args);
 

@@ -194,7 +194,15 @@ int main(int argc, char** argv) {
   bench_cmd->add_flag("--quick", bench.quick, "A smaller model, for CI smoke runs");
   bench_cmd->add_flag("--json", bench.json, "Print one JSON object on the last line");
   bench_cmd->add_option("--threads", bench.threads, "Threads for detect+encode and apply")->check(WholeNumber(1, 4096));
-  bench_cmd->footer("Example:\n  deltasync bench --quick --json");
+  bench_cmd->add_flag("--sweep", bench.sweep,
+                      "Only the replica's compact apply, over model sizes (--scales) x change rates (--rates)");
+  bench_cmd->add_option("--scales", bench.scales, "--sweep: model sizes as multiples of Qwen3-0.6B's shapes")
+      ->check(CLI::Range(0.01, 8.0))
+      ->delimiter(',');
+  bench_cmd->add_option("--rates", bench.rates, "--sweep: fractions of elements changed per version")
+      ->check(CLI::Range(0.0, 1.0))
+      ->delimiter(',');
+  bench_cmd->footer("Examples:\n  deltasync bench --quick --json\n  deltasync bench --sweep --scales 0.25,1,2 --rates 0.005,0.03,0.1");
 
   DemoArgs demo;
   auto* demo_cmd = app.add_subcommand("demo", "Train a synthetic Qwen3-0.6B-shaped model; two replicas follow");
