@@ -90,6 +90,7 @@ build/deltasync demo --layers 2 --steps 12 --anchor-interval 5 --bucket "$demo_d
 
 step "benchmark (--quick; figures, not pass/fail)"
 build/deltasync bench --quick
+build/deltasync bench --quick --sweep --scales 0.05 --rates 0.005,0.1
 
 if [[ "${QUICK:-0}" == 1 ]]; then
   echo "QUICK=1: skipping the sanitizer build and the fuzzers"

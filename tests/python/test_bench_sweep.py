@@ -1,0 +1,27 @@
+"""`deltasync bench --sweep`: one JSON object per (scale, rate) with the
+replica's compact apply figures, and the changed fraction it was asked for."""
+import json
+
+import pytest
+
+
+def test_sweep_reports_every_size_and_rate(run):
+    r = run("bench", "--sweep", "--quick", "--scales", "0.02,0.04", "--rates", "0.01,0.2")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [(x["scale"], x["rate"]) for x in rows] == [(0.02, 0.01), (0.02, 0.2), (0.04, 0.01), (0.04, 0.2)]
+    for x in rows:
+        assert x["model_bytes"] > 0 and x["delta_bytes"] > 0
+        assert x["changed"] / (x["model_bytes"] / 2) == pytest.approx(x["rate"], rel=0.1)
+        for key in ("apply_compact_gbps", "apply_compact_vs_memcpy", "decode_compact_gbps_per_core", "memcpy_gbps"):
+            assert x[key] > 0
+    # A bigger model is bigger; a higher rate makes a bigger delta.
+    assert rows[2]["model_bytes"] > rows[0]["model_bytes"]
+    assert rows[1]["delta_bytes"] > rows[0]["delta_bytes"]
+
+
+@pytest.mark.parametrize("flag", [["--scales", "0"], ["--rates", "1.5"]])
+def test_sweep_refuses_sizes_and_rates_out_of_range(run, flag):
+    r = run("bench", "--sweep", *flag, check=False)
+    assert r.returncode != 0
+    assert flag[0] in r.stderr
