@@ -63,6 +63,10 @@ struct CompactDelta {
   PatchInfo info;  // info.encoding is meaningless (compact is not an IndexEncoding)
   StateHash base_hash;
   std::vector<TensorChanges> changes;
+  // What the changes add to the state hash of the base they were decoded
+  // against, computed while decoding: HashChanges(base, changes) (in the
+  // frame of the base's tensors).
+  StateHash hash_delta;
 };
 
 // True when `file`'s metadata says encoding="compact" (no other check).

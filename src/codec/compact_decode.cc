@@ -23,6 +23,7 @@
 #include <cstring>
 #include <memory>
 
+#include "bf16/hash_term.h"
 #include "bf16/simd_kernels.h"
 #include "codec/compact_bf16.h"
 #include "codec/compact_rice.h"
@@ -72,6 +73,7 @@ struct Bf16Tensor {
   std::vector<uint8_t> diffs;
   std::vector<uint64_t> escaped;  // the changes (class order) that are escapes
   std::vector<uint8_t> escapes;   // their raw values, u16 little-endian each
+  state_hash::TensorSeeds seeds{};
 };
 
 // Where the walk of a chunk starts, per class: rem class elements to skip
@@ -149,6 +151,7 @@ Status ReadTensor(const std::string& label, const TensorView& stream, const Weig
   bf.stream = &stream;
   bf.base = &base;
   bf.out = &c;
+  bf.seeds = state_hash::SeedsFor(base.name, base.dtype, base.shape);
   std::array<uint64_t, kClasses + 1>& class_begin = bf.class_begin;
   for (int cl = 0; cl < kClasses; ++cl) {
     std::optional<uint64_t> m = in.Varint();
@@ -205,8 +208,15 @@ class ChunkWalker {
  public:
   ChunkWalker(const std::string& label, const std::vector<Bf16Tensor*>& tensors, const std::vector<Chunk>& chunks)
       : label_(label), tensors_(tensors), chunks_(chunks), ready_(new std::atomic<uint32_t>[chunks.size()]),
-        upto_(chunks.size()) {
+        upto_(chunks.size()), hash_(chunks.size(), {0, 0}) {
     for (size_t k = 0; k < chunks.size(); ++k) ready_[k].store(0, std::memory_order_relaxed);
+  }
+
+  // The hash change of all chunks' changes (after every Walk).
+  StateHash HashDelta() const {
+    StateHash sum;
+    for (const std::array<uint64_t, 2>& h : hash_) sum += StateHash{h[0], h[1]};
+    return sum;
   }
 
   Status Walk(size_t k) {
@@ -248,7 +258,8 @@ class ChunkWalker {
     }
     const WalkStart start = StartAt(t, start_at);
     const WalkStart next = c.last ? WalkStart{} : StartAt(t, end_at);
-    return Place(t, c, blocks, active, classes, masks.data(), before.data(), start, c.last ? nullptr : &next);
+    return Place(t, c, blocks, active, classes, masks.data(), before.data(), start, c.last ? nullptr : &next,
+                 hash_[k].data());
   }
 
  private:
@@ -259,7 +270,8 @@ class ChunkWalker {
   // the values; `next` is where the next chunk of the tensor starts
   // (nullptr for its last chunk).
   Status Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, size_t active, uint32_t classes,
-               const uint64_t* masks, const uint32_t* before, const WalkStart& start, const WalkStart* next) {
+               const uint64_t* masks, const uint32_t* before, const WalkStart& start, const WalkStart* next,
+               uint64_t hash[2]) {
     const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
     kernels::ClassWalkCursor cur;
     std::array<uint64_t, kClasses> end;
@@ -274,6 +286,7 @@ class ChunkWalker {
     uint8_t* values = t.out->values.data();
     uint64_t hit_words[kWords];
     uint16_t block_values[kBlock];
+    uint64_t h_index[kBlock], h_new[kBlock], h_old[kBlock];
     uint64_t k = start.out;
     const uint64_t k_end = next ? next->out : t.out->indices.size();
     for (size_t blk = 0; blk < blocks && k < k_end; ++blk) {
@@ -284,14 +297,20 @@ class ChunkWalker {
       if (wrong < len) {
         return Corrupt(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
       }
+      size_t h = 0;
       for (size_t w = 0; w < kWords; ++w) {
         for (uint64_t hits = hit_words[w]; hits != 0; hits &= hits - 1) {
           const size_t i = 64 * w + static_cast<size_t>(__builtin_ctzll(hits));
           indices[k] = at + i;
           std::memcpy(values + 2 * k, &block_values[i], 2);
           ++k;
+          h_index[h] = at + i;
+          h_new[h] = block_values[i];
+          h_old[h] = data[at + i];
+          ++h;
         }
       }
+      kernels::HashTermDiffs(h_index, h_new, h_old, h, t.seeds.element_seed, hash);
     }
     for (int cl = 0; cl < kClasses; ++cl) {
       const uint64_t want = next ? next->g[cl] : end[cl];
@@ -312,6 +331,7 @@ class ChunkWalker {
   const std::vector<Chunk>& chunks_;
   std::unique_ptr<std::atomic<uint32_t>[]> ready_;
   std::vector<std::array<uint64_t, kClasses>> upto_;
+  std::vector<std::array<uint64_t, 2>> hash_;  // per chunk, the sum of its element-term changes
 };
 
 std::string Show(std::string_view v) {
@@ -432,6 +452,13 @@ Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, cons
   errors.assign(chunks.size(), Status::OK());
   ParallelFor(chunks.size(), walk_elements >= kParallelWalkMin ? threads : 1,
               [&](size_t k) { errors[k] = walker.Walk(k); });
+  for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
+  // Raw-mode tensors (few, small) hash their changes the usual way.
+  std::vector<TensorChanges> raw;
+  for (size_t i = 0; i < read.size(); ++i) {
+    if (read[i].base == nullptr && !out.changes[i].indices.empty()) raw.push_back(out.changes[i]);
+  }
+  out.hash_delta = walker.HashDelta() + HashChanges(base, raw, threads);
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
   return out;
 }

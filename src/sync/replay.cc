@@ -99,13 +99,14 @@ Result<CheckedDelta> CheckDelta(Blob bytes, const VersionEntry& entry, const Obj
     d.info.kind = PatchKind::kDelta;
     DS_RETURN_IF_ERROR(CheckListed(d.info, object, entry.version));
     out.changes = std::move(d.changes);
+    out.next = base_hash + d.hash_delta;  // hashed while decoding
   } else {
     DS_ASSIGN_OR_RETURN(DecodedPatch p, DecodePatch(std::move(file)));
     DS_RETURN_IF_ERROR(CheckListed(p.info, object, entry.version));
     DS_RETURN_IF_ERROR(ValidateChanges(base, p.changes).WithContext(object.key));
     out.changes = std::move(p.changes);
+    out.next = base_hash + HashChanges(base, out.changes, threads);
   }
-  out.next = base_hash + HashChanges(base, out.changes, threads);
   if (out.next != entry.state_hash) {
     return Status::Integrity("the state after it would hash to " + out.next.Hex() + ", the manifest says " +
                              entry.state_hash.Hex());

@@ -129,6 +129,7 @@ TEST(CompactDecode, EveryTargetThreadCountAndChunkSizeGivesTheChanges) {
         Result<CompactDelta> d = Decode(c, c.state, threads, chunk);
         ASSERT_TRUE(d.ok()) << d.status().ToString();
         ASSERT_EQ(d->changes.size(), c.changes.size());
+        EXPECT_EQ(d->hash_delta, HashChanges(c.state, c.changes, 1));
         for (size_t i = 0; i < c.changes.size(); ++i) {
           EXPECT_EQ(d->changes[i].name, c.changes[i].name);
           EXPECT_EQ(d->changes[i].indices, c.changes[i].indices);

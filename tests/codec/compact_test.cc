@@ -119,6 +119,7 @@ void ExpectRoundTrip(const Base& b, std::vector<TensorChanges> changes) {
   EXPECT_EQ(d->info.total_changed_elements, total);
   EXPECT_EQ(d->info.total_elements, b.state.total_elements());
   EXPECT_TRUE(d->base_hash == b.hash);
+  EXPECT_EQ(d->hash_delta, HashChanges(b.state, changes, 1));  // bf16 and other dtypes
   EXPECT_TRUE(ValidateChanges(b.state, d->changes).ok());
   // Deterministic.
   EXPECT_EQ(Encode(b, changes), bytes);
