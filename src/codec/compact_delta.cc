@@ -14,6 +14,8 @@
 #include "bf16/compact_scan.h"
 #include "bf16/simd_kernels.h"
 #include "codec/compact_bf16.h"
+#include "codec/compact_rice.h"
+#include "codec/compact_v3.h"
 #include "codec/compact_streams.h"
 #include "codec/patch_metadata.h"
 #include "common/parallel.h"
@@ -53,132 +55,6 @@ constexpr std::array<uint8_t, 256> kClassOfExponent = [] {
   return t;
 }();
 
-// Gaps (bf16 mode) are Rice-coded per class in blocks of up to kRiceBlock
-// gaps, each block with its own parameter k (6 bits): q = gap >> k in unary
-// (q one bits, a zero bit) and then k low bits; q >= kUnaryEscape is written
-// as kUnaryEscape one bits, the gap's bit width L (7 bits) and its L bits.
-// Near the entropy of geometric gaps, and blocks follow the change rate
-// along a tensor (rows with large gradients change more often).
-constexpr size_t kRiceBlock = 1024;
-constexpr int kMaxRiceK = 56;
-constexpr int kUnaryEscape = 31;
-
-int BitWidth(uint64_t v) { return v ? 64 - __builtin_clzll(v) : 0; }
-
-uint64_t RiceBits(uint64_t gap, int k) {
-  const uint64_t q = gap >> k;
-  return q < kUnaryEscape ? q + 1 + static_cast<uint64_t>(k) : kUnaryEscape + 7 + BitWidth(gap);
-}
-
-void PutRice(compact::BitWriter& w, uint64_t gap, int k) {
-  const uint64_t q = gap >> k;
-  if (q < kUnaryEscape) {
-    // q ones, a zero, then the k low bits; one write when it fits.
-    const uint64_t unary = (uint64_t{1} << q) - 1;
-    if (q + 1 + k <= 56) {
-      const uint64_t low = k == 0 ? 0 : gap & ((uint64_t{1} << k) - 1);
-      w.Put(unary | (low << (q + 1)), static_cast<int>(q) + 1 + k);
-    } else {
-      w.Put(unary, static_cast<int>(q) + 1);
-      w.Put(gap, k);
-    }
-  } else {
-    w.Put((uint64_t{1} << kUnaryEscape) - 1, kUnaryEscape);
-    w.Put(static_cast<uint64_t>(BitWidth(gap)), 7);
-    w.Put(gap, BitWidth(gap));
-  }
-}
-
-// The sum of RiceBits(gaps[i], k) over n gaps whose largest is max_gap. A
-// gap takes (gap >> k) + 1 + k bits unless escaped; the sum of shifts is a
-// loop the compiler vectorises, and escapes (rare) are corrected one by one
-// (mod 2^64: the corrections undo any wrap of the plain sum).
-uint64_t RiceCost(const uint64_t* gaps, size_t n, int k, uint64_t max_gap) {
-  uint64_t q = 0;
-  for (size_t i = 0; i < n; ++i) q += gaps[i] >> k;
-  uint64_t bits = q + n * static_cast<uint64_t>(1 + k);
-  if ((max_gap >> k) >= kUnaryEscape) {
-    for (size_t i = 0; i < n; ++i) {
-      if ((gaps[i] >> k) >= kUnaryEscape) bits += RiceBits(gaps[i], k) - ((gaps[i] >> k) + 1 + static_cast<uint64_t>(k));
-    }
-  }
-  return bits;
-}
-
-void PutRiceGaps(compact::BitWriter& w, uint64_t count, compact::GapSource& source) {
-  uint64_t gaps[kRiceBlock];
-  for (uint64_t done = 0; done < count;) {
-    const size_t e = source.Next(gaps, static_cast<size_t>(std::min<uint64_t>(kRiceBlock, count - done)));
-    if (e == 0) break;  // a source shorter than its count (never, for the two encoders' sources)
-    done += e;
-    double sum = 0;
-    uint64_t max_gap = 0;
-    for (size_t i = 0; i < e; ++i) {
-      sum += static_cast<double>(gaps[i]);
-      max_gap = std::max(max_gap, gaps[i]);
-    }
-    // A geometric source's best k is about log2(mean x ln 2); the exact cost
-    // decides among it and its neighbours.
-    const double scaled = sum / static_cast<double>(e) * 0.6931471805599453;
-    const int guess = scaled >= 1 ? std::min(kMaxRiceK, static_cast<int>(std::log2(scaled))) : 0;
-    // The three candidates' costs in one pass (k = guess - 1 only when >= 0).
-    const int lo = std::max(0, guess - 1), hi = std::min(kMaxRiceK, guess + 1);
-    const uint64_t cost[3] = {RiceCost(gaps, e, lo, max_gap), RiceCost(gaps, e, lo + 1 <= hi ? lo + 1 : lo, max_gap),
-                              RiceCost(gaps, e, hi, max_gap)};
-    int best_k = lo;
-    uint64_t best_bits = cost[0];
-    if (lo + 1 <= hi && cost[1] < best_bits) best_bits = cost[1], best_k = lo + 1;
-    if (cost[2] < best_bits) best_bits = cost[2], best_k = hi;
-    w.Put(static_cast<uint64_t>(best_k), 6);
-    for (size_t i = 0; i < e; ++i) PutRice(w, gaps[i], best_k);
-  }
-}
-
-// Reads `count` gaps of one class into `out`; nullopt-style error text.
-std::optional<std::string> GetRiceGaps(compact::BitReader& r, uint64_t count, uint64_t* out) {
-  for (uint64_t b = 0; b < count; b += kRiceBlock) {
-    std::optional<uint64_t> k = r.Get(6);
-    if (!k) return "truncated Rice parameter";
-    if (*k > kMaxRiceK) return "Rice parameter " + std::to_string(*k) + " above " + std::to_string(kMaxRiceK);
-    const int kk = static_cast<int>(*k);
-    const uint64_t e = std::min<uint64_t>(count, b + kRiceBlock);
-    for (uint64_t i = b; i < e; ++i) {
-      std::optional<int> q = r.Unary(kUnaryEscape);
-      if (!q) return "gap " + std::to_string(i) + " is truncated";
-      if (*q < kUnaryEscape) {
-        std::optional<uint64_t> low = r.Get(kk);
-        if (!low) return "gap " + std::to_string(i) + " is truncated";
-        out[i] = (static_cast<uint64_t>(*q) << kk) | *low;
-        continue;
-      }
-      std::optional<uint64_t> width = r.Get(7);
-      std::optional<uint64_t> gap = width && *width <= 64 ? r.Get(static_cast<int>(*width)) : std::nullopt;
-      if (!gap) return "escaped gap " + std::to_string(i) + " is truncated or wider than 64 bits";
-      if ((*gap >> kk) < kUnaryEscape || BitWidth(*gap) != static_cast<int>(*width)) {
-        return "escaped gap " + std::to_string(i) + " is not canonical";
-      }
-      out[i] = *gap;
-    }
-  }
-  return std::nullopt;
-}
-
-// Hands out one vector's gaps.
-class VectorGaps final : public compact::GapSource {
- public:
-  explicit VectorGaps(const std::vector<uint64_t>& gaps) : gaps_(gaps) {}
-  size_t Next(uint64_t* out, size_t max) override {
-    const size_t n = std::min(max, gaps_.size() - pos_);
-    std::memcpy(out, gaps_.data() + pos_, n * sizeof(uint64_t));
-    pos_ += n;
-    return n;
-  }
-
- private:
-  const std::vector<uint64_t>& gaps_;
-  size_t pos_ = 0;
-};
-
 }  // namespace
 
 namespace compact {
@@ -210,7 +86,7 @@ void WriteBf16Stream(const Bf16Streams& s, std::vector<uint8_t>& out) {
   PutBlock(out, join(s.escapes), compact::kLiteralsOnly);
 }
 
-Status EncodeTensorStream(const TensorChanges& c, const WeightState::Tensor& base, std::vector<uint8_t>& out) {
+Status CheckTensorChanges(const TensorChanges& c, const WeightState::Tensor& base) {
   const size_t esize = DTypeSize(c.dtype);
   if (c.dtype != base.dtype) {
     return Status::InvalidArgument("tensor '" + c.name + "': changes are " + std::string(DTypeName(c.dtype)) +
@@ -230,13 +106,28 @@ Status EncodeTensorStream(const TensorChanges& c, const WeightState::Tensor& bas
     }
     next = i + 1;
   }
+  return Status::OK();
+}
+
+void CountTensorDiffs(const TensorChanges& c, const WeightState::Tensor& base, DiffHistogram& h) {
+  if (c.dtype != DType::kBF16) return;
+  const uint8_t* b = base.data.data();
+  for (size_t k = 0; k < c.count(); ++k) {
+    const uint16_t o = Load16(b + 2 * c.indices[k]);
+    h[ClassOf(o)][DiffByte(o, Load16(c.values.data() + 2 * k))]++;
+  }
+}
+
+Status EncodeTensorStream(const TensorChanges& c, const WeightState::Tensor& base, std::vector<uint8_t>& out,
+                          const V3Tables* tables) {
+  DS_RETURN_IF_ERROR(CheckTensorChanges(c, base));
   const bool bf16 = c.dtype == DType::kBF16;
   if (!bf16) {
-    out.push_back(kStreamVersion);
+    uint64_t next = 0;
+    out.push_back(tables ? kStreamVersion3 : kStreamVersion);
     out.push_back(kModeRaw);
     PutVarint(out, c.count());
     std::vector<uint8_t> gaps;
-    next = 0;
     for (uint64_t i : c.indices) {
       PutVarint(gaps, i - next);
       next = i + 1;
@@ -283,7 +174,11 @@ Status EncodeTensorStream(const TensorChanges& c, const WeightState::Tensor& bas
     streams.diffs[cl].push_back(diffs_c[cl]);
     streams.escapes.push_back(escapes_c[cl]);
   }
-  WriteBf16Stream(streams, out);
+  if (tables) {
+    WriteBf16StreamV3(streams, *tables, out);
+  } else {
+    WriteBf16Stream(streams, out);
+  }
   return Status::OK();
 }
 
@@ -295,14 +190,54 @@ Status Corrupt(const std::string& label, std::string_view tensor, const std::str
   return Status::Corruption(label + ": tensor '" + std::string(tensor) + "': " + msg);
 }
 
+// Version 2's bf16 parse, after version, mode and count: class counts, the
+// Rice-coded gap block, a diff block per non-empty class, the escape block.
+std::optional<std::string> ParseBf16StreamV2(Reader& in, uint64_t count, compact::ParsedBf16& out) {
+  auto& class_begin = out.class_begin;
+  class_begin[0] = 0;
+  for (int cl = 0; cl < kClasses; ++cl) {
+    std::optional<uint64_t> m = in.Varint();
+    if (!m || *m > count - class_begin[cl]) return "class counts are malformed or exceed the count";
+    class_begin[cl + 1] = class_begin[cl] + *m;
+  }
+  if (class_begin[kClasses] != count) return "class counts do not sum to the count";
+  std::vector<uint8_t> gap_bytes;
+  out.gaps.resize(count);
+  // A Rice-coded gap takes at most 31 + 7 + 64 bits, each block 6 more.
+  const uint64_t max_bytes = (count * 102 + (count / compact::kRiceBlock + kClasses) * 6) / 8 + 1;
+  if (auto err = compact::GetBlock(in, std::nullopt, max_bytes, gap_bytes)) return "gap block: " + *err;
+  compact::BitReader bits(gap_bytes);
+  for (int cl = 0; cl < kClasses; ++cl) {
+    if (auto err = compact::GetRiceGaps(bits, class_begin[cl + 1] - class_begin[cl], out.gaps.data() + class_begin[cl])) {
+      return "class " + std::to_string(cl) + ": " + *err;
+    }
+  }
+  if (!bits.AtPaddedEnd()) return "trailing bits in the gap block";
+  std::vector<uint8_t>& diffs = out.diffs;
+  std::vector<uint8_t> class_diffs;
+  diffs.clear();
+  diffs.reserve(count);
+  for (int cl = 0; cl < kClasses; ++cl) {
+    const uint64_t m = class_begin[cl + 1] - class_begin[cl];
+    if (m == 0) continue;
+    if (auto err = compact::GetBlock(in, m, 0, class_diffs)) return "diff block of class " + std::to_string(cl) + ": " + *err;
+    diffs.insert(diffs.end(), class_diffs.begin(), class_diffs.end());
+  }
+  const uint64_t n_escapes = static_cast<uint64_t>(std::count(diffs.begin(), diffs.end(), kEscape));
+  if (auto err = compact::GetBlock(in, 2 * n_escapes, 0, out.escapes)) return "escape block: " + *err;
+  return std::nullopt;
+}
+
 Status DecodeTensor(const std::string& label, const TensorView& stream, const WeightState::Tensor& base,
-                    TensorChanges& c) {
+                    TensorChanges& c, const compact::V3Tables* tables) {
   auto bad = [&](const std::string& msg) { return Corrupt(label, stream.name, msg); };
   Reader in(stream.data);
   std::optional<uint8_t> version = in.Byte();
   std::optional<uint8_t> mode = in.Byte();
   if (!version || !mode) return bad("truncated stream header");
-  if (*version != kStreamVersion) return bad("unknown stream version " + std::to_string(*version));
+  if (*version != kStreamVersion && *version != compact::kStreamVersion3) {
+    return bad("unknown stream version " + std::to_string(*version));
+  }
   const bool bf16 = base.dtype == DType::kBF16;
   if (*mode != (bf16 ? kModeBf16 : kModeRaw)) {
     return bad("mode " + std::to_string(*mode) + " does not fit base dtype " + std::string(DTypeName(base.dtype)));
@@ -315,29 +250,16 @@ Status DecodeTensor(const std::string& label, const TensorView& stream, const We
   c.dtype = base.dtype;
   const size_t esize = DTypeSize(base.dtype);
 
-  std::array<uint64_t, kClasses + 1> class_begin{};  // class cl: changes [begin[cl], begin[cl+1])
+  compact::ParsedBf16 parsed;
+  const std::array<uint64_t, kClasses + 1>& class_begin = parsed.class_begin;
+  std::vector<uint64_t>& gaps = parsed.gaps;
   if (bf16) {
-    for (int cl = 0; cl < kClasses; ++cl) {
-      std::optional<uint64_t> m = in.Varint();
-      if (!m || *m > *count - class_begin[cl]) return bad("class counts are malformed or exceed the count");
-      class_begin[cl + 1] = class_begin[cl] + *m;
-    }
-    if (class_begin[kClasses] != *count) return bad("class counts do not sum to the count");
-  }
-  std::vector<uint8_t> gap_bytes;
-  std::vector<uint64_t> gaps(*count);
-  if (bf16) {
-    // A Rice-coded gap takes at most 31 + 7 + 64 bits, each block 6 more.
-    const uint64_t max_bytes = (*count * 102 + (*count / kRiceBlock + kClasses) * 6) / 8 + 1;
-    if (auto err = compact::GetBlock(in, std::nullopt, max_bytes, gap_bytes)) return bad("gap block: " + *err);
-    compact::BitReader bits(gap_bytes);
-    for (int cl = 0; cl < kClasses; ++cl) {
-      if (auto err = GetRiceGaps(bits, class_begin[cl + 1] - class_begin[cl], gaps.data() + class_begin[cl])) {
-        return bad("class " + std::to_string(cl) + ": " + *err);
-      }
-    }
-    if (!bits.AtPaddedEnd()) return bad("trailing bits in the gap block");
+    std::optional<std::string> err = *version == kStreamVersion ? ParseBf16StreamV2(in, *count, parsed)
+                                                                : compact::ParseBf16StreamV3(in, *count, tables, parsed);
+    if (err) return bad(*err);
   } else {
+    std::vector<uint8_t> gap_bytes;
+    gaps.resize(*count);
     // A gap varint takes at most 10 bytes.
     if (auto err = compact::GetBlock(in, std::nullopt, *count * 10, gap_bytes)) return bad("gap block: " + *err);
     Reader g(gap_bytes);
@@ -361,18 +283,8 @@ Status DecodeTensor(const std::string& label, const TensorView& stream, const We
     }
     if (auto err = compact::GetBlock(in, *count * esize, 0, c.values)) return bad("value block: " + *err);
   } else {
-    std::vector<uint8_t> diffs, escapes, class_diffs;
-    diffs.reserve(*count);
-    for (int cl = 0; cl < kClasses; ++cl) {
-      const uint64_t m = class_begin[cl + 1] - class_begin[cl];
-      if (m == 0) continue;
-      if (auto err = compact::GetBlock(in, m, 0, class_diffs)) {
-        return bad("diff block of class " + std::to_string(cl) + ": " + *err);
-      }
-      diffs.insert(diffs.end(), class_diffs.begin(), class_diffs.end());
-    }
-    const uint64_t n_escapes = static_cast<uint64_t>(std::count(diffs.begin(), diffs.end(), kEscape));
-    if (auto err = compact::GetBlock(in, 2 * n_escapes, 0, escapes)) return bad("escape block: " + *err);
+    const std::vector<uint8_t>& diffs = parsed.diffs;
+    const std::vector<uint8_t>& escapes = parsed.escapes;
     // Per class: the next change's gap (g) and diff (p) cursors, its escape
     // cursor (e), and how many more class elements to skip before the next
     // change (rem; ~0 once the class is done).
@@ -451,6 +363,17 @@ std::string Show(std::string_view v) {
   return "'" + out + (v.size() > 40 ? "...'" : "'");
 }
 
+// A version-3 delta's diff tables, when its metadata has them.
+Status ParseTables(const SafetensorsFile& file, std::optional<compact::V3Tables>& tables) {
+  auto it = file.metadata().find(std::string(compact::kTablesKey));
+  if (it == file.metadata().end()) return Status::OK();
+  tables.emplace();
+  if (auto err = compact::V3Tables::ParseHex(it->second, *tables)) {
+    return Status::Corruption(file.label() + ": __metadata__ '" + std::string(compact::kTablesKey) + "' is malformed: " + *err);
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 bool IsCompactDelta(const SafetensorsFile& file) {
@@ -459,8 +382,11 @@ bool IsCompactDelta(const SafetensorsFile& file) {
 }
 
 Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& base_hash, const WeightState& base,
-                                        std::span<const TensorChanges> changes, int threads) {
+                                        std::span<const TensorChanges> changes, int threads, int stream_version) {
   if (!info.base_version) return Status::InvalidArgument("a compact delta needs info.base_version");
+  if (stream_version != 2 && stream_version != 3) {
+    return Status::InvalidArgument("compact stream version " + std::to_string(stream_version) + " is not 2 or 3");
+  }
   if (*info.base_version >= info.model_version) {
     return Status::InvalidArgument("base version " + std::to_string(*info.base_version) +
                                    " is not older than model_version " + std::to_string(info.model_version));
@@ -481,17 +407,38 @@ Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& 
   }
   std::vector<std::vector<uint8_t>> streams(order.size());
   std::vector<Status> errors(order.size());
-  ParallelFor(order.size(), changed >= kParallelMin ? threads : 1,
-              [&](size_t i) { errors[i] = compact::EncodeTensorStream(*order[i], *bases[i], streams[i]); });
+  const int workers = changed >= kParallelMin ? threads : 1;
+  std::optional<compact::V3Tables> tables;
+  if (stream_version == 3) {
+    // The delta's diff tables first: every tensor's histogram, summed.
+    std::vector<compact::DiffHistogram> hist(order.size());
+    ParallelFor(order.size(), workers, [&](size_t i) {
+      hist[i] = {};
+      errors[i] = compact::CheckTensorChanges(*order[i], *bases[i]);
+      if (errors[i].ok()) compact::CountTensorDiffs(*order[i], *bases[i], hist[i]);
+    });
+    for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
+    compact::DiffHistogram sum{};
+    for (const compact::DiffHistogram& h : hist) {
+      for (int cl = 0; cl < kClasses; ++cl) {
+        for (int d = 0; d < 256; ++d) sum[cl][d] += h[cl][d];
+      }
+    }
+    tables = compact::V3Tables::Build(sum);
+  }
+  const compact::V3Tables* t = tables ? &*tables : nullptr;
+  ParallelFor(order.size(), workers,
+              [&](size_t i) { errors[i] = compact::EncodeTensorStream(*order[i], *bases[i], streams[i], t); });
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
   std::vector<std::string> names;
   for (const TensorChanges* c : order) names.push_back(c->name);
-  return compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names, std::move(streams), changed);
+  return compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names, std::move(streams), changed, t);
 }
 
 Result<EncodedPatch> compact::AssembleCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                                    uint64_t base_total_elements, std::span<const std::string> names,
-                                                   std::vector<std::vector<uint8_t>> streams, uint64_t changed) {
+                                                   std::vector<std::vector<uint8_t>> streams, uint64_t changed,
+                                                   const V3Tables* tables) {
   if (!info.base_version) return Status::InvalidArgument("a compact delta needs info.base_version");
   EncodedPatch out;
   out.owned.reserve(1 + streams.size());
@@ -502,6 +449,7 @@ Result<EncodedPatch> compact::AssembleCompactDelta(const PatchInfo& info, const 
     views.push_back({names[i] + std::string(kSuffix), DType::kU8, {out.owned[1 + i].size()}, out.owned[1 + i]});
   }
   Metadata metadata = BuildMetadata(info, base_hash, names.size(), changed, base_total_elements);
+  if (tables) metadata.emplace(std::string(kTablesKey), tables->SerializeHex());
   DS_ASSIGN_OR_RETURN(out.owned[0], EncodeSafetensorsHeader(metadata, views));
   for (const std::vector<uint8_t>& part : out.owned) {
     if (part.empty()) continue;
@@ -585,10 +533,13 @@ Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, const Weigh
     bases.push_back(t);
     stream_bytes += s->data.size();
   }
+  std::optional<compact::V3Tables> tables;
+  DS_RETURN_IF_ERROR(ParseTables(file, tables));
   out.changes.resize(streams.size());
   std::vector<Status> errors(streams.size());
+  const compact::V3Tables* t = tables ? &*tables : nullptr;
   ParallelFor(streams.size(), stream_bytes >= kParallelMin ? threads : 1,
-              [&](size_t i) { errors[i] = DecodeTensor(label, *streams[i], *bases[i], out.changes[i]); });
+              [&](size_t i) { errors[i] = DecodeTensor(label, *streams[i], *bases[i], out.changes[i], t); });
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
   uint64_t changed = 0;
   for (const TensorChanges& c : out.changes) changed += c.count();
@@ -603,12 +554,30 @@ Result<CompactStreamSizes> MeasureCompactDelta(const SafetensorsFile& file) {
   if (!IsCompactDelta(file)) return Status::InvalidArgument(file.label() + " is not a compact delta");
   CompactStreamSizes out;
   out.header_bytes = file.blob().size();
+  std::optional<compact::V3Tables> tables;
+  DS_RETURN_IF_ERROR(ParseTables(file, tables));
   for (const TensorView& t : file.tensors()) {
     auto bad = [&](const std::string& msg) { return Corrupt(file.label(), t.name, msg); };
     Reader in(t.data);
     std::optional<uint8_t> version = in.Byte(), mode = in.Byte();
     std::optional<uint64_t> count = in.Varint();
     if (!version || !mode || !count) return bad("truncated stream header");
+    std::string_view param = t.name;
+    if (param.ends_with(kSuffix)) param.remove_suffix(kSuffix.size());
+    if (*version == compact::kStreamVersion3 && *mode == kModeBf16) {
+      // Version 3 is measured by decoding its entropy-coded parts.
+      compact::ParsedBf16 parsed;
+      compact::V3Sizes sizes;
+      if (*count > t.data.size() * 8) return bad("count " + std::to_string(*count) + " is impossible for the stream's size");
+      if (auto err = compact::ParseBf16StreamV3(in, *count, tables ? &*tables : nullptr, parsed, &sizes)) return bad(*err);
+      out.tensors++;
+      out.changed += *count;
+      out.changed_tensors.push_back({std::string(param), true, *count});
+      out.gap_bytes += sizes.gaps;
+      out.diff_bytes += sizes.diffs;
+      out.escape_bytes += sizes.escapes;
+      continue;
+    }
     int diff_blocks = 1;
     if (*mode == kModeBf16) {
       diff_blocks = 0;
@@ -635,8 +604,6 @@ Result<CompactStreamSizes> MeasureCompactDelta(const SafetensorsFile& file) {
     if (!gaps || !second || !third) return bad("truncated or malformed block");
     out.tensors++;
     out.changed += *count;
-    std::string_view param = t.name;
-    if (param.ends_with(kSuffix)) param.remove_suffix(kSuffix.size());
     out.changed_tensors.push_back({std::string(param), *mode == kModeBf16, *count});
     out.gap_bytes += *gaps;
     if (*mode == kModeBf16) {
@@ -656,10 +623,14 @@ namespace deltasync {
 
 Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                                const WeightState& base, const bf16::CompactScan& scan,
-                                               std::span<const TensorChanges> others, int threads) {
+                                               std::span<const TensorChanges> others, int threads,
+                                               int stream_version) {
   if (!info.base_version || *info.base_version >= info.model_version) {
     return Status::InvalidArgument("a compact delta needs a base version older than model_version " +
                                    std::to_string(info.model_version));
+  }
+  if (stream_version != 2 && stream_version != 3) {
+    return Status::InvalidArgument("compact stream version " + std::to_string(stream_version) + " is not 2 or 3");
   }
   // Both lists are in name order (the base's): merge them.
   struct Item {
@@ -682,20 +653,31 @@ Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const Stat
   for (const Item& it : items) changed += it.changed;
   std::vector<std::vector<uint8_t>> streams(items.size());
   std::vector<Status> errors(items.size());
+  std::optional<compact::V3Tables> tables;
+  if (stream_version == 3) {
+    // The scan's diff bytes, per class (non-bf16 tensors have none).
+    compact::DiffHistogram sum{};
+    for (const Item& it : items) {
+      if (it.other == nullptr) scan.CountDiffs(it.scanned, sum);
+    }
+    tables = compact::V3Tables::Build(sum);
+  }
+  const compact::V3Tables* tab = tables ? &*tables : nullptr;
   ParallelFor(order.size(), changed >= kParallelMin ? threads : 1, [&](size_t k) {
     const size_t i = order[k];
     if (items[i].other == nullptr) {
-      scan.WriteStream(items[i].scanned, streams[i]);
+      scan.WriteStream(items[i].scanned, streams[i], tab);
       return;
     }
     const WeightState::Tensor* t = base.Find(*items[i].name);
-    errors[i] = t ? compact::EncodeTensorStream(*items[i].other, *t, streams[i])
+    errors[i] = t ? compact::EncodeTensorStream(*items[i].other, *t, streams[i], tab)
                   : Status::InvalidArgument("tensor '" + *items[i].name + "' is not in the base state");
   });
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
   std::vector<std::string> names;
   for (const Item& it : items) names.push_back(*it.name);
-  return compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names, std::move(streams), changed);
+  return compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names, std::move(streams), changed,
+                                       tab);
 }
 
 }  // namespace deltasync

@@ -1,0 +1,120 @@
+// Rice-coded gaps (compact_rice.h).
+#include "codec/compact_rice.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace deltasync::compact {
+namespace {
+
+int BitWidth(uint64_t v) { return v ? 64 - __builtin_clzll(v) : 0; }
+
+uint64_t RiceBits(uint64_t gap, int k) {
+  const uint64_t q = gap >> k;
+  return q < kUnaryEscape ? q + 1 + static_cast<uint64_t>(k) : kUnaryEscape + 7 + BitWidth(gap);
+}
+
+void PutRice(BitWriter& w, uint64_t gap, int k) {
+  const uint64_t q = gap >> k;
+  if (q < kUnaryEscape) {
+    // q ones, a zero, then the k low bits; one write when it fits.
+    const uint64_t unary = (uint64_t{1} << q) - 1;
+    if (q + 1 + k <= 56) {
+      const uint64_t low = k == 0 ? 0 : gap & ((uint64_t{1} << k) - 1);
+      w.Put(unary | (low << (q + 1)), static_cast<int>(q) + 1 + k);
+    } else {
+      w.Put(unary, static_cast<int>(q) + 1);
+      w.Put(gap, k);
+    }
+  } else {
+    w.Put((uint64_t{1} << kUnaryEscape) - 1, kUnaryEscape);
+    w.Put(static_cast<uint64_t>(BitWidth(gap)), 7);
+    w.Put(gap, BitWidth(gap));
+  }
+}
+
+// The sum of RiceBits(gaps[i], k) over n gaps whose largest is max_gap. A
+// gap takes (gap >> k) + 1 + k bits unless escaped; the sum of shifts is a
+// loop the compiler vectorises, and escapes (rare) are corrected one by one
+// (mod 2^64: the corrections undo any wrap of the plain sum).
+uint64_t RiceCost(const uint64_t* gaps, size_t n, int k, uint64_t max_gap) {
+  uint64_t q = 0;
+  for (size_t i = 0; i < n; ++i) q += gaps[i] >> k;
+  uint64_t bits = q + n * static_cast<uint64_t>(1 + k);
+  if ((max_gap >> k) >= kUnaryEscape) {
+    for (size_t i = 0; i < n; ++i) {
+      if ((gaps[i] >> k) >= kUnaryEscape) bits += RiceBits(gaps[i], k) - ((gaps[i] >> k) + 1 + static_cast<uint64_t>(k));
+    }
+  }
+  return bits;
+}
+
+}  // namespace
+
+void PutRiceGaps(BitWriter& w, uint64_t count, GapSource& source) {
+  uint64_t gaps[kRiceBlock];
+  for (uint64_t done = 0; done < count;) {
+    const size_t e = source.Next(gaps, static_cast<size_t>(std::min<uint64_t>(kRiceBlock, count - done)));
+    if (e == 0) break;  // a source shorter than its count (never, for the two encoders' sources)
+    done += e;
+    double sum = 0;
+    uint64_t max_gap = 0;
+    for (size_t i = 0; i < e; ++i) {
+      sum += static_cast<double>(gaps[i]);
+      max_gap = std::max(max_gap, gaps[i]);
+    }
+    // A geometric source's best k is about log2(mean x ln 2); the exact cost
+    // decides among it and its neighbours.
+    const double scaled = sum / static_cast<double>(e) * 0.6931471805599453;
+    const int guess = scaled >= 1 ? std::min(kMaxRiceK, static_cast<int>(std::log2(scaled))) : 0;
+    // The three candidates' costs in one pass (k = guess - 1 only when >= 0).
+    const int lo = std::max(0, guess - 1), hi = std::min(kMaxRiceK, guess + 1);
+    const uint64_t cost[3] = {RiceCost(gaps, e, lo, max_gap), RiceCost(gaps, e, lo + 1 <= hi ? lo + 1 : lo, max_gap),
+                              RiceCost(gaps, e, hi, max_gap)};
+    int best_k = lo;
+    uint64_t best_bits = cost[0];
+    if (lo + 1 <= hi && cost[1] < best_bits) best_bits = cost[1], best_k = lo + 1;
+    if (cost[2] < best_bits) best_bits = cost[2], best_k = hi;
+    w.Put(static_cast<uint64_t>(best_k), 6);
+    for (size_t i = 0; i < e; ++i) PutRice(w, gaps[i], best_k);
+  }
+}
+
+// Reads `count` gaps of one class into `out`; nullopt-style error text.
+std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, uint64_t* out) {
+  for (uint64_t b = 0; b < count; b += kRiceBlock) {
+    std::optional<uint64_t> k = r.Get(6);
+    if (!k) return "truncated Rice parameter";
+    if (*k > kMaxRiceK) return "Rice parameter " + std::to_string(*k) + " above " + std::to_string(kMaxRiceK);
+    const int kk = static_cast<int>(*k);
+    const uint64_t e = std::min<uint64_t>(count, b + kRiceBlock);
+    for (uint64_t i = b; i < e; ++i) {
+      std::optional<int> q = r.Unary(kUnaryEscape);
+      if (!q) return "gap " + std::to_string(i) + " is truncated";
+      if (*q < kUnaryEscape) {
+        std::optional<uint64_t> low = r.Get(kk);
+        if (!low) return "gap " + std::to_string(i) + " is truncated";
+        out[i] = (static_cast<uint64_t>(*q) << kk) | *low;
+        continue;
+      }
+      std::optional<uint64_t> width = r.Get(7);
+      std::optional<uint64_t> gap = width && *width <= 64 ? r.Get(static_cast<int>(*width)) : std::nullopt;
+      if (!gap) return "escaped gap " + std::to_string(i) + " is truncated or wider than 64 bits";
+      if ((*gap >> kk) < kUnaryEscape || BitWidth(*gap) != static_cast<int>(*width)) {
+        return "escaped gap " + std::to_string(i) + " is not canonical";
+      }
+      out[i] = *gap;
+    }
+  }
+  return std::nullopt;
+}
+
+size_t VectorGaps::Next(uint64_t* out, size_t max) {
+  const size_t n = std::min(max, gaps_.size() - pos_);
+  if (n) std::memcpy(out, gaps_.data() + pos_, n * sizeof(uint64_t));
+  pos_ += n;
+  return n;
+}
+
+}  // namespace deltasync::compact
