@@ -11,11 +11,11 @@ namespace deltasync::compact {
 namespace {
 
 void Finalize(V3Tables::Class& c) {
-  c.symbol.assign(kRansTotal, 0);
+  c.slots.assign(kRansTotal, 0);
   uint32_t start = 0;
-  for (int s = 0; s < 256; ++s) {
+  for (uint32_t s = 0; s < 256; ++s) {
     c.start[s] = static_cast<uint16_t>(start);
-    std::fill(c.symbol.begin() + start, c.symbol.begin() + start + c.freq[s], static_cast<uint8_t>(s));
+    for (uint32_t k = 0; k < c.freq[s]; ++k) c.slots[start + k] = s | k << 8 | (c.freq[s] - 1u) << 20;
     start += c.freq[s];
   }
 }
@@ -179,15 +179,18 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
     }
     gap_parts[p] = w.Finish();
     // rANS, last symbol first, into the end of buf (at most 2 bytes a
-    // symbol with 12-bit frequencies, plus the 4-byte final state).
-    buf.resize(2 * (hi - lo) + 4);
+    // symbol with 12-bit frequencies, plus the final states); two states
+    // taking turns from a piece of kRansTwoStates changes on.
+    const bool two = hi - lo >= kRansTwoStates;
+    buf.resize(2 * (hi - lo) + 8);
     uint8_t* const end = buf.data() + buf.size();
     uint8_t* ptr = end;
-    uint32_t x = kRansLow;
+    uint32_t xs[2] = {kRansLow, kRansLow};
     for (int cl = kClasses - 1; cl >= 0; --cl) {
       const Span part = ClassPart(begin, cl, lo, hi);
       const V3Tables::Class& t = tables.classes[cl];
       for (uint64_t r = part.b; r-- > part.a;) {
+        uint32_t& x = xs[two ? (r - lo) & 1 : 0];
         const uint32_t f = t.freq[diffs[r]];
         const uint32_t x_max = ((kRansLow >> kRansScaleBits) << 8) * f;
         while (x >= x_max) {
@@ -197,8 +200,10 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
         x = ((x / f) << kRansScaleBits) + (x % f) + t.start[diffs[r]];
       }
     }
-    ptr -= 4;
-    for (int k = 0; k < 4; ++k) ptr[k] = static_cast<uint8_t>(x >> (8 * k));
+    for (int j = two ? 1 : 0; j >= 0; --j) {
+      ptr -= 4;
+      for (int k = 0; k < 4; ++k) ptr[k] = static_cast<uint8_t>(xs[j] >> (8 * k));
+    }
     rans_parts[p].assign(ptr, end);
   }
   for (uint64_t p = 0; p < pieces; ++p) {
@@ -268,30 +273,52 @@ std::optional<std::string> ParseBf16StreamV3(Reader& in, uint64_t count, const V
     }
     if (!bits.AtPaddedEnd()) return where + "trailing bits after the gaps";
     const ByteSpan rans = *in.Take(lens[p].second);
-    if (rans.size() < 4) return where + "rANS bytes shorter than the 4-byte state";
-    uint32_t x;
-    std::memcpy(&x, rans.data(), 4);  // little-endian hosts only (as the whole codec)
-    if (x < kRansLow || x >= (uint32_t{1} << 31)) return where + "rANS state out of range";
-    const uint8_t* ptr = rans.data() + 4;
+    const bool two = hi - lo >= kRansTwoStates;
+    const size_t state_bytes = two ? 8 : 4;
+    if (rans.size() < state_bytes) return where + "rANS bytes shorter than the initial states";
+    uint32_t x0, x1 = kRansLow;
+    std::memcpy(&x0, rans.data(), 4);  // little-endian hosts only (as the whole codec)
+    if (two) std::memcpy(&x1, rans.data() + 4, 4);
+    for (uint32_t x : {x0, x1}) {
+      if (x < kRansLow || x >= (uint32_t{1} << 31)) return where + "rANS state out of range";
+    }
+    const uint8_t* ptr = rans.data() + state_bytes;
     const uint8_t* const end = rans.data() + rans.size();
+    uint8_t* const d = out.diffs.data();
+    // One symbol on state x; false when the bytes end early.
+    auto step = [&](uint32_t& x, const uint32_t* slots, uint64_t r) {
+      const uint32_t e = slots[x & (kRansTotal - 1)];
+      x = ((e >> 20) + 1) * (x >> kRansScaleBits) + ((e >> 8) & (kRansTotal - 1));
+      d[r] = static_cast<uint8_t>(e);
+      if (x < kRansLow) {
+        if (end - ptr >= 2) {  // x >= 2^11 here: two bytes always suffice
+          x = (x << 8) | *ptr++;
+          if (x < kRansLow) x = (x << 8) | *ptr++;
+        } else {
+          while (x < kRansLow) {
+            if (ptr == end) return false;
+            x = (x << 8) | *ptr++;
+          }
+        }
+      }
+      return true;
+    };
     for (int cl = 0; cl < kClasses; ++cl) {
       const Span part = ClassPart(begin, cl, lo, hi);
       if (part.a >= part.b) continue;
-      const V3Tables::Class& t = tables->classes[cl];
-      const uint8_t* sym = t.symbol.data();
-      uint8_t* d = out.diffs.data();
-      for (uint64_t r = part.a; r < part.b; ++r) {
-        const uint32_t slot = x & (kRansTotal - 1);
-        const uint8_t s = sym[slot];
-        x = t.freq[s] * (x >> kRansScaleBits) + slot - t.start[s];
-        while (x < kRansLow) {
-          if (ptr == end) return where + "rANS bytes end early, at change " + std::to_string(r);
-          x = (x << 8) | *ptr++;
-        }
-        d[r] = s;
+      const uint32_t* slots = tables->classes[cl].slots.data();
+      uint64_t r = part.a;
+      bool ok = true;
+      if (!two) {
+        for (; ok && r < part.b; ++r) ok = step(x0, slots, r);
+      } else {
+        if ((r - lo) & 1) ok = step(x1, slots, r++);
+        for (; ok && r + 1 < part.b; r += 2) ok = step(x0, slots, r) && step(x1, slots, r + 1);
+        if (ok && r < part.b) ok = step(x0, slots, r++);
       }
+      if (!ok) return where + "rANS bytes end early, in class " + std::to_string(cl);
     }
-    if (x != kRansLow) return where + "rANS final state is not the initial state";
+    if (x0 != kRansLow || x1 != kRansLow) return where + "rANS final states are not the initial ones";
     if (ptr != end) return where + std::to_string(end - ptr) + " trailing rANS bytes";
     if (sizes) {
       sizes->gaps += lens[p].first;
