@@ -6,8 +6,10 @@
 //                       base: positions as gaps counted among base elements of
 //                       the same exponent class (LEB128 varints), bf16 value
 //                       changes as zigzag differences of bit patterns (ULPs),
-//                       raw values where that does not fit (escapes), each
-//                       stream Huffman-coded (literal-only zstd). One U8
+//                       raw values where that does not fit (escapes); the
+//                       differences rANS-coded with delta-wide per-class
+//                       tables (stream version 3; version 2, Huffman-coded
+//                       per tensor and class, is still read). One U8
 //                       tensor `{name}.cmp` per changed parameter. Metadata
 //                       encoding="compact".
 //   compressed anchor:  a full snapshot with each bf16 element split into an

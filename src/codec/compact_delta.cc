@@ -4,7 +4,10 @@
 // replica holds the base, so it rebuilds the classes; elements of a class
 // change at a similar rate, which makes the gaps cheap), zigzag ULP
 // differences and escaped raw values, each stream class by class and
-// Huffman-coded (literal-only zstd); other dtypes: plain gaps and raw values.
+// Huffman-coded (literal-only zstd) in stream version 2; version 3
+// (compact_v3.h) codes the same streams with delta-wide rANS tables, and
+// this file dispatches on the version byte. Other dtypes: plain gaps and raw
+// values.
 // Tensors are encoded and decoded in parallel.
 #include <algorithm>
 #include <array>
