@@ -44,10 +44,14 @@ inline constexpr std::string_view kCompactEncodingName = "compact";
 // Metadata key: StateHash::Hex() of the base a compact delta applies to.
 inline constexpr std::string_view kBaseStateHashKey = "deltasync_base_state_hash";
 
-// The stream version new compact deltas are written in (2 or 3; every
-// version is read). Version 3 (docs/format.md) codes the same information
-// as version 2 with delta-wide rANS tables for the ULP differences.
-inline constexpr int kDefaultCompactStreamVersion = 3;
+// The stream version new compact deltas are written in: 2, 3, or
+// kCompactStreamAuto (the default): version 3, except that a delta of fewer
+// than 4096 changes is written in version 2 when that is smaller (the
+// tables' fixed cost). Every version is read. Version 3 (docs/format.md)
+// codes the same information as version 2 with delta-wide rANS tables for
+// the ULP differences.
+inline constexpr int kCompactStreamAuto = 0;
+inline constexpr int kDefaultCompactStreamVersion = kCompactStreamAuto;
 
 // A compact delta for info.model_version against `base` (whose hash is
 // `base_hash`, version *info.base_version). REQUIRES of the caller, checked
@@ -57,8 +61,8 @@ inline constexpr int kDefaultCompactStreamVersion = 3;
 // info.encoding, total_elements and changed counts are ignored / computed
 // (total_elements = base.total_elements()). Deterministic: the same input
 // gives the same bytes. Tensors encoded in parallel on up to `threads`
-// threads (0 = hardware concurrency), in `stream_version` (2 or 3, else
-// kInvalidArgument). The result owns all its bytes.
+// threads (0 = hardware concurrency), in `stream_version` (2, 3 or
+// kCompactStreamAuto, else kInvalidArgument). The result owns all its bytes.
 Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                         const WeightState& base, std::span<const TensorChanges> changes,
                                         int threads = 0, int stream_version = kDefaultCompactStreamVersion);

@@ -74,8 +74,8 @@ struct PublisherOptions {
   // Allows a version more than kMaxVersionJump past the newest one.
   bool allow_version_jump = false;
   int threads = 0;  // 0 = hardware concurrency
-  // Stream version of compact deltas (2 or 3; replicas read both):
-  // kDefaultCompactStreamVersion unless set (tests and benchmarks compare).
+  // Stream version of compact deltas (2, 3 or kCompactStreamAuto, the
+  // default; replicas read both; tests and benchmarks compare).
   int compact_stream_version = kDefaultCompactStreamVersion;
   // F32 tensors whose names end with one of these are published as F32
   // (bitwise) rather than rounded to bf16: inference engines keep MoE

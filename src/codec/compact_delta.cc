@@ -44,6 +44,9 @@ constexpr std::string_view kSuffix = ".cmp";
 constexpr int kZstdLevel = 3;  // raw values of non-bf16 tensors
 // Below this many changed elements in total, work stays on one thread.
 constexpr uint64_t kParallelMin = uint64_t{1} << 16;
+// Below this many changed elements, kCompactStreamAuto also encodes version
+// 2 and keeps the smaller file (never worse than version 2).
+constexpr uint64_t kSmallDelta = 4096;
 
 uint16_t Load16(const uint8_t* p) {
   uint16_t v;
@@ -387,9 +390,11 @@ bool IsCompactDelta(const SafetensorsFile& file) {
 Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& base_hash, const WeightState& base,
                                         std::span<const TensorChanges> changes, int threads, int stream_version) {
   if (!info.base_version) return Status::InvalidArgument("a compact delta needs info.base_version");
-  if (stream_version != 2 && stream_version != 3) {
+  if (stream_version != kCompactStreamAuto && stream_version != 2 && stream_version != 3) {
     return Status::InvalidArgument("compact stream version " + std::to_string(stream_version) + " is not 2 or 3");
   }
+  const bool automatic = stream_version == kCompactStreamAuto;
+  if (automatic) stream_version = 3;
   if (*info.base_version >= info.model_version) {
     return Status::InvalidArgument("base version " + std::to_string(*info.base_version) +
                                    " is not older than model_version " + std::to_string(info.model_version));
@@ -435,7 +440,14 @@ Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& 
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
   std::vector<std::string> names;
   for (const TensorChanges* c : order) names.push_back(c->name);
-  return compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names, std::move(streams), changed, t);
+  DS_ASSIGN_OR_RETURN(EncodedPatch out, compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names,
+                                                                      std::move(streams), changed, t));
+  if (automatic && changed < kSmallDelta) {
+    // The tables' fixed cost can exceed what they save on a tiny delta.
+    DS_ASSIGN_OR_RETURN(EncodedPatch v2, EncodeCompactDelta(info, base_hash, base, changes, 1, 2));
+    if (v2.size < out.size) return v2;
+  }
+  return out;
 }
 
 Result<EncodedPatch> compact::AssembleCompactDelta(const PatchInfo& info, const StateHash& base_hash,
@@ -632,9 +644,11 @@ Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const Stat
     return Status::InvalidArgument("a compact delta needs a base version older than model_version " +
                                    std::to_string(info.model_version));
   }
-  if (stream_version != 2 && stream_version != 3) {
+  if (stream_version != kCompactStreamAuto && stream_version != 2 && stream_version != 3) {
     return Status::InvalidArgument("compact stream version " + std::to_string(stream_version) + " is not 2 or 3");
   }
+  const bool automatic = stream_version == kCompactStreamAuto;
+  if (automatic) stream_version = 3;
   // Both lists are in name order (the base's): merge them.
   struct Item {
     const std::string* name;
@@ -679,8 +693,13 @@ Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const Stat
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
   std::vector<std::string> names;
   for (const Item& it : items) names.push_back(*it.name);
-  return compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names, std::move(streams), changed,
-                                       tab);
+  DS_ASSIGN_OR_RETURN(EncodedPatch out, compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names,
+                                                                      std::move(streams), changed, tab));
+  if (automatic && changed < kSmallDelta) {  // as EncodeCompactDelta
+    DS_ASSIGN_OR_RETURN(EncodedPatch v2, EncodeScannedCompactDelta(info, base_hash, base, scan, others, 1, 2));
+    if (v2.size < out.size) return v2;
+  }
+  return out;
 }
 
 }  // namespace deltasync

@@ -190,7 +190,7 @@ TEST(CompactV3, RandomPatternsMatchV2) {
 
 TEST(CompactV3, UnknownVersionRefused) {
   Base b = MakeBase(10);
-  for (int v : {0, 1, 4}) {
+  for (int v : {-1, 1, 4}) {
     Result<EncodedPatch> e = EncodeCompactDelta(Info(), b.hash, b.state, {}, 1, v);
     ASSERT_FALSE(e.ok());
     EXPECT_EQ(e.status().code(), ErrorCode::kInvalidArgument);
@@ -255,6 +255,30 @@ TEST(CompactV3, CorruptedAndTruncatedNeverCrash) {
   }
   for (size_t len = 0; len < bytes.size(); ++len) {
     EXPECT_FALSE(Decode(std::vector<uint8_t>(bytes.begin(), bytes.begin() + len), b).ok()) << len;
+  }
+}
+
+}  // namespace
+}  // namespace deltasync
+
+namespace deltasync {
+namespace {
+
+// The default (kCompactStreamAuto): version 3, but never a larger file than
+// version 2 on a tiny delta (the tables' fixed cost).
+TEST(CompactV3, AutoNeverLargerThanV2) {
+  Base b = MakeBase(20000);
+  std::mt19937_64 rng(12);
+  for (size_t count : {size_t{1}, size_t{3}, size_t{40}, size_t{3000}, size_t{6000}}) {
+    SCOPED_TRACE(count);
+    std::vector<TensorChanges> c{Changes(b.state, "big", testing::RandomIndices(rng, 20000, count), Ulp)};
+    const std::vector<uint8_t> v2 = Encode(b, c, 2), v3 = Encode(b, c, 3);
+    const std::vector<uint8_t> automatic = Encode(b, c, kCompactStreamAuto);
+    EXPECT_LE(automatic.size(), v2.size());
+    EXPECT_EQ(automatic, count < 4096 && v2.size() < v3.size() ? v2 : v3);
+    Result<CompactDelta> d = Decode(automatic, b);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->changes[0].indices, c[0].indices);
   }
 }
 

@@ -140,7 +140,7 @@ Result<DeltaFigures> MeasureDeltaCodecs(const WeightState& base, std::span<const
   };
   DS_RETURN_IF_ERROR(measure(2, f.v2));
   DS_RETURN_IF_ERROR(measure(3, f.v3));
-  const CompactFigures& d = kDefaultCompactStreamVersion == 3 ? f.v3 : f.v2;
+  const CompactFigures& d = f.v3;  // the default (kCompactStreamAuto) on a delta this size
   f.compact = d.bytes_per_changed;
   f.encode_gbps_1t = d.encode_gbps_1t;
   f.decode_gbps_1t = d.decode_gbps_1t;
