@@ -48,16 +48,24 @@ int main(int argc, char** argv) {
   std::printf("  raw                 %.3f\n", d->raw);
   std::printf("  gap_delta           %.3f\n", d->gap_delta);
   std::printf("  gap_delta + zstd-3  %.3f\n", d->gap_delta_zstd);
-  std::printf("  compact             %.3f\n", d->compact);
+  std::printf("  compact v2          %.3f   (%.3f x entropy)\n", d->v2.bytes_per_changed, d->v2.bytes_per_changed / d->entropy);
+  std::printf("  compact v3          %.3f   (%.3f x entropy; %.3f x v2)\n", d->v3.bytes_per_changed,
+              d->v3.bytes_per_changed / d->entropy, d->v3.bytes_per_changed / d->v2.bytes_per_changed);
+  for (const auto& [name, v] : {std::pair{"v2", d->v2}, std::pair{"v3", d->v3}}) {
+    std::printf("    %s parts: header %.4f, gaps %.4f, diffs %.4f, escapes+other values %.4f\n", name, v.header, v.gaps,
+                v.diffs, v.escapes);
+  }
   std::printf("  order-0 entropy of (gap, ULP diff), reference        %.3f   (compact / entropy = %.3f)\n", d->entropy,
               d->compact / d->entropy);
   std::printf("  base-exponent context entropy (flag|exp + diff|exp)  %.3f   (model cost excluded)\n",
               d->context_entropy);
   std::printf("    parts, B per changed: H0(gap) %.3f, H0(diff) %.3f, H(flag|exp) %.3f, H(diff|exp) %.3f\n", d->h0_gap,
               d->h0_diff, d->ctx_flag, d->ctx_diff);
-  std::printf("compact throughput, GB/s of bf16 model: encode %.2f (1 thread), decode %.2f (1 thread), decode %.2f (%u "
-              "threads)\n",
-              d->encode_gbps_1t, d->decode_gbps_1t, d->decode_gbps_all, std::thread::hardware_concurrency());
+  for (const auto& [name, v] : {std::pair{"v2", d->v2}, std::pair{"v3", d->v3}}) {
+    std::printf("compact %s throughput, GB/s of bf16 model: encode %.2f (1 thread), decode %.2f (1 thread), decode %.2f "
+                "(%u threads)\n",
+                name, v.encode_gbps_1t, v.decode_gbps_1t, v.decode_gbps_all, std::thread::hardware_concurrency());
+  }
   std::printf("anchor: H(exponent) = %.3f bits; ratio %.4f vs order-0 ceiling %.4f = %.3f of ceiling; bit-exact %s\n",
               a->exponent_entropy_bits, a->ratio, a->ceiling, a->ratio / a->ceiling, a->exact ? "yes" : "NO");
   std::printf("anchor throughput, GB/s of bf16 model: encode %.2f (all threads), decode %.2f (1 thread)\n",

@@ -6,8 +6,10 @@
 //                       base: positions as gaps counted among base elements of
 //                       the same exponent class (LEB128 varints), bf16 value
 //                       changes as zigzag differences of bit patterns (ULPs),
-//                       raw values where that does not fit (escapes), each
-//                       stream Huffman-coded (literal-only zstd). One U8
+//                       raw values where that does not fit (escapes); the
+//                       differences rANS-coded with delta-wide per-class
+//                       tables (stream version 3; version 2, Huffman-coded
+//                       per tensor and class, is still read). One U8
 //                       tensor `{name}.cmp` per changed parameter. Metadata
 //                       encoding="compact".
 //   compressed anchor:  a full snapshot with each bf16 element split into an
@@ -42,6 +44,15 @@ inline constexpr std::string_view kCompactEncodingName = "compact";
 // Metadata key: StateHash::Hex() of the base a compact delta applies to.
 inline constexpr std::string_view kBaseStateHashKey = "deltasync_base_state_hash";
 
+// The stream version new compact deltas are written in: 2, 3, or
+// kCompactStreamAuto (the default): version 3, except that a delta of fewer
+// than 4096 changes is written in version 2 when that is smaller (the
+// tables' fixed cost). Every version is read. Version 3 (docs/format.md)
+// codes the same information as version 2 with delta-wide rANS tables for
+// the ULP differences.
+inline constexpr int kCompactStreamAuto = 0;
+inline constexpr int kDefaultCompactStreamVersion = kCompactStreamAuto;
+
 // A compact delta for info.model_version against `base` (whose hash is
 // `base_hash`, version *info.base_version). REQUIRES of the caller, checked
 // (kInvalidArgument): info.base_version set and < info.model_version; every
@@ -50,10 +61,11 @@ inline constexpr std::string_view kBaseStateHashKey = "deltasync_base_state_hash
 // info.encoding, total_elements and changed counts are ignored / computed
 // (total_elements = base.total_elements()). Deterministic: the same input
 // gives the same bytes. Tensors encoded in parallel on up to `threads`
-// threads (0 = hardware concurrency). The result owns all its bytes.
+// threads (0 = hardware concurrency), in `stream_version` (2, 3 or
+// kCompactStreamAuto, else kInvalidArgument). The result owns all its bytes.
 Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                         const WeightState& base, std::span<const TensorChanges> changes,
-                                        int threads = 0);
+                                        int threads = 0, int stream_version = kDefaultCompactStreamVersion);
 
 // A decoded compact delta. `changes` sorted by name, indices strictly
 // ascending and in range for the base it was decoded against, values in the

@@ -12,6 +12,7 @@
 #include <span>
 
 #include "deltasync/changes.h"
+#include "deltasync/compact.h"
 #include "deltasync/hf_folder.h"
 #include "deltasync/manifest.h"
 #include "deltasync/patch.h"
@@ -73,6 +74,9 @@ struct PublisherOptions {
   // Allows a version more than kMaxVersionJump past the newest one.
   bool allow_version_jump = false;
   int threads = 0;  // 0 = hardware concurrency
+  // Stream version of compact deltas (2, 3 or kCompactStreamAuto, the
+  // default; replicas read both; tests and benchmarks compare).
+  int compact_stream_version = kDefaultCompactStreamVersion;
   // F32 tensors whose names end with one of these are published as F32
   // (bitwise) rather than rounded to bf16: inference engines keep MoE
   // router score-correction biases in fp32.

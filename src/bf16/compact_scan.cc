@@ -3,6 +3,7 @@
 // work is in compact_scan_kernels.cc.
 
 #include "bf16/compact_scan.h"
+#include "codec/compact_v3.h"
 
 #include <algorithm>
 #include <cstring>
@@ -243,7 +244,20 @@ class CompactScan::Gaps final : public compact::GapSource {
   uint64_t carry_ = 0;  // class elements since the last change, from earlier chunks
 };
 
-void CompactScan::WriteStream(size_t i, std::vector<uint8_t>& out) const {
+void CompactScan::CountDiffs(size_t i, compact::DiffHistogram& h) const {
+  const TensorRange& t = tensors_[i];
+  for (size_t c = t.first_chunk; c < t.end_chunk; ++c) {
+    const ChunkResult& r = results_[c];
+    const Worker& w = *workers_[r.worker];
+    for (int cl = 0; cl < kClasses; ++cl) {
+      const uint64_t m = r.state.changes[cl];
+      const uint8_t* d = m > 0 ? w.diffs[cl].at(r.gap_offset[cl]) : nullptr;
+      for (uint64_t k = 0; k < m; ++k) h[cl][d[k]]++;
+    }
+  }
+}
+
+void CompactScan::WriteStream(size_t i, std::vector<uint8_t>& out, const compact::V3Tables* tables) const {
   const TensorRange& t = tensors_[i];
   compact::Bf16Streams streams;
   std::vector<Gaps> sources;
@@ -268,7 +282,11 @@ void CompactScan::WriteStream(size_t i, std::vector<uint8_t>& out) const {
       }
     }
   }
-  compact::WriteBf16Stream(streams, out);
+  if (tables) {
+    compact::WriteBf16StreamV3(streams, *tables, out);
+  } else {
+    compact::WriteBf16Stream(streams, out);
+  }
 }
 
 std::vector<TensorChanges> CompactScan::AppliedChanges() const {

@@ -65,22 +65,36 @@ struct Bf16Streams {
   std::vector<ByteSpan> escapes;  // u16 little-endian each
 };
 
-// Appends the whole bf16-mode stream of one tensor (header, class counts,
+// Diff-byte counts per class (version 3's tables are built from a delta's).
+using DiffHistogram = std::array<std::array<uint64_t, 256>, kClasses>;
+struct V3Tables;  // codec/compact_v3.h
+
+// Appends the whole version-2 bf16-mode stream of one tensor (header, class counts,
 // Rice-coded gap block, a Huffman-coded diff block per non-empty class, the
 // escape block). Deterministic.
 void WriteBf16Stream(const Bf16Streams& streams, std::vector<uint8_t>& out);
 
+// kInvalidArgument for a dtype mismatch, a wrong value size, or indices out
+// of range or not strictly ascending.
+Status CheckTensorChanges(const TensorChanges& changes, const WeightState::Tensor& base);
+
+// Adds the diff bytes of a bf16 tensor's changes (checked) to `h`.
+void CountTensorDiffs(const TensorChanges& changes, const WeightState::Tensor& base, DiffHistogram& h);
+
 // The stream of one tensor's changes against its base (either mode), after
-// checking them: kInvalidArgument for a dtype mismatch, a wrong value size,
-// or indices out of range or not strictly ascending.
-Status EncodeTensorStream(const TensorChanges& changes, const WeightState::Tensor& base, std::vector<uint8_t>& out);
+// CheckTensorChanges: version 2 without `tables`, else version 3 (its bf16
+// diffs must all be in the tables).
+Status EncodeTensorStream(const TensorChanges& changes, const WeightState::Tensor& base, std::vector<uint8_t>& out,
+                          const V3Tables* tables = nullptr);
 
 // The compact delta file from per-tensor streams: `names[i]`'s stream is
 // `streams[i]` (names sorted, each a tensor of the base), `changed` changed
-// elements in all. REQUIRES info.base_version (checked: kInvalidArgument).
+// elements in all; `tables` (version 3) go into the metadata.
+// REQUIRES info.base_version (checked: kInvalidArgument).
 Result<EncodedPatch> AssembleCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                           uint64_t base_total_elements, std::span<const std::string> names,
-                                          std::vector<std::vector<uint8_t>> streams, uint64_t changed);
+                                          std::vector<std::vector<uint8_t>> streams, uint64_t changed,
+                                          const V3Tables* tables = nullptr);
 
 // The decoder rebuilds positions in chunks of this many elements of a
 // tensor, all chunks in parallel (compact_decode.cc).
@@ -106,6 +120,7 @@ namespace deltasync {
 // changes against the base before the Run. Streams written in parallel.
 Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                                const WeightState& base, const bf16::CompactScan& scan,
-                                               std::span<const TensorChanges> others, int threads);
+                                               std::span<const TensorChanges> others, int threads,
+                                               int stream_version = kDefaultCompactStreamVersion);
 
 }  // namespace deltasync

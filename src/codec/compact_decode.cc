@@ -28,6 +28,7 @@
 #include "codec/compact_bf16.h"
 #include "codec/compact_rice.h"
 #include "codec/compact_streams.h"
+#include "codec/compact_v3.h"
 #include "codec/patch_metadata.h"
 #include "common/parallel.h"
 #include "deltasync/compact.h"
@@ -104,16 +105,56 @@ WalkStart StartAt(const Bf16Tensor& t, const std::array<uint64_t, kClasses>& bef
   return s;
 }
 
+// Version 2's bf16 parse, after version, mode and count: class counts, the
+// Rice-coded gap block, a diff block per non-empty class, the escape block.
+std::optional<std::string> ParseBf16StreamV2(Reader& in, uint64_t count, compact::ParsedBf16& out) {
+  auto& class_begin = out.class_begin;
+  class_begin[0] = 0;
+  for (int cl = 0; cl < kClasses; ++cl) {
+    std::optional<uint64_t> m = in.Varint();
+    if (!m || *m > count - class_begin[cl]) return "class counts are malformed or exceed the count";
+    class_begin[cl + 1] = class_begin[cl] + *m;
+  }
+  if (class_begin[kClasses] != count) return "class counts do not sum to the count";
+  std::vector<uint8_t> gap_bytes;
+  out.gaps.resize(count);
+  // A Rice-coded gap takes at most 31 + 7 + 64 bits, each block 6 more.
+  const uint64_t max_bytes = (count * 102 + (count / kRiceBlock + kClasses) * 6) / 8 + 1;
+  if (auto err = compact::GetBlock(in, std::nullopt, max_bytes, gap_bytes)) return "gap block: " + *err;
+  compact::BitReader bits(gap_bytes);
+  for (int cl = 0; cl < kClasses; ++cl) {
+    if (auto err = compact::GetRiceGaps(bits, class_begin[cl + 1] - class_begin[cl], out.gaps.data() + class_begin[cl])) {
+      return "class " + std::to_string(cl) + ": " + *err;
+    }
+  }
+  if (!bits.AtPaddedEnd()) return "trailing bits in the gap block";
+  std::vector<uint8_t>& diffs = out.diffs;
+  std::vector<uint8_t> class_diffs;
+  diffs.clear();
+  diffs.reserve(count);
+  for (int cl = 0; cl < kClasses; ++cl) {
+    const uint64_t m = class_begin[cl + 1] - class_begin[cl];
+    if (m == 0) continue;
+    if (auto err = compact::GetBlock(in, m, 0, class_diffs)) return "diff block of class " + std::to_string(cl) + ": " + *err;
+    diffs.insert(diffs.end(), class_diffs.begin(), class_diffs.end());
+  }
+  const uint64_t n_escapes = static_cast<uint64_t>(std::count(diffs.begin(), diffs.end(), kEscape));
+  if (auto err = compact::GetBlock(in, 2 * n_escapes, 0, out.escapes)) return "escape block: " + *err;
+  return std::nullopt;
+}
+
 // Step 1. Raw-mode tensors are decoded completely; bf16 ones into `bf`
 // (c's indices and values sized).
 Status ReadTensor(const std::string& label, const TensorView& stream, const WeightState::Tensor& base,
-                  TensorChanges& c, Bf16Tensor& bf) {
+                  const compact::V3Tables* tables, TensorChanges& c, Bf16Tensor& bf) {
   auto bad = [&](const std::string& msg) { return Corrupt(label, stream.name, msg); };
   Reader in(stream.data);
   std::optional<uint8_t> version = in.Byte();
   std::optional<uint8_t> mode = in.Byte();
   if (!version || !mode) return bad("truncated stream header");
-  if (*version != kStreamVersion) return bad("unknown stream version " + std::to_string(*version));
+  if (*version != kStreamVersion && *version != compact::kStreamVersion3) {
+    return bad("unknown stream version " + std::to_string(*version));
+  }
   const bool bf16 = base.dtype == DType::kBF16;
   if (*mode != (bf16 ? kModeBf16 : kModeRaw)) {
     return bad("mode " + std::to_string(*mode) + " does not fit base dtype " + std::string(DTypeName(base.dtype)));
@@ -152,23 +193,17 @@ Status ReadTensor(const std::string& label, const TensorView& stream, const Weig
   bf.base = &base;
   bf.out = &c;
   bf.seeds = state_hash::SeedsFor(base.name, base.dtype, base.shape);
-  std::array<uint64_t, kClasses + 1>& class_begin = bf.class_begin;
+  compact::ParsedBf16 parsed;
+  std::optional<std::string> err = *version == kStreamVersion ? ParseBf16StreamV2(in, *count, parsed)
+                                                              : compact::ParseBf16StreamV3(in, *count, tables, parsed);
+  if (err) return bad(*err);
+  bf.class_begin = parsed.class_begin;
+  bf.ranks = std::move(parsed.gaps);
+  bf.diffs = std::move(parsed.diffs);
+  bf.escapes = std::move(parsed.escapes);
   for (int cl = 0; cl < kClasses; ++cl) {
-    std::optional<uint64_t> m = in.Varint();
-    if (!m || *m > *count - class_begin[cl]) return bad("class counts are malformed or exceed the count");
-    class_begin[cl + 1] = class_begin[cl] + *m;
-  }
-  if (class_begin[kClasses] != *count) return bad("class counts do not sum to the count");
-  // A Rice-coded gap takes at most 31 + 7 + 64 bits, each block 6 more.
-  const uint64_t max_bytes = (*count * 102 + (*count / kRiceBlock + kClasses) * 6) / 8 + 1;
-  std::vector<uint8_t> gap_bytes;
-  if (auto err = compact::GetBlock(in, std::nullopt, max_bytes, gap_bytes)) return bad("gap block: " + *err);
-  compact::BitReader bits(gap_bytes);
-  bf.ranks.resize(*count);
-  for (int cl = 0; cl < kClasses; ++cl) {
-    uint64_t* r = bf.ranks.data() + class_begin[cl];
-    const uint64_t m = class_begin[cl + 1] - class_begin[cl];
-    if (auto err = compact::GetRiceGaps(bits, m, r)) return bad("class " + std::to_string(cl) + ": " + *err);
+    uint64_t* r = bf.ranks.data() + bf.class_begin[cl];
+    const uint64_t m = bf.class_begin[cl + 1] - bf.class_begin[cl];
     // Ranks: r_0 = gap_0, r_j = r_{j-1} + 1 + gap_j, all below n (the
     // class has at most n elements), without overflow.
     for (uint64_t k = 0; k < m; ++k) {
@@ -180,21 +215,10 @@ Status ReadTensor(const std::string& label, const TensorView& stream, const Weig
       r[k] = rank + gap;
     }
   }
-  if (!bits.AtPaddedEnd()) return bad("trailing bits in the gap block");
-  std::vector<uint8_t> class_diffs;
-  bf.diffs.reserve(*count);
-  for (int cl = 0; cl < kClasses; ++cl) {
-    const uint64_t m = class_begin[cl + 1] - class_begin[cl];
-    if (m == 0) continue;
-    if (auto err = compact::GetBlock(in, m, 0, class_diffs)) {
-      return bad("diff block of class " + std::to_string(cl) + ": " + *err);
-    }
-    bf.diffs.insert(bf.diffs.end(), class_diffs.begin(), class_diffs.end());
-  }
   for (uint64_t j = 0; j < *count; ++j) {
     if (bf.diffs[j] == kEscape) bf.escaped.push_back(j);
   }
-  if (auto err = compact::GetBlock(in, 2 * bf.escaped.size(), 0, bf.escapes)) return bad("escape block: " + *err);
+  if (bf.escapes.size() != 2 * bf.escaped.size()) return bad("escape block does not match the escaped changes");
   if (in.remaining() != 0) return bad(std::to_string(in.remaining()) + " trailing bytes after the last block");
   c.indices.resize(*count);
   c.values.resize(2 * *count);
@@ -424,8 +448,11 @@ Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, cons
   out.changes.resize(streams.size());
   std::vector<Bf16Tensor> read(streams.size());
   std::vector<Status> errors(streams.size());
+  std::optional<compact::V3Tables> tables;
+  DS_RETURN_IF_ERROR(compact::ParseDeltaTables(file, tables));
+  const compact::V3Tables* t = tables ? &*tables : nullptr;
   ParallelFor(streams.size(), stream_bytes >= kParallelMin ? threads : 1,
-              [&](size_t i) { errors[i] = ReadTensor(label, *streams[i], *bases[i], out.changes[i], read[i]); });
+              [&](size_t i) { errors[i] = ReadTensor(label, *streams[i], *bases[i], t, out.changes[i], read[i]); });
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
   uint64_t changed = 0;
   for (const TensorChanges& c : out.changes) changed += c.indices.size();

@@ -4,7 +4,10 @@
 // replica holds the base, so it rebuilds the classes; elements of a class
 // change at a similar rate, which makes the gaps cheap), zigzag ULP
 // differences and escaped raw values, each stream class by class and
-// Huffman-coded (literal-only zstd); other dtypes: plain gaps and raw values.
+// Huffman-coded (literal-only zstd) in stream version 2; version 3
+// (compact_v3.h) codes the same streams with delta-wide rANS tables, and
+// this file dispatches on the version byte. Other dtypes: plain gaps and raw
+// values.
 // Tensors are encoded and decoded in parallel.
 #include <algorithm>
 #include <array>
@@ -15,6 +18,7 @@
 #include "bf16/simd_kernels.h"
 #include "codec/compact_bf16.h"
 #include "codec/compact_rice.h"
+#include "codec/compact_v3.h"
 #include "codec/compact_streams.h"
 #include "codec/patch_metadata.h"
 #include "common/parallel.h"
@@ -25,7 +29,6 @@ namespace {
 
 namespace pm = patchmeta;
 using compact::PutBlock;
-using compact::PutRiceGaps;
 using compact::PutVarint;
 using compact::Reader;
 
@@ -41,6 +44,9 @@ constexpr std::string_view kSuffix = ".cmp";
 constexpr int kZstdLevel = 3;  // raw values of non-bf16 tensors
 // Below this many changed elements in total, work stays on one thread.
 constexpr uint64_t kParallelMin = uint64_t{1} << 16;
+// Below this many changed elements, kCompactStreamAuto also encodes version
+// 2 and keeps the smaller file (never worse than version 2).
+constexpr uint64_t kSmallDelta = 4096;
 
 uint16_t Load16(const uint8_t* p) {
   uint16_t v;
@@ -54,22 +60,6 @@ constexpr std::array<uint8_t, 256> kClassOfExponent = [] {
   for (int e = 0; e < 256; ++e) t[e] = static_cast<uint8_t>(e <= 112 ? 0 : e >= 127 ? 15 : e - 112);
   return t;
 }();
-
-// Hands out one vector's gaps.
-class VectorGaps final : public compact::GapSource {
- public:
-  explicit VectorGaps(const std::vector<uint64_t>& gaps) : gaps_(gaps) {}
-  size_t Next(uint64_t* out, size_t max) override {
-    const size_t n = std::min(max, gaps_.size() - pos_);
-    std::memcpy(out, gaps_.data() + pos_, n * sizeof(uint64_t));
-    pos_ += n;
-    return n;
-  }
-
- private:
-  const std::vector<uint64_t>& gaps_;
-  size_t pos_ = 0;
-};
 
 }  // namespace
 
@@ -102,7 +92,7 @@ void WriteBf16Stream(const Bf16Streams& s, std::vector<uint8_t>& out) {
   PutBlock(out, join(s.escapes), compact::kLiteralsOnly);
 }
 
-Status EncodeTensorStream(const TensorChanges& c, const WeightState::Tensor& base, std::vector<uint8_t>& out) {
+Status CheckTensorChanges(const TensorChanges& c, const WeightState::Tensor& base) {
   const size_t esize = DTypeSize(c.dtype);
   if (c.dtype != base.dtype) {
     return Status::InvalidArgument("tensor '" + c.name + "': changes are " + std::string(DTypeName(c.dtype)) +
@@ -122,13 +112,28 @@ Status EncodeTensorStream(const TensorChanges& c, const WeightState::Tensor& bas
     }
     next = i + 1;
   }
+  return Status::OK();
+}
+
+void CountTensorDiffs(const TensorChanges& c, const WeightState::Tensor& base, DiffHistogram& h) {
+  if (c.dtype != DType::kBF16) return;
+  const uint8_t* b = base.data.data();
+  for (size_t k = 0; k < c.count(); ++k) {
+    const uint16_t o = Load16(b + 2 * c.indices[k]);
+    h[ClassOf(o)][DiffByte(o, Load16(c.values.data() + 2 * k))]++;
+  }
+}
+
+Status EncodeTensorStream(const TensorChanges& c, const WeightState::Tensor& base, std::vector<uint8_t>& out,
+                          const V3Tables* tables) {
+  DS_RETURN_IF_ERROR(CheckTensorChanges(c, base));
   const bool bf16 = c.dtype == DType::kBF16;
   if (!bf16) {
-    out.push_back(kStreamVersion);
+    uint64_t next = 0;
+    out.push_back(tables ? kStreamVersion3 : kStreamVersion);
     out.push_back(kModeRaw);
     PutVarint(out, c.count());
     std::vector<uint8_t> gaps;
-    next = 0;
     for (uint64_t i : c.indices) {
       PutVarint(gaps, i - next);
       next = i + 1;
@@ -175,7 +180,11 @@ Status EncodeTensorStream(const TensorChanges& c, const WeightState::Tensor& bas
     streams.diffs[cl].push_back(diffs_c[cl]);
     streams.escapes.push_back(escapes_c[cl]);
   }
-  WriteBf16Stream(streams, out);
+  if (tables) {
+    WriteBf16StreamV3(streams, *tables, out);
+  } else {
+    WriteBf16Stream(streams, out);
+  }
   return Status::OK();
 }
 
@@ -186,6 +195,7 @@ namespace {
 Status Corrupt(const std::string& label, std::string_view tensor, const std::string& msg) {
   return Status::Corruption(label + ": tensor '" + std::string(tensor) + "': " + msg);
 }
+
 
 Metadata BuildMetadata(const PatchInfo& info, const StateHash& base_hash, uint64_t params, uint64_t changed,
                        uint64_t total) {
@@ -212,8 +222,13 @@ bool IsCompactDelta(const SafetensorsFile& file) {
 }
 
 Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& base_hash, const WeightState& base,
-                                        std::span<const TensorChanges> changes, int threads) {
+                                        std::span<const TensorChanges> changes, int threads, int stream_version) {
   if (!info.base_version) return Status::InvalidArgument("a compact delta needs info.base_version");
+  if (stream_version != kCompactStreamAuto && stream_version != 2 && stream_version != 3) {
+    return Status::InvalidArgument("compact stream version " + std::to_string(stream_version) + " is not 2 or 3");
+  }
+  const bool automatic = stream_version == kCompactStreamAuto;
+  if (automatic) stream_version = 3;
   if (*info.base_version >= info.model_version) {
     return Status::InvalidArgument("base version " + std::to_string(*info.base_version) +
                                    " is not older than model_version " + std::to_string(info.model_version));
@@ -234,17 +249,45 @@ Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& 
   }
   std::vector<std::vector<uint8_t>> streams(order.size());
   std::vector<Status> errors(order.size());
-  ParallelFor(order.size(), changed >= kParallelMin ? threads : 1,
-              [&](size_t i) { errors[i] = compact::EncodeTensorStream(*order[i], *bases[i], streams[i]); });
+  const int workers = changed >= kParallelMin ? threads : 1;
+  std::optional<compact::V3Tables> tables;
+  if (stream_version == 3) {
+    // The delta's diff tables first: every tensor's histogram, summed.
+    std::vector<compact::DiffHistogram> hist(order.size());
+    ParallelFor(order.size(), workers, [&](size_t i) {
+      hist[i] = {};
+      errors[i] = compact::CheckTensorChanges(*order[i], *bases[i]);
+      if (errors[i].ok()) compact::CountTensorDiffs(*order[i], *bases[i], hist[i]);
+    });
+    for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
+    compact::DiffHistogram sum{};
+    for (const compact::DiffHistogram& h : hist) {
+      for (int cl = 0; cl < kClasses; ++cl) {
+        for (int d = 0; d < 256; ++d) sum[cl][d] += h[cl][d];
+      }
+    }
+    tables = compact::V3Tables::Build(sum);
+  }
+  const compact::V3Tables* t = tables ? &*tables : nullptr;
+  ParallelFor(order.size(), workers,
+              [&](size_t i) { errors[i] = compact::EncodeTensorStream(*order[i], *bases[i], streams[i], t); });
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
   std::vector<std::string> names;
   for (const TensorChanges* c : order) names.push_back(c->name);
-  return compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names, std::move(streams), changed);
+  DS_ASSIGN_OR_RETURN(EncodedPatch out, compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names,
+                                                                      std::move(streams), changed, t));
+  if (automatic && changed < kSmallDelta) {
+    // The tables' fixed cost can exceed what they save on a tiny delta.
+    DS_ASSIGN_OR_RETURN(EncodedPatch v2, EncodeCompactDelta(info, base_hash, base, changes, 1, 2));
+    if (v2.size < out.size) return v2;
+  }
+  return out;
 }
 
 Result<EncodedPatch> compact::AssembleCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                                    uint64_t base_total_elements, std::span<const std::string> names,
-                                                   std::vector<std::vector<uint8_t>> streams, uint64_t changed) {
+                                                   std::vector<std::vector<uint8_t>> streams, uint64_t changed,
+                                                   const V3Tables* tables) {
   if (!info.base_version) return Status::InvalidArgument("a compact delta needs info.base_version");
   EncodedPatch out;
   out.owned.reserve(1 + streams.size());
@@ -255,6 +298,7 @@ Result<EncodedPatch> compact::AssembleCompactDelta(const PatchInfo& info, const 
     views.push_back({names[i] + std::string(kSuffix), DType::kU8, {out.owned[1 + i].size()}, out.owned[1 + i]});
   }
   Metadata metadata = BuildMetadata(info, base_hash, names.size(), changed, base_total_elements);
+  if (tables) metadata.emplace(std::string(kTablesKey), tables->SerializeHex());
   DS_ASSIGN_OR_RETURN(out.owned[0], EncodeSafetensorsHeader(metadata, views));
   for (const std::vector<uint8_t>& part : out.owned) {
     if (part.empty()) continue;
@@ -264,16 +308,46 @@ Result<EncodedPatch> compact::AssembleCompactDelta(const PatchInfo& info, const 
   return out;
 }
 
+// A version-3 delta's diff tables, when its metadata has them.
+Status compact::ParseDeltaTables(const SafetensorsFile& file, std::optional<V3Tables>& tables) {
+  auto it = file.metadata().find(std::string(kTablesKey));
+  if (it == file.metadata().end()) return Status::OK();
+  tables.emplace();
+  if (auto err = V3Tables::ParseHex(it->second, *tables)) {
+    return Status::Corruption(file.label() + ": __metadata__ '" + std::string(kTablesKey) + "' is malformed: " + *err);
+  }
+  return Status::OK();
+}
+
+
 Result<CompactStreamSizes> MeasureCompactDelta(const SafetensorsFile& file) {
   if (!IsCompactDelta(file)) return Status::InvalidArgument(file.label() + " is not a compact delta");
   CompactStreamSizes out;
   out.header_bytes = file.blob().size();
+  std::optional<compact::V3Tables> tables;
+  DS_RETURN_IF_ERROR(compact::ParseDeltaTables(file, tables));
   for (const TensorView& t : file.tensors()) {
     auto bad = [&](const std::string& msg) { return Corrupt(file.label(), t.name, msg); };
     Reader in(t.data);
     std::optional<uint8_t> version = in.Byte(), mode = in.Byte();
     std::optional<uint64_t> count = in.Varint();
     if (!version || !mode || !count) return bad("truncated stream header");
+    std::string_view param = t.name;
+    if (param.ends_with(kSuffix)) param.remove_suffix(kSuffix.size());
+    if (*version == compact::kStreamVersion3 && *mode == kModeBf16) {
+      // Version 3 is measured by decoding its entropy-coded parts.
+      compact::ParsedBf16 parsed;
+      compact::V3Sizes sizes;
+      if (*count > t.data.size() * 8) return bad("count " + std::to_string(*count) + " is impossible for the stream's size");
+      if (auto err = compact::ParseBf16StreamV3(in, *count, tables ? &*tables : nullptr, parsed, &sizes)) return bad(*err);
+      out.tensors++;
+      out.changed += *count;
+      out.changed_tensors.push_back({std::string(param), true, *count});
+      out.gap_bytes += sizes.gaps;
+      out.diff_bytes += sizes.diffs;
+      out.escape_bytes += sizes.escapes;
+      continue;
+    }
     int diff_blocks = 1;
     if (*mode == kModeBf16) {
       diff_blocks = 0;
@@ -300,8 +374,6 @@ Result<CompactStreamSizes> MeasureCompactDelta(const SafetensorsFile& file) {
     if (!gaps || !second || !third) return bad("truncated or malformed block");
     out.tensors++;
     out.changed += *count;
-    std::string_view param = t.name;
-    if (param.ends_with(kSuffix)) param.remove_suffix(kSuffix.size());
     out.changed_tensors.push_back({std::string(param), *mode == kModeBf16, *count});
     out.gap_bytes += *gaps;
     if (*mode == kModeBf16) {
@@ -321,11 +393,17 @@ namespace deltasync {
 
 Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                                const WeightState& base, const bf16::CompactScan& scan,
-                                               std::span<const TensorChanges> others, int threads) {
+                                               std::span<const TensorChanges> others, int threads,
+                                               int stream_version) {
   if (!info.base_version || *info.base_version >= info.model_version) {
     return Status::InvalidArgument("a compact delta needs a base version older than model_version " +
                                    std::to_string(info.model_version));
   }
+  if (stream_version != kCompactStreamAuto && stream_version != 2 && stream_version != 3) {
+    return Status::InvalidArgument("compact stream version " + std::to_string(stream_version) + " is not 2 or 3");
+  }
+  const bool automatic = stream_version == kCompactStreamAuto;
+  if (automatic) stream_version = 3;
   // Both lists are in name order (the base's): merge them.
   struct Item {
     const std::string* name;
@@ -347,20 +425,36 @@ Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const Stat
   for (const Item& it : items) changed += it.changed;
   std::vector<std::vector<uint8_t>> streams(items.size());
   std::vector<Status> errors(items.size());
+  std::optional<compact::V3Tables> tables;
+  if (stream_version == 3) {
+    // The scan's diff bytes, per class (non-bf16 tensors have none).
+    compact::DiffHistogram sum{};
+    for (const Item& it : items) {
+      if (it.other == nullptr) scan.CountDiffs(it.scanned, sum);
+    }
+    tables = compact::V3Tables::Build(sum);
+  }
+  const compact::V3Tables* tab = tables ? &*tables : nullptr;
   ParallelFor(order.size(), changed >= kParallelMin ? threads : 1, [&](size_t k) {
     const size_t i = order[k];
     if (items[i].other == nullptr) {
-      scan.WriteStream(items[i].scanned, streams[i]);
+      scan.WriteStream(items[i].scanned, streams[i], tab);
       return;
     }
     const WeightState::Tensor* t = base.Find(*items[i].name);
-    errors[i] = t ? compact::EncodeTensorStream(*items[i].other, *t, streams[i])
+    errors[i] = t ? compact::EncodeTensorStream(*items[i].other, *t, streams[i], tab)
                   : Status::InvalidArgument("tensor '" + *items[i].name + "' is not in the base state");
   });
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
   std::vector<std::string> names;
   for (const Item& it : items) names.push_back(*it.name);
-  return compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names, std::move(streams), changed);
+  DS_ASSIGN_OR_RETURN(EncodedPatch out, compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names,
+                                                                      std::move(streams), changed, tab));
+  if (automatic && changed < kSmallDelta) {  // as EncodeCompactDelta
+    DS_ASSIGN_OR_RETURN(EncodedPatch v2, EncodeScannedCompactDelta(info, base_hash, base, scan, others, 1, 2));
+    if (v2.size < out.size) return v2;
+  }
+  return out;
 }
 
 }  // namespace deltasync

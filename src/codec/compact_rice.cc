@@ -1,8 +1,9 @@
-// Rice coding of a compact bf16 stream's gaps (compact_rice.h).
+// Rice-coded gaps (compact_rice.h).
 #include "codec/compact_rice.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace deltasync::compact {
 namespace {
@@ -117,6 +118,13 @@ std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, uint64_t* o
     }
   }
   return std::nullopt;
+}
+
+size_t VectorGaps::Next(uint64_t* out, size_t max) {
+  const size_t n = std::min(max, gaps_.size() - pos_);
+  if (n) std::memcpy(out, gaps_.data() + pos_, n * sizeof(uint64_t));
+  pos_ += n;
+  return n;
 }
 
 }  // namespace deltasync::compact

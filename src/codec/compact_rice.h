@@ -1,16 +1,18 @@
-// The Rice code of a compact bf16 stream's gaps (docs/format.md, "Compact
-// objects"; internal to src/codec): gaps are coded per class in blocks of up
-// to kRiceBlock gaps, each block with its own parameter k (6 bits): q =
-// gap >> k in unary (q one bits, a zero bit) and then k low bits; q >=
-// kUnaryEscape is written as kUnaryEscape one bits, the gap's bit width L
-// (7 bits) and its L bits. Near the entropy of geometric gaps, and blocks
-// follow the change rate along a tensor (rows with large gradients change
-// more often).
+// Rice-coded gaps of the compact streams (versions 2 and 3; internal to
+// src/codec; docs/format.md, "Compact objects").
+//
+// A class's gaps are coded in blocks of up to kRiceBlock gaps, each block
+// with its own parameter k (6 bits): q = gap >> k in unary (q one bits, a
+// zero bit) and then k low bits; q >= kUnaryEscape is written as
+// kUnaryEscape one bits, the gap's bit width L (7 bits) and its L bits.
+// Near the entropy of geometric gaps, and blocks follow the change rate
+// along a tensor (rows with large gradients change more often).
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "codec/compact_bf16.h"
 #include "codec/compact_streams.h"
@@ -21,10 +23,21 @@ inline constexpr size_t kRiceBlock = 1024;
 inline constexpr int kMaxRiceK = 56;
 inline constexpr int kUnaryEscape = 31;
 
-// Appends `count` gaps from `source` (which has at least that many).
+// Writes the next `count` gaps of `source` (blocks restart here).
 void PutRiceGaps(BitWriter& w, uint64_t count, GapSource& source);
 
-// Reads `count` gaps of one class into `out`; on failure a short reason.
+// Reads `count` gaps into `out`; on failure a short reason.
 std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, uint64_t* out);
+
+// Hands out one vector's gaps.
+class VectorGaps final : public GapSource {
+ public:
+  explicit VectorGaps(const std::vector<uint64_t>& gaps) : gaps_(gaps) {}
+  size_t Next(uint64_t* out, size_t max) override;
+
+ private:
+  const std::vector<uint64_t>& gaps_;
+  size_t pos_ = 0;
+};
 
 }  // namespace deltasync::compact

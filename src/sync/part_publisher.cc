@@ -221,7 +221,8 @@ Result<PartReceipt> PartPublisher::PublishDelta(uint64_t version, std::span<cons
   info.kind = PatchKind::kDelta;
   info.model_version = version;
   info.base_version = latest_;
-  Result<EncodedPatch> delta = EncodeScannedCompactDelta(info, hash_, state_, *scan_, others, threads);
+  Result<EncodedPatch> delta =
+      EncodeScannedCompactDelta(info, hash_, state_, *scan_, others, threads, options_.compact_stream_version);
   if (!delta.ok()) {
     scan_->Undo(threads);
     return delta.status();

@@ -261,7 +261,8 @@ Result<Publisher::Prepared> Publisher::PrepareScanned(uint64_t version, std::spa
   info.model_version = version;
   info.base_version = latest_version();
   Prepared p;
-  Result<EncodedPatch> delta = EncodeScannedCompactDelta(info, state_hash_, state_, *scan_, others, threads);
+  Result<EncodedPatch> delta = EncodeScannedCompactDelta(info, state_hash_, state_, *scan_, others, threads,
+                                                             options_.compact_stream_version);
   if (options_.measure_gap_delta && delta.ok()) {
     std::vector<TensorChanges> all = scan_->AppliedChanges();
     all.insert(all.end(), others.begin(), others.end());
@@ -371,7 +372,7 @@ Result<EncodedPatch> Publisher::EncodeDeltaFrom(uint64_t version, uint64_t base_
   info.base_version = base_version;
   info.total_elements = base.total_elements();
   if (settings_.encoding == IndexEncoding::kCompact) {
-    return EncodeCompactDelta(info, base_hash, base, changes, options_.threads);
+    return EncodeCompactDelta(info, base_hash, base, changes, options_.threads, options_.compact_stream_version);
   }
   return EncodeDelta(info, changes);
 }

@@ -129,7 +129,8 @@ void Step(std::mt19937_64& rng, Model& m, double rate) {
 }
 
 struct Reference {
-  std::vector<uint8_t> delta;
+  std::vector<uint8_t> delta;     // stream version 3 (the default)
+  std::vector<uint8_t> delta_v2;  // stream version 2
   StateHash next_hash;
   WeightState next;
   std::vector<TensorChanges> bf16_changes;
@@ -152,6 +153,9 @@ Reference Unfused(const WeightState& published, std::span<const TensorView> curr
   auto delta = EncodeCompactDelta(Info(), hash, published, *changes);
   EXPECT_TRUE(delta.ok()) << delta.status().ToString();
   ref.delta = Bytes(*delta);
+  auto delta2 = EncodeCompactDelta(Info(), hash, published, *changes, 0, 2);
+  EXPECT_TRUE(delta2.ok()) << delta2.status().ToString();
+  ref.delta_v2 = Bytes(*delta2);
   ref.next_hash = hash + HashChanges(published, *changes);
   ref.next = Copy(published);
   ApplyChanges(ref.next, *changes);
@@ -173,6 +177,10 @@ void ExpectFusedMatches(const WeightState& published, std::span<const TensorView
   auto delta = EncodeScannedCompactDelta(Info(), hash, state, scan, scan.other_changes(), options.threads);
   ASSERT_TRUE(delta.ok()) << delta.status().ToString();
   EXPECT_EQ(Bytes(*delta), ref.delta);
+  // Stream version 2 too (the scan's streams are the same; only the writer differs).
+  auto delta2 = EncodeScannedCompactDelta(Info(), hash, state, scan, scan.other_changes(), options.threads, 2);
+  ASSERT_TRUE(delta2.ok()) << delta2.status().ToString();
+  EXPECT_EQ(Bytes(*delta2), ref.delta_v2);
   // And the decoder (its class walk runs on the same SIMD target) gets the
   // changes back from the base.
   auto file = SafetensorsFile::Parse(Blob::FromVector(Bytes(*delta)), "fused delta");

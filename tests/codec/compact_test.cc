@@ -363,10 +363,14 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> CompactSeeds() {
   PatchInfo info;
   info.model_version = 2;
   info.base_version = 1;
+  // Each delta in stream version 3 (the default) and, as "v2_<name>", in
+  // version 2 (still read).
   auto delta = [&](std::string name, std::vector<TensorChanges> changes) {
-    Result<EncodedPatch> e = EncodeCompactDelta(info, base.hash, base.state, changes, 1);
-    EXPECT_TRUE(e.ok()) << name << ": " << e.status().ToString();
-    if (e.ok()) seeds.emplace_back(std::move(name), Flatten(*e));
+    for (int version : {3, 2}) {
+      Result<EncodedPatch> e = EncodeCompactDelta(info, base.hash, base.state, changes, 1, version);
+      EXPECT_TRUE(e.ok()) << name << ": " << e.status().ToString();
+      if (e.ok()) seeds.emplace_back((version == 2 ? "v2_" : "") + name, Flatten(*e));
+    }
   };
   auto bf16 = [](std::vector<uint16_t> v) {
     std::vector<uint8_t> b(v.size() * 2);

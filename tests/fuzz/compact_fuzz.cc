@@ -1,8 +1,9 @@
 // Fuzz target for the compact decoders. Properties, per input:
 //   1. arbitrary bytes never crash SafetensorsFile::Parse + DecodeCompactDelta
 //      (against a small fixed base) or DecodeCompressedAnchor;
-//   2. a delta that decodes is valid for the base (ValidateChanges), and
-//      re-encodes to a patch that decodes to the same changes;
+//   2. a delta that decodes (stream version 2 or 3) is valid for the base
+//      (ValidateChanges), and re-encodes in both versions to patches that
+//      decode to the same changes;
 //   3. an anchor that decodes re-encodes and decodes to the same tensors.
 #include <cstdint>
 #include <cstdlib>
@@ -48,14 +49,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Result<CompactDelta> d = DecodeCompactDelta(*file, base->state, base->hash, 1);
   if (!d.ok()) return 0;
   if (!ValidateChanges(base->state, d->changes).ok()) std::abort();
-  Result<EncodedPatch> e = EncodeCompactDelta(d->info, base->hash, base->state, d->changes, 1);
-  if (!e.ok()) std::abort();
-  Result<SafetensorsFile> f2 = SafetensorsFile::Parse(Blob::FromVector(Flatten(*e)), "re.safetensors");
-  if (!f2.ok()) std::abort();
-  Result<CompactDelta> d2 = DecodeCompactDelta(*f2, base->state, base->hash, 1);
-  if (!d2.ok() || d2->changes.size() != d->changes.size()) std::abort();
-  for (size_t i = 0; i < d->changes.size(); ++i) {
-    if (d->changes[i].indices != d2->changes[i].indices || d->changes[i].values != d2->changes[i].values) std::abort();
+  // Both stream versions (2 and 3) re-encode it to the same changes.
+  for (int version : {2, 3}) {
+    Result<EncodedPatch> e = EncodeCompactDelta(d->info, base->hash, base->state, d->changes, 1, version);
+    if (!e.ok()) std::abort();
+    Result<SafetensorsFile> f2 = SafetensorsFile::Parse(Blob::FromVector(Flatten(*e)), "re.safetensors");
+    if (!f2.ok()) std::abort();
+    Result<CompactDelta> d2 = DecodeCompactDelta(*f2, base->state, base->hash, 1);
+    if (!d2.ok() || d2->changes.size() != d->changes.size()) std::abort();
+    for (size_t i = 0; i < d->changes.size(); ++i) {
+      if (d->changes[i].indices != d2->changes[i].indices || d->changes[i].values != d2->changes[i].values) std::abort();
+    }
   }
   return 0;
 }

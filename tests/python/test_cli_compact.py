@@ -132,3 +132,31 @@ def test_gc_keep_anchors_removes_only_what_no_kept_chain_needs(tmp_path, run):
     proc = run("pull", bucket, "-o", tmp_path / "old.safetensors", "--version", 4, check=False)
     assert proc.returncode == 1 and "version 4" in proc.stderr
     assert run("gc", bucket, "--keep-anchors", 0, check=False).returncode == 2
+
+
+def test_diff_stream_versions_2_and_3_apply_alike(tmp_path, run):
+    old, new = make_weights(28), nudge(make_weights(28), 0.05, 29)
+    save_file(old, tmp_path / "old.safetensors")
+    save_file(new, tmp_path / "new.safetensors")
+    save_file({k: v.astype(ml_dtypes.bfloat16) for k, v in old.items()}, tmp_path / "base_bf16.safetensors")
+    for version in (2, 3):
+        patch = tmp_path / f"d{version}.safetensors"
+        run("diff", tmp_path / "old.safetensors", tmp_path / "new.safetensors", "-o", patch, "--encoding", "compact",
+            "--stream-version", version)
+        with safe_open(patch, framework="np") as f:
+            assert ("deltasync_compact_tables" in f.metadata()) == (version == 3)
+            assert {int(f.get_tensor(k)[0]) for k in f.keys()} == {version}  # each stream's version byte
+        info = json.loads(run("inspect", patch, "--json").stdout)
+        assert sum(s["bytes"] for s in info["streams"].values()) == info["size_bytes"]
+        out = tmp_path / f"out{version}.safetensors"
+        run("apply", tmp_path / "base_bf16.safetensors", patch, "-o", out)
+        got = load_file(out)
+        for name, w in new.items():
+            np.testing.assert_array_equal(got[name].view(np.uint16), to_bf16_bits(w), err_msg=f"v{version} {name}")
+    proc = run("diff", tmp_path / "old.safetensors", tmp_path / "new.safetensors", "-o", tmp_path / "x.safetensors",
+               "--stream-version", 3, check=False)
+    assert proc.returncode != 0 and "--stream-version applies only to --encoding compact" in proc.stderr
+    proc = run("diff", tmp_path / "old.safetensors", tmp_path / "new.safetensors", "-o", tmp_path / "x.safetensors",
+               "--encoding", "compact", "--stream-version", 4, check=False)
+    assert proc.returncode != 0 and "--stream-version" in proc.stderr
+    assert not (tmp_path / "x.safetensors").exists()

@@ -98,6 +98,41 @@ TEST(PublishFollowTest, BitExactOverManyVersionsWithGapsAndRandomAnchors) {
   }
 }
 
+// PublisherOptions::compact_stream_version: deltas in stream version 2 and 3
+// in one bucket (a publisher restarted with another setting), and a replica
+// follows across them bit-exactly.
+TEST(PublishFollowTest, CompactStreamVersionsTwoAndThreeMix) {
+  TempDir dir;
+  auto store = OpenDirStore(dir.path());
+  RandomModel model(9);
+  auto follower = Replica::Create(store);
+  uint64_t version = 0;
+  for (int stream_version : {2, 3, 2}) {
+    PublisherOptions options;
+    options.anchor_interval = 100;
+    options.encoding = IndexEncoding::kCompact;
+    options.compact_stream_version = stream_version;
+    auto publisher = Publisher::Open(store, options);
+    ASSERT_TRUE(publisher.ok()) << publisher.status().ToString();
+    for (int i = 0; i < 3; ++i) {
+      if (++version > 1) model.Step(0.1);
+      auto stats = (*publisher)->Publish(version, model.Views());
+      ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+      auto update = follower->Update();
+      ASSERT_TRUE(update.ok()) << update.status().ToString();
+      ExpectStateEquals(follower->state(), model);
+      if (version == 1) continue;
+      const std::string key = ReadManifest(*store).Find(version)->delta()->key;
+      auto blob = store->Get(key);
+      ASSERT_TRUE(blob.ok());
+      auto file = SafetensorsFile::Parse(*blob, key);
+      ASSERT_TRUE(file.ok());
+      ASSERT_FALSE(file->tensors().empty());
+      for (const TensorView& t : file->tensors()) EXPECT_EQ(t.data[0], stream_version) << key << " " << t.name;
+    }
+  }
+}
+
 TEST(PublishFollowTest, Fp32MastersAreRoundedToNearestEven) {
   TempDir dir;
   auto store = OpenDirStore(dir.path());

@@ -240,6 +240,14 @@ Status RunBench(const BenchArgs& args) {
   out["compact_vs_entropy"] = codecs.compact / codecs.entropy;
   out["compact_encode_gbps_1thread"] = codecs.encode_gbps_1t;
   out["compact_decode_gbps_1thread"] = codecs.decode_gbps_1t;
+  out["compact_stream_version"] = 3;  // kCompactStreamAuto on a delta this size
+  for (const auto& [key, v] : {std::pair{"v2", codecs.v2}, std::pair{"v3", codecs.v3}}) {
+    const std::string k = key;
+    out["compact_" + k + "_bytes_per_changed"] = v.bytes_per_changed;
+    out["compact_" + k + "_vs_entropy"] = v.bytes_per_changed / codecs.entropy;
+    out["compact_" + k + "_decode_gbps_1thread"] = v.decode_gbps_1t;
+    out["compact_" + k + "_encode_gbps_1thread"] = v.encode_gbps_1t;
+  }
   out["anchor_compression_ratio"] = anchor.ratio;
   out["anchor_ceiling_ratio"] = anchor.ceiling;
   out["anchor_vs_ceiling"] = anchor.ratio / anchor.ceiling;
@@ -268,8 +276,11 @@ Status RunBench(const BenchArgs& args) {
                 codecs.gap_delta_zstd, codecs.compact);
     std::printf("  order-0 entropy %.3f (compact = %.3f x entropy), base-exponent context entropy %.3f\n",
                 codecs.entropy, codecs.compact / codecs.entropy, codecs.context_entropy);
-    std::printf("  compact encode %.2f GB/s, decode %.2f GB/s of model bytes (1 thread)\n", codecs.encode_gbps_1t,
-                codecs.decode_gbps_1t);
+    for (const auto& [key, v] : {std::pair{"v2", codecs.v2}, std::pair{"v3", codecs.v3}}) {
+      std::printf("  compact stream %s: %.3f B per changed (%.3f x entropy), encode %.2f GB/s, decode %.2f GB/s of "
+                  "model bytes (1 thread)\n",
+                  key, v.bytes_per_changed, v.bytes_per_changed / codecs.entropy, v.encode_gbps_1t, v.decode_gbps_1t);
+    }
     std::printf("compressed anchor: ratio %.4f vs order-0 ceiling %.4f = %.3f of ceiling, decode %.2f GB/s (1 "
                 "thread), bit-exact\n",
                 anchor.ratio, anchor.ceiling, anchor.ratio / anchor.ceiling, anchor.decode_gbps_1t);

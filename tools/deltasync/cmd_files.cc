@@ -32,6 +32,9 @@ std::optional<uint64_t> ParseU64(const Metadata& m, const std::string& key) {
 
 Status RunDiff(const DiffArgs& args) {
   DS_ASSIGN_OR_RETURN(IndexEncoding encoding, ParseEncoding(args.encoding));
+  if (args.stream_version && encoding != IndexEncoding::kCompact) {
+    return Status::InvalidArgument("--stream-version applies only to --encoding compact");
+  }
   DS_ASSIGN_OR_RETURN(SafetensorsFile old_file, SafetensorsFile::Open(args.old_path));
   DS_ASSIGN_OR_RETURN(SafetensorsFile new_file, SafetensorsFile::Open(args.new_path));
   // The same fp32 policy as the Publisher's default.
@@ -58,7 +61,8 @@ Status RunDiff(const DiffArgs& args) {
       return Status::InvalidArgument("--base-version " + std::to_string(*info.base_version) +
                                      " must be below --version " + std::to_string(args.version));
     }
-    DS_ASSIGN_OR_RETURN(patch, EncodeCompactDelta(info, HashState(*base), *base, *changes));
+    const int stream_version = static_cast<int>(args.stream_version.value_or(kDefaultCompactStreamVersion));
+    DS_ASSIGN_OR_RETURN(patch, EncodeCompactDelta(info, HashState(*base), *base, *changes, 0, stream_version));
   } else {
     DS_ASSIGN_OR_RETURN(patch, EncodeDelta(info, *changes));
   }

@@ -14,10 +14,20 @@
 
 namespace deltasync::cli {
 
+// One compact stream version's figures.
+struct CompactFigures {
+  double bytes_per_changed = 0;  // whole file including its header
+  // Its parts (MeasureCompactDelta), bytes per changed element.
+  double header = 0, gaps = 0, diffs = 0, escapes = 0;
+  double encode_gbps_1t = 0, decode_gbps_1t = 0, decode_gbps_all = 0;  // GB/s of bf16 model bytes
+};
+
 struct DeltaFigures {
   uint64_t changed = 0;
-  // Bytes per changed element, whole file including its header.
+  // Bytes per changed element, whole file including its header; compact in
+  // the default stream version (v2 and v3 below).
   double raw = 0, gap_delta = 0, gap_delta_zstd = 0, compact = 0;
+  CompactFigures v2, v3;
   // Per tensor: changed x (H0(gap symbols) + H0(ULP-difference symbols)),
   // summed, / (8 x changed); headers excluded. A reference, not a bound.
   double entropy = 0;
@@ -25,7 +35,7 @@ struct DeltaFigures {
   // (changed flag | exponent + difference | exponent), model cost excluded.
   double context_entropy = 0;
   double h0_gap = 0, h0_diff = 0, ctx_flag = 0, ctx_diff = 0;
-  // GB/s of bf16 model bytes.
+  // GB/s of bf16 model bytes, compact in the default stream version.
   double encode_gbps_1t = 0, decode_gbps_1t = 0, decode_gbps_all = 0;
 };
 

@@ -17,6 +17,7 @@ struct DiffArgs {
   std::string encoding = "gap_delta";
   uint64_t version = 1;
   std::optional<uint64_t> base_version;  // compact only; default version - 1
+  std::optional<uint64_t> stream_version;  // compact only; default kCompactStreamAuto
   bool allow_nonfinite = false;
 };
 Status RunDiff(const DiffArgs& args);

@@ -66,6 +66,10 @@ int main(int argc, char** argv) {
       ->check(OneOf({"compact", "gap_delta", "raw"}));
   diff_cmd->add_option("--version", diff.version, "model_version written into the patch")->check(WholeNumber(1));
   diff_cmd->add_option("--base-version", diff.base_version, "compact: the base's version (default: version - 1)");
+  diff_cmd->add_option("--stream-version", diff.stream_version,
+                       "compact: stream version 2 or 3 (default 3, or 2 for a delta of < 4096 changes where that "
+                       "is smaller; replicas read both)")
+      ->check(WholeNumber(2, 3));
   diff_cmd->add_flag("--allow-nonfinite", diff.allow_nonfinite, "Pass NaN/Inf bit patterns through");
   diff_cmd->footer("Example:\n  deltasync diff step-99.safetensors step-100.safetensors -o step-100.delta.safetensors "
                    "--version 100");

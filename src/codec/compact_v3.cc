@@ -1,0 +1,338 @@
+// Version 3 of the compact bf16 stream (compact_v3.h; docs/format.md,
+// "Compact stream version 3").
+#include "codec/compact_v3.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "codec/compact_rice.h"
+
+namespace deltasync::compact {
+namespace {
+
+void Finalize(V3Tables::Class& c) {
+  c.slots.assign(kRansTotal, 0);
+  uint32_t start = 0;
+  for (uint32_t s = 0; s < 256; ++s) {
+    c.start[s] = static_cast<uint16_t>(start);
+    for (uint32_t k = 0; k < c.freq[s]; ++k) c.slots[start + k] = s | k << 8 | (c.freq[s] - 1u) << 20;
+    start += c.freq[s];
+  }
+}
+
+// The tensor's changes in class order [lo, hi) intersected with class cl.
+struct Span {
+  uint64_t a, b;
+};
+Span ClassPart(const std::array<uint64_t, kClasses + 1>& begin, int cl, uint64_t lo, uint64_t hi) {
+  return {std::max(lo, begin[cl]), std::min(hi, begin[cl + 1])};
+}
+
+constexpr char kHex[] = "0123456789abcdef";
+
+int HexDigit(char ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  return -1;
+}
+
+}  // namespace
+
+void CountDiffs(const Bf16Streams& s, DiffHistogram& h) {
+  for (int cl = 0; cl < kClasses; ++cl) {
+    for (ByteSpan part : s.diffs[cl]) {
+      for (uint8_t d : part) h[cl][d]++;
+    }
+  }
+}
+
+V3Tables V3Tables::Build(const DiffHistogram& h) {
+  V3Tables t;
+  for (int cl = 0; cl < kClasses; ++cl) {
+    uint64_t total = 0;
+    for (uint64_t c : h[cl]) total += c;
+    if (total == 0) continue;
+    Class& c = t.classes[cl];
+    c.present = true;
+    // Scale to kRansTotal, every symbol seen at least 1; the largest count
+    // takes up the rounding (or gives to the largest frequencies above 1).
+    int64_t sum = 0;
+    int top = 0;
+    for (int s = 0; s < 256; ++s) {
+      if (h[cl][s] == 0) continue;
+      const auto scaled = static_cast<uint64_t>(static_cast<unsigned __int128>(h[cl][s]) * kRansTotal / total);
+      c.freq[s] = static_cast<uint16_t>(std::max<uint64_t>(1, scaled));
+      sum += c.freq[s];
+      if (h[cl][s] > h[cl][top]) top = s;
+    }
+    if (sum < kRansTotal) c.freq[top] = static_cast<uint16_t>(c.freq[top] + (kRansTotal - sum));
+    while (sum > kRansTotal) {
+      int big = -1;
+      for (int s = 0; s < 256; ++s) {
+        if (c.freq[s] > 1 && (big < 0 || c.freq[s] > c.freq[big])) big = s;
+      }
+      c.freq[big]--;  // at most 256 symbols of at least 1: some frequency is above 1
+      sum--;
+    }
+    Finalize(c);
+  }
+  return t;
+}
+
+std::string V3Tables::SerializeHex() const {
+  std::vector<uint8_t> b;
+  uint16_t bitmap = 0;
+  for (int cl = 0; cl < kClasses; ++cl) bitmap = static_cast<uint16_t>(bitmap | (classes[cl].present ? 1u << cl : 0u));
+  b.push_back(static_cast<uint8_t>(bitmap));
+  b.push_back(static_cast<uint8_t>(bitmap >> 8));
+  for (const Class& c : classes) {
+    if (!c.present) continue;
+    int n = 0;
+    for (uint16_t f : c.freq) n += f > 0;
+    PutVarint(b, static_cast<uint64_t>(n - 1));
+    int prev = -1;
+    for (int s = 0; s < 256; ++s) {
+      if (c.freq[s] == 0) continue;
+      PutVarint(b, static_cast<uint64_t>(s - prev - 1));
+      PutVarint(b, c.freq[s] - 1u);
+      prev = s;
+    }
+  }
+  std::string hex;
+  for (uint8_t x : b) {
+    hex += kHex[x >> 4];
+    hex += kHex[x & 15];
+  }
+  return hex;
+}
+
+std::optional<std::string> V3Tables::ParseHex(std::string_view hex, V3Tables& out) {
+  if (hex.size() % 2 != 0) return "odd number of hex digits";
+  std::vector<uint8_t> b(hex.size() / 2);
+  for (size_t i = 0; i < b.size(); ++i) {
+    const int hi = HexDigit(hex[2 * i]), lo = HexDigit(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return "not lowercase hex at character " + std::to_string(2 * i);
+    b[i] = static_cast<uint8_t>(hi << 4 | lo);
+  }
+  Reader in(b);
+  std::optional<uint8_t> b0 = in.Byte(), b1 = in.Byte();
+  if (!b0 || !b1) return "truncated class bitmap";
+  const unsigned bitmap = *b0 | (*b1 << 8u);
+  out = V3Tables{};
+  for (int cl = 0; cl < kClasses; ++cl) {
+    if (!(bitmap >> cl & 1)) continue;
+    Class& c = out.classes[cl];
+    c.present = true;
+    const std::string where = "class " + std::to_string(cl) + ": ";
+    std::optional<uint64_t> n = in.Varint();
+    if (!n || *n > 255) return where + "symbol count is malformed or above 256";
+    int prev = -1;
+    uint32_t sum = 0;
+    for (uint64_t k = 0; k <= *n; ++k) {
+      std::optional<uint64_t> step = in.Varint();
+      std::optional<uint64_t> f = step ? in.Varint() : std::nullopt;
+      if (!step || !f) return where + "truncated symbol " + std::to_string(k);
+      if (*step > 255 || prev + 1 + static_cast<int>(*step) > 255) return where + "symbol " + std::to_string(k) + " is above 255";
+      if (*f >= kRansTotal) return where + "frequency of symbol " + std::to_string(k) + " is above " + std::to_string(kRansTotal);
+      prev += 1 + static_cast<int>(*step);
+      c.freq[prev] = static_cast<uint16_t>(*f + 1);
+      sum += static_cast<uint32_t>(*f + 1);
+      if (sum > kRansTotal) return where + "frequencies sum past " + std::to_string(kRansTotal);
+    }
+    if (sum != kRansTotal) return where + "frequencies sum to " + std::to_string(sum) + ", not " + std::to_string(kRansTotal);
+    Finalize(c);
+  }
+  if (in.remaining() != 0) return std::to_string(in.remaining()) + " trailing bytes";
+  return std::nullopt;
+}
+
+void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector<uint8_t>& out) {
+  std::array<uint64_t, kClasses + 1> begin{};
+  uint16_t bitmap = 0;
+  for (int cl = 0; cl < kClasses; ++cl) {
+    begin[cl + 1] = begin[cl] + s.counts[cl];
+    if (s.counts[cl] > 0) bitmap = static_cast<uint16_t>(bitmap | 1u << cl);
+  }
+  const uint64_t count = begin[kClasses];
+  out.push_back(kStreamVersion3);
+  out.push_back(kModeBf16);
+  PutVarint(out, count);
+  out.push_back(static_cast<uint8_t>(bitmap));
+  out.push_back(static_cast<uint8_t>(bitmap >> 8));
+  for (int cl = 0; cl < kClasses; ++cl) {
+    if (s.counts[cl] > 0) PutVarint(out, s.counts[cl]);
+  }
+  std::vector<uint8_t> diffs;
+  diffs.reserve(count);
+  for (int cl = 0; cl < kClasses; ++cl) {
+    for (ByteSpan p : s.diffs[cl]) diffs.insert(diffs.end(), p.begin(), p.end());
+  }
+  const uint64_t pieces = (count + kV3Piece - 1) / kV3Piece;
+  std::vector<std::vector<uint8_t>> gap_parts(pieces), rans_parts(pieces);
+  std::vector<uint8_t> buf;
+  for (uint64_t p = 0; p < pieces; ++p) {
+    const uint64_t lo = p * kV3Piece, hi = std::min(count, lo + kV3Piece);
+    BitWriter w;
+    for (int cl = 0; cl < kClasses; ++cl) {
+      const Span part = ClassPart(begin, cl, lo, hi);
+      if (part.a < part.b) PutRiceGaps(w, part.b - part.a, *s.gaps[cl]);
+    }
+    gap_parts[p] = w.Finish();
+    // rANS, last symbol first, into the end of buf (at most 2 bytes a
+    // symbol with 12-bit frequencies, plus the final states); two states
+    // taking turns from a piece of kRansTwoStates changes on.
+    const bool two = hi - lo >= kRansTwoStates;
+    buf.resize(2 * (hi - lo) + 8);
+    uint8_t* const end = buf.data() + buf.size();
+    uint8_t* ptr = end;
+    uint32_t xs[2] = {kRansLow, kRansLow};
+    for (int cl = kClasses - 1; cl >= 0; --cl) {
+      const Span part = ClassPart(begin, cl, lo, hi);
+      const V3Tables::Class& t = tables.classes[cl];
+      for (uint64_t r = part.b; r-- > part.a;) {
+        uint32_t& x = xs[two ? (r - lo) & 1 : 0];
+        const uint32_t f = t.freq[diffs[r]];
+        const uint32_t x_max = ((kRansLow >> kRansScaleBits) << 8) * f;
+        while (x >= x_max) {
+          *--ptr = static_cast<uint8_t>(x);
+          x >>= 8;
+        }
+        x = ((x / f) << kRansScaleBits) + (x % f) + t.start[diffs[r]];
+      }
+    }
+    for (int j = two ? 1 : 0; j >= 0; --j) {
+      ptr -= 4;
+      for (int k = 0; k < 4; ++k) ptr[k] = static_cast<uint8_t>(xs[j] >> (8 * k));
+    }
+    rans_parts[p].assign(ptr, end);
+  }
+  for (uint64_t p = 0; p < pieces; ++p) {
+    PutVarint(out, gap_parts[p].size());
+    PutVarint(out, rans_parts[p].size());
+  }
+  for (uint64_t p = 0; p < pieces; ++p) {
+    out.insert(out.end(), gap_parts[p].begin(), gap_parts[p].end());
+    out.insert(out.end(), rans_parts[p].begin(), rans_parts[p].end());
+  }
+  // The escape block, only when there are escapes (the diffs say how many).
+  std::vector<uint8_t> escapes;
+  for (ByteSpan p : s.escapes) escapes.insert(escapes.end(), p.begin(), p.end());
+  if (!escapes.empty()) PutBlock(out, escapes, kLiteralsOnly);
+}
+
+std::optional<std::string> ParseBf16StreamV3(Reader& in, uint64_t count, const V3Tables* tables, ParsedBf16& out,
+                                             V3Sizes* sizes) {
+  const size_t start = in.position();
+  std::optional<uint8_t> b0 = in.Byte(), b1 = in.Byte();
+  if (!b0 || !b1) return "truncated class bitmap";
+  const unsigned bitmap = *b0 | (*b1 << 8u);
+  auto& begin = out.class_begin;
+  begin[0] = 0;
+  for (int cl = 0; cl < kClasses; ++cl) {
+    uint64_t m = 0;
+    if (bitmap >> cl & 1) {
+      std::optional<uint64_t> v = in.Varint();
+      if (!v || *v == 0 || *v > count - begin[cl]) {
+        return "count of class " + std::to_string(cl) + " is malformed, zero or exceeds the count";
+      }
+      if (!tables || !tables->classes[cl].present) {
+        return "class " + std::to_string(cl) + " has changes but the delta's '" + std::string(kTablesKey) +
+               "' has no table for it";
+      }
+      m = *v;
+    }
+    begin[cl + 1] = begin[cl] + m;
+  }
+  if (begin[kClasses] != count) return "class counts do not sum to the count";
+  const uint64_t pieces = (count + kV3Piece - 1) / kV3Piece;
+  std::vector<std::pair<uint64_t, uint64_t>> lens(pieces);
+  uint64_t body = 0;
+  for (uint64_t p = 0; p < pieces; ++p) {
+    std::optional<uint64_t> g = in.Varint();
+    std::optional<uint64_t> r = g ? in.Varint() : std::nullopt;
+    if (!g || !r) return "piece directory entry " + std::to_string(p) + " is truncated or malformed";
+    if (*g > in.remaining() || *r > in.remaining() - *g || body > in.remaining() - *g - *r) {
+      return "piece " + std::to_string(p) + " runs past the end of the stream";
+    }
+    body += *g + *r;
+    lens[p] = {*g, *r};
+  }
+  if (sizes) sizes->header += in.position() - start;
+  out.gaps.resize(count);
+  out.diffs.resize(count);
+  for (uint64_t p = 0; p < pieces; ++p) {
+    const uint64_t lo = p * kV3Piece, hi = std::min(count, lo + kV3Piece);
+    const std::string where = "piece " + std::to_string(p) + ": ";
+    BitReader bits(*in.Take(lens[p].first));
+    for (int cl = 0; cl < kClasses; ++cl) {
+      const Span part = ClassPart(begin, cl, lo, hi);
+      if (part.a >= part.b) continue;
+      if (auto err = GetRiceGaps(bits, part.b - part.a, out.gaps.data() + part.a)) {
+        return where + "class " + std::to_string(cl) + " gaps: " + *err;
+      }
+    }
+    if (!bits.AtPaddedEnd()) return where + "trailing bits after the gaps";
+    const ByteSpan rans = *in.Take(lens[p].second);
+    const bool two = hi - lo >= kRansTwoStates;
+    const size_t state_bytes = two ? 8 : 4;
+    if (rans.size() < state_bytes) return where + "rANS bytes shorter than the initial states";
+    uint32_t x0, x1 = kRansLow;
+    std::memcpy(&x0, rans.data(), 4);  // little-endian hosts only (as the whole codec)
+    if (two) std::memcpy(&x1, rans.data() + 4, 4);
+    for (uint32_t x : {x0, x1}) {
+      if (x < kRansLow || x >= (uint32_t{1} << 31)) return where + "rANS state out of range";
+    }
+    const uint8_t* ptr = rans.data() + state_bytes;
+    const uint8_t* const end = rans.data() + rans.size();
+    uint8_t* const d = out.diffs.data();
+    // One symbol on state x; false when the bytes end early.
+    auto step = [&](uint32_t& x, const uint32_t* slots, uint64_t r) {
+      const uint32_t e = slots[x & (kRansTotal - 1)];
+      x = ((e >> 20) + 1) * (x >> kRansScaleBits) + ((e >> 8) & (kRansTotal - 1));
+      d[r] = static_cast<uint8_t>(e);
+      if (x < kRansLow) {
+        if (end - ptr >= 2) {  // x >= 2^11 here: two bytes always suffice
+          x = (x << 8) | *ptr++;
+          if (x < kRansLow) x = (x << 8) | *ptr++;
+        } else {
+          while (x < kRansLow) {
+            if (ptr == end) return false;
+            x = (x << 8) | *ptr++;
+          }
+        }
+      }
+      return true;
+    };
+    for (int cl = 0; cl < kClasses; ++cl) {
+      const Span part = ClassPart(begin, cl, lo, hi);
+      if (part.a >= part.b) continue;
+      const uint32_t* slots = tables->classes[cl].slots.data();
+      uint64_t r = part.a;
+      bool ok = true;
+      if (!two) {
+        for (; ok && r < part.b; ++r) ok = step(x0, slots, r);
+      } else {
+        if ((r - lo) & 1) ok = step(x1, slots, r++);
+        for (; ok && r + 1 < part.b; r += 2) ok = step(x0, slots, r) && step(x1, slots, r + 1);
+        if (ok && r < part.b) ok = step(x0, slots, r++);
+      }
+      if (!ok) return where + "rANS bytes end early, in class " + std::to_string(cl);
+    }
+    if (x0 != kRansLow || x1 != kRansLow) return where + "rANS final states are not the initial ones";
+    if (ptr != end) return where + std::to_string(end - ptr) + " trailing rANS bytes";
+    if (sizes) {
+      sizes->gaps += lens[p].first;
+      sizes->diffs += lens[p].second;
+    }
+  }
+  const uint64_t n_escapes = static_cast<uint64_t>(std::count(out.diffs.begin(), out.diffs.end(), kEscape));
+  const size_t esc_start = in.position();
+  out.escapes.clear();
+  if (n_escapes > 0) {
+    if (auto err = GetBlock(in, 2 * n_escapes, 0, out.escapes)) return "escape block: " + *err;
+  }
+  if (sizes) sizes->escapes += in.position() - esc_start;
+  return std::nullopt;
+}
+
+}  // namespace deltasync::compact

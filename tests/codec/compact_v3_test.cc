@@ -1,0 +1,286 @@
+// Compact stream version 3 (codec/compact_v3.h, docs/format.md "Compact
+// stream version 3") next to version 2: both round-trip the same changes,
+// version 2 still decodes, pieces, the delta-wide tables, strict errors.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "codec/compact_v3.h"
+#include "codec/patch_test_util.h"
+#include "deltasync/compact.h"
+
+namespace deltasync {
+namespace {
+
+using testing::Flatten;
+using testing::ParseBytes;
+
+struct Base {
+  WeightState state;
+  StateHash hash;
+};
+
+// bf16 tensors "big" (n elements, ~N(0, 0.02) with some large and tiny
+// values), "one" (1 element), "flat" (64 elements all 0.5: one class).
+Base MakeBase(uint64_t n, uint64_t seed = 1) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<uint8_t> big(2 * n), one(2), flat(2 * 64);
+  for (uint64_t k = 0; k < n; ++k) {
+    float x = normal(rng) * (k % 97 == 0 ? 100.0f : k % 89 == 0 ? 1e-4f : 1.0f);
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    const uint16_t b = Fp32ToBf16(u);
+    std::memcpy(big.data() + 2 * k, &b, 2);
+  }
+  const uint16_t o = 0x3F80, h = 0x3F00;  // 1.0, 0.5
+  std::memcpy(one.data(), &o, 2);
+  for (int k = 0; k < 64; ++k) std::memcpy(flat.data() + 2 * k, &h, 2);
+  std::vector<TensorView> v{{"big", DType::kBF16, {n}, big}, {"flat", DType::kBF16, {8, 8}, flat},
+                            {"one", DType::kBF16, {1}, one}};
+  Base b{std::move(WeightState::FromViews(v)).value(), {}};
+  b.hash = HashState(b.state, 1);
+  return b;
+}
+
+uint16_t At(const WeightState& s, std::string_view name, uint64_t i) {
+  uint16_t v;
+  std::memcpy(&v, s.Find(name)->data.data() + 2 * i, 2);
+  return v;
+}
+
+TensorChanges Changes(const WeightState& s, std::string name, std::vector<uint64_t> idx,
+                      const std::function<uint16_t(uint16_t, uint64_t)>& f) {
+  TensorChanges c;
+  c.name = name;
+  c.dtype = DType::kBF16;
+  for (uint64_t i : idx) {
+    const uint16_t v = f(At(s, name, i), i);
+    c.values.push_back(static_cast<uint8_t>(v));
+    c.values.push_back(static_cast<uint8_t>(v >> 8));
+  }
+  c.indices = std::move(idx);
+  return c;
+}
+
+PatchInfo Info() {
+  PatchInfo info;
+  info.model_version = 8;
+  info.base_version = 7;
+  return info;
+}
+
+std::vector<uint8_t> Encode(const Base& b, const std::vector<TensorChanges>& c, int version) {
+  Result<EncodedPatch> e = EncodeCompactDelta(Info(), b.hash, b.state, c, 2, version);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return e.ok() ? Flatten(*e) : std::vector<uint8_t>();
+}
+
+Result<CompactDelta> Decode(std::vector<uint8_t> bytes, const Base& b, int threads = 1) {
+  DS_ASSIGN_OR_RETURN(SafetensorsFile f, ParseBytes(std::move(bytes), "v3.safetensors"));
+  return DecodeCompactDelta(f, b.state, b.hash, threads);
+}
+
+// The stream version byte of every tensor of an encoded delta.
+std::vector<int> Versions(const std::vector<uint8_t>& bytes) {
+  Result<SafetensorsFile> f = ParseBytes(bytes, "x");
+  std::vector<int> out;
+  if (f.ok()) {
+    for (const TensorView& t : f->tensors()) out.push_back(t.data.empty() ? -1 : t.data[0]);
+  }
+  return out;
+}
+
+// Both versions decode to exactly `changes`; returns {v2 bytes, v3 bytes}.
+std::pair<size_t, size_t> RoundTripBoth(const Base& b, std::vector<TensorChanges> changes) {
+  std::sort(changes.begin(), changes.end(), [](auto& x, auto& y) { return x.name < y.name; });
+  std::pair<size_t, size_t> sizes;
+  for (int version : {2, 3}) {
+    SCOPED_TRACE("stream version " + std::to_string(version));
+    std::vector<uint8_t> bytes = Encode(b, changes, version);
+    for (int v : Versions(bytes)) EXPECT_EQ(v, version);
+    EXPECT_EQ(Encode(b, changes, version), bytes);  // deterministic
+    for (int threads : {1, 3}) {
+      Result<CompactDelta> d = Decode(bytes, b, threads);
+      EXPECT_TRUE(d.ok()) << d.status().ToString();
+      if (!d.ok()) continue;
+      EXPECT_EQ(d->changes.size(), changes.size());
+      for (size_t i = 0; i < std::min(changes.size(), d->changes.size()); ++i) {
+        EXPECT_EQ(d->changes[i].name, changes[i].name);
+        EXPECT_EQ(d->changes[i].indices, changes[i].indices);
+        EXPECT_EQ(d->changes[i].values, changes[i].values);
+      }
+    }
+    // inspect's sizes add up to the file.
+    Result<SafetensorsFile> f = ParseBytes(bytes, "x");
+    Result<CompactStreamSizes> s = f.ok() ? MeasureCompactDelta(*f) : f.status();
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (s.ok()) {
+      EXPECT_EQ(s->header_bytes + s->gap_bytes + s->diff_bytes + s->escape_bytes + s->value_bytes, bytes.size());
+    }
+    (version == 2 ? sizes.first : sizes.second) = bytes.size();
+  }
+  return sizes;
+}
+
+uint16_t Ulp(uint16_t o, uint64_t i) { return static_cast<uint16_t>(o + (i % 3 == 0 ? -1 : 1)); }
+
+TEST(CompactV3, SmallerThanV2OnUlpMoves) {
+  Base b = MakeBase(50000);
+  std::mt19937_64 rng(2);
+  auto [v2, v3] = RoundTripBoth(b, {Changes(b.state, "big", testing::RandomIndices(rng, 50000, 2000), Ulp)});
+  EXPECT_LT(v3, v2);
+}
+
+TEST(CompactV3, SignFlipsNanInfBigMovesAndSameValue) {
+  Base b = MakeBase(4096);
+  std::vector<uint64_t> all(4096);
+  for (uint64_t i = 0; i < all.size(); ++i) all[i] = i;
+  const uint16_t specials[] = {0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x0000, 0x8000, 0x0001, 0x807F, 0x7F7F};
+  RoundTripBoth(b, {Changes(b.state, "big", all, [&](uint16_t o, uint64_t i) -> uint16_t {
+                  switch (i % 5) {
+                    case 0: return static_cast<uint16_t>(o ^ 0x8000);
+                    case 1: return specials[i % 9];
+                    case 2: return static_cast<uint16_t>(o + 300);  // escaped: too far
+                    case 3: return o;                               // diff byte 0
+                    default: return Ulp(o, i);
+                  }
+                })});
+}
+
+TEST(CompactV3, EmptyOneElementAndOneClass) {
+  Base b = MakeBase(100);
+  RoundTripBoth(b, {});
+  TensorChanges none;
+  none.name = "big";
+  RoundTripBoth(b, {none});
+  RoundTripBoth(b, {Changes(b.state, "one", {0}, Ulp)});
+  // All changes in one class (every "flat" element is 0.5), all changed.
+  std::vector<uint64_t> all(64);
+  for (uint64_t i = 0; i < 64; ++i) all[i] = i;
+  RoundTripBoth(b, {Changes(b.state, "flat", all, Ulp), Changes(b.state, "one", {0}, Ulp)});
+}
+
+// More than one piece: pieces cut inside classes, and a dense tensor.
+TEST(CompactV3, ManyPieces) {
+  const uint64_t n = 3 * compact::kV3Piece + 1234;
+  Base b = MakeBase(n);
+  std::vector<uint64_t> all(n);
+  for (uint64_t i = 0; i < n; ++i) all[i] = i;
+  RoundTripBoth(b, {Changes(b.state, "big", all, Ulp)});
+  std::mt19937_64 rng(9);
+  RoundTripBoth(b, {Changes(b.state, "big", testing::RandomIndices(rng, n, compact::kV3Piece + 7),
+                            [&](uint16_t o, uint64_t i) { return i % 11 ? Ulp(o, i) : static_cast<uint16_t>(o ^ 0x8000); })});
+}
+
+TEST(CompactV3, RandomPatternsMatchV2) {
+  Base b = MakeBase(20000, 4);
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 12; ++round) {
+    std::vector<uint64_t> idx = testing::RandomIndices(rng, 20000, rng() % 20000);
+    const int kind = round % 3;
+    RoundTripBoth(b, {Changes(b.state, "big", idx, [&](uint16_t o, uint64_t) -> uint16_t {
+                    if (kind == 0) return static_cast<uint16_t>(rng());
+                    if (kind == 1) return static_cast<uint16_t>(o + (rng() % 255) - 127);
+                    return static_cast<uint16_t>(o + (rng() % 7) - 3);
+                  })});
+  }
+}
+
+TEST(CompactV3, UnknownVersionRefused) {
+  Base b = MakeBase(10);
+  for (int v : {-1, 1, 4}) {
+    Result<EncodedPatch> e = EncodeCompactDelta(Info(), b.hash, b.state, {}, 1, v);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.status().code(), ErrorCode::kInvalidArgument);
+  }
+}
+
+// Rewrites the tables entry of an encoded delta's metadata (same length, or
+// removed when `value` is empty) by editing the JSON header.
+std::vector<uint8_t> WithTables(const std::vector<uint8_t>& bytes, const std::string& value) {
+  Result<SafetensorsFile> f = ParseBytes(bytes, "x");
+  EXPECT_TRUE(f.ok());
+  std::vector<TensorView> views(f->tensors().begin(), f->tensors().end());
+  Metadata m = f->metadata();
+  if (value.empty()) {
+    m.erase(std::string(compact::kTablesKey));
+  } else {
+    m[std::string(compact::kTablesKey)] = value;
+  }
+  Result<std::vector<uint8_t>> header = EncodeSafetensorsHeader(m, views);
+  EXPECT_TRUE(header.ok());
+  std::vector<uint8_t> out = *header;
+  for (const TensorView& v : views) out.insert(out.end(), v.data.begin(), v.data.end());
+  return out;
+}
+
+TEST(CompactV3, TablesMissingOrMalformedAreCorruptionNamingTheKey) {
+  Base b = MakeBase(1000);
+  std::vector<uint8_t> bytes = Encode(b, {Changes(b.state, "big", {1, 5, 9}, Ulp)}, 3);
+  auto expect = [&](const std::vector<uint8_t>& c, const std::string& want) {
+    Result<CompactDelta> d = Decode(c, b);
+    ASSERT_FALSE(d.ok());
+    EXPECT_EQ(d.status().code(), ErrorCode::kCorruption);
+    EXPECT_NE(d.status().message().find(want), std::string::npos) << d.status().message();
+  };
+  expect(WithTables(bytes, ""), "tensor 'big.cmp'");
+  expect(WithTables(bytes, ""), "has no table");
+  expect(WithTables(bytes, "zz"), "deltasync_compact_tables' is malformed");
+  expect(WithTables(bytes, "0100"), "class 0: symbol count");  // class 0 listed, no symbols
+  expect(WithTables(bytes, "01000000ff1f00"), "1 trailing bytes");
+  // A table whose frequencies do not sum to 4096.
+  expect(WithTables(bytes, "0100000001"), "frequencies sum to 2");
+}
+
+TEST(CompactV3, CorruptedAndTruncatedNeverCrash) {
+  Base b = MakeBase(3000);
+  std::mt19937_64 rng(5);
+  std::vector<uint8_t> bytes =
+      Encode(b, {Changes(b.state, "big", testing::RandomIndices(rng, 3000, 200),
+                         [](uint16_t o, uint64_t i) { return static_cast<uint16_t>(i % 7 ? o + 1 : o ^ 0x8000); }),
+                 Changes(b.state, "one", {0}, Ulp)},
+             3);
+  for (size_t pos = 0; pos < bytes.size(); ++pos) {
+    for (uint8_t x : {uint8_t{0x01}, uint8_t{0x80}, uint8_t{0xFF}}) {
+      std::vector<uint8_t> c = bytes;
+      c[pos] ^= x;
+      Result<CompactDelta> d = Decode(c, b);
+      if (d.ok()) EXPECT_TRUE(ValidateChanges(b.state, d->changes).ok());
+      if (!d.ok() && d.status().code() != ErrorCode::kCorruption) {
+        EXPECT_NE(d.status().code(), ErrorCode::kInternal) << d.status().ToString();
+      }
+    }
+  }
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    EXPECT_FALSE(Decode(std::vector<uint8_t>(bytes.begin(), bytes.begin() + len), b).ok()) << len;
+  }
+}
+
+}  // namespace
+}  // namespace deltasync
+
+namespace deltasync {
+namespace {
+
+// The default (kCompactStreamAuto): version 3, but never a larger file than
+// version 2 on a tiny delta (the tables' fixed cost).
+TEST(CompactV3, AutoNeverLargerThanV2) {
+  Base b = MakeBase(20000);
+  std::mt19937_64 rng(12);
+  for (size_t count : {size_t{1}, size_t{3}, size_t{40}, size_t{3000}, size_t{6000}}) {
+    SCOPED_TRACE(count);
+    std::vector<TensorChanges> c{Changes(b.state, "big", testing::RandomIndices(rng, 20000, count), Ulp)};
+    const std::vector<uint8_t> v2 = Encode(b, c, 2), v3 = Encode(b, c, 3);
+    const std::vector<uint8_t> automatic = Encode(b, c, kCompactStreamAuto);
+    EXPECT_LE(automatic.size(), v2.size());
+    EXPECT_EQ(automatic, count < 4096 && v2.size() < v3.size() ? v2 : v3);
+    Result<CompactDelta> d = Decode(automatic, b);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->changes[0].indices, c[0].indices);
+  }
+}
+
+}  // namespace
+}  // namespace deltasync
