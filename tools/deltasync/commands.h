@@ -18,6 +18,7 @@ struct DiffArgs {
   uint64_t version = 1;
   std::optional<uint64_t> base_version;  // compact only; default version - 1
   bool allow_nonfinite = false;
+  bool json = false;
 };
 Status RunDiff(const DiffArgs& args);
 

@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
   diff_cmd->add_option("--version", diff.version, "model_version written into the patch")->check(WholeNumber(1));
   diff_cmd->add_option("--base-version", diff.base_version, "compact: the base's version (default: version - 1)");
   diff_cmd->add_flag("--allow-nonfinite", diff.allow_nonfinite, "Pass NaN/Inf bit patterns through");
+  diff_cmd->add_flag("--json", diff.json, "Print one JSON object (sizes and the delta's entropy) instead of the line");
   diff_cmd->footer("Example:\n  deltasync diff step-99.safetensors step-100.safetensors -o step-100.delta.safetensors "
                    "--version 100");
 
