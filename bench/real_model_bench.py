@@ -229,42 +229,60 @@ def measure_step(cli: Cli, tmp: str, step: int, prev: dict, cur: dict, prev_path
 
 
 def run_one(cli, model, tokenizer, initial, sents, lr, start, steps, args, tmp) -> dict:
+    """Trains `steps` steps and measures each. With --keep-states the bf16 views
+    are kept in a folder per (lr, start), and a later run with the same folder
+    and settings measures them again without training (e.g. another CLI)."""
     import torch
+    from safetensors.torch import load_file
 
-    model.load_state_dict(initial, strict=False)
-    if start == "grid":
-        real_model.to_grid(model)
-    torch.manual_seed(args.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    data = real_model.batches(sents, args.batch, args.seed)
-    kinds_of = {n: real_model.tensor_kind(n) for n in real_model.bf16_view(model)}
-    prev = real_model.bf16_view(model)
-    prev_path = os.path.join(tmp, "step-0.safetensors")
-    save(prev_path, prev)
+    state_dir = tmp
+    replay = False
+    if args.keep_states:
+        state_dir = os.path.join(args.keep_states, f"lr{lr:g}-{start}-b{args.batch}-l{args.max_len}-s{args.seed}")
+        os.makedirs(state_dir, exist_ok=True)
+        replay = all(os.path.exists(os.path.join(state_dir, f"step-{s}.safetensors")) for s in range(steps + 1))
+    path = lambda s: os.path.join(state_dir, f"step-{s}.safetensors")  # noqa: E731
+    if not replay:
+        model.load_state_dict(initial, strict=False)
+        if start == "grid":
+            real_model.to_grid(model)
+        torch.manual_seed(args.seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        data = real_model.batches(sents, args.batch, args.seed)
+        prev = real_model.bf16_view(model)
+        save(path(0), prev)
+    else:
+        prev = load_file(path(0))
+    kinds_of = {n: real_model.tensor_kind(n) for n in prev}
     rows = []
     for step in range(1, steps + 1):
         t0 = time.time()
-        anchors, positives = next(data)
-        loss_t = real_model.contrastive_loss(model, tokenizer, anchors, positives, args.max_len)
-        loss_t.backward()
-        loss = loss_t.item()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        cur = real_model.bf16_view(model)
-        cur_path = os.path.join(tmp, f"step-{step}.safetensors")
-        save(cur_path, cur)
+        loss = None
+        if replay:
+            cur = load_file(path(step))
+        else:
+            anchors, positives = next(data)
+            loss_t = real_model.contrastive_loss(model, tokenizer, anchors, positives, args.max_len)
+            loss_t.backward()
+            loss = loss_t.item()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            cur = real_model.bf16_view(model)
+            save(path(step), cur)
         t1 = time.time()
-        row = measure_step(cli, tmp, step, prev, cur, prev_path, cur_path, kinds_of)
+        row = measure_step(cli, tmp, step, prev, cur, path(step - 1), path(step), kinds_of)
         row["loss"] = loss
         row["train_s"], row["measure_s"] = t1 - t0, time.time() - t1
         rows.append(row)
-        os.remove(prev_path)
-        prev, prev_path = cur, cur_path
-        print(f"  lr {lr:g} {start} step {step}: loss {loss:.4f}, "
-              f"{100 * row['changed_fraction']:.3f}% changed ({row['train_s']:.1f} s train, "
+        if not args.keep_states:
+            os.remove(path(step - 1))
+        prev = cur
+        print(f"  lr {lr:g} {start} step {step}: " + ("replayed" if replay else f"loss {loss:.4f}") +
+              f", {100 * row['changed_fraction']:.3f}% changed ({row['train_s']:.1f} s train, "
               f"{row['measure_s']:.1f} s codecs)", file=sys.stderr, flush=True)
-    os.remove(prev_path)
-    return {"lr": lr, "start": start, "steps": rows, "kinds": aggregate_kinds(rows)}
+    if not args.keep_states:
+        os.remove(path(steps))
+    return {"lr": lr, "start": start, "replayed": replay, "steps": rows, "kinds": aggregate_kinds(rows)}
 
 
 def aggregate_kinds(rows: list[dict]) -> dict:
@@ -337,6 +355,9 @@ def main() -> None:
     ap.add_argument("--deltasync", default=os.environ.get("DELTASYNC_BIN", "build/deltasync"),
                     help="the CLI binary (default: $DELTASYNC_BIN or build/deltasync)")
     ap.add_argument("--json-out", help="also write the JSON summary to this file")
+    ap.add_argument("--keep-states", metavar="DIR",
+                    help="keep each step's bf16 view in DIR; a later run with the same DIR and settings "
+                         "measures those states again instead of training")
     args = ap.parse_args()
     lrs = [3e-6] if args.quick else [float(x) for x in args.lrs.split(",")]
     steps = 3 if args.quick else args.steps
