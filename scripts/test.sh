@@ -81,6 +81,9 @@ if [[ "${DS_WITH_TORCH:-1}" == 1 ]]; then
 
   step "python benchmark (--quick; publish from torch vs the TRL-style PyTorch path, figures only)"
   .venv/bin/python bench/python_publish_bench.py --quick
+
+  step "real-model benchmark (--quick: all-MiniLM-L6-v2, AdamW, 3 steps from each start; figures only, fails only if a delta does not apply bit-exactly)"
+  DELTASYNC_BIN="$PWD/build/deltasync" .venv/bin/python bench/real_model_bench.py --quick
 else
   step "torch example and benchmark: skipped (DS_WITH_TORCH=0)"
 fi

@@ -3,6 +3,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "codec_stats.h"
 #include "commands.h"
 #include "deltasync/changes.h"
 #include "deltasync/compact.h"
@@ -70,6 +71,30 @@ Status RunDiff(const DiffArgs& args) {
   uint64_t changed = 0;
   for (const TensorChanges& c : *changes) changed += c.count();
   double total = static_cast<double>(info.total_elements);
+  if (args.json) {
+    nlohmann::ordered_json out;
+    out["output"] = args.out_path;
+    out["encoding"] = args.encoding;
+    out["changed_tensors"] = changes->size();
+    out["changed_elements"] = changed;
+    out["total_elements"] = info.total_elements;
+    out["changed_fraction"] = total > 0 ? changed / total : 0.0;
+    out["size_bytes"] = patch.size;
+    nlohmann::ordered_json none;
+    if (changed == 0) {
+      for (const char* key : {"bytes_per_changed_element", "entropy_bytes_per_changed",
+                              "context_entropy_bytes_per_changed"}) {
+        out[key] = none;
+      }
+    } else {
+      const DeltaEntropy h = MeasureDeltaEntropy(*base, *changes);
+      out["bytes_per_changed_element"] = static_cast<double>(patch.size) / static_cast<double>(changed);
+      out["entropy_bytes_per_changed"] = h.entropy;
+      out["context_entropy_bytes_per_changed"] = h.context_entropy;
+    }
+    PrintJson(out);
+    return Status::OK();
+  }
   std::printf("wrote %s: %zu tensors changed, %llu of %llu elements (%.3f%%), %s (%.2f B per changed element)\n",
               args.out_path.c_str(), changes->size(), static_cast<unsigned long long>(changed),
               static_cast<unsigned long long>(info.total_elements), total > 0 ? 100.0 * changed / total : 0.0,

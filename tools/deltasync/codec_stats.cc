@@ -36,14 +36,9 @@ double EntropyBits(const Map& hist, uint64_t n) {
 
 }  // namespace
 
-Result<DeltaFigures> MeasureDeltaCodecs(const WeightState& base, std::span<const TensorChanges> changes,
-                                        uint64_t version, int reps) {
-  DeltaFigures f;
+DeltaEntropy MeasureDeltaEntropy(const WeightState& base, std::span<const TensorChanges> changes) {
+  DeltaEntropy f;
   for (const TensorChanges& c : changes) f.changed += c.count();
-  if (f.changed == 0) return Status::InvalidArgument("no changed elements to measure");
-  const double cpc = static_cast<double>(f.changed);
-  const double model_bytes = static_cast<double>(base.total_bytes());
-
   double h0_bits = 0, gap_bits = 0, diff_bits = 0, flag_ctx_bits = 0, diff_ctx_bits = 0;
   for (const TensorChanges& c : changes) {
     const WeightState::Tensor* t = base.Find(c.name);
@@ -83,12 +78,30 @@ Result<DeltaFigures> MeasureDeltaCodecs(const WeightState& base, std::span<const
       diff_ctx_bits -= static_cast<double>(cnt) * std::log2(static_cast<double>(cnt) / static_cast<double>(flag[key.first]));
     }
   }
+  const double cpc = static_cast<double>(f.changed);
   f.entropy = h0_bits / 8 / cpc;
   f.context_entropy = (flag_ctx_bits + diff_ctx_bits) / 8 / cpc;
   f.h0_gap = gap_bits / 8 / cpc;
   f.h0_diff = diff_bits / 8 / cpc;
   f.ctx_flag = flag_ctx_bits / 8 / cpc;
   f.ctx_diff = diff_ctx_bits / 8 / cpc;
+  return f;
+}
+
+Result<DeltaFigures> MeasureDeltaCodecs(const WeightState& base, std::span<const TensorChanges> changes,
+                                        uint64_t version, int reps) {
+  DeltaFigures f;
+  for (const TensorChanges& c : changes) f.changed += c.count();
+  if (f.changed == 0) return Status::InvalidArgument("no changed elements to measure");
+  const double cpc = static_cast<double>(f.changed);
+  const double model_bytes = static_cast<double>(base.total_bytes());
+  const DeltaEntropy h = MeasureDeltaEntropy(base, changes);
+  f.entropy = h.entropy;
+  f.context_entropy = h.context_entropy;
+  f.h0_gap = h.h0_gap;
+  f.h0_diff = h.h0_diff;
+  f.ctx_flag = h.ctx_flag;
+  f.ctx_diff = h.ctx_diff;
 
   PatchInfo info;
   info.model_version = version;

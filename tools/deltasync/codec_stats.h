@@ -39,6 +39,16 @@ struct DeltaFigures {
   double encode_gbps_1t = 0, decode_gbps_1t = 0, decode_gbps_all = 0;
 };
 
+// The entropy figures alone (the fields of DeltaFigures of the same names), in
+// bytes per changed element; `changes` must be non-empty. Shared by `bench`
+// and `diff --json`.
+struct DeltaEntropy {
+  uint64_t changed = 0;
+  double entropy = 0, context_entropy = 0;
+  double h0_gap = 0, h0_diff = 0, ctx_flag = 0, ctx_diff = 0;
+};
+DeltaEntropy MeasureDeltaEntropy(const WeightState& base, std::span<const TensorChanges> changes);
+
 // `changes` take `base` (version - 1) to `version`.
 Result<DeltaFigures> MeasureDeltaCodecs(const WeightState& base, std::span<const TensorChanges> changes,
                                         uint64_t version, int reps);

@@ -19,6 +19,7 @@ struct DiffArgs {
   std::optional<uint64_t> base_version;  // compact only; default version - 1
   std::optional<uint64_t> stream_version;  // compact only; default kCompactStreamAuto
   bool allow_nonfinite = false;
+  bool json = false;
 };
 Status RunDiff(const DiffArgs& args);
 

@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
                        "is smaller; replicas read both)")
       ->check(WholeNumber(2, 3));
   diff_cmd->add_flag("--allow-nonfinite", diff.allow_nonfinite, "Pass NaN/Inf bit patterns through");
+  diff_cmd->add_flag("--json", diff.json, "Print one JSON object (sizes and the delta's entropy) instead of the line");
   diff_cmd->footer("Example:\n  deltasync diff step-99.safetensors step-100.safetensors -o step-100.delta.safetensors "
                    "--version 100");
 
