@@ -20,6 +20,7 @@
 
 #include "deltasync/changes.h"
 #include "deltasync/safetensors.h"
+#include "deltasync/state_hash.h"
 #include "deltasync/status.h"
 #include "deltasync/tensor.h"
 #include "deltasync/weight_state.h"
@@ -66,13 +67,41 @@ Result<EncodedPatch> EncodeAnchor(uint64_t model_version, std::span<const Tensor
 // changed counts are computed here. Deterministic.
 Result<EncodedPatch> EncodeDelta(const PatchInfo& info, std::span<const TensorChanges> changes);
 
+// One tensor's gap_delta changes as the file holds them, not decoded: the
+// replica applies them straight from these bytes (ApplyGapChanges), without
+// materialising 64-bit indices. `gaps` and `values` point into the patch's
+// file. `chunk_starts[c]` is the flat index of change c * kGapChunk (the
+// prefix sums of the gaps, computed and checked for overflow when decoding),
+// so that chunks of one tensor apply in parallel; `last` is the largest index.
+struct EncodedChanges {
+  static constexpr size_t kGapChunk = size_t{1} << 16;
+
+  std::string name;
+  DType dtype = DType::kBF16;       // of the values
+  DType index_dtype = DType::kU16;  // U16, U32 or U64 gaps
+  ByteSpan gaps;
+  ByteSpan values;
+  size_t count = 0;
+  std::vector<uint64_t> chunk_starts;
+  uint64_t last = 0;  // meaningful when count > 0
+};
+
 // A decoded, validated patch. Anchors: `dense` views into `file`. Deltas:
-// `changes` sorted by name, indices strictly ascending.
+// `changes` sorted by name, indices strictly ascending; or, when decoded with
+// keep_gaps_encoded and the delta is gap_delta throughout, `encoded` instead
+// (sorted by name, `changes` empty).
 struct DecodedPatch {
   PatchInfo info;
   std::vector<TensorView> dense;
   std::vector<TensorChanges> changes;
-  SafetensorsFile file;  // keeps the bytes behind `dense` alive
+  std::vector<EncodedChanges> encoded;
+  SafetensorsFile file;  // keeps the bytes behind `dense` and `encoded` alive
+};
+
+struct DecodePatchOptions {
+  // A gap_delta delta's indices stay encoded (DecodedPatch::encoded), with the
+  // same checks as when they are decoded.
+  bool keep_gaps_encoded = false;
 };
 
 // Decodes a parsed safetensors file as a patch. Checks metadata (format,
@@ -81,7 +110,7 @@ struct DecodedPatch {
 // index dtypes, 1-D shapes, equal lengths, strictly ascending indices without
 // overflow. kCorruption naming file, tensor and rule; kUnsupported for
 // nvcomp_cascaded.
-Result<DecodedPatch> DecodePatch(SafetensorsFile file);
+Result<DecodedPatch> DecodePatch(SafetensorsFile file, const DecodePatchOptions& options = {});
 
 // Whether a file's __metadata__ says it is a TRL patch (what DecodePatch
 // reads) rather than a plain checkpoint: 'format' sparse_weight_patch (or
@@ -97,5 +126,23 @@ Status ValidateChanges(const WeightState& state, std::span<const TensorChanges> 
 
 // Scatters the values into `state`. REQUIRES: ValidateChanges(state, changes) is OK.
 void ApplyChanges(WeightState& state, std::span<const TensorChanges> changes, int threads = 0);
+
+// ValidateChanges for encoded changes: the same checks and messages.
+Status ValidateEncodedChanges(const WeightState& state, std::span<const EncodedChanges> changes);
+
+// Applies encoded changes in one pass per chunk of changes (parallel over and
+// within tensors, up to `threads`): decodes the gaps, adds each element's
+// state-hash change (HashChanges' result) and scatters the value, keeping the
+// overwritten values in `undo` (resized; reuse it across calls to spare its
+// page faults). Returns the change to the state's hash.
+// REQUIRES: ValidateChanges(state, changes) is OK.
+StateHash ApplyGapChanges(WeightState& state, std::span<const EncodedChanges> changes, int threads,
+                          std::vector<uint8_t>& undo);
+// Puts back what ApplyGapChanges(state, changes, threads, undo) overwrote.
+void UndoGapChanges(WeightState& state, std::span<const EncodedChanges> changes, int threads,
+                    const std::vector<uint8_t>& undo);
+// The changes decoded (64-bit indices, values copied), for callers that need
+// TensorChanges (change tracking).
+std::vector<TensorChanges> DecodeGapChanges(std::span<const EncodedChanges> changes);
 
 }  // namespace deltasync

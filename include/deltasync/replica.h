@@ -5,8 +5,12 @@
 // Bit-exact or loud: an update either reaches the target version with a
 // verified state or returns an error naming the version and the reason, and
 // the replica stays on its last good version. A delta is decoded and checked
-// completely (and its effect on the state hash computed) before any byte of
-// the state changes, so no undo copy of the model is needed.
+// completely before any byte of the state changes; a gap_delta delta then
+// applies in one pass that also computes its effect on the state hash, keeping
+// the values it overwrites (a few bytes per change, never a copy of the
+// model) and putting them back when the result does not hash to the
+// manifest's state hash. Other deltas have their effect on the hash computed
+// before the state changes.
 #pragma once
 
 #include <cstdint>
@@ -153,6 +157,7 @@ class Replica {
   StateHash state_hash_;
   uint64_t version_ = 0;
   ChangedElements pending_;  // since the last TakeChanges()
+  std::vector<uint8_t> undo_;  // the values a gap_delta delta overwrote (reused)
   std::vector<BadObject> bad_;
   ObjectSet bad_set_;  // the same objects, for PlanCatchUp
 };

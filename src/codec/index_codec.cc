@@ -135,7 +135,83 @@ DecodeError Gaps(ByteSpan bytes, std::vector<uint64_t>& out) {
   return {};
 }
 
+// Sums g + 1 over each chunk of a U16/U32 stream: below 2^32 elements of
+// below 2^32 each nothing overflows 64 bits. A U16 chunk of up to 2^16
+// elements sums in 32 bits (vectorises).
+template <typename T, typename Acc>
+void ChunkStartsNarrow(const uint8_t* src, size_t n, size_t chunk, std::vector<uint64_t>& starts, uint64_t* last) {
+  uint64_t prev = ~uint64_t{0};  // idx[-1] = -1
+  for (size_t b = 0; b < n; b += chunk) {
+    const size_t e = std::min(n, b + chunk);
+    starts.push_back(prev + Load<T>(src + b * sizeof(T)) + 1);
+    Acc sum = 0;
+    for (size_t k = b; k < e; ++k) sum += Load<T>(src + k * sizeof(T));
+    prev += uint64_t{sum} + (e - b);
+  }
+  *last = prev;
+}
+
+template <typename T>
+T LoadAt(const uint8_t* bytes, size_t k) {
+  return Load<T>(bytes + k * sizeof(T));
+}
+
+template <typename T>
+uint64_t Run(const uint8_t* bytes, size_t k, size_t n, uint64_t prev, uint64_t* out) {
+  const uint8_t* src = bytes + k * sizeof(T);
+  for (size_t j = 0; j < n; ++j) {
+    prev += uint64_t{Load<T>(src + j * sizeof(T))} + 1;
+    out[j] = prev;
+  }
+  return prev;
+}
+
 }  // namespace
+
+DecodeError GapChunkStarts(DType dtype, ByteSpan bytes, size_t chunk, std::vector<uint64_t>& starts,
+                           uint64_t* last) {
+  starts.clear();
+  const size_t n = bytes.size() / DTypeSize(dtype);
+  *last = 0;
+  if (n == 0) return {};
+  if (dtype == DType::kU16 && chunk <= (size_t{1} << 16)) {
+    ChunkStartsNarrow<uint16_t, uint32_t>(bytes.data(), n, chunk, starts, last);
+    return {};
+  }
+  if (dtype != DType::kU64 && n <= (uint64_t{1} << 32)) {
+    if (dtype == DType::kU16) ChunkStartsNarrow<uint16_t, uint64_t>(bytes.data(), n, chunk, starts, last);
+    else ChunkStartsNarrow<uint32_t, uint64_t>(bytes.data(), n, chunk, starts, last);
+    return {};
+  }
+  // Wide gaps: checked element by element, as Gaps does.
+  uint64_t idx = GapAt(dtype, bytes.data(), 0);
+  starts.push_back(idx);
+  for (size_t k = 1; k < n; ++k) {
+    if (__builtin_add_overflow(idx, GapAt(dtype, bytes.data(), k), &idx) || __builtin_add_overflow(idx, 1, &idx)) {
+      starts.clear();
+      return {DecodeError::kOverflow, k, 0};
+    }
+    if (k % chunk == 0) starts.push_back(idx);
+  }
+  *last = idx;
+  return {};
+}
+
+uint64_t GapAt(DType dtype, const uint8_t* bytes, size_t k) {
+  switch (dtype) {
+    case DType::kU16: return LoadAt<uint16_t>(bytes, k);
+    case DType::kU32: return LoadAt<uint32_t>(bytes, k);
+    default: return LoadAt<uint64_t>(bytes, k);
+  }
+}
+
+uint64_t DecodeGapRun(DType dtype, const uint8_t* bytes, size_t k, size_t n, uint64_t prev, uint64_t* out) {
+  switch (dtype) {
+    case DType::kU16: return Run<uint16_t>(bytes, k, n, prev, out);
+    case DType::kU32: return Run<uint32_t>(bytes, k, n, prev, out);
+    default: return Run<uint64_t>(bytes, k, n, prev, out);
+  }
+}
 
 std::optional<DType> EncodeRaw(std::span<const uint64_t> idx, std::vector<uint8_t>& out) {
   if (idx.empty()) {

@@ -42,4 +42,18 @@ struct DecodeError {
 DecodeError DecodeRaw(DType dtype, ByteSpan bytes, std::vector<uint64_t>& out);
 DecodeError DecodeGaps(DType dtype, ByteSpan bytes, std::vector<uint64_t>& out);
 
+// The positions of a gap stream at every `chunk`-th element, without
+// decoding the rest: starts[c] = idx[c * chunk], and *last = idx[n-1] (n > 0).
+// The same overflow check (and error) as DecodeGaps. REQUIRES: dtype U16,
+// U32 or U64.
+DecodeError GapChunkStarts(DType dtype, ByteSpan bytes, size_t chunk, std::vector<uint64_t>& starts,
+                           uint64_t* last);
+
+// Decodes elements [k, k + n) of a gap stream into out[0, n), given
+// `prev` = idx[k-1] (uint64_t(-1) when k = 0), and returns idx[k+n-1]. No
+// checks: the stream passed GapChunkStarts.
+uint64_t DecodeGapRun(DType dtype, const uint8_t* bytes, size_t k, size_t n, uint64_t prev, uint64_t* out);
+// The gap of element k (to recover idx[k-1] = starts[c] - gap(c*chunk) - 1).
+uint64_t GapAt(DType dtype, const uint8_t* bytes, size_t k);
+
 }  // namespace deltasync::indexcodec

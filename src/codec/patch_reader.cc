@@ -224,8 +224,23 @@ Result<PairMap> PairTensors(const SafetensorsFile& file, const Errors& err) {
   return pairs;
 }
 
-Status DecodePair(const std::string& name, const Pair& p, IndexEncoding encoding, const Errors& err,
-                  TensorChanges& out) {
+Status IndexError(const indexcodec::DecodeError& e, const TensorView& idx, const std::vector<uint64_t>& decoded,
+                  const Errors& err) {
+  const std::string at = " at position " + std::to_string(e.position);
+  switch (e.kind) {
+    case indexcodec::DecodeError::kNone: break;
+    case indexcodec::DecodeError::kNegative:
+      return err.Tensor(idx.name, "raw index " + std::to_string(e.value) + at + " is negative");
+    case indexcodec::DecodeError::kNotAscending:
+      return err.Tensor(idx.name, "raw indices are not strictly ascending" + at + " (" + std::to_string(e.value) +
+                                      " after " + std::to_string(decoded[e.position - 1]) + ")");
+    case indexcodec::DecodeError::kOverflow:
+      return err.Tensor(idx.name, "gap_delta indices overflow" + at);
+  }
+  return Status::OK();
+}
+
+Status CheckPairShapes(const Pair& p, const Errors& err) {
   const TensorView& idx = *p.idx;
   const TensorView& val = *p.val;
   for (const TensorView* t : {&idx, &val}) {
@@ -237,6 +252,40 @@ Status DecodePair(const std::string& name, const Pair& p, IndexEncoding encoding
     return err.Tensor(idx.name, std::to_string(idx.shape[0]) + " indices but '" + val.name + "' holds " +
                                     std::to_string(val.shape[0]) + " values");
   }
+  return Status::OK();
+}
+
+Status CheckGapDType(const TensorView& idx, const Errors& err) {
+  if (idx.dtype != DType::kU16 && idx.dtype != DType::kU32 && idx.dtype != DType::kU64) {
+    return err.Tensor(idx.name, "dtype " + std::string(DTypeName(idx.dtype)) +
+                                    " is not a gap_delta index type (U16, U32 or U64)");
+  }
+  return Status::OK();
+}
+
+// A gap_delta pair kept encoded: the same checks as DecodePair, with the
+// chunk starts computed instead of every index.
+Status EncodedPair(const std::string& name, const Pair& p, const Errors& err, EncodedChanges& out) {
+  DS_RETURN_IF_ERROR(CheckPairShapes(p, err));
+  const TensorView& idx = *p.idx;
+  DS_RETURN_IF_ERROR(CheckGapDType(idx, err));
+  const indexcodec::DecodeError e =
+      indexcodec::GapChunkStarts(idx.dtype, idx.data, EncodedChanges::kGapChunk, out.chunk_starts, &out.last);
+  DS_RETURN_IF_ERROR(IndexError(e, idx, {}, err));
+  out.name = name;
+  out.dtype = p.val->dtype;
+  out.index_dtype = idx.dtype;
+  out.gaps = idx.data;
+  out.values = p.val->data;
+  out.count = idx.shape[0];
+  return Status::OK();
+}
+
+Status DecodePair(const std::string& name, const Pair& p, IndexEncoding encoding, const Errors& err,
+                  TensorChanges& out) {
+  const TensorView& idx = *p.idx;
+  const TensorView& val = *p.val;
+  DS_RETURN_IF_ERROR(CheckPairShapes(p, err));
   // The older layout always holds absolute int32 positions.
   const IndexEncoding kind = p.old_idx ? IndexEncoding::kRaw : encoding;
   indexcodec::DecodeError e;
@@ -246,23 +295,10 @@ Status DecodePair(const std::string& name, const Pair& p, IndexEncoding encoding
     }
     e = indexcodec::DecodeRaw(idx.dtype, idx.data, out.indices);
   } else {
-    if (idx.dtype != DType::kU16 && idx.dtype != DType::kU32 && idx.dtype != DType::kU64) {
-      return err.Tensor(idx.name, "dtype " + std::string(DTypeName(idx.dtype)) +
-                                      " is not a gap_delta index type (U16, U32 or U64)");
-    }
+    DS_RETURN_IF_ERROR(CheckGapDType(idx, err));
     e = indexcodec::DecodeGaps(idx.dtype, idx.data, out.indices);
   }
-  const std::string at = " at position " + std::to_string(e.position);
-  switch (e.kind) {
-    case indexcodec::DecodeError::kNone: break;
-    case indexcodec::DecodeError::kNegative:
-      return err.Tensor(idx.name, "raw index " + std::to_string(e.value) + at + " is negative");
-    case indexcodec::DecodeError::kNotAscending:
-      return err.Tensor(idx.name, "raw indices are not strictly ascending" + at + " (" + std::to_string(e.value) +
-                                      " after " + std::to_string(out.indices[e.position - 1]) + ")");
-    case indexcodec::DecodeError::kOverflow:
-      return err.Tensor(idx.name, "gap_delta indices overflow" + at);
-  }
+  DS_RETURN_IF_ERROR(IndexError(e, idx, out.indices, err));
   out.name = name;
   out.dtype = val.dtype;
   out.values.assign(val.data.begin(), val.data.end());
@@ -270,7 +306,7 @@ Status DecodePair(const std::string& name, const Pair& p, IndexEncoding encoding
 }
 
 // The older writer's "changed_params" must list exactly the file's parameters.
-Status CheckChangedParams(const std::string& text, const std::vector<TensorChanges>& changes, const Errors& err) {
+Status CheckChangedParams(const std::string& text, const std::vector<const std::string*>& changes, const Errors& err) {
   nlohmann::json list = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (list.is_discarded() || !list.is_array()) {
     return err.File("__metadata__ 'changed_params' is not a JSON list of names");
@@ -282,7 +318,7 @@ Status CheckChangedParams(const std::string& text, const std::vector<TensorChang
   }
   std::sort(names.begin(), names.end());
   bool same = names.size() == changes.size();
-  for (size_t i = 0; same && i < names.size(); ++i) same = names[i] == changes[i].name;
+  for (size_t i = 0; same && i < names.size(); ++i) same = names[i] == *changes[i];
   if (!same) {
     return err.File("__metadata__ 'changed_params' lists " + std::to_string(names.size()) +
                     " parameters, which are not the " + std::to_string(changes.size()) + " in the file");
@@ -290,7 +326,7 @@ Status CheckChangedParams(const std::string& text, const std::vector<TensorChang
   return Status::OK();
 }
 
-Result<DecodedPatch> DecodeDelta(Header h, SafetensorsFile file, const Errors& err) {
+Result<DecodedPatch> DecodeDelta(Header h, SafetensorsFile file, const Errors& err, const DecodePatchOptions& options) {
   DS_ASSIGN_OR_RETURN(PairMap pairs, PairTensors(file, err));
   std::vector<const std::string*> names;
   std::vector<const Pair*> order;
@@ -315,18 +351,23 @@ Result<DecodedPatch> DecodeDelta(Header h, SafetensorsFile file, const Errors& e
   if (!h.encoding_given) h.info.encoding = old_layout ? IndexEncoding::kRaw : IndexEncoding::kGapDelta;
 
   DecodedPatch out;
-  out.changes.resize(order.size());
+  // Kept encoded only when every pair is gap_delta (the older layout's pairs
+  // are raw whatever the metadata says).
+  const bool encoded = options.keep_gaps_encoded && h.info.encoding == IndexEncoding::kGapDelta && !old_layout;
+  (encoded ? out.encoded.resize(order.size()) : out.changes.resize(order.size()));
   std::vector<Status> errors(order.size());
   ParallelFor(order.size(), index_bytes >= kParallelMinIndexBytes ? 0 : 1, [&](size_t i) {
-    errors[i] = DecodePair(*names[i], *order[i], h.info.encoding, err, out.changes[i]);
+    errors[i] = encoded ? EncodedPair(*names[i], *order[i], err, out.encoded[i])
+                        : DecodePair(*names[i], *order[i], h.info.encoding, err, out.changes[i]);
   });
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
 
   uint64_t changed = 0;
   for (const TensorChanges& c : out.changes) changed += c.count();
-  if (h.num_changed_params && *h.num_changed_params != out.changes.size()) {
+  for (const EncodedChanges& c : out.encoded) changed += c.count;
+  if (h.num_changed_params && *h.num_changed_params != order.size()) {
     return err.File("__metadata__ num_changed_params is " + std::to_string(*h.num_changed_params) +
-                    " but the delta holds " + std::to_string(out.changes.size()) + " parameters");
+                    " but the delta holds " + std::to_string(order.size()) + " parameters");
   }
   if (h.total_changed_elements && *h.total_changed_elements != changed) {
     return err.File("__metadata__ total_changed_elements is " + std::to_string(*h.total_changed_elements) +
@@ -336,9 +377,9 @@ Result<DecodedPatch> DecodeDelta(Header h, SafetensorsFile file, const Errors& e
     return err.File("__metadata__ total_elements " + std::to_string(*h.total_elements) + " is less than the " +
                     std::to_string(changed) + " changed elements");
   }
-  if (h.changed_params) DS_RETURN_IF_ERROR(CheckChangedParams(*h.changed_params, out.changes, err));
+  if (h.changed_params) DS_RETURN_IF_ERROR(CheckChangedParams(*h.changed_params, names, err));
   h.info.total_changed_elements = changed;
-  h.info.num_changed_params = out.changes.size();
+  h.info.num_changed_params = order.size();
   // Unknown total: the changed count is the only bound the file gives.
   h.info.total_elements = h.total_elements.value_or(changed);
   out.info = h.info;
@@ -354,12 +395,12 @@ bool LooksLikeTrlPatch(const Metadata& metadata) {
   return IsTrlV1(metadata);
 }
 
-Result<DecodedPatch> DecodePatch(SafetensorsFile file) {
+Result<DecodedPatch> DecodePatch(SafetensorsFile file, const DecodePatchOptions& options) {
   const std::string label = file.label();
   const Errors err(label);
   DS_ASSIGN_OR_RETURN(Header header, ReadHeader(file.metadata(), err));
   if (header.info.kind == PatchKind::kAnchor) return DecodeAnchor(std::move(header), std::move(file), err);
-  return DecodeDelta(std::move(header), std::move(file), err);
+  return DecodeDelta(std::move(header), std::move(file), err, options);
 }
 
 }  // namespace deltasync

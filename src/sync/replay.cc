@@ -114,6 +114,43 @@ Result<CheckedDelta> CheckDelta(Blob bytes, const VersionEntry& entry, const Obj
   return out;
 }
 
+Result<AppliedDelta> ApplyDelta(Blob bytes, const VersionEntry& entry, const ObjectEntry& object, WeightState& state,
+                                const StateHash& state_hash, int threads, bool want_changes,
+                                std::vector<uint8_t>& undo) {
+  AppliedDelta out;
+  if (object.encoding != IndexEncoding::kCompact) {
+    DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Parse(std::move(bytes), object.key));
+    DS_ASSIGN_OR_RETURN(DecodedPatch p, DecodePatch(std::move(file), DecodePatchOptions{.keep_gaps_encoded = true}));
+    DS_RETURN_IF_ERROR(CheckListed(p.info, object, entry.version));
+    if (!p.encoded.empty() || p.changes.empty()) {
+      DS_RETURN_IF_ERROR(ValidateEncodedChanges(state, p.encoded).WithContext(object.key));
+      out.next = state_hash + ApplyGapChanges(state, p.encoded, threads, undo);
+      if (out.next != entry.state_hash) {
+        UndoGapChanges(state, p.encoded, threads, undo);
+        return Status::Integrity("the state after it would hash to " + out.next.Hex() + ", the manifest says " +
+                                 entry.state_hash.Hex());
+      }
+      if (want_changes) out.changes = DecodeGapChanges(p.encoded);
+      return out;
+    }
+    // Raw indices (or the older layout): decoded, then checked and applied.
+    DS_RETURN_IF_ERROR(ValidateChanges(state, p.changes).WithContext(object.key));
+    out.next = state_hash + HashChanges(state, p.changes, threads);
+    if (out.next != entry.state_hash) {
+      return Status::Integrity("the state after it would hash to " + out.next.Hex() + ", the manifest says " +
+                               entry.state_hash.Hex());
+    }
+    ApplyChanges(state, p.changes, threads);
+    if (want_changes) out.changes = std::move(p.changes);
+    return out;
+  }
+  DS_ASSIGN_OR_RETURN(CheckedDelta d, CheckDelta(std::move(bytes), entry, object, state, state_hash, threads));
+  ApplyChanges(state, d.changes, threads);
+  out.next = d.next;
+  if (want_changes) out.changes = std::move(d.changes);
+  return out;
+}
+
 }  // namespace deltasync::replay
 
 namespace deltasync::replay {

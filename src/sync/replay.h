@@ -69,6 +69,23 @@ struct CheckedDelta {
 Result<CheckedDelta> CheckDelta(Blob bytes, const VersionEntry& entry, const ObjectEntry& object,
                                 const WeightState& base, const StateHash& base_hash, int threads);
 
+// A delta applied in place by ApplyDelta.
+struct AppliedDelta {
+  StateHash next;                       // equal to entry.state_hash
+  std::vector<TensorChanges> changes;   // only when asked for
+};
+
+// CheckDelta and ApplyChanges in one: applies the delta `object` of `entry`
+// to `state` (the state of object.base_version, hashing to `state_hash`). A
+// gap_delta delta applies straight from its encoded bytes in one pass
+// (ApplyGapChanges) and, when the result does not hash to entry.state_hash,
+// every overwritten value is put back before the kIntegrity error returns:
+// on any error `state` holds what it held. `undo` is scratch, reused across
+// calls. `want_changes`: also return the changes (for change tracking).
+Result<AppliedDelta> ApplyDelta(Blob bytes, const VersionEntry& entry, const ObjectEntry& object, WeightState& state,
+                                const StateHash& state_hash, int threads, bool want_changes,
+                                std::vector<uint8_t>& undo);
+
 // Parted versions (docs/format.md, "Parts"): the same checks, part by part,
 // with the parts' blocks assembled into (or mapped onto) full tensors. Each
 // part's blocks must hash to the manifest's part hash, and the whole to the

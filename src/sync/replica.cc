@@ -271,27 +271,35 @@ Status Replica::ApplyDelta(const VersionEntry& entry, const ObjectEntry& object,
     return fail(Status::FailedPrecondition("its base is " + V(object.base_version.value_or(0)) +
                                            " but the replica holds " + V(version_)));
   }
-  Result<replay::CheckedDelta> delta = Status::Internal("unset");
+  Result<replay::AppliedDelta> delta = Status::Internal("unset");
   Stopwatch clock;
   if (object.parted()) {
     Result<std::vector<Blob>> parts = FetchVerifiedParts(object, stats, bad_part);
     if (!parts.ok()) return fail(parts.status());
     clock = Stopwatch();
-    delta = replay::CheckPartedDelta(std::move(*parts), entry, object, *manifest_.LayoutOf(entry), state_, state_hash_,
-                                     *manifest_.Find(version_), options_.threads, bad_part);
+    // Decoded and checked against the held state, which it does not touch.
+    Result<replay::CheckedDelta> checked =
+        replay::CheckPartedDelta(std::move(*parts), entry, object, *manifest_.LayoutOf(entry), state_, state_hash_,
+                                 *manifest_.Find(version_), options_.threads, bad_part);
+    if (checked.ok()) {
+      ApplyChanges(state_, checked->changes, options_.threads);
+      delta = replay::AppliedDelta{checked->next, std::move(checked->changes)};
+    } else {
+      delta = checked.status();
+    }
   } else {
     Result<Blob> blob = FetchVerified(object, stats);
     if (!blob.ok()) return fail(blob.status());
     clock = Stopwatch();
-    // Decoded and checked against the held state, which it does not touch.
-    delta = replay::CheckDelta(std::move(*blob), entry, object, state_, state_hash_, options_.threads);
+    // Applied only when it checks out; on any error the state is as it was.
+    delta = replay::ApplyDelta(std::move(*blob), entry, object, state_, state_hash_, options_.threads,
+                               options_.track_changes && !pending_.everything, undo_);
   }
   if (!delta.ok()) {
     Status s = delta.status();
     if (s.code() == ErrorCode::kIntegrity) s = Status(s.code(), s.message() + "; the replica stays on " + V(version_));
     return fail(s);
   }
-  ApplyChanges(state_, delta->changes, options_.threads);
   RecordChanges(delta->changes);
   state_hash_ = delta->next;
   version_ = entry.version;

@@ -2,7 +2,9 @@
 //   1. arbitrary bytes never crash SafetensorsFile::Parse + DecodePatch;
 //   2. a patch that decodes re-encodes (EncodeAnchor / EncodeDelta), and
 //      encoding it twice gives identical bytes;
-//   3. the re-encoded bytes decode to the same patch.
+//   3. the re-encoded bytes decode to the same patch;
+//   4. decoding with keep_gaps_encoded fails exactly when (and as) the plain
+//      decode does, and its encoded changes decode to the same changes.
 #include <cstdint>
 #include <cstdlib>
 #include <vector>
@@ -60,8 +62,23 @@ bool SamePatch(const DecodedPatch& a, const DecodedPatch& b) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Result<SafetensorsFile> file = SafetensorsFile::Parse(Blob::FromVector({data, data + size}), "fuzz.safetensors");
   if (!file.ok()) return 0;
+  Result<SafetensorsFile> copy = SafetensorsFile::Parse(Blob::FromVector({data, data + size}), "fuzz.safetensors");
+  if (!copy.ok()) std::abort();
   Result<DecodedPatch> first = DecodePatch(std::move(*file));
-  if (!first.ok()) return 0;
+  Result<DecodedPatch> kept = DecodePatch(std::move(*copy), DecodePatchOptions{.keep_gaps_encoded = true});
+  if (first.ok() != kept.ok()) std::abort();
+  if (!first.ok()) {
+    if (first.status().message() != kept.status().message()) std::abort();
+    return 0;
+  }
+  if (!kept->encoded.empty()) {
+    DecodedPatch decoded;
+    decoded.info = kept->info;
+    decoded.changes = DecodeGapChanges(kept->encoded);
+    if (!SamePatch(*first, decoded)) std::abort();
+  } else if (!SamePatch(*first, *kept)) {
+    std::abort();
+  }
 
   Result<EncodedPatch> encoded = Reencode(*first);
   Result<EncodedPatch> again = Reencode(*first);

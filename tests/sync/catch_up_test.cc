@@ -265,54 +265,60 @@ TEST(SnapshotTest, PublishesWhatTheTensorsHeldWhenTaken) {
 // What a consumer mirroring the state (a GPU copy) needs: exactly the
 // elements that differ since it last looked.
 TEST(TrackChangesTest, TakeChangesNamesExactlyWhatChanged) {
-  TempDir dir;
-  auto store = OpenDirStore(dir.path());
-  PublisherOptions options;
-  options.anchor_interval = 1000;
-  auto pub = OpenPublisher(store, options);
-  RandomModel model(16);
-  ASSERT_TRUE(pub->Publish(1, model.Views()).ok());
-  auto replica = Replica::Create(store, ReplicaOptions{0, /*track_changes=*/true});
-  ASSERT_TRUE(replica->Update().ok());
-  EXPECT_TRUE(replica->TakeChanges().everything);
-  ChangedElements none = replica->TakeChanges();
-  EXPECT_FALSE(none.everything);
-  EXPECT_TRUE(none.tensors.empty());
+  // The default (compact) deltas and gap_delta ones (applied from their encoded gaps).
+  for (std::optional<IndexEncoding> encoding :
+       {std::optional<IndexEncoding>(), std::optional<IndexEncoding>(IndexEncoding::kGapDelta)}) {
+    SCOPED_TRACE(encoding ? std::string(EncodingName(*encoding)) : "default");
+    TempDir dir;
+    auto store = OpenDirStore(dir.path());
+    PublisherOptions options;
+    options.anchor_interval = 1000;
+    options.encoding = encoding;
+    auto pub = OpenPublisher(store, options);
+    RandomModel model(16);
+    ASSERT_TRUE(pub->Publish(1, model.Views()).ok());
+    auto replica = Replica::Create(store, ReplicaOptions{0, /*track_changes=*/true});
+    ASSERT_TRUE(replica->Update().ok());
+    EXPECT_TRUE(replica->TakeChanges().everything);
+    ChangedElements none = replica->TakeChanges();
+    EXPECT_FALSE(none.everything);
+    EXPECT_TRUE(none.tensors.empty());
 
-  auto snapshot = [&] {
-    std::map<std::string, std::vector<uint8_t>> s;
-    for (const auto& t : replica->state().tensors()) s[t.name] = t.data;
-    return s;
-  };
-  auto before = snapshot();
-  for (uint64_t v = 2; v <= 4; ++v) {
-    model.Step(0.03);
-    ASSERT_TRUE(pub->Publish(v, model.Views()).ok());
-  }
-  ASSERT_TRUE(replica->Update().ok());  // three deltas
-  ChangedElements changed = replica->TakeChanges();
-  ASSERT_FALSE(changed.everything);
-  std::map<std::string, std::vector<uint64_t>> got(changed.tensors.begin(), changed.tensors.end());
-  uint64_t differing = 0;
-  for (const auto& t : replica->state().tensors()) {
-    const std::vector<uint8_t>& old = before[t.name];
-    const size_t w = DTypeSize(t.dtype);
-    std::vector<uint64_t>& listed = got[t.name];
-    EXPECT_TRUE(std::is_sorted(listed.begin(), listed.end()));
-    EXPECT_EQ(std::adjacent_find(listed.begin(), listed.end()), listed.end()) << "unique";
-    for (uint64_t i = 0; i < t.num_elements(); ++i) {
-      if (std::memcmp(&old[i * w], &t.data[i * w], w) != 0) {
-        ++differing;
-        EXPECT_TRUE(std::binary_search(listed.begin(), listed.end(), i)) << t.name << "[" << i << "] changed";
+    auto snapshot = [&] {
+      std::map<std::string, std::vector<uint8_t>> s;
+      for (const auto& t : replica->state().tensors()) s[t.name] = t.data;
+      return s;
+    };
+    auto before = snapshot();
+    for (uint64_t v = 2; v <= 4; ++v) {
+      model.Step(0.03);
+      ASSERT_TRUE(pub->Publish(v, model.Views()).ok());
+    }
+    ASSERT_TRUE(replica->Update().ok());  // three deltas
+    ChangedElements changed = replica->TakeChanges();
+    ASSERT_FALSE(changed.everything);
+    std::map<std::string, std::vector<uint64_t>> got(changed.tensors.begin(), changed.tensors.end());
+    uint64_t differing = 0;
+    for (const auto& t : replica->state().tensors()) {
+      const std::vector<uint8_t>& old = before[t.name];
+      const size_t w = DTypeSize(t.dtype);
+      std::vector<uint64_t>& listed = got[t.name];
+      EXPECT_TRUE(std::is_sorted(listed.begin(), listed.end()));
+      EXPECT_EQ(std::adjacent_find(listed.begin(), listed.end()), listed.end()) << "unique";
+      for (uint64_t i = 0; i < t.num_elements(); ++i) {
+        if (std::memcmp(&old[i * w], &t.data[i * w], w) != 0) {
+          ++differing;
+          EXPECT_TRUE(std::binary_search(listed.begin(), listed.end(), i)) << t.name << "[" << i << "] changed";
+        }
       }
     }
+    EXPECT_GT(differing, 0u);
+    // Listed but equal is allowed only for an element changed and changed back.
+    uint64_t listed_total = 0;
+    for (const auto& [name, idx] : changed.tensors) listed_total += idx.size();
+    EXPECT_GE(listed_total, differing);
+    EXPECT_LE(listed_total, differing + differing / 5 + 16);
   }
-  EXPECT_GT(differing, 0u);
-  // Listed but equal is allowed only for an element changed and changed back.
-  uint64_t listed_total = 0;
-  for (const auto& [name, idx] : changed.tensors) listed_total += idx.size();
-  EXPECT_GE(listed_total, differing);
-  EXPECT_LE(listed_total, differing + differing / 5 + 16);
 }
 
 // Views of the state stay valid across updates, anchors included.

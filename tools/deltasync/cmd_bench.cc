@@ -139,21 +139,22 @@ Status RunBench(const BenchArgs& args) {
   for (const TensorChanges& c : changes) changed += c.count();
 
   // Replica: parse + decode + validate + state-hash update + scatter, from the
-  // patch bytes in memory (no disk), applied to a copy of the state.
+  // patch bytes in memory (no disk), applied to a copy of the state, as
+  // Replica does: straight from the encoded gaps, keeping an undo log.
   std::vector<uint8_t> bytes;
   for (ByteSpan part : patch.parts) bytes.insert(bytes.end(), part.begin(), part.end());
   Blob blob = Blob::FromVector(std::move(bytes));
   DS_ASSIGN_OR_RETURN(WeightState replica, WeightState::FromViews(base_views));
   StateHash hash;
+  std::vector<uint8_t> undo;
   double apply_s = BestSeconds(reps, [&] {
     Result<SafetensorsFile> file = SafetensorsFile::Parse(blob, "bench delta");
     if (!file.ok()) return void(failure = file.status());
-    Result<DecodedPatch> decoded = DecodePatch(std::move(*file));
+    Result<DecodedPatch> decoded = DecodePatch(std::move(*file), DecodePatchOptions{.keep_gaps_encoded = true});
     if (!decoded.ok()) return void(failure = decoded.status());
-    Status valid = ValidateChanges(replica, decoded->changes);
+    Status valid = ValidateEncodedChanges(replica, decoded->encoded);
     if (!valid.ok()) return void(failure = valid);
-    hash += HashChanges(replica, decoded->changes, threads);
-    ApplyChanges(replica, decoded->changes, threads);
+    hash += ApplyGapChanges(replica, decoded->encoded, threads, undo);
   });
   DS_RETURN_IF_ERROR(failure);
 

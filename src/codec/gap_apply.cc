@@ -1,0 +1,177 @@
+// Applying a gap_delta delta straight from its encoded bytes (patch.h,
+// EncodedChanges): per chunk of changes, one pass decodes the gaps into a
+// small stack block, gathers the old values (into the undo log), scatters the
+// new ones and adds the state-hash terms. No 64-bit index vector is built and
+// the state is walked once. Chunks are independent (their first index comes
+// from the chunk starts computed when decoding), so they run in parallel
+// across and within tensors; their hash sums add mod 2^64 in any order.
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <unordered_set>
+
+#include "bf16/hash_term.h"
+#include "bf16/simd_kernels.h"
+#include "codec/index_codec.h"
+#include "common/parallel.h"
+#include "deltasync/patch.h"
+
+namespace deltasync {
+namespace {
+
+constexpr size_t kChunk = EncodedChanges::kGapChunk;
+// Changes decoded at once: the kernel's input arrays stay in L1.
+constexpr size_t kBlock = 512;
+
+struct Task {
+  WeightState::Tensor* tensor;
+  const EncodedChanges* changes;
+  size_t tensor_index;
+  size_t begin, end;  // changes [begin, end)
+  size_t undo_offset;  // byte offset of change `begin`'s old value in the undo log
+};
+
+std::vector<Task> Plan(WeightState& state, std::span<const EncodedChanges> changes, size_t* value_bytes) {
+  std::vector<Task> tasks;
+  size_t offset = 0;
+  for (size_t i = 0; i < changes.size(); ++i) {
+    const EncodedChanges& c = changes[i];
+    WeightState::Tensor* t = state.FindMutable(c.name);
+    const size_t size = DTypeSize(c.dtype);
+    for (size_t b = 0; b < c.count; b += kChunk) {
+      tasks.push_back({t, &c, i, b, std::min(b + kChunk, c.count), offset + b * size});
+    }
+    offset += c.count * size;
+  }
+  *value_bytes = offset;
+  return tasks;
+}
+
+// idx[begin - 1] (uint64_t(-1) for the first change): chunk starts minus the
+// chunk's first gap, mod 2^64.
+uint64_t PrevOf(const EncodedChanges& c, size_t begin) {
+  return c.chunk_starts[begin / kChunk] - indexcodec::GapAt(c.index_dtype, c.gaps.data(), begin) - 1;
+}
+
+// One chunk's worth runs faster here than a thread starts.
+int ThreadsFor(const std::vector<Task>& tasks, int threads) { return tasks.size() <= 1 ? 1 : threads; }
+
+template <typename T>
+void ApplyTask(const Task& task, const uint64_t seed[2], uint8_t* undo, uint64_t sums[2]) {
+  const EncodedChanges& c = *task.changes;
+  T* state = reinterpret_cast<T*>(task.tensor->data.data());
+  const uint8_t* values = c.values.data();
+  uint64_t index[kBlock], new_bits[kBlock], old_bits[kBlock];
+  uint64_t prev = PrevOf(c, task.begin);
+  for (size_t k = task.begin; k < task.end; k += kBlock) {
+    const size_t n = std::min(kBlock, task.end - k);
+    prev = indexcodec::DecodeGapRun(c.index_dtype, c.gaps.data(), k, n, prev, index);
+    for (size_t j = 0; j < n; ++j) {
+      T old_value, new_value;
+      std::memcpy(&old_value, state + index[j], sizeof(T));
+      std::memcpy(&new_value, values + (k + j) * sizeof(T), sizeof(T));
+      std::memcpy(undo + (k - task.begin + j) * sizeof(T), &old_value, sizeof(T));
+      std::memcpy(state + index[j], &new_value, sizeof(T));
+      old_bits[j] = old_value;
+      new_bits[j] = new_value;
+    }
+    kernels::HashTermDiffs(index, new_bits, old_bits, n, seed, sums);
+  }
+}
+
+template <typename T>
+void UndoTask(const Task& task, const uint8_t* undo) {
+  const EncodedChanges& c = *task.changes;
+  uint8_t* state = task.tensor->data.data();
+  uint64_t index[kBlock];
+  uint64_t prev = PrevOf(c, task.begin);
+  for (size_t k = task.begin; k < task.end; k += kBlock) {
+    const size_t n = std::min(kBlock, task.end - k);
+    prev = indexcodec::DecodeGapRun(c.index_dtype, c.gaps.data(), k, n, prev, index);
+    for (size_t j = 0; j < n; ++j) {
+      std::memcpy(state + index[j] * sizeof(T), undo + (k - task.begin + j) * sizeof(T), sizeof(T));
+    }
+  }
+}
+
+}  // namespace
+
+Status ValidateEncodedChanges(const WeightState& state, std::span<const EncodedChanges> changes) {
+  std::unordered_set<std::string_view> seen;
+  for (const EncodedChanges& c : changes) {
+    const WeightState::Tensor* t = state.Find(c.name);
+    if (!t) return Status::Corruption("tensor '" + c.name + "': changed by the delta but absent from the state");
+    if (!seen.insert(c.name).second) return Status::Corruption("tensor '" + c.name + "': changed twice by the delta");
+    if (c.dtype != t->dtype) {
+      return Status::Corruption("tensor '" + c.name + "': the delta carries " + std::string(DTypeName(c.dtype)) +
+                                " values but the state holds " + std::string(DTypeName(t->dtype)));
+    }
+    if (c.values.size() != c.count * DTypeSize(c.dtype)) {
+      return Status::Corruption("tensor '" + c.name + "': " + std::to_string(c.values.size()) + " value bytes for " +
+                                std::to_string(c.count) + " indices of " + std::string(DTypeName(c.dtype)));
+    }
+    if (c.count > 0 && c.last >= t->num_elements()) {
+      return Status::Corruption("tensor '" + c.name + "': index " + std::to_string(c.last) +
+                                " is out of range (the tensor has " + std::to_string(t->num_elements()) +
+                                " elements)");
+    }
+  }
+  return Status::OK();
+}
+
+StateHash ApplyGapChanges(WeightState& state, std::span<const EncodedChanges> changes, int threads,
+                          std::vector<uint8_t>& undo) {
+  size_t value_bytes = 0;
+  const std::vector<Task> tasks = Plan(state, changes, &value_bytes);
+  undo.resize(value_bytes);
+  std::vector<state_hash::TensorSeeds> seeds;
+  seeds.reserve(changes.size());
+  for (const EncodedChanges& c : changes) {
+    const WeightState::Tensor* t = state.Find(c.name);
+    seeds.push_back(state_hash::SeedsFor(t->name, t->dtype, t->shape));
+  }
+  std::vector<std::array<uint64_t, 2>> sums(tasks.size(), {0, 0});
+  ParallelFor(tasks.size(), ThreadsFor(tasks, threads), [&](size_t i) {
+    const Task& task = tasks[i];
+    const uint64_t* seed = seeds[task.tensor_index].element_seed;
+    uint8_t* log = undo.data() + task.undo_offset;
+    switch (DTypeSize(task.changes->dtype)) {
+      case 1: ApplyTask<uint8_t>(task, seed, log, sums[i].data()); break;
+      case 2: ApplyTask<uint16_t>(task, seed, log, sums[i].data()); break;
+      case 4: ApplyTask<uint32_t>(task, seed, log, sums[i].data()); break;
+      default: ApplyTask<uint64_t>(task, seed, log, sums[i].data()); break;
+    }
+  });
+  StateHash total;
+  for (const auto& s : sums) total += StateHash{s[0], s[1]};
+  return total;
+}
+
+void UndoGapChanges(WeightState& state, std::span<const EncodedChanges> changes, int threads,
+                    const std::vector<uint8_t>& undo) {
+  size_t value_bytes = 0;
+  const std::vector<Task> tasks = Plan(state, changes, &value_bytes);
+  ParallelFor(tasks.size(), ThreadsFor(tasks, threads), [&](size_t i) {
+    const Task& task = tasks[i];
+    const uint8_t* log = undo.data() + task.undo_offset;
+    switch (DTypeSize(task.changes->dtype)) {
+      case 1: UndoTask<uint8_t>(task, log); break;
+      case 2: UndoTask<uint16_t>(task, log); break;
+      case 4: UndoTask<uint32_t>(task, log); break;
+      default: UndoTask<uint64_t>(task, log); break;
+    }
+  });
+}
+
+std::vector<TensorChanges> DecodeGapChanges(std::span<const EncodedChanges> changes) {
+  std::vector<TensorChanges> out(changes.size());
+  for (size_t i = 0; i < changes.size(); ++i) {
+    out[i].name = changes[i].name;
+    out[i].dtype = changes[i].dtype;
+    indexcodec::DecodeGaps(changes[i].index_dtype, changes[i].gaps, out[i].indices);  // checked when decoded
+    out[i].values.assign(changes[i].values.begin(), changes[i].values.end());
+  }
+  return out;
+}
+
+}  // namespace deltasync
