@@ -64,11 +64,6 @@ class BlobBuffer {
   // memory (unchanged).
   bool Append(ByteSpan bytes);
   void Clear() { size_ = 0; }
-  // Faults in the pages of [offset, size()) for writing ahead of use, in
-  // large pieces on up to `threads` threads (0: all cores); contents are
-  // kept. Saves a page fault per 4 KiB when the bytes are then written in
-  // small pieces (a download's) or from one thread.
-  void Prefault(size_t offset, int threads);
 
   uint8_t* data() { return data_; }
   const uint8_t* data() const { return data_; }

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <utility>
 
-#include "common/pages.h"
+#include "common/pages.h"  // AdviseHugePages
 
 namespace deltasync {
 namespace {
@@ -185,12 +185,6 @@ bool BlobBuffer::Append(ByteSpan bytes) {
   std::memcpy(data_ + size_, bytes.data(), bytes.size());
   size_ += bytes.size();
   return true;
-}
-
-void BlobBuffer::Prefault(size_t offset, int threads) {
-  if (offset >= size_) return;
-  const MutableByteSpan rest(data_ + offset, size_ - offset);
-  PrepareFreshPages({&rest, 1}, threads);
 }
 
 }  // namespace deltasync
