@@ -12,7 +12,6 @@
 #include "bf16/scan.h"
 #include "bf16/scratch.h"
 #include "bf16/simd_kernels.h"
-#include "common/pages.h"
 #include "common/parallel.h"
 #include "deltasync/changes.h"
 
@@ -207,19 +206,7 @@ Result<std::vector<TensorChanges>> DetectJobs(const std::vector<ScanJob>& jobs, 
     c = o.end_chunk;
     if (o.count > 0) outputs.push_back(o);
   }
-  // The outputs' fresh memory is faulted in ahead in large pieces on every
-  // thread (most tensors' outputs are under 2 MiB: no huge pages for them).
   std::vector<TensorChanges> changes(outputs.size());
-  std::vector<MutableByteSpan> fresh;
-  for (size_t k = 0; k < outputs.size(); ++k) {
-    const size_t value_size = DTypeSize(jobs[outputs[k].job].published_dtype);
-    TensorChanges& tc = changes[k];
-    tc.indices.reserve(outputs[k].count);
-    tc.values.reserve(outputs[k].count * value_size);
-    fresh.emplace_back(reinterpret_cast<uint8_t*>(tc.indices.data()), outputs[k].count * sizeof(uint64_t));
-    fresh.emplace_back(tc.values.data(), outputs[k].count * value_size);
-  }
-  PrepareFreshPages(fresh, options.threads);
   ParallelFor(outputs.size(), options.threads, [&](size_t k) {
     const Output& o = outputs[k];
     const ScanJob& job = jobs[o.job];
@@ -227,6 +214,10 @@ Result<std::vector<TensorChanges>> DetectJobs(const std::vector<ScanJob>& jobs, 
     TensorChanges& tc = changes[k];
     tc.name = std::string(job.name);
     tc.dtype = job.published_dtype;
+    tc.indices.reserve(o.count);
+    tc.values.reserve(o.count * value_size);
+    AdviseHugePages(tc.indices.data(), o.count * sizeof(uint64_t));
+    AdviseHugePages(tc.values.data(), o.count * value_size);
     for (size_t c = o.first_chunk; c < o.end_chunk; ++c) {
       const ChunkResult& r = results[c];
       WorkerScratch& w = scratch[r.worker];
