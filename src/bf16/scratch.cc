@@ -18,18 +18,6 @@ size_t RoundUp(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
 
 }  // namespace
 
-void AdviseHugePages(void* p, size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  // Only whole 2 MiB pages inside the range can be huge, so smaller ranges
-  // gain nothing; and none of the range is committed beyond what it spans.
-  if (bytes < kHugePage) return;
-  // madvise wants page-aligned ranges: advise the whole pages inside.
-  const auto begin = RoundUp(reinterpret_cast<uintptr_t>(p), kPage);
-  const auto end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~uintptr_t{kPage - 1};
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-#endif
-}
-
 #if defined(__linux__)
 
 namespace {

@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/pages.h"  // AdviseHugePages
+
 namespace deltasync::bf16 {
 
 class ScratchBuffer {
@@ -31,10 +33,5 @@ class ScratchBuffer {
   uint8_t* data_ = nullptr;
   size_t capacity_ = 0;
 };
-
-// Advises the kernel to back [p, p + bytes) with transparent huge pages when
-// the range is large enough to matter. Advisory only: no effect on contents
-// or ownership; a no-op where unsupported.
-void AdviseHugePages(void* p, size_t bytes);
 
 }  // namespace deltasync::bf16

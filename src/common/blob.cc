@@ -5,8 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
+
+#include "common/pages.h"  // AdviseHugePages
 
 namespace deltasync {
 namespace {
@@ -16,14 +20,39 @@ struct VectorImpl : Blob::Impl {
   std::vector<uint8_t> storage;
 };
 
+// A mapping of `len` bytes whose first `size` are the Blob's.
 struct MmapImpl : Blob::Impl {
-  MmapImpl(void* addr, size_t len) : addr(addr), len(len) {
-    bytes = ByteSpan(static_cast<const uint8_t*>(addr), len);
+  MmapImpl(void* addr, size_t len, size_t size) : addr(addr), len(len) {
+    bytes = ByteSpan(static_cast<const uint8_t*>(addr), size);
   }
   ~MmapImpl() override { munmap(addr, len); }
   void* addr;
   size_t len;
 };
+
+constexpr size_t kPage = 4096;
+constexpr size_t kHugePage = size_t{2} << 20;
+
+size_t RoundUp(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
+
+// A fresh read-write anonymous mapping of `bytes` (a multiple of the page
+// size); from 2 MiB on, 2 MiB-aligned and advised for huge pages. nullptr
+// when out of memory.
+uint8_t* MapFresh(size_t bytes) {
+  if (bytes < kHugePage) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+  }
+  void* raw = ::mmap(nullptr, bytes + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const auto start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = RoundUp(start, kHugePage);
+  if (aligned > start) ::munmap(raw, aligned - start);
+  const uintptr_t tail = start + bytes + kHugePage - (aligned + bytes);
+  if (tail > 0) ::munmap(reinterpret_cast<void*>(aligned + bytes), tail);
+  AdviseHugePages(reinterpret_cast<void*>(aligned), bytes);
+  return reinterpret_cast<uint8_t*>(aligned);
+}
 
 std::string ErrnoText(int err) { return std::strerror(err); }
 
@@ -42,6 +71,21 @@ Blob Blob::FromVector(std::vector<uint8_t> bytes) {
   return Blob(std::make_shared<VectorImpl>(std::move(bytes)));
 }
 
+Blob Blob::FromBuffer(BlobBuffer&& buffer) {
+  BlobBuffer taken = std::move(buffer);
+  if (taken.size_ == 0) return FromVector({});
+  // Room past the bytes (a reservation larger than the download) goes back.
+  const size_t keep = RoundUp(taken.size_, kPage);
+  if (keep < taken.capacity_) {
+    ::munmap(taken.data_ + keep, taken.capacity_ - keep);
+    taken.capacity_ = keep;
+  }
+  Blob blob(std::make_shared<MmapImpl>(taken.data_, taken.capacity_, taken.size_));
+  taken.data_ = nullptr;
+  taken.size_ = taken.capacity_ = 0;
+  return blob;
+}
+
 Result<Blob> Blob::MapFile(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
@@ -56,7 +100,7 @@ Result<Blob> Blob::MapFile(const std::string& path) {
   if (len == 0) return FromVector({});
   void* addr = ::mmap(nullptr, len, PROT_READ, MAP_PRIVATE, fd.get(), 0);
   if (addr == MAP_FAILED) return Status::IOError(path + ": mmap failed: " + ErrnoText(errno));
-  return Blob(std::make_shared<MmapImpl>(addr, len));
+  return Blob(std::make_shared<MmapImpl>(addr, len, len));
 }
 
 Result<Blob> Blob::ReadFile(const std::string& path) {
@@ -78,6 +122,69 @@ Result<Blob> Blob::ReadFile(const std::string& path) {
     out.insert(out.end(), buf, buf + n);
   }
   return FromVector(std::move(out));
+}
+
+BlobBuffer::BlobBuffer(BlobBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      capacity_(std::exchange(other.capacity_, 0)) {}
+
+BlobBuffer& BlobBuffer::operator=(BlobBuffer&& other) noexcept {
+  if (this != &other) {
+    BlobBuffer old(std::move(*this));
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    capacity_ = std::exchange(other.capacity_, 0);
+  }
+  return *this;
+}
+
+BlobBuffer::~BlobBuffer() {
+  if (data_ != nullptr) ::munmap(data_, capacity_);
+}
+
+// Growth moves the old pages into the new mapping (mremap: page tables move,
+// bytes are not copied). From 2 MiB on, the new mapping is a fresh 2 MiB-
+// aligned one (huge pages need the alignment) and the old pages are moved
+// onto its start.
+bool BlobBuffer::Reserve(size_t bytes) {
+  if (bytes <= capacity_) return true;
+  if (bytes > SIZE_MAX - kHugePage) return false;
+  const size_t grown = bytes >= kHugePage ? RoundUp(bytes, kHugePage) : RoundUp(bytes, kPage);
+  uint8_t* p = nullptr;
+  if (data_ == nullptr || grown >= kHugePage) {
+    p = MapFresh(grown);
+    if (p == nullptr) return false;
+    if (data_ != nullptr &&
+        ::mremap(data_, capacity_, capacity_, MREMAP_MAYMOVE | MREMAP_FIXED, p) == MAP_FAILED) {
+      ::munmap(p, grown);
+      return false;
+    }
+  } else {
+    void* moved = ::mremap(data_, capacity_, grown, MREMAP_MAYMOVE);
+    if (moved == MAP_FAILED) return false;
+    p = static_cast<uint8_t*>(moved);
+  }
+  data_ = p;
+  capacity_ = grown;
+  return true;
+}
+
+bool BlobBuffer::Resize(size_t bytes) {
+  if (!Reserve(bytes)) return false;
+  size_ = bytes;
+  return true;
+}
+
+bool BlobBuffer::Append(ByteSpan bytes) {
+  if (bytes.empty()) return true;
+  if (bytes.size() > capacity_ - size_ &&
+      !Reserve(std::max({size_ + bytes.size(), capacity_ * 2, size_t{64} << 10}))) {
+    return false;
+  }
+  std::memcpy(data_ + size_, bytes.data(), bytes.size());
+  size_ += bytes.size();
+  return true;
 }
 
 }  // namespace deltasync

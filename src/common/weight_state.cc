@@ -2,12 +2,28 @@
 
 #include <algorithm>
 
+#include "common/pages.h"
+#include "common/parallel.h"
+
 namespace deltasync {
 
 Result<WeightState> WeightState::FromViews(std::span<const TensorView> tensors) {
+  // Fresh memory would fault in 4 KiB at a time as it is copied into (most
+  // of the time of a checkpoint's copy): each tensor's capacity is reserved
+  // and faulted in ahead in large pieces on all threads, then the tensors
+  // are copied in parallel.
   std::vector<Tensor> copies;
   copies.reserve(tensors.size());
-  for (const TensorView& t : tensors) copies.push_back(Tensor{t.name, t.dtype, t.shape, {t.data.begin(), t.data.end()}});
+  std::vector<MutableByteSpan> fresh;
+  fresh.reserve(tensors.size());
+  for (const TensorView& t : tensors) {
+    Tensor& copy = copies.emplace_back(Tensor{t.name, t.dtype, t.shape, {}});
+    copy.data.reserve(t.data.size());
+    fresh.emplace_back(copy.data.data(), t.data.size());
+  }
+  PrepareFreshPages(fresh, /*threads=*/0);
+  ParallelFor(copies.size(), /*threads=*/0,
+              [&](size_t i) { copies[i].data.assign(tensors[i].data.begin(), tensors[i].data.end()); });
   return FromTensors(std::move(copies));
 }
 

@@ -111,7 +111,7 @@ HttpResponse S3Client::Send(const S3Call& call) {
   int max_attempts = o.max_attempts < 1 ? 1 : o.max_attempts;
   HttpResponse response;
   for (int attempt = 1;; ++attempt) {
-    if (call.grow_into != nullptr) call.grow_into->clear();
+    if (call.grow_into != nullptr) call.grow_into->Clear();
     response = http_.Perform(Sign(call, payload_hash));
     response.attempts = attempt;
     if (response.ok() || attempt >= max_attempts) break;

@@ -25,7 +25,7 @@ struct S3Call {
   std::vector<std::pair<std::string, std::string>> headers;  // besides host, date, auth
   BodySource body;
   MutableByteSpan into;                      // see HttpRequest
-  std::vector<uint8_t>* grow_into = nullptr;  // see HttpRequest; cleared before each attempt
+  BlobBuffer* grow_into = nullptr;           // see HttpRequest; cleared before each attempt
 };
 
 class S3Client {

@@ -5,9 +5,9 @@
 // Content-Range gives the total size. The rest is then fetched as parallel
 // ranged GETs written straight into one buffer. Every later range carries
 // If-Match with the first answer's ETag, so an object replaced meanwhile
-// makes the download start over instead of mixing two versions.
-#include <sys/mman.h>
-#include <unistd.h>
+// makes the download start over instead of mixing two versions. The bytes
+// land in a BlobBuffer (anonymous pages, never zero-filled) that becomes the
+// returned Blob: curl's writes are the only copy.
 
 #include <algorithm>
 #include <atomic>
@@ -15,7 +15,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <new>
 #include <optional>
 
 #include "common/parallel.h"
@@ -56,34 +55,8 @@ std::string RangeHeader(uint64_t first, uint64_t end) {  // [first, end)
   return "bytes=" + std::to_string(first) + "-" + std::to_string(end - 1);
 }
 
-// A zero-filled buffer of n bytes. Touching a fresh gigabyte costs ~262,000
-// page faults, which one thread takes a good fraction of a second to serve
-// (seconds on a busy VM): the pages are populated from `threads` threads
-// first (MADV_POPULATE_WRITE, Linux 5.14+; skipped where unsupported), so
-// the zero-fill below and the downloads after it run on resident memory.
-std::vector<uint8_t> ZeroedBuffer(size_t n, int threads) {
-  std::vector<uint8_t> v;
-  v.reserve(n);
-#ifdef MADV_POPULATE_WRITE
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(v.data()) + page - 1) & ~(page - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(v.data()) + n) & ~(page - 1);
-  if (end > begin && n >= (64u << 20)) {
-    const size_t pieces = static_cast<size_t>(std::max(threads, 1)) * 4;
-    const uintptr_t step = ((end - begin) / pieces + page) & ~(page - 1);
-    ParallelFor(pieces, threads, [&](size_t i) {
-      uintptr_t lo = begin + i * step;
-      uintptr_t hi = std::min(end, lo + step);
-      if (lo < hi) (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE);
-    });
-  }
-#endif
-  v.resize(n);
-  return v;
-}
-
 struct Fetched {
-  std::vector<uint8_t> bytes;
+  BlobBuffer bytes;
   std::string etag;
 };
 
@@ -140,8 +113,8 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
     uint64_t total = out.bytes.size();
     uint64_t end = length ? offset + *length : total;
     if (offset > total || end > total) return RangeTooLong(c, object, offset, end, total);
-    out.bytes = std::vector<uint8_t>(out.bytes.begin() + static_cast<ptrdiff_t>(offset),
-                                     out.bytes.begin() + static_cast<ptrdiff_t>(end));
+    if (offset > 0) std::memmove(out.bytes.data(), out.bytes.data() + offset, end - offset);
+    (void)out.bytes.Resize(end - offset);  // a shrink: cannot fail
     return out;
   }
   std::optional<ContentRange> cr = ParseContentRange(r.Header("content-range"));
@@ -155,16 +128,17 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
   uint64_t got = out.bytes.size();
   if (offset + got >= end) return out;
 
-  // Large: one buffer for everything, the rest fetched in parallel into it.
-  std::vector<uint8_t> all;
-  try {
-    all = ZeroedBuffer(end - offset, c.options().parallelism);
-  } catch (const std::bad_alloc&) {
+  // Large: the first part's buffer grows to hold everything (its pages are
+  // remapped, not copied; the rest is never zero-filled) and the rest is
+  // fetched in parallel straight into it. Its fresh pages are not faulted in
+  // ahead: each GET's thread faults its own part's huge pages while the
+  // network is busy (faulting them in first, even from all threads, delayed
+  // the GETs and measured slower).
+  if (!out.bytes.Resize(end - offset)) {
     return Status::IOError(c.Url(object) + ": cannot allocate " + std::to_string(end - offset) +
                            " bytes for the download");
   }
-  std::memcpy(all.data(), out.bytes.data(), got);
-  out.bytes = std::vector<uint8_t>();
+  uint8_t* const all = out.bytes.data();
   const uint64_t rest_begin = offset + got;
   const size_t n = static_cast<size_t>((end - rest_begin + chunk - 1) / chunk);
   std::atomic<bool> stop{false};
@@ -176,7 +150,7 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
     uint64_t hi = std::min(lo + chunk, end);
     S3Call part{"GET", object};
     part.headers = {{"range", RangeHeader(lo, hi)}, {"if-match", out.etag}};
-    part.into = MutableByteSpan(all.data() + (lo - offset), hi - lo);
+    part.into = MutableByteSpan(all + (lo - offset), hi - lo);
     HttpResponse pr = c.Send(part);
     Status st;
     if (pr.transport_error == 0 && pr.status == 412) {
@@ -195,7 +169,6 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
     }
   });
   if (!failure.ok()) return failure;
-  out.bytes = std::move(all);
   return out;
 }
 
@@ -216,7 +189,7 @@ Result<Fetched> Fetch(S3Client& c, const std::string& object, uint64_t offset, s
 Result<Blob> S3Store::Get(std::string_view key) {
   DS_ASSIGN_OR_RETURN(std::string object, client_->ObjectKey(key));
   DS_ASSIGN_OR_RETURN(Fetched f, Fetch(*client_, object, 0, std::nullopt));
-  return Blob::FromVector(std::move(f.bytes));
+  return Blob::FromBuffer(std::move(f.bytes));
 }
 
 Result<Blob> S3Store::GetRange(std::string_view key, uint64_t offset, uint64_t length) {
@@ -225,7 +198,7 @@ Result<Blob> S3Store::GetRange(std::string_view key, uint64_t offset, uint64_t l
     return Status::InvalidArgument(client_->Url(object) + ": range offset + length overflows");
   }
   DS_ASSIGN_OR_RETURN(Fetched f, Fetch(*client_, object, offset, length));
-  return Blob::FromVector(std::move(f.bytes));
+  return Blob::FromBuffer(std::move(f.bytes));
 }
 
 Result<Store::Versioned> S3Store::GetVersioned(std::string_view key) {
@@ -234,7 +207,7 @@ Result<Store::Versioned> S3Store::GetVersioned(std::string_view key) {
   if (f.etag.empty()) {
     return Status::IOError(client_->Url(object) + ": the server sent no ETag, which conditional writes need");
   }
-  return Versioned{Blob::FromVector(std::move(f.bytes)), std::move(f.etag)};
+  return Versioned{Blob::FromBuffer(std::move(f.bytes)), std::move(f.etag)};
 }
 
 }  // namespace deltasync

@@ -96,7 +96,8 @@ size_t HeaderCallback(char* buffer, size_t size, size_t nitems, void* userdata) 
   if (name == "content-length" && t->request->grow_into != nullptr && t->response->status >= 200 &&
       t->response->status < 300) {
     uint64_t len = std::strtoull(value.c_str(), nullptr, 10);
-    if (len > 0 && len < (uint64_t{1} << 40)) t->request->grow_into->reserve(t->request->grow_into->size() + len);
+    // Out of memory here is reported when the body arrives.
+    if (len > 0 && len < (uint64_t{1} << 40)) (void)t->request->grow_into->Reserve(t->request->grow_into->size() + len);
   }
   t->response->headers[name] = std::move(value);
   return n;
@@ -116,7 +117,10 @@ size_t WriteCallback(char* data, size_t size, size_t nmemb, void* userdata) {
     std::memcpy(into.data() + r.sink_bytes, data, n);
     r.sink_bytes += n;
   } else if (success && t->request->grow_into != nullptr) {
-    t->request->grow_into->insert(t->request->grow_into->end(), data, data + n);
+    if (!t->request->grow_into->Append(ByteSpan(reinterpret_cast<const uint8_t*>(data), n))) {
+      r.sink_no_memory = true;
+      return 0;  // stop (curl reports CURLE_WRITE_ERROR)
+    }
     r.sink_bytes += n;
   } else if (r.body.size() < (64u << 20)) {  // error bodies are small; never hold a runaway one
     r.body.append(data, n);
@@ -240,6 +244,10 @@ HttpResponse HttpClient::Perform(const HttpRequest& request) {
     response.transport_error = static_cast<int>(rc);
     response.transport_message = errbuf[0] != '\0' ? errbuf : curl_easy_strerror(rc);
     if (response.sink_overflow) response.transport_message = "the response body is larger than requested";
+    if (response.sink_no_memory) {
+      response.transport_message = "out of memory for the response body (" +
+                                   std::to_string(request.grow_into->capacity()) + " bytes held)";
+    }
   } else {
     long code = 0;
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &code);

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "deltasync/blob.h"
 #include "deltasync/tensor.h"
 
 namespace deltasync::s3 {
@@ -36,7 +37,7 @@ struct HttpRequest {
   // Where a 2xx body goes: `into` (fixed, must not overflow) when non-empty,
   // else appended to *grow_into when set, else HttpResponse::body.
   MutableByteSpan into;
-  std::vector<uint8_t>* grow_into = nullptr;
+  BlobBuffer* grow_into = nullptr;
 };
 
 struct HttpResponse {
@@ -49,6 +50,7 @@ struct HttpResponse {
   std::string body;          // non-2xx bodies, and 2xx bodies with no sink
   uint64_t sink_bytes = 0;   // body bytes written to `into` / grow_into
   bool sink_overflow = false;  // the body did not fit `into` (the transfer was cut)
+  bool sink_no_memory = false;  // grow_into could not grow (the transfer was cut)
   int attempts = 1;          // filled in by S3Client
   // curl sent the body more than once on its own (it does so when a reused
   // connection turns out dead): the server may have seen the request twice.

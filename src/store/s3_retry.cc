@@ -9,7 +9,7 @@ namespace deltasync::s3 {
 
 bool IsRetryable(const HttpResponse& response, std::string_view s3_error_code) {
   if (response.transport_error != 0) {
-    if (response.sink_overflow) return false;
+    if (response.sink_overflow || response.sink_no_memory) return false;
     switch (static_cast<CURLcode>(response.transport_error)) {
       // Local mistakes or refusals that another attempt repeats exactly.
       case CURLE_UNSUPPORTED_PROTOCOL:
