@@ -89,17 +89,10 @@ std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, uint64_t* o
     if (*k > kMaxRiceK) return "Rice parameter " + std::to_string(*k) + " above " + std::to_string(kMaxRiceK);
     const int kk = static_cast<int>(*k);
     const uint64_t e = std::min<uint64_t>(count, b + kRiceBlock);
-    const uint64_t low_mask = (uint64_t{1} << kk) - 1;
     for (uint64_t i = b; i < e; ++i) {
-      // Fast path: the whole code in the bits at hand.
-      int avail;
-      const uint64_t bits = r.Peek(&avail);
-      const int ones = ~bits == 0 ? 64 : __builtin_ctzll(~bits);
-      if (ones < kUnaryEscape && ones + 1 + kk <= avail) {
-        out[i] = (static_cast<uint64_t>(ones) << kk) | ((bits >> (ones + 1)) & low_mask);
-        r.Skip(ones + 1 + kk);
-        continue;
-      }
+      // Fast: a run of ordinary codes; then one code the slow way.
+      i = r.RiceRun(kk, kUnaryEscape, out, i, e);
+      if (i == e) break;
       std::optional<int> q = r.Unary(kUnaryEscape);
       if (!q) return "gap " + std::to_string(i) + " is truncated";
       if (*q < kUnaryEscape) {

@@ -155,15 +155,39 @@ class BitReader {
     Drop(ones + 1);
     return ones;
   }
-  // The next bits, least significant first, without consuming them;
-  // *avail of them are valid (fewer only near the end).
-  uint64_t Peek(int* avail) {
-    Refill();
-    *avail = n_;
-    return acc_;
+  // Rice codes with parameter k (<= 56) into out[i, e) for as long as each
+  // code's unary part is shorter than max_unary (<= 32) and the whole code
+  // is at hand; returns the index of the first gap left for a slower
+  // reader (e when none). The state lives in locals meanwhile, so the loop
+  // runs in registers.
+  uint64_t RiceRun(int k, int max_unary, uint64_t* out, uint64_t i, uint64_t e) {
+    uint64_t acc = acc_;
+    int n = n_;
+    size_t pos = pos_;
+    const uint8_t* data = bytes_.data();
+    const size_t size = bytes_.size();
+    const uint64_t low_mask = (uint64_t{1} << k) - 1;
+    for (; i < e; ++i) {
+      if (n <= 56 && pos + 8 <= size) {
+        uint64_t w;
+        std::memcpy(&w, data + pos, 8);
+        acc |= w << n;
+        const int take = (63 - n) >> 3;
+        pos += static_cast<size_t>(take);
+        n += 8 * take;
+      }
+      const int ones = ~acc == 0 ? 64 : __builtin_ctzll(~acc);
+      const int used = ones + 1 + k;
+      if (ones >= max_unary || used > n) break;
+      out[i] = (static_cast<uint64_t>(ones) << k) | ((acc >> (ones + 1)) & low_mask);
+      acc = used >= 64 ? 0 : acc >> used;
+      n -= used;
+    }
+    acc_ = acc;
+    n_ = n;
+    pos_ = pos;
+    return i;
   }
-  // Consumes `bits` <= *avail bits of the last Peek.
-  void Skip(int bits) { Drop(bits); }
   // True when only zero padding (fewer than 8 bits) is left.
   bool AtPaddedEnd() {
     Refill();
