@@ -6,6 +6,8 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "codec/change_checks.h"
+
 #include "common/parallel.h"
 #include "deltasync/patch.h"
 
@@ -36,27 +38,35 @@ void ScatterRange(WeightState::Tensor& t, const TensorChanges& c, size_t begin, 
 
 }  // namespace
 
+Status codec::CheckChangedTensor(const WeightState& state, std::unordered_set<std::string_view>& seen,
+                                const std::string& name, DType dtype, uint64_t count, size_t value_bytes,
+                                std::optional<uint64_t> last) {
+  const WeightState::Tensor* t = state.Find(name);
+  if (!t) return Status::Corruption("tensor '" + name + "': changed by the delta but absent from the state");
+  if (!seen.insert(t->name).second) return Status::Corruption("tensor '" + name + "': changed twice by the delta");
+  if (dtype != t->dtype) {
+    return Status::Corruption("tensor '" + name + "': the delta carries " + std::string(DTypeName(dtype)) +
+                              " values but the state holds " + std::string(DTypeName(t->dtype)));
+  }
+  if (value_bytes != count * DTypeSize(dtype)) {
+    return Status::Corruption("tensor '" + name + "': " + std::to_string(value_bytes) + " value bytes for " +
+                              std::to_string(count) + " indices of " + std::string(DTypeName(dtype)));
+  }
+  if (last && *last >= t->num_elements()) {
+    return Status::Corruption("tensor '" + name + "': index " + std::to_string(*last) +
+                              " is out of range (the tensor has " + std::to_string(t->num_elements()) + " elements)");
+  }
+  return Status::OK();
+}
+
 Status ValidateChanges(const WeightState& state, std::span<const TensorChanges> changes) {
   std::unordered_set<std::string_view> seen;
   for (const TensorChanges& c : changes) {
-    const WeightState::Tensor* t = state.Find(c.name);
-    if (!t) return Status::Corruption("tensor '" + c.name + "': changed by the delta but absent from the state");
-    if (!seen.insert(c.name).second) return Status::Corruption("tensor '" + c.name + "': changed twice by the delta");
-    if (c.dtype != t->dtype) {
-      return Status::Corruption("tensor '" + c.name + "': the delta carries " + std::string(DTypeName(c.dtype)) +
-                                " values but the state holds " + std::string(DTypeName(t->dtype)));
-    }
-    if (c.values.size() != c.count() * DTypeSize(c.dtype)) {
-      return Status::Corruption("tensor '" + c.name + "': " + std::to_string(c.values.size()) + " value bytes for " +
-                                std::to_string(c.count()) + " indices of " + std::string(DTypeName(c.dtype)));
-    }
     // Indices are strictly ascending (TensorChanges' invariant), so the last
     // one is the largest.
-    if (!c.indices.empty() && c.indices.back() >= t->num_elements()) {
-      return Status::Corruption("tensor '" + c.name + "': index " + std::to_string(c.indices.back()) +
-                                " is out of range (the tensor has " + std::to_string(t->num_elements()) +
-                                " elements)");
-    }
+    DS_RETURN_IF_ERROR(codec::CheckChangedTensor(
+        state, seen, c.name, c.dtype, c.count(), c.values.size(),
+        c.indices.empty() ? std::nullopt : std::optional<uint64_t>(c.indices.back())));
   }
   return Status::OK();
 }

@@ -12,6 +12,7 @@
 
 #include "bf16/hash_term.h"
 #include "bf16/simd_kernels.h"
+#include "codec/change_checks.h"
 #include "codec/index_codec.h"
 #include "common/parallel.h"
 #include "deltasync/patch.h"
@@ -99,22 +100,8 @@ void UndoTask(const Task& task, const uint8_t* undo) {
 Status ValidateEncodedChanges(const WeightState& state, std::span<const EncodedChanges> changes) {
   std::unordered_set<std::string_view> seen;
   for (const EncodedChanges& c : changes) {
-    const WeightState::Tensor* t = state.Find(c.name);
-    if (!t) return Status::Corruption("tensor '" + c.name + "': changed by the delta but absent from the state");
-    if (!seen.insert(c.name).second) return Status::Corruption("tensor '" + c.name + "': changed twice by the delta");
-    if (c.dtype != t->dtype) {
-      return Status::Corruption("tensor '" + c.name + "': the delta carries " + std::string(DTypeName(c.dtype)) +
-                                " values but the state holds " + std::string(DTypeName(t->dtype)));
-    }
-    if (c.values.size() != c.count * DTypeSize(c.dtype)) {
-      return Status::Corruption("tensor '" + c.name + "': " + std::to_string(c.values.size()) + " value bytes for " +
-                                std::to_string(c.count) + " indices of " + std::string(DTypeName(c.dtype)));
-    }
-    if (c.count > 0 && c.last >= t->num_elements()) {
-      return Status::Corruption("tensor '" + c.name + "': index " + std::to_string(c.last) +
-                                " is out of range (the tensor has " + std::to_string(t->num_elements()) +
-                                " elements)");
-    }
+    DS_RETURN_IF_ERROR(codec::CheckChangedTensor(state, seen, c.name, c.dtype, c.count, c.values.size(),
+                                                 c.count > 0 ? std::optional<uint64_t>(c.last) : std::nullopt));
   }
   return Status::OK();
 }
