@@ -1,0 +1,167 @@
+// The compact decoder's walk (compact_walk.h): per chunk of 64 Ki elements,
+// one pass over the base builds each class's masks and running counts per
+// 64-element word (kernels::ClassMasks16); the chunk's class totals go to
+// the next chunk through a decoupled look-back; then each change is placed
+// from the stored masks (kernels::ClassSelect16), its value checked and its
+// state-hash term summed.
+#include "codec/compact_walk.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "bf16/simd_kernels.h"
+
+namespace deltasync::compact {
+namespace {
+
+constexpr uint64_t kNone = ~uint64_t{0};
+constexpr uint64_t kBlock = 1024;  // ClassMasks16's block
+constexpr size_t kWords = kBlock / 64;
+
+Status Corrupt(const std::string& label, std::string_view tensor, const std::string& msg) {
+  return Status::Corruption(label + ": tensor '" + std::string(tensor) + "': " + msg);
+}
+
+}  // namespace
+
+// Where the walk of a chunk starts, per class: rem class elements to skip
+// before change g, whose escape (if it is one) is escapes[e].
+struct ChunkWalker::WalkStart {
+  std::array<uint64_t, kClasses> rem{}, g{}, e{};
+  uint64_t out = 0;  // the chunk's first change in element order
+};
+
+ChunkWalker::ChunkWalker(const std::string& label, const std::vector<Bf16Tensor*>& tensors,
+                         const std::vector<Chunk>& chunks)
+    : label_(label), tensors_(tensors), chunks_(chunks), ready_(new std::atomic<uint32_t>[chunks.size()]),
+      upto_(chunks.size()), hash_(chunks.size(), {0, 0}) {
+  for (size_t k = 0; k < chunks.size(); ++k) ready_[k].store(0, std::memory_order_relaxed);
+}
+
+ChunkWalker::~ChunkWalker() = default;
+
+StateHash ChunkWalker::HashDelta() const {
+  StateHash sum;
+  for (const std::array<uint64_t, 2>& h : hash_) sum += StateHash{h[0], h[1]};
+  return sum;
+}
+
+// The walk start of a chunk preceded by before[c] class-c elements.
+ChunkWalker::WalkStart ChunkWalker::StartAt(const Bf16Tensor& t, const std::array<uint64_t, kClasses>& before) {
+  WalkStart s;
+  for (int cl = 0; cl < kClasses; ++cl) {
+    const uint64_t* b = t.ranks.data() + t.class_begin[cl];
+    const uint64_t* e = t.ranks.data() + t.class_begin[cl + 1];
+    const uint64_t* j = std::lower_bound(b, e, before[cl]);
+    s.g[cl] = static_cast<uint64_t>(j - t.ranks.data());
+    s.rem[cl] = j < e ? *j - before[cl] : kNone;
+    s.e[cl] = static_cast<uint64_t>(std::lower_bound(t.escaped.begin(), t.escaped.end(), s.g[cl]) - t.escaped.begin());
+    s.out += static_cast<uint64_t>(j - b);
+  }
+  return s;
+}
+
+Status ChunkWalker::Walk(size_t k) {
+  const Chunk& c = chunks_[k];
+  const Bf16Tensor& t = *tensors_[c.tensor];
+  uint32_t classes = 0;  // the classes with changes
+  for (int cl = 0; cl < kClasses; ++cl) classes |= uint32_t{t.class_begin[cl + 1] > t.class_begin[cl]} << cl;
+  const size_t active = static_cast<size_t>(__builtin_popcount(classes));
+  const size_t blocks = static_cast<size_t>((c.end - c.begin + kBlock - 1) / kBlock);
+  // Per thread, reused: fresh memory would cost page faults every chunk.
+  thread_local std::vector<uint64_t> masks;
+  thread_local std::vector<uint32_t> before;
+  masks.resize(std::max(masks.size(), blocks * active * kWords));
+  before.resize(std::max(before.size(), blocks * active * (kWords + 1)));
+  const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
+  std::array<uint64_t, kClasses> counts{};
+  for (size_t b = 0; b < blocks; ++b) {
+    const uint64_t at = c.begin + b * kBlock;
+    uint64_t* m = masks.data() + b * active * kWords;
+    uint32_t* p = before.data() + b * active * (kWords + 1);
+    kernels::ClassMasks16(data + at, static_cast<size_t>(std::min<uint64_t>(kBlock, c.end - at)), classes, m, p);
+    for (int cl = 0, s = 0; cl < kClasses; ++cl) {
+      if (classes >> cl & 1) counts[cl] += p[(kWords + 1) * s++ + kWords];
+    }
+  }
+  std::array<uint64_t, kClasses> start_at{};
+  if (c.begin > 0) {
+    // Chunk k - 1 was handed out before this one and publishes before
+    // its walk, so this wait is short and cannot deadlock.
+    while (ready_[k - 1].load(std::memory_order_acquire) == 0) ready_[k - 1].wait(0, std::memory_order_acquire);
+    start_at = upto_[k - 1];
+  }
+  std::array<uint64_t, kClasses> end_at = start_at;
+  for (int cl = 0; cl < kClasses; ++cl) end_at[cl] += counts[cl];
+  if (!c.last) {
+    upto_[k] = end_at;
+    ready_[k].store(1, std::memory_order_release);
+    ready_[k].notify_all();
+  }
+  const WalkStart start = StartAt(t, start_at);
+  const WalkStart next = c.last ? WalkStart{} : StartAt(t, end_at);
+  return Place(t, c, blocks, active, classes, masks.data(), before.data(), start, c.last ? nullptr : &next,
+               hash_[k].data());
+}
+
+// The walk of a chunk from `start` over its blocks' class masks, then
+// the values; `next` is where the next chunk of the tensor starts
+// (nullptr for its last chunk).
+Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, size_t active, uint32_t classes,
+             const uint64_t* masks, const uint32_t* before, const WalkStart& start, const WalkStart* next,
+             uint64_t hash[2]) {
+  const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
+  kernels::ClassWalkCursor cur;
+  std::array<uint64_t, kClasses> end;
+  for (int cl = 0; cl < kClasses; ++cl) {
+    cur.rem[cl] = start.rem[cl];
+    cur.g[cl] = start.g[cl];
+    cur.e[cl] = start.e[cl];
+    end[cl] = t.class_begin[cl + 1];
+  }
+  const kernels::ClassWalkStreams streams{t.ranks.data(), end.data(), t.diffs.data(), t.escapes.data()};
+  uint64_t* indices = t.out->indices.data();
+  uint8_t* values = t.out->values.data();
+  uint64_t hit_words[kWords];
+  uint16_t block_values[kBlock];
+  uint64_t h_index[kBlock], h_new[kBlock], h_old[kBlock];
+  uint64_t k = start.out;
+  const uint64_t k_end = next ? next->out : t.out->indices.size();
+  for (size_t blk = 0; blk < blocks && k < k_end; ++blk) {
+    const uint64_t at = chunk.begin + blk * kBlock;
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(kBlock, chunk.end - at));
+    const size_t wrong = kernels::ClassSelect16(masks + blk * active * kWords, before + blk * active * (kWords + 1),
+                                                classes, data + at, len, streams, cur, hit_words, block_values);
+    if (wrong < len) {
+      return Corrupt(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
+    }
+    size_t h = 0;
+    for (size_t w = 0; w < kWords; ++w) {
+      for (uint64_t hits = hit_words[w]; hits != 0; hits &= hits - 1) {
+        const size_t i = 64 * w + static_cast<size_t>(__builtin_ctzll(hits));
+        indices[k] = at + i;
+        std::memcpy(values + 2 * k, &block_values[i], 2);
+        ++k;
+        h_index[h] = at + i;
+        h_new[h] = block_values[i];
+        h_old[h] = data[at + i];
+        ++h;
+      }
+    }
+    kernels::HashTermDiffs(h_index, h_new, h_old, h, t.seeds.element_seed, hash);
+  }
+  for (int cl = 0; cl < kClasses; ++cl) {
+    const uint64_t want = next ? next->g[cl] : end[cl];
+    if (cur.g[cl] != want) {
+      if (next) {
+        return Status::Internal(label_ + ": tensor '" + t.stream->name + "': the walk of elements " +
+                                std::to_string(chunk.begin) + ".." + std::to_string(chunk.end) +
+                                " disagrees with the class counts (decoder bug)");
+      }
+      return Corrupt(label_, t.stream->name, "gaps run past the elements of exponent class " + std::to_string(cl));
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace deltasync::compact

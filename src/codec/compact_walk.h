@@ -1,0 +1,72 @@
+// The position walk of the compact decoder (internal to src/codec;
+// docs/format.md, "Decoding in parallel inside a tensor"): a bf16 tensor's
+// streams, read by compact_decode.cc, and the walk over its chunks, all
+// chunks of all tensors in parallel.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bf16/hash_term.h"
+#include "codec/compact_bf16.h"
+#include "deltasync/changes.h"
+#include "deltasync/state_hash.h"
+#include "deltasync/status.h"
+#include "deltasync/tensor.h"
+#include "deltasync/weight_state.h"
+
+namespace deltasync::compact {
+
+// One bf16 tensor's streams, read, class by class.
+struct Bf16Tensor {
+  const TensorView* stream = nullptr;
+  const WeightState::Tensor* base = nullptr;
+  TensorChanges* out = nullptr;
+  std::array<uint64_t, kClasses + 1> class_begin{};  // class cl: changes [begin[cl], begin[cl+1])
+  std::vector<uint64_t> ranks;    // per change, ascending within its class
+  std::vector<uint8_t> diffs;
+  std::vector<uint64_t> escaped;  // the changes (class order) that are escapes
+  std::vector<uint8_t> escapes;   // their raw values, u16 little-endian each
+  state_hash::TensorSeeds seeds{};
+};
+
+// A chunk of a tensor's elements.
+struct Chunk {
+  size_t tensor = 0;
+  uint64_t begin = 0, end = 0;  // elements
+  bool last = false;            // the tensor's last chunk
+};
+
+// The walk of every chunk (Walk(k) for each k, on any threads, chunks
+// handed out in ascending order): chunk k computes its class masks, adds its
+// class counts to those chunk k - 1 of the same tensor publishes and
+// publishes the sums, then places its changes into the tensor's output
+// (indices, values) and sums their state-hash terms.
+class ChunkWalker {
+ public:
+  ChunkWalker(const std::string& label, const std::vector<Bf16Tensor*>& tensors, const std::vector<Chunk>& chunks);
+  ~ChunkWalker();
+  Status Walk(size_t k);
+  // The hash change of all chunks' changes (after every Walk).
+  StateHash HashDelta() const;
+
+ private:
+  struct WalkStart;
+  Status Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, size_t active, uint32_t classes,
+               const uint64_t* masks, const uint32_t* before, const WalkStart& start, const WalkStart* next,
+               uint64_t hash[2]);
+  static WalkStart StartAt(const Bf16Tensor& t, const std::array<uint64_t, kClasses>& before);
+
+  const std::string& label_;
+  const std::vector<Bf16Tensor*>& tensors_;
+  const std::vector<Chunk>& chunks_;
+  std::unique_ptr<std::atomic<uint32_t>[]> ready_;      // chunk k published upto_[k]
+  std::vector<std::array<uint64_t, kClasses>> upto_;  // class elements up to chunk k's end
+  std::vector<std::array<uint64_t, 2>> hash_;         // per chunk, its element-term changes
+};
+
+}  // namespace deltasync::compact
