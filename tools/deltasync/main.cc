@@ -207,7 +207,7 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--rates", bench.rates, "--sweep: fractions of elements changed per version")
       ->check(CLI::Range(0.0, 1.0))
       ->delimiter(',');
-  bench_cmd->footer("Examples:\n  deltasync bench --quick --json\n  deltasync bench --sweep --scales 0.25,1,2 --rates 0.005,0.03,0.1");
+  bench_cmd->footer("Example:\n  deltasync bench --quick --json\n  deltasync bench --sweep --scales 0.25,1,2 --rates 0.005,0.03,0.1");
 
   DemoArgs demo;
   auto* demo_cmd = app.add_subcommand("demo", "Train a synthetic Qwen3-0.6B-shaped model; two replicas follow");
