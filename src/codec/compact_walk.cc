@@ -108,8 +108,8 @@ Status ChunkWalker::Walk(size_t k) {
 // the values; `next` is where the next chunk of the tensor starts
 // (nullptr for its last chunk).
 Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, size_t active, uint32_t classes,
-             const uint64_t* masks, const uint32_t* before, const WalkStart& start, const WalkStart* next,
-             uint64_t hash[2]) {
+                          const uint64_t* masks, const uint32_t* before, const WalkStart& start,
+                          const WalkStart* next, uint64_t hash[2]) {
   const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
   kernels::ClassWalkCursor cur;
   std::array<uint64_t, kClasses> end;
