@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "deltasync/compact.h"
@@ -95,6 +96,12 @@ Result<EncodedPatch> AssembleCompactDelta(const PatchInfo& info, const StateHash
                                           uint64_t base_total_elements, std::span<const std::string> names,
                                           std::vector<std::vector<uint8_t>> streams, uint64_t changed,
                                           const V3Tables* tables = nullptr);
+
+// kCorruption "<label>: tensor '<tensor>': <msg>", the decoders' one shape
+// of error for a tensor's stream.
+inline Status CorruptTensor(const std::string& label, std::string_view tensor, const std::string& msg) {
+  return Status::Corruption(label + ": tensor '" + std::string(tensor) + "': " + msg);
+}
 
 // The decoder rebuilds positions in chunks of this many elements of a
 // tensor, all chunks in parallel (compact_decode.cc).

@@ -27,6 +27,7 @@ namespace {
 
 namespace pm = patchmeta;
 using compact::ClassOf;
+using compact::CorruptTensor;
 using compact::DiffByte;
 using compact::kClasses;
 using compact::kEscape;
@@ -44,10 +45,6 @@ constexpr std::string_view kSuffix = ".cmp";
 // stays on one thread.
 constexpr uint64_t kParallelMin = uint64_t{1} << 16;
 constexpr uint64_t kParallelWalkMin = uint64_t{1} << 20;
-Status Corrupt(const std::string& label, std::string_view tensor, const std::string& msg) {
-  return Status::Corruption(label + ": tensor '" + std::string(tensor) + "': " + msg);
-}
-
 // Version 2's bf16 parse, after version, mode and count: class counts, the
 // Rice-coded gap block, a diff block per non-empty class, the escape block.
 std::optional<std::string> ParseBf16StreamV2(Reader& in, uint64_t count, compact::ParsedBf16& out) {
@@ -90,7 +87,7 @@ std::optional<std::string> ParseBf16StreamV2(Reader& in, uint64_t count, compact
 // (c's indices and values sized).
 Status ReadTensor(const std::string& label, const TensorView& stream, const WeightState::Tensor& base,
                   const compact::V3Tables* tables, TensorChanges& c, Bf16Tensor& bf) {
-  auto bad = [&](const std::string& msg) { return Corrupt(label, stream.name, msg); };
+  auto bad = [&](const std::string& msg) { return CorruptTensor(label, stream.name, msg); };
   Reader in(stream.data);
   std::optional<uint8_t> version = in.Byte();
   std::optional<uint8_t> mode = in.Byte();
@@ -245,11 +242,11 @@ Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, cons
   for (const TensorView* s : streams) {
     const std::string& name = s->name;
     if (name.size() <= kSuffix.size() || name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0) {
-      return Corrupt(label, name, "name does not end in '.cmp'");
+      return CorruptTensor(label, name, "name does not end in '.cmp'");
     }
-    if (s->dtype != DType::kU8 || s->shape.size() != 1) return Corrupt(label, name, "not a 1-D U8 tensor");
+    if (s->dtype != DType::kU8 || s->shape.size() != 1) return CorruptTensor(label, name, "not a 1-D U8 tensor");
     const WeightState::Tensor* t = base.Find(std::string_view(name).substr(0, name.size() - kSuffix.size()));
-    if (!t) return Corrupt(label, name, "names a tensor the base does not have");
+    if (!t) return CorruptTensor(label, name, "names a tensor the base does not have");
     bases.push_back(t);
     stream_bytes += s->data.size();
   }

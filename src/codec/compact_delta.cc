@@ -33,6 +33,7 @@ using compact::PutVarint;
 using compact::Reader;
 
 using compact::ClassOf;
+using compact::CorruptTensor;
 using compact::DiffByte;
 using compact::kClasses;
 using compact::kEscape;
@@ -192,10 +193,6 @@ Status EncodeTensorStream(const TensorChanges& c, const WeightState::Tensor& bas
 
 namespace {
 
-Status Corrupt(const std::string& label, std::string_view tensor, const std::string& msg) {
-  return Status::Corruption(label + ": tensor '" + std::string(tensor) + "': " + msg);
-}
-
 
 Metadata BuildMetadata(const PatchInfo& info, const StateHash& base_hash, uint64_t params, uint64_t changed,
                        uint64_t total) {
@@ -327,7 +324,7 @@ Result<CompactStreamSizes> MeasureCompactDelta(const SafetensorsFile& file) {
   std::optional<compact::V3Tables> tables;
   DS_RETURN_IF_ERROR(compact::ParseDeltaTables(file, tables));
   for (const TensorView& t : file.tensors()) {
-    auto bad = [&](const std::string& msg) { return Corrupt(file.label(), t.name, msg); };
+    auto bad = [&](const std::string& msg) { return CorruptTensor(file.label(), t.name, msg); };
     Reader in(t.data);
     std::optional<uint8_t> version = in.Byte(), mode = in.Byte();
     std::optional<uint64_t> count = in.Varint();

@@ -18,10 +18,6 @@ constexpr uint64_t kNone = ~uint64_t{0};
 constexpr uint64_t kBlock = 1024;  // ClassMasks16's block
 constexpr size_t kWords = kBlock / 64;
 
-Status Corrupt(const std::string& label, std::string_view tensor, const std::string& msg) {
-  return Status::Corruption(label + ": tensor '" + std::string(tensor) + "': " + msg);
-}
-
 }  // namespace
 
 // Where the walk of a chunk starts, per class: rem class elements to skip
@@ -133,7 +129,7 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
     const size_t wrong = kernels::ClassSelect16(masks + blk * active * kWords, before + blk * active * (kWords + 1),
                                                 classes, data + at, len, streams, cur, hit_words, block_values);
     if (wrong < len) {
-      return Corrupt(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
+      return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
     }
     size_t h = 0;
     for (size_t w = 0; w < kWords; ++w) {
@@ -158,7 +154,7 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
                                 std::to_string(chunk.begin) + ".." + std::to_string(chunk.end) +
                                 " disagrees with the class counts (decoder bug)");
       }
-      return Corrupt(label_, t.stream->name, "gaps run past the elements of exponent class " + std::to_string(cl));
+      return CorruptTensor(label_, t.stream->name, "gaps run past the elements of exponent class " + std::to_string(cl));
     }
   }
   return Status::OK();

@@ -7,30 +7,9 @@ namespace deltasync {
 namespace {
 
 using testing::Bytes;
+using testing::RandomBytesModel;
+using testing::Snapshot;
 using testing::MakeChanges;
-
-struct Fixture {
-  std::vector<std::vector<uint8_t>> storage;
-  std::vector<TensorView> views;
-  void Add(std::string name, DType dtype, uint64_t n, std::mt19937_64& rng) {
-    std::vector<uint8_t> bytes(n * DTypeSize(dtype));
-    for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
-    storage.push_back(std::move(bytes));
-    views.push_back({std::move(name), dtype, {n}, {}});
-  }
-  WeightState State() {
-    for (size_t i = 0; i < views.size(); ++i) views[i].data = storage[i];
-    Result<WeightState> s = WeightState::FromViews(views);
-    EXPECT_TRUE(s.ok());
-    return std::move(s).value();
-  }
-};
-
-std::vector<std::vector<uint8_t>> Snapshot(const WeightState& s) {
-  std::vector<std::vector<uint8_t>> out;
-  for (const auto& t : s.tensors()) out.push_back(t.data);
-  return out;
-}
 
 // The obvious element-by-element scatter.
 void ReferenceApply(std::vector<std::vector<uint8_t>>& data, const WeightState& layout,
@@ -57,7 +36,7 @@ TensorChanges RandomChanges(std::mt19937_64& rng, const std::string& name, DType
 
 TEST(ApplyChangesTest, MatchesScalarReference) {
   std::mt19937_64 rng(3);
-  Fixture f;
+  RandomBytesModel f;
   f.Add("big.bf16", DType::kBF16, 3'000'000, rng);  // many chunks, threads split one tensor
   f.Add("u8", DType::kU8, 1000, rng);
   f.Add("f32", DType::kF32, 50'000, rng);
@@ -83,7 +62,7 @@ TEST(ApplyChangesTest, MatchesScalarReference) {
 
 TEST(ApplyChangesTest, EncodeDecodeApplyEqualsDirectApply) {
   std::mt19937_64 rng(11);
-  Fixture f;
+  RandomBytesModel f;
   f.Add("a", DType::kBF16, 400'000, rng);
   f.Add("b", DType::kBF16, 1'000, rng);
   WeightState base = f.State();
@@ -109,7 +88,7 @@ TEST(ApplyChangesTest, EncodeDecodeApplyEqualsDirectApply) {
 
 TEST(ValidateChangesTest, RefusesWithoutTouchingTheState) {
   std::mt19937_64 rng(5);
-  Fixture f;
+  RandomBytesModel f;
   f.Add("w", DType::kBF16, 10, rng);
   f.Add("n", DType::kF32, 4, rng);
   WeightState state = f.State();

@@ -13,33 +13,12 @@ namespace deltasync {
 namespace {
 
 using testing::Bytes;
+using testing::RandomBytesModel;
+using testing::Snapshot;
 using testing::Crafted;
 using testing::DeltaMetadata;
 
 constexpr size_t kChunk = EncodedChanges::kGapChunk;
-
-struct Model {
-  std::vector<std::vector<uint8_t>> storage;
-  std::vector<TensorView> views;
-  void Add(std::string name, DType dtype, uint64_t n, std::mt19937_64& rng) {
-    std::vector<uint8_t> bytes(n * DTypeSize(dtype));
-    for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
-    storage.push_back(std::move(bytes));
-    views.push_back({std::move(name), dtype, {n}, {}});
-  }
-  WeightState State() {
-    for (size_t i = 0; i < views.size(); ++i) views[i].data = storage[i];
-    Result<WeightState> s = WeightState::FromViews(views);
-    EXPECT_TRUE(s.ok());
-    return std::move(s).value();
-  }
-};
-
-std::vector<std::vector<uint8_t>> Snapshot(const WeightState& s) {
-  std::vector<std::vector<uint8_t>> out;
-  for (const auto& t : s.tensors()) out.push_back(t.data);
-  return out;
-}
 
 TensorChanges Changes(std::string name, DType dtype, std::vector<uint64_t> indices, std::mt19937_64& rng) {
   TensorChanges c;
@@ -74,7 +53,7 @@ BothWays DecodeBoth(const std::vector<uint8_t>& bytes) {
 
 // The streamed apply equals the decoded one: state, hash change, decoded
 // changes; and the undo restores the state.
-void ExpectSameAsDecoded(Model& model, const BothWays& both) {
+void ExpectSameAsDecoded(RandomBytesModel& model, const BothWays& both) {
   ASSERT_TRUE(both.decoded.encoded.empty());
   ASSERT_EQ(both.encoded.encoded.size(), both.decoded.changes.size());
   ASSERT_TRUE(both.encoded.changes.empty());
@@ -104,7 +83,7 @@ void ExpectSameAsDecoded(Model& model, const BothWays& both) {
 
 TEST(GapApplyTest, EqualsTheDecodedPathOnEveryThreadCount) {
   std::mt19937_64 rng(15);
-  Model model;
+  RandomBytesModel model;
   const uint64_t big = 3 * kChunk * 4 + 123;
   model.Add("big", DType::kBF16, big, rng);                 // many chunks of one tensor
   model.Add("exact", DType::kBF16, 2 * kChunk, rng);        // every element: chunk borders in one run
@@ -141,7 +120,7 @@ TEST(GapApplyTest, EqualsTheDecodedPathOnEveryThreadCount) {
 // several chunks, and a delta with no changes at all.
 TEST(GapApplyTest, WideGapsAndEmptyDeltas) {
   std::mt19937_64 rng(16);
-  Model model;
+  RandomBytesModel model;
   const uint64_t n = 2 * kChunk + 77;
   model.Add("w", DType::kBF16, n, rng);
   std::vector<uint64_t> gaps(n - 10, 0);
@@ -205,7 +184,7 @@ TEST(GapApplyTest, CorruptInputFailsAsTheDecodedPathDoes) {
 
   // Range, dtype and duplicate checks: ValidateChanges says the same.
   std::mt19937_64 rng(17);
-  Model model;
+  RandomBytesModel model;
   model.Add("w", DType::kBF16, 2 * kChunk, rng);
   model.Add("n", DType::kF32, 4, rng);
   WeightState state = model.State();

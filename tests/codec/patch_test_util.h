@@ -12,8 +12,34 @@
 #include "deltasync/blob.h"
 #include "deltasync/patch.h"
 #include "deltasync/safetensors.h"
+#include "deltasync/weight_state.h"
 
 namespace deltasync::testing {
+
+// A state of random bytes, tensor by tensor (1-D), for apply tests.
+struct RandomBytesModel {
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<TensorView> views;
+  void Add(std::string name, DType dtype, uint64_t n, std::mt19937_64& rng) {
+    std::vector<uint8_t> bytes(n * DTypeSize(dtype));
+    for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+    storage.push_back(std::move(bytes));
+    views.push_back({std::move(name), dtype, {n}, {}});
+  }
+  WeightState State() {
+    for (size_t i = 0; i < views.size(); ++i) views[i].data = storage[i];
+    Result<WeightState> s = WeightState::FromViews(views);
+    EXPECT_TRUE(s.ok());
+    return std::move(s).value();
+  }
+};
+
+// Every tensor's bytes, in order.
+inline std::vector<std::vector<uint8_t>> Snapshot(const WeightState& s) {
+  std::vector<std::vector<uint8_t>> out;
+  for (const auto& t : s.tensors()) out.push_back(t.data);
+  return out;
+}
 
 inline std::vector<uint8_t> Flatten(const EncodedPatch& patch) {
   std::vector<uint8_t> out;

@@ -161,7 +161,6 @@ Result<CompactApplyFigures> MeasureCompactApply(WeightState& state, const std::v
   });
   DS_RETURN_IF_ERROR(failure);
   if (HashState(state, threads) != hash) return Status::Internal("bench: the state was not restored");
-  f.memcpy_s = MemcpySeconds(f.model_bytes, threads, reps);
   return f;
 }
 
@@ -176,6 +175,7 @@ Result<std::vector<CompactApplyFigures>> RunSweep(const SweepArgs& args) {
     for (double rate : args.rates) {
       std::vector<TensorChanges> changes = GenerateChanges(state, rate, 7, args.threads);
       DS_ASSIGN_OR_RETURN(CompactApplyFigures f, MeasureCompactApply(state, changes, args.threads, args.reps));
+      f.memcpy_s = MemcpySeconds(f.model_bytes, args.threads, args.reps);
       const double gb = static_cast<double>(f.model_bytes) / 1e9;
       std::printf("| %.2fx | %.0f | %.2f%% | %.2f | %.3f | %.1f | %.2f | %.2f | %.1f | %.2f |\n", scale,
                   f.model_bytes / 1e6, 100.0 * f.changed / (f.model_bytes / 2.0), f.delta_bytes / 1e6,

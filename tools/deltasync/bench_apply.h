@@ -20,12 +20,12 @@ struct CompactApplyFigures {
   double apply_s = 0;         // the whole apply (best of reps)
   double decode_s = 0;        // DecodeCompactDelta alone, same threads
   double decode_1thread_s = 0;
-  double memcpy_s = 0;        // memcpy of the model, same threads
+  double memcpy_s = 0;        // memcpy of the model, same threads (set by the sweep)
 };
 
 // Encodes `changes` (of `state`) as a compact delta, then times the whole
 // apply on `threads` threads, restoring `state` (untimed) after each run.
-// `state` is left as it was.
+// `state` is left as it was. memcpy_s is left for the caller (its baseline).
 Result<CompactApplyFigures> MeasureCompactApply(WeightState& state, const std::vector<TensorChanges>& changes,
                                                 int threads, int reps);
 

@@ -32,16 +32,6 @@ namespace {
 // The demo model's change rate at step 10 (measured with `deltasync demo`).
 constexpr double kChangedFraction = 0.034;
 
-void ParallelCopy(uint8_t* dst, const uint8_t* src, size_t n, int threads) {
-  std::vector<std::thread> pool;
-  size_t per = (n + threads - 1) / threads;
-  for (int t = 0; t < threads; ++t) {
-    size_t b = std::min(n, per * t), e = std::min(n, b + per);
-    pool.emplace_back([=] { std::memcpy(dst + b, src + b, e - b); });
-  }
-  for (auto& th : pool) th.join();
-}
-
 }  // namespace
 
 Status RunBench(const BenchArgs& args) {
@@ -111,11 +101,7 @@ Status RunBench(const BenchArgs& args) {
   const int reps = args.quick ? 3 : 5;
 
   // memcpy of a buffer of the model's size, same threads.
-  std::vector<uint8_t> src(published.total_bytes(), 1), dst(published.total_bytes());
-  ParallelCopy(dst.data(), src.data(), src.size(), threads);  // fault the pages in
-  double memcpy_s = BestSeconds(reps, [&] { ParallelCopy(dst.data(), src.data(), src.size(), threads); });
-  src = {};
-  dst = {};
+  const double memcpy_s = MemcpySeconds(published.total_bytes(), threads, reps);
 
   // Trainer: detect (fp32 masters -> bf16, compare, compact) + gap_delta encode.
   DetectOptions detect{false, threads, nullptr};
