@@ -61,27 +61,6 @@ Base MakeBase(uint64_t seed = 1) {
   return b;
 }
 
-uint16_t BaseBits(const WeightState& s, std::string_view name, uint64_t i) {
-  uint16_t v;
-  std::memcpy(&v, s.Find(name)->data.data() + 2 * i, 2);
-  return v;
-}
-
-// bf16 changes of tensor `name` at `indices`, new value = f(old bits).
-TensorChanges Changes(const WeightState& s, std::string name, std::vector<uint64_t> indices,
-                      const std::function<uint16_t(uint16_t, uint64_t)>& f) {
-  TensorChanges c;
-  c.name = name;
-  c.dtype = DType::kBF16;
-  for (uint64_t i : indices) {
-    uint16_t v = f(BaseBits(s, name, i), i);
-    c.values.push_back(static_cast<uint8_t>(v));
-    c.values.push_back(static_cast<uint8_t>(v >> 8));
-  }
-  c.indices = std::move(indices);
-  return c;
-}
-
 PatchInfo Info() {
   PatchInfo info;
   info.model_version = 8;
@@ -129,7 +108,7 @@ TEST(CompactDelta, PlusMinusOneUlp) {
   Base b = MakeBase();
   std::vector<uint64_t> idx;
   for (uint64_t i = 0; i < 4096; i += 3) idx.push_back(i);
-  ExpectRoundTrip(b, {Changes(b.state, "a", idx, [](uint16_t o, uint64_t i) {
+  ExpectRoundTrip(b, {testing::Bf16Changes(b.state, "a", idx, [](uint16_t o, uint64_t i) {
                     return static_cast<uint16_t>(o + ((i & 4) ? 1 : -1));
                   })});
 }
@@ -140,7 +119,7 @@ TEST(CompactDelta, RandomValuesAndPatterns) {
   for (int round = 0; round < 20; ++round) {
     std::vector<uint64_t> idx = testing::RandomIndices(rng, 4096, rng() % 3000);
     const int kind = round % 4;
-    ExpectRoundTrip(b, {Changes(b.state, "a", idx, [&](uint16_t o, uint64_t) -> uint16_t {
+    ExpectRoundTrip(b, {testing::Bf16Changes(b.state, "a", idx, [&](uint16_t o, uint64_t) -> uint16_t {
                       if (kind == 0) return static_cast<uint16_t>(rng());                   // anything
                       if (kind == 1) return static_cast<uint16_t>(o + (rng() % 255) - 127);  // near
                       if (kind == 2) return static_cast<uint16_t>(o + (rng() % 4000) - 2000);  // far
@@ -154,7 +133,7 @@ TEST(CompactDelta, SignFlipsNanInfAndAllChanged) {
   std::vector<uint64_t> all(4096);
   for (uint64_t i = 0; i < all.size(); ++i) all[i] = i;
   const uint16_t specials[] = {0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x0000, 0x8000, 0x0001, 0x807F, 0x7F7F};
-  ExpectRoundTrip(b, {Changes(b.state, "a", all, [&](uint16_t o, uint64_t i) -> uint16_t {
+  ExpectRoundTrip(b, {testing::Bf16Changes(b.state, "a", all, [&](uint16_t o, uint64_t i) -> uint16_t {
                     return i % 2 ? specials[i % 9] : static_cast<uint16_t>(o ^ 0x8000);
                   })});
   // From a NaN/Inf base: every change escapes.
@@ -164,7 +143,7 @@ TEST(CompactDelta, SignFlipsNanInfAndAllChanged) {
   std::vector<TensorView> v{{"x", DType::kBF16, {4}, bytes}};
   Base nb{std::move(WeightState::FromViews(v)).value(), {}};
   nb.hash = HashState(nb.state, 1);
-  ExpectRoundTrip(nb, {Changes(nb.state, "x", {0, 1, 2, 3}, [](uint16_t o, uint64_t) {
+  ExpectRoundTrip(nb, {testing::Bf16Changes(nb.state, "x", {0, 1, 2, 3}, [](uint16_t o, uint64_t) {
                      return static_cast<uint16_t>(o + 1);
                    })});
 }
@@ -178,8 +157,8 @@ TEST(CompactDelta, EmptyOneElementNonBf16AndLargeGaps) {
   f.values = testing::Bytes<float>(std::vector<float>{1.5f, -2.0f, NAN});
   TensorChanges e;
   e.name = "e";
-  ExpectRoundTrip(b, {Changes(b.state, "one", {0}, [](uint16_t o, uint64_t) { return static_cast<uint16_t>(o + 1); }),
-                      f, e, Changes(b.state, "a", {0, 4095}, [](uint16_t, uint64_t) { return uint16_t{0x3F80}; })});
+  ExpectRoundTrip(b, {testing::Bf16Changes(b.state, "one", {0}, [](uint16_t o, uint64_t) { return static_cast<uint16_t>(o + 1); }),
+                      f, e, testing::Bf16Changes(b.state, "a", {0, 4095}, [](uint16_t, uint64_t) { return uint16_t{0x3F80}; })});
   ExpectRoundTrip(b, {});
 }
 
@@ -187,8 +166,8 @@ TEST(CompactDelta, ParallelDecodeMatches) {
   Base b = MakeBase();
   std::mt19937_64 rng(3);
   std::vector<TensorChanges> changes{
-      Changes(b.state, "a", testing::RandomIndices(rng, 4096, 2000), [](uint16_t o, uint64_t) { return static_cast<uint16_t>(o + 1); }),
-      Changes(b.state, "b", {1, 2, 14}, [](uint16_t o, uint64_t) { return static_cast<uint16_t>(o - 1); })};
+      testing::Bf16Changes(b.state, "a", testing::RandomIndices(rng, 4096, 2000), [](uint16_t o, uint64_t) { return static_cast<uint16_t>(o + 1); }),
+      testing::Bf16Changes(b.state, "b", {1, 2, 14}, [](uint16_t o, uint64_t) { return static_cast<uint16_t>(o - 1); })};
   std::vector<uint8_t> bytes = Encode(b, changes);
   Result<CompactDelta> one = DecodeBytes(bytes, b, 1);
   Result<CompactDelta> four = DecodeBytes(bytes, b, 4);
@@ -202,12 +181,12 @@ TEST(CompactDelta, EncoderRefusesBadInput) {
     return EncodeCompactDelta(info, b.hash, b.state, c).status().code();
   };
   auto inc = [](uint16_t o, uint64_t) { return static_cast<uint16_t>(o + 1); };
-  EXPECT_EQ(enc({Changes(b.state, "a", {5, 5}, inc)}), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(enc({testing::Bf16Changes(b.state, "a", {5, 5}, inc)}), ErrorCode::kInvalidArgument);
   TensorChanges out_of_range = testing::MakeChanges("b", {15});  // b has 15 elements
   EXPECT_EQ(enc({out_of_range}), ErrorCode::kInvalidArgument);
   TensorChanges missing = testing::MakeChanges("zz", {1});
   EXPECT_EQ(enc({missing}), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(enc({Changes(b.state, "a", {1}, inc), Changes(b.state, "a", {2}, inc)}), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(enc({testing::Bf16Changes(b.state, "a", {1}, inc), testing::Bf16Changes(b.state, "a", {2}, inc)}), ErrorCode::kInvalidArgument);
   PatchInfo no_base = Info();
   no_base.base_version.reset();
   EXPECT_EQ(enc({}, no_base), ErrorCode::kInvalidArgument);
@@ -215,7 +194,7 @@ TEST(CompactDelta, EncoderRefusesBadInput) {
 
 TEST(CompactDelta, WrongBaseHashRefused) {
   Base b = MakeBase();
-  std::vector<uint8_t> bytes = Encode(b, {Changes(b.state, "a", {1, 2}, [](uint16_t o, uint64_t) {
+  std::vector<uint8_t> bytes = Encode(b, {testing::Bf16Changes(b.state, "a", {1, 2}, [](uint16_t o, uint64_t) {
                                            return static_cast<uint16_t>(o + 1);
                                          })});
   Result<SafetensorsFile> f = ParseBytes(bytes, "x.safetensors");
@@ -242,7 +221,7 @@ TEST(CompactDelta, CorruptedAndTruncatedNeverCrash) {
   f.dtype = DType::kF32;
   f.indices = {3, 40};
   f.values = testing::Bytes<float>(std::vector<float>{1.0f, 2.0f});
-  std::vector<uint8_t> bytes = Encode(b, {Changes(b.state, "a", testing::RandomIndices(rng, 4096, 60),
+  std::vector<uint8_t> bytes = Encode(b, {testing::Bf16Changes(b.state, "a", testing::RandomIndices(rng, 4096, 60),
                                                   [&](uint16_t o, uint64_t i) {
                                                     return static_cast<uint16_t>(i % 7 ? o + 1 : o ^ 0x8000);
                                                   }),

@@ -44,26 +44,6 @@ Base MakeBase(uint64_t n, uint64_t seed = 1) {
   return b;
 }
 
-uint16_t At(const WeightState& s, std::string_view name, uint64_t i) {
-  uint16_t v;
-  std::memcpy(&v, s.Find(name)->data.data() + 2 * i, 2);
-  return v;
-}
-
-TensorChanges Changes(const WeightState& s, std::string name, std::vector<uint64_t> idx,
-                      const std::function<uint16_t(uint16_t, uint64_t)>& f) {
-  TensorChanges c;
-  c.name = name;
-  c.dtype = DType::kBF16;
-  for (uint64_t i : idx) {
-    const uint16_t v = f(At(s, name, i), i);
-    c.values.push_back(static_cast<uint8_t>(v));
-    c.values.push_back(static_cast<uint8_t>(v >> 8));
-  }
-  c.indices = std::move(idx);
-  return c;
-}
-
 PatchInfo Info() {
   PatchInfo info;
   info.model_version = 8;
@@ -129,7 +109,7 @@ uint16_t Ulp(uint16_t o, uint64_t i) { return static_cast<uint16_t>(o + (i % 3 =
 TEST(CompactV3, SmallerThanV2OnUlpMoves) {
   Base b = MakeBase(50000);
   std::mt19937_64 rng(2);
-  auto [v2, v3] = RoundTripBoth(b, {Changes(b.state, "big", testing::RandomIndices(rng, 50000, 2000), Ulp)});
+  auto [v2, v3] = RoundTripBoth(b, {testing::Bf16Changes(b.state, "big", testing::RandomIndices(rng, 50000, 2000), Ulp)});
   EXPECT_LT(v3, v2);
 }
 
@@ -138,7 +118,7 @@ TEST(CompactV3, SignFlipsNanInfBigMovesAndSameValue) {
   std::vector<uint64_t> all(4096);
   for (uint64_t i = 0; i < all.size(); ++i) all[i] = i;
   const uint16_t specials[] = {0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x0000, 0x8000, 0x0001, 0x807F, 0x7F7F};
-  RoundTripBoth(b, {Changes(b.state, "big", all, [&](uint16_t o, uint64_t i) -> uint16_t {
+  RoundTripBoth(b, {testing::Bf16Changes(b.state, "big", all, [&](uint16_t o, uint64_t i) -> uint16_t {
                   switch (i % 5) {
                     case 0: return static_cast<uint16_t>(o ^ 0x8000);
                     case 1: return specials[i % 9];
@@ -155,11 +135,11 @@ TEST(CompactV3, EmptyOneElementAndOneClass) {
   TensorChanges none;
   none.name = "big";
   RoundTripBoth(b, {none});
-  RoundTripBoth(b, {Changes(b.state, "one", {0}, Ulp)});
+  RoundTripBoth(b, {testing::Bf16Changes(b.state, "one", {0}, Ulp)});
   // All changes in one class (every "flat" element is 0.5), all changed.
   std::vector<uint64_t> all(64);
   for (uint64_t i = 0; i < 64; ++i) all[i] = i;
-  RoundTripBoth(b, {Changes(b.state, "flat", all, Ulp), Changes(b.state, "one", {0}, Ulp)});
+  RoundTripBoth(b, {testing::Bf16Changes(b.state, "flat", all, Ulp), testing::Bf16Changes(b.state, "one", {0}, Ulp)});
 }
 
 // More than one piece: pieces cut inside classes, and a dense tensor.
@@ -168,9 +148,9 @@ TEST(CompactV3, ManyPieces) {
   Base b = MakeBase(n);
   std::vector<uint64_t> all(n);
   for (uint64_t i = 0; i < n; ++i) all[i] = i;
-  RoundTripBoth(b, {Changes(b.state, "big", all, Ulp)});
+  RoundTripBoth(b, {testing::Bf16Changes(b.state, "big", all, Ulp)});
   std::mt19937_64 rng(9);
-  RoundTripBoth(b, {Changes(b.state, "big", testing::RandomIndices(rng, n, compact::kV3Piece + 7),
+  RoundTripBoth(b, {testing::Bf16Changes(b.state, "big", testing::RandomIndices(rng, n, compact::kV3Piece + 7),
                             [&](uint16_t o, uint64_t i) { return i % 11 ? Ulp(o, i) : static_cast<uint16_t>(o ^ 0x8000); })});
 }
 
@@ -180,7 +160,7 @@ TEST(CompactV3, RandomPatternsMatchV2) {
   for (int round = 0; round < 12; ++round) {
     std::vector<uint64_t> idx = testing::RandomIndices(rng, 20000, rng() % 20000);
     const int kind = round % 3;
-    RoundTripBoth(b, {Changes(b.state, "big", idx, [&](uint16_t o, uint64_t) -> uint16_t {
+    RoundTripBoth(b, {testing::Bf16Changes(b.state, "big", idx, [&](uint16_t o, uint64_t) -> uint16_t {
                     if (kind == 0) return static_cast<uint16_t>(rng());
                     if (kind == 1) return static_cast<uint16_t>(o + (rng() % 255) - 127);
                     return static_cast<uint16_t>(o + (rng() % 7) - 3);
@@ -218,7 +198,7 @@ std::vector<uint8_t> WithTables(const std::vector<uint8_t>& bytes, const std::st
 
 TEST(CompactV3, TablesMissingOrMalformedAreCorruptionNamingTheKey) {
   Base b = MakeBase(1000);
-  std::vector<uint8_t> bytes = Encode(b, {Changes(b.state, "big", {1, 5, 9}, Ulp)}, 3);
+  std::vector<uint8_t> bytes = Encode(b, {testing::Bf16Changes(b.state, "big", {1, 5, 9}, Ulp)}, 3);
   auto expect = [&](const std::vector<uint8_t>& c, const std::string& want) {
     Result<CompactDelta> d = Decode(c, b);
     ASSERT_FALSE(d.ok());
@@ -238,9 +218,9 @@ TEST(CompactV3, CorruptedAndTruncatedNeverCrash) {
   Base b = MakeBase(3000);
   std::mt19937_64 rng(5);
   std::vector<uint8_t> bytes =
-      Encode(b, {Changes(b.state, "big", testing::RandomIndices(rng, 3000, 200),
+      Encode(b, {testing::Bf16Changes(b.state, "big", testing::RandomIndices(rng, 3000, 200),
                          [](uint16_t o, uint64_t i) { return static_cast<uint16_t>(i % 7 ? o + 1 : o ^ 0x8000); }),
-                 Changes(b.state, "one", {0}, Ulp)},
+                 testing::Bf16Changes(b.state, "one", {0}, Ulp)},
              3);
   for (size_t pos = 0; pos < bytes.size(); ++pos) {
     for (uint8_t x : {uint8_t{0x01}, uint8_t{0x80}, uint8_t{0xFF}}) {
@@ -271,7 +251,7 @@ TEST(CompactV3, AutoNeverLargerThanV2) {
   std::mt19937_64 rng(12);
   for (size_t count : {size_t{1}, size_t{3}, size_t{40}, size_t{3000}, size_t{6000}}) {
     SCOPED_TRACE(count);
-    std::vector<TensorChanges> c{Changes(b.state, "big", testing::RandomIndices(rng, 20000, count), Ulp)};
+    std::vector<TensorChanges> c{testing::Bf16Changes(b.state, "big", testing::RandomIndices(rng, 20000, count), Ulp)};
     const std::vector<uint8_t> v2 = Encode(b, c, 2), v3 = Encode(b, c, 3);
     const std::vector<uint8_t> automatic = Encode(b, c, kCompactStreamAuto);
     EXPECT_LE(automatic.size(), v2.size());

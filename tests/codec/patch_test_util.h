@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "deltasync/blob.h"
@@ -39,6 +41,28 @@ inline std::vector<std::vector<uint8_t>> Snapshot(const WeightState& s) {
   std::vector<std::vector<uint8_t>> out;
   for (const auto& t : s.tensors()) out.push_back(t.data);
   return out;
+}
+
+// The bf16 bits of element i of tensor `name` of `s`.
+inline uint16_t Bf16At(const WeightState& s, std::string_view name, uint64_t i) {
+  uint16_t v;
+  std::memcpy(&v, s.Find(name)->data.data() + 2 * i, 2);
+  return v;
+}
+
+// bf16 changes of tensor `name` at `indices`, new value = f(old bits, index).
+inline TensorChanges Bf16Changes(const WeightState& s, std::string name, std::vector<uint64_t> indices,
+                                 const std::function<uint16_t(uint16_t, uint64_t)>& f) {
+  TensorChanges c;
+  c.name = name;
+  c.dtype = DType::kBF16;
+  for (uint64_t i : indices) {
+    const uint16_t v = f(Bf16At(s, name, i), i);
+    c.values.push_back(static_cast<uint8_t>(v));
+    c.values.push_back(static_cast<uint8_t>(v >> 8));
+  }
+  c.indices = std::move(indices);
+  return c;
 }
 
 inline std::vector<uint8_t> Flatten(const EncodedPatch& patch) {
