@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "deltasync/hf_folder.h"
 #include "deltasync/manifest.h"
 #include "deltasync/parts.h"
 #include "deltasync/publisher.h"
@@ -81,6 +82,13 @@ class PartPublisher {
   // differ from the bucket's; store failures.
   static Result<std::unique_ptr<PartPublisher>> Open(std::shared_ptr<Store> store, PartLayout layout, uint32_t part,
                                                      PublisherOptions options = {});
+  // Every part of `layout`, for one process that publishes them all (a model
+  // folder published one part per weight file, folder_parts.h): as Open for
+  // each part, but the bucket's newest state is rebuilt only once (on
+  // options.threads), and the parts, which publish side by side, share the
+  // threads (each gets options.threads / P, at least 1).
+  static Result<std::vector<std::unique_ptr<PartPublisher>>> OpenAll(std::shared_ptr<Store> store, PartLayout layout,
+                                                                     PublisherOptions options = {});
 
   // Publishes this part of `version`: `blocks` are its blocks (one per block
   // of the part, named by the full tensor's name, of the block's shape; bf16
@@ -104,6 +112,10 @@ class PartPublisher {
 
  private:
   PartPublisher() = default;
+  // Open's work for `parts` of a validated layout.
+  static Result<std::vector<std::unique_ptr<PartPublisher>>> OpenParts(std::shared_ptr<Store> store, PartLayout layout,
+                                                                       const std::vector<uint32_t>& parts,
+                                                                       PublisherOptions options);
   DetectOptions Detection() const;
   Status CheckBlocks(std::span<const TensorView> blocks) const;
   // A receipt naming this part of `version` (version, part, parts, layout).
@@ -143,8 +155,11 @@ class PartCommitter {
   // the anchor cadence requires) and commits the version with a
   // compare-and-swap of the manifest. On any error nothing is committed.
   // stats.state_hash is the version's hash (the layout's descriptor terms
-  // plus the parts' hashes).
-  Result<PublishStats> Commit(uint64_t version, std::span<const PartReceipt> receipts);
+  // plus the parts' hashes). With `files` (a model folder's side files,
+  // hf_folder.h), they are uploaded before the manifest and listed for the
+  // version when the set changed, as Publisher::Publish does.
+  Result<PublishStats> Commit(uint64_t version, std::span<const PartReceipt> receipts,
+                              std::optional<std::span<const SideFile>> files = std::nullopt);
 
   uint64_t latest_version() const;
   const Manifest& manifest() const { return manifest_; }

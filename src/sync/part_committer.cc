@@ -5,6 +5,7 @@
 
 #include "common/clock.h"
 #include "deltasync/part_publisher.h"
+#include "deltasync/side_files.h"
 #include "sync/manifest_writer.h"
 #include "sync/notifier.h"
 #include "sync/part_settings.h"
@@ -109,7 +110,8 @@ uint64_t PartCommitter::latest_version() const {
   return latest ? latest->version : 0;
 }
 
-Result<PublishStats> PartCommitter::Commit(uint64_t version, std::span<const PartReceipt> receipts) {
+Result<PublishStats> PartCommitter::Commit(uint64_t version, std::span<const PartReceipt> receipts,
+                                          std::optional<std::span<const SideFile>> files) {
   Stopwatch clock;
   const uint64_t latest = latest_version();
   const std::string bucket = store_->Describe();
@@ -173,6 +175,15 @@ Result<PublishStats> PartCommitter::Commit(uint64_t version, std::span<const Par
   if (latest > 0) entry.objects.push_back(std::move(delta));
   if (anchor) entry.objects.push_back(std::move(full));
   entry.created_unix_ms = UnixMillis();
+
+  // Side files before the manifest (small): listed only when the set changed.
+  if (files) {
+    DS_ASSIGN_OR_RETURN(FileSet set, DescribeSideFiles(*files));
+    if (set != manifest_.FilesAt(latest)) {
+      DS_RETURN_IF_ERROR(UploadSideFiles(*store_, *files, set).WithContext("committing " + V(version) + " to " + bucket));
+      entry.files = std::move(set);
+    }
+  }
 
   Manifest next = manifest_;
   next.settings = settings_;

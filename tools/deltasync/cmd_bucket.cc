@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "deltasync/folder_parts.h"
 #include "deltasync/hf_folder.h"
 #include "deltasync/publisher.h"
 #include "deltasync/replica.h"
@@ -18,6 +19,7 @@
 #include "deltasync/store.h"
 #include "deltasync/temp_file.h"
 #include "output.h"
+#include "publish_parts.h"
 
 namespace deltasync::cli {
 
@@ -38,7 +40,12 @@ Status RunPublish(const PublishArgs& args) {
     DS_RETURN_IF_ERROR(CheckCheckpointFile(args.file));
     DS_ASSIGN_OR_RETURN(file, SafetensorsFile::Open(args.file));
   }
+  if (args.parts == "per-file" && !folder) {
+    return Status::InvalidArgument("--parts per-file publishes a model folder one part per weight file; " + args.file +
+                                   " is one file: pass its folder, or leave out --parts");
+  }
   DS_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, OpenStore(args.bucket, /*create=*/true, args.create_bucket));
+  if (args.parts == "per-file") DS_RETURN_IF_ERROR(CheckPerFileParts(args, *store));
   options.anchor_interval = args.anchor_interval;
   options.cumulative_interval = args.cumulative_interval;
   options.anchor_max_fraction = args.anchor_max_fraction;
@@ -55,22 +62,34 @@ Status RunPublish(const PublishArgs& args) {
   if (!args.notify_token_file.empty()) {
     DS_ASSIGN_OR_RETURN(options.notify_token, ReadTokenFile(args.notify_token_file));
   }
-  auto opened = Publisher::Open(store, options);
-  EraseProgressLine();
-  DS_ASSIGN_OR_RETURN(auto publisher, std::move(opened));
-  if (publisher->degraded()) std::fprintf(stderr, "deltasync: warning: %s\n", publisher->degraded_reason().c_str());
-  phase = "uploading";
-  started = std::chrono::steady_clock::now();
-  Result<PublishStats> published = folder ? publisher->PublishFolder(args.version, *dir)
-                                          : publisher->Publish(args.version, file->tensors());
-  EraseProgressLine();
-  DS_ASSIGN_OR_RETURN(PublishStats stats, std::move(published));
-  nlohmann::ordered_json changed_settings = publisher->changed_settings();
-  if (!publisher->changed_settings().empty() && !args.json) {
-    std::string changed;
-    for (const std::string& c : publisher->changed_settings()) changed += (changed.empty() ? "" : ", ") + c;
+  // One part per weight file (folder_parts.h); a folder of one file is one
+  // unparted version, as without --parts.
+  const bool parted = folder && args.parts == "per-file" && dir->shards.size() > 1;
+  FolderPartsStats parts;
+  std::unique_ptr<Publisher> publisher;
+  PublishStats stats;
+  if (parted) {
+    DS_ASSIGN_OR_RETURN(parts, PublishFolderParts(store, args.version, *dir, options));
+    stats = parts.stats;
+  } else {
+    auto opened = Publisher::Open(store, options);
+    EraseProgressLine();
+    DS_ASSIGN_OR_RETURN(publisher, std::move(opened));
+    if (publisher->degraded()) std::fprintf(stderr, "deltasync: warning: %s\n", publisher->degraded_reason().c_str());
+    phase = "uploading";
+    started = std::chrono::steady_clock::now();
+    Result<PublishStats> published = folder ? publisher->PublishFolder(args.version, *dir)
+                                            : publisher->Publish(args.version, file->tensors());
+    EraseProgressLine();
+    DS_ASSIGN_OR_RETURN(stats, std::move(published));
+  }
+  const std::vector<std::string> changed = publisher ? publisher->changed_settings() : std::vector<std::string>{};
+  nlohmann::ordered_json changed_settings = changed;
+  if (!changed.empty() && !args.json) {
+    std::string list;
+    for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
     std::fprintf(stderr, "deltasync: changed the settings of %s from version %llu on: %s\n",
-                 store->Describe().c_str(), static_cast<unsigned long long>(stats.version), changed.c_str());
+                 store->Describe().c_str(), static_cast<unsigned long long>(stats.version), list.c_str());
   }
   if (args.quiet) return Status::OK();
   if (args.json) {
@@ -88,7 +107,8 @@ Status RunPublish(const PublishArgs& args) {
                                   {"state_hash", stats.state_hash.Hex()},
                                   {"detect_encode_ms", stats.detect_encode_ms},
                                   {"upload_ms", stats.upload_ms},
-                                  {"changed_settings", changed_settings}};
+                                  {"changed_settings", changed_settings},
+                                  {"parts", parted ? parts.parts : 1}};
     if (folder) {
       nlohmann::ordered_json side = nlohmann::ordered_json::array();
       for (const SideFile& f : dir->side_files) side.push_back(f.name);
@@ -104,8 +124,9 @@ Status RunPublish(const PublishArgs& args) {
                 "(the previous version could not be rebuilt)",
                 static_cast<unsigned long long>(stats.version), store->Describe().c_str());
   } else {
-    std::printf("published version %llu to %s: %.3f%% changed", static_cast<unsigned long long>(stats.version),
+    std::printf("published version %llu to %s%s: %.3f%% changed", static_cast<unsigned long long>(stats.version),
                 store->Describe().c_str(),
+                parted ? (" in " + std::to_string(parts.parts) + " parts (one per weight file)").c_str() : "",
                 stats.total_elements ? 100.0 * *stats.changed_elements / stats.total_elements : 0.0);
   }
   if (stats.wrote_delta) std::printf(", delta %s", HumanBytes(static_cast<double>(stats.delta_bytes)).c_str());

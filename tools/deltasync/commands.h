@@ -48,6 +48,7 @@ struct PublishArgs {
   bool change_settings = false;
   bool allow_version_jump = false;
   bool allow_nonfinite = false;
+  std::string parts = "one";  // "per-file": a model folder as one part per weight file
   std::vector<std::string> notify;  // replica daemon URLs to wake after the commit
   std::string notify_token_file;
   bool create_bucket = false;

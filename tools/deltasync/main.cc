@@ -120,12 +120,17 @@ int main(int argc, char** argv) {
   publish_cmd->add_flag("--allow-version-jump", publish.allow_version_jump,
                         "Allow a version more than 1000000 past the newest one");
   publish_cmd->add_flag("--allow-nonfinite", publish.allow_nonfinite, "Pass NaN/Inf bit patterns through");
+  publish_cmd->add_option("--parts", publish.parts,
+                          "per-file: publish a sharded model folder as one part per weight file, encoded and "
+                          "uploaded in parallel; one: one unparted version (default)")
+      ->check(OneOf({"one", "per-file"}));
   publish_cmd->add_option("--notify", publish.notify, "Replica daemon URL to wake after the commit (repeatable)");
   publish_cmd->add_option("--notify-token-file", publish.notify_token_file, "Bearer token for --notify");
   auto* publish_json = publish_cmd->add_flag("--json", publish.json, "Print one JSON object (keys in docs/cli.md)");
   publish_cmd->add_flag("-q,--quiet", publish.quiet, "Print nothing on success")->excludes(publish_json);
   publish_cmd->footer("Example:\n  deltasync publish ./bucket step-100.safetensors --version 100\n"
                       "  deltasync publish ./bucket ./checkpoint-100/ --version 100   # a model folder\n"
+                      "  deltasync publish ./bucket ./checkpoint-100/ --version 100 --parts per-file\n"
                       "  deltasync publish s3://my-bucket/run1 step-100.safetensors --version 100 --json");
 
   PullArgs pull;
