@@ -94,6 +94,22 @@ def test_sharded_folder_published_one_part_per_file(tmp_path, bucket, run):
     assert "in 3 parts" in run("log", bucket).stdout
     assert run("verify", bucket, "--all").returncode == 0
 
+    # inspect of a part object: which part, its blocks (the whole tensors of its file), the part's counts.
+    key = Path(bucket) / "ds/parts/step_000004.delta_from_000003.part_00001_of_00003.safetensors"
+    info = json.loads(run("inspect", key, "--json").stdout)
+    assert (info["kind"], info["model_version"], info["base_version"]) == ("delta", 4, 3)
+    assert {k: info["part"][k] for k in ("part", "parts", "listed")} == {"part": 1, "parts": 3, "listed": True}
+    assert len(info["part"]["layout"]) == 32
+    assert info["part"]["blocks"] == [{"name": n, "offset": [0] * len(shape), "shape": list(shape),
+                                       "full_shape": list(shape)} for n, (shape, _) in sorted(SHARDS[1].items())]
+    assert info["total_elements"] == 48 * 16 + 16 * 16
+    assert 0 < info["changed_elements"] < info["total_elements"]
+    assert "part 1 of 3" in run("inspect", key).stdout
+    shutil.copy(key, tmp_path / key.name)  # out of its bucket: part and parts from the name only
+    alone = json.loads(run("inspect", tmp_path / key.name, "--json").stdout)["part"]
+    assert alone == {"part": 1, "parts": 3, "layout": None, "listed": False, "blocks": None}
+    assert json.loads(run("inspect", tmp_path / "pulled-4.safetensors", "--json").stdout)["part"] is None
+
     # The folder comes back with its sharding and the side file of version 3.
     run("pull", bucket, "--hf-dir", tmp_path / "hf")
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["rope_theta"] == 20000.0
