@@ -8,8 +8,17 @@
 // form over the delta versions and over the first (anchor) version, and the
 // folder/file ratio (target <= 1.1). Figures, never pass/fail.
 //
+// With --parts per-file it compares instead the two ways `deltasync publish
+// BUCKET DIR` publishes the folder, both stateless as the command is (each
+// version opens the bucket and rebuilds the newest state from it): one
+// unparted version (Publisher::Open + PublishFolder) against one part per
+// weight file (PublishFolderParts: the parts encoded and uploaded in
+// parallel, then one commit), each into its own bucket; it prints per
+// version the total and the detect+encode+upload phase (the rebuild is the
+// rest), and the medians over the delta versions.
+//
 //   build/bench/hf_folder_bench [--mb 256] [--shards 4] [--versions 6] [--fraction 0.03]
-//                               [--threads 2] [--dir /tmp/...]
+//                               [--threads 2] [--dir /tmp/...] [--parts per-file]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "deltasync/folder_parts.h"
 #include "deltasync/hf_folder.h"
 #include "deltasync/publisher.h"
 #include "deltasync/safetensors.h"
@@ -39,6 +49,7 @@ struct Args {
   double fraction = 0.03;
   int threads = 2;
   std::string dir;
+  bool parts = false;  // --parts per-file
 };
 
 struct Tensor {
@@ -87,6 +98,90 @@ void WriteBoth(const std::vector<Tensor>& tensors, const std::string& file, cons
   std::fclose(f);
 }
 
+void FlipSome(std::vector<Tensor>& tensors, double fraction, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> coin(0, 1);
+  for (Tensor& t : tensors) {
+    for (size_t e = 0; e < t.data.size() / 2; ++e) {
+      if (coin(rng) < fraction) {
+        uint16_t b;
+        std::memcpy(&b, &t.data[2 * e], 2);
+        b ^= 1;  // one bf16 step (either way)
+        std::memcpy(&t.data[2 * e], &b, 2);
+      }
+    }
+  }
+}
+
+// --parts per-file: the stateless command, unparted against one part per file.
+int RunParts(const Args& args, std::vector<Tensor>& tensors, std::mt19937_64& rng) {
+  PublisherOptions options;
+  options.threads = args.threads;
+  options.anchor_interval = 1000;
+  auto store = [&](const std::string& name) {
+    auto s = OpenStore(args.dir + "/" + name);
+    if (!s.ok()) Die(s.status());
+    return *s;
+  };
+  std::shared_ptr<Store> one_store = store("bucket-one"), parts_store = store("bucket-parts");
+  const std::string file = args.dir + "/single.safetensors", folder = args.dir + "/folder";
+  struct Timing {
+    double total = 0, phase = 0;  // phase: detect + encode + upload (+ commit)
+  };
+  std::vector<double> one_ms, parts_ms, one_phase, parts_phase;
+  for (int v = 1; v <= args.versions; ++v) {
+    if (v > 1) FlipSome(tensors, args.fraction, rng);
+    WriteBoth(tensors, file, folder, args.shards);
+    auto time_one = [&] {
+      auto t0 = Clock::now();
+      auto d = ReadHfFolder(folder);
+      if (!d.ok()) Die(d.status());
+      auto pub = Publisher::Open(one_store, options);
+      if (!pub.ok()) Die(pub.status());
+      auto stats = (*pub)->PublishFolder(v, *d);
+      if (!stats.ok()) Die(stats.status());
+      return Timing{Ms(t0, Clock::now()), stats->detect_encode_ms + stats->upload_ms};
+    };
+    auto time_parts = [&] {
+      auto t0 = Clock::now();
+      auto d = ReadHfFolder(folder);
+      if (!d.ok()) Die(d.status());
+      auto stats = PublishFolderParts(parts_store, v, *d, options);
+      if (!stats.ok()) Die(stats.status());
+      return Timing{Ms(t0, Clock::now()), stats->stats.detect_encode_ms + stats->stats.upload_ms};
+    };
+    Timing a, b;
+    if (v % 2) {
+      a = time_one();
+      b = time_parts();
+    } else {
+      b = time_parts();
+      a = time_one();
+    }
+    if (v > 1) {
+      one_ms.push_back(a.total);
+      parts_ms.push_back(b.total);
+      one_phase.push_back(a.phase);
+      parts_phase.push_back(b.phase);
+    }
+    std::printf("version %d: unparted %.1f ms (detect+encode+upload %.1f), %d parts %.1f ms (%.1f)\n", v, a.total,
+                a.phase, args.shards, b.total, b.phase);
+  }
+  auto one = FetchManifest(*one_store), parts = FetchManifest(*parts_store);
+  if (!one.ok() || !parts.ok() || one->Latest()->state_hash != parts->Latest()->state_hash) {
+    std::fprintf(stderr, "hf_folder_bench: the two buckets disagree\n");
+    return 1;
+  }
+  std::printf("model %.0f MB bf16, %d shards, %.1f%% changed per version, %d threads\n",
+              static_cast<double>(one->Latest()->total_elements) * 2 / 1e6, args.shards, 100 * args.fraction,
+              args.threads);
+  std::printf("delta versions (median of %zu), stateless publish of the folder: unparted %.1f ms, --parts per-file "
+              "%.1f ms, parts/unparted %.3fx; detect+encode+upload: %.1f ms vs %.1f ms, %.3fx\n",
+              one_ms.size(), Median(one_ms), Median(parts_ms), Median(parts_ms) / Median(one_ms), Median(one_phase),
+              Median(parts_phase), Median(parts_phase) / Median(one_phase));
+  fs::remove_all(args.dir);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -99,6 +194,7 @@ int main(int argc, char** argv) {
     else if (k == "--fraction") args.fraction = std::stod(v);
     else if (k == "--threads") args.threads = std::stoi(v);
     else if (k == "--dir") args.dir = v;
+    else if (k == "--parts" && v == "per-file") args.parts = true;
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -130,6 +226,8 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (args.parts) return RunParts(args, tensors, rng);
+
   PublisherOptions options;
   options.threads = args.threads;
   options.anchor_interval = 1000;
@@ -145,20 +243,8 @@ int main(int argc, char** argv) {
   const std::string file = args.dir + "/single.safetensors", folder = args.dir + "/folder";
   std::vector<double> file_ms, folder_ms;
   double file_first = 0, folder_first = 0;
-  std::uniform_real_distribution<double> coin(0, 1);
   for (int v = 1; v <= args.versions; ++v) {
-    if (v > 1) {
-      for (Tensor& t : tensors) {
-        for (size_t e = 0; e < t.data.size() / 2; ++e) {
-          if (coin(rng) < args.fraction) {
-            uint16_t b;
-            std::memcpy(&b, &t.data[2 * e], 2);
-            b ^= 1;  // one bf16 step (either way)
-            std::memcpy(&t.data[2 * e], &b, 2);
-          }
-        }
-      }
-    }
+    if (v > 1) FlipSome(tensors, args.fraction, rng);
     WriteBoth(tensors, file, folder, args.shards);
     auto time_file = [&] {
       auto t0 = Clock::now();
