@@ -112,10 +112,6 @@ class PartPublisher {
 
  private:
   PartPublisher() = default;
-  // Open's work for `parts` of a validated layout.
-  static Result<std::vector<std::unique_ptr<PartPublisher>>> OpenParts(std::shared_ptr<Store> store, PartLayout layout,
-                                                                       const std::vector<uint32_t>& parts,
-                                                                       PublisherOptions options);
   DetectOptions Detection() const;
   Status CheckBlocks(std::span<const TensorView> blocks) const;
   // A receipt naming this part of `version` (version, part, parts, layout).

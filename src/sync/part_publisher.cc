@@ -81,82 +81,46 @@ Result<std::unique_ptr<PartPublisher>> PartPublisher::Open(std::shared_ptr<Store
     return Status::InvalidArgument("part " + std::to_string(part) + " of a layout of " +
                                    std::to_string(layout.parts.size()) + " parts");
   }
-  DS_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<PartPublisher>> pubs,
-                      OpenParts(std::move(store), std::move(layout), {part}, std::move(options)));
-  return std::move(pubs.front());
-}
-
-Result<std::vector<std::unique_ptr<PartPublisher>>> PartPublisher::OpenAll(std::shared_ptr<Store> store,
-                                                                           PartLayout layout,
-                                                                           PublisherOptions options) {
-  DS_RETURN_IF_ERROR(layout.Validate());
-  std::vector<uint32_t> parts(layout.parts.size());
-  for (uint32_t p = 0; p < parts.size(); ++p) parts[p] = p;
-  const int threads = ResolveThreads(options.threads);
-  DS_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<PartPublisher>> pubs,
-                      OpenParts(std::move(store), std::move(layout), parts, std::move(options)));
-  // The parts publish side by side: the threads are shared between them.
-  for (std::unique_ptr<PartPublisher>& pub : pubs) {
-    pub->options_.threads = std::max(1, threads / static_cast<int>(pubs.size()));
-  }
-  return pubs;
-}
-
-Result<std::vector<std::unique_ptr<PartPublisher>>> PartPublisher::OpenParts(std::shared_ptr<Store> store,
-                                                                             PartLayout layout,
-                                                                             const std::vector<uint32_t>& parts,
-                                                                             PublisherOptions options) {
-  const std::string digest = layout.Digest();
+  std::unique_ptr<PartPublisher> pub(new PartPublisher());
+  pub->store_ = store;
+  pub->options_ = options;
+  pub->digest_ = layout.Digest();
+  pub->layout_ = std::move(layout);
+  pub->part_ = part;
   Result<Manifest> manifest = FetchManifest(*store);
   if (!manifest.ok() && manifest.status().code() != ErrorCode::kNotFound) return manifest.status();
-  DS_ASSIGN_OR_RETURN(BucketSettings settings,
+  DS_ASSIGN_OR_RETURN(pub->settings_,
                       PartedSettings(options, manifest.ok() ? &*manifest : nullptr, store->Describe()));
-  std::vector<std::unique_ptr<PartPublisher>> pubs;
-  for (uint32_t part : parts) {
-    std::unique_ptr<PartPublisher> pub(new PartPublisher());
-    pub->store_ = store;
-    pub->options_ = options;
-    pub->settings_ = settings;
-    pub->digest_ = digest;
-    pub->layout_ = layout;
-    pub->part_ = part;
-    pubs.push_back(std::move(pub));
-  }
-  if (!manifest.ok() || manifest->versions.empty()) return pubs;
+  if (!manifest.ok() || manifest->versions.empty()) return pub;
 
-  // Continue where the bucket stands: each part's blocks of its newest state.
-  // (Rebuilt once through a Replica of the whole model, then cut down to
-  // each part's blocks.)
-  uint64_t last_anchor = 0;
+  // Continue where the bucket stands: the part's blocks of its newest state.
+  // (Rebuilt through a Replica of the whole model, then cut down to the
+  // part's blocks.)
   for (const VersionEntry& v : manifest->versions) {
-    if (v.anchor()) last_anchor = v.version;
+    if (v.anchor()) pub->last_anchor_ = v.version;
   }
   const uint64_t latest = manifest->Latest()->version;
-  const std::string which = parts.size() == 1 ? "part " + std::to_string(parts.front()) : "parts";
   ReplicaOptions replica_options = ReplicaWithThreads(options.threads);
   std::unique_ptr<Replica> replica = Replica::Create(store, replica_options);
   Result<UpdateStats> caught_up = replica->Update(latest);
   if (!caught_up.ok()) {
-    return caught_up.status().WithContext("cannot continue publishing " + which + " to " + store->Describe() +
-                                          ": rebuilding " + V(latest) + " failed");
+    return caught_up.status().WithContext("cannot continue publishing part " + std::to_string(part) + " to " +
+                                          store->Describe() + ": rebuilding " + V(latest) + " failed");
   }
-  if (layout.total_elements() != replica->state().total_elements() ||
-      layout.tensors.size() != replica->state().tensors().size()) {
-    return Status::InvalidArgument("the layout's " + std::to_string(layout.tensors.size()) + " tensors are not the " +
+  Result<WeightState> blocks = ExtractPart(pub->layout_, part, replica->state());
+  if (!blocks.ok()) {
+    return blocks.status().WithContext("the layout does not fit " + V(latest) + " of " + store->Describe());
+  }
+  if (pub->layout_.total_elements() != replica->state().total_elements() ||
+      pub->layout_.tensors.size() != replica->state().tensors().size()) {
+    return Status::InvalidArgument("the layout's " + std::to_string(pub->layout_.tensors.size()) + " tensors are not the " +
                                    std::to_string(replica->state().tensors().size()) + " tensors of " + V(latest) +
                                    " in " + store->Describe());
   }
-  for (std::unique_ptr<PartPublisher>& pub : pubs) {
-    Result<WeightState> blocks = ExtractPart(pub->layout_, pub->part_, replica->state());
-    if (!blocks.ok()) {
-      return blocks.status().WithContext("the layout does not fit " + V(latest) + " of " + store->Describe());
-    }
-    pub->state_ = std::move(*blocks);
-    pub->hash_ = HashPart(pub->layout_, pub->part_, pub->state_, options.threads);
-    pub->latest_ = latest;
-    pub->last_anchor_ = last_anchor;
-  }
-  return pubs;
+  pub->state_ = std::move(*blocks);
+  pub->hash_ = HashPart(pub->layout_, part, pub->state_, options.threads);
+  pub->latest_ = latest;
+  return pub;
 }
 
 DetectOptions PartPublisher::Detection() const {
@@ -344,6 +308,64 @@ void PartPublisher::Finish(bool committed) {
   hash_ = p.hash;
   latest_ = p.version;
   if (p.anchor) last_anchor_ = p.version;
+}
+
+// One process publishing every part (a model folder, folder_parts.h): the
+// newest state is rebuilt once and cut into each part's blocks. (Kept apart
+// from Open, which rebuilds per part.)
+Result<std::vector<std::unique_ptr<PartPublisher>>> PartPublisher::OpenAll(std::shared_ptr<Store> store,
+                                                                           PartLayout layout,
+                                                                           PublisherOptions options) {
+  DS_RETURN_IF_ERROR(layout.Validate());
+  const size_t n = layout.parts.size();
+  Result<Manifest> manifest = FetchManifest(*store);
+  if (!manifest.ok() && manifest.status().code() != ErrorCode::kNotFound) return manifest.status();
+  DS_ASSIGN_OR_RETURN(BucketSettings settings,
+                      PartedSettings(options, manifest.ok() ? &*manifest : nullptr, store->Describe()));
+  // The parts publish side by side: the threads are shared between them.
+  PublisherOptions each = options;
+  each.threads = std::max(1, ResolveThreads(options.threads) / static_cast<int>(n));
+  const std::string digest = layout.Digest();
+  std::vector<std::unique_ptr<PartPublisher>> pubs;
+  for (uint32_t part = 0; part < n; ++part) {
+    std::unique_ptr<PartPublisher> pub(new PartPublisher());
+    pub->store_ = store;
+    pub->options_ = each;
+    pub->settings_ = settings;
+    pub->digest_ = digest;
+    pub->layout_ = layout;
+    pub->part_ = part;
+    pubs.push_back(std::move(pub));
+  }
+  if (!manifest.ok() || manifest->versions.empty()) return pubs;
+
+  uint64_t last_anchor = 0;
+  for (const VersionEntry& v : manifest->versions) {
+    if (v.anchor()) last_anchor = v.version;
+  }
+  const uint64_t latest = manifest->Latest()->version;
+  std::unique_ptr<Replica> replica = Replica::Create(store, ReplicaWithThreads(options.threads));
+  if (Result<UpdateStats> caught_up = replica->Update(latest); !caught_up.ok()) {
+    return caught_up.status().WithContext("cannot continue publishing to " + store->Describe() + ": rebuilding " +
+                                          V(latest) + " failed");
+  }
+  if (layout.total_elements() != replica->state().total_elements() ||
+      layout.tensors.size() != replica->state().tensors().size()) {
+    return Status::InvalidArgument("the layout's " + std::to_string(layout.tensors.size()) + " tensors are not the " +
+                                   std::to_string(replica->state().tensors().size()) + " tensors of " + V(latest) +
+                                   " in " + store->Describe());
+  }
+  for (std::unique_ptr<PartPublisher>& pub : pubs) {
+    Result<WeightState> blocks = ExtractPart(pub->layout_, pub->part_, replica->state());
+    if (!blocks.ok()) {
+      return blocks.status().WithContext("the layout does not fit " + V(latest) + " of " + store->Describe());
+    }
+    pub->state_ = std::move(*blocks);
+    pub->hash_ = HashPart(pub->layout_, pub->part_, pub->state_, options.threads);
+    pub->latest_ = latest;
+    pub->last_anchor_ = last_anchor;
+  }
+  return pubs;
 }
 
 }  // namespace deltasync
