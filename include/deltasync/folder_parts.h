@@ -30,9 +30,10 @@ struct FolderLayout {
 Result<FolderLayout> MakeFolderLayout(const HfFolder& folder, const PublisherOptions& options);
 
 struct FolderPartsStats {
-  PublishStats stats;  // the committer's, with detect_encode_ms the parts' (parallel) wall time
+  // The committer's (upload_ms: the commit), with detect_encode_ms the parts'
+  // wall time (scan, encode and upload, in parallel).
+  PublishStats stats;
   uint32_t parts = 0;
-  std::vector<uint64_t> part_bytes;  // bytes each part uploaded (delta + anchor)
 };
 
 // Publishes `folder` as `version` of `store`, one part per weight file.

@@ -52,8 +52,8 @@ Result<FolderPartsStats> PublishFolderParts(std::shared_ptr<Store> store, uint64
   DS_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<PartPublisher>> pubs,
                       PartPublisher::OpenAll(store, fl.layout, options));
   if (pubs.front()->latest_version() != committer->latest_version()) {
-    return Status::Conflict("the newest version of " + store->Describe() + " changed while opening it (another "
-                           "publisher?); publish again");
+    return Status::Conflict("the newest version of " + store->Describe() +
+                            " changed while opening it (another publisher?); publish again");
   }
 
   // Each part's blocks: the whole tensors of its file that hold elements.
@@ -83,21 +83,13 @@ Result<FolderPartsStats> PublishFolderParts(std::shared_ptr<Store> store, uint64
                                                 folder.shards[fl.part_files[p]].label() + ")");
     }
   }
-  Result<PublishStats> committed =
-      failed.ok() ? committer->Commit(version, ok, std::span<const SideFile>(folder.side_files)) : Result<PublishStats>(failed);
+  Result<PublishStats> committed = failed.ok()
+                                       ? committer->Commit(version, ok, std::span<const SideFile>(folder.side_files))
+                                       : Result<PublishStats>(failed);
   for (std::unique_ptr<PartPublisher>& pub : pubs) pub->Finish(committed.ok());
   DS_ASSIGN_OR_RETURN(PublishStats stats, std::move(committed));
-  FolderPartsStats out;
   stats.detect_encode_ms = encode_ms;
-  stats.full_bytes = 0;
-  out.parts = static_cast<uint32_t>(n);
-  for (const PartReceipt& r : ok) {
-    uint64_t bytes = 0;
-    for (const PartReceipt::Object& o : r.objects) bytes += o.size;
-    out.part_bytes.push_back(bytes);
-  }
-  out.stats = std::move(stats);
-  return out;
+  return FolderPartsStats{stats, static_cast<uint32_t>(n)};
 }
 
 }  // namespace deltasync

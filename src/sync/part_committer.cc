@@ -180,7 +180,8 @@ Result<PublishStats> PartCommitter::Commit(uint64_t version, std::span<const Par
   if (files) {
     DS_ASSIGN_OR_RETURN(FileSet set, DescribeSideFiles(*files));
     if (set != manifest_.FilesAt(latest)) {
-      DS_RETURN_IF_ERROR(UploadSideFiles(*store_, *files, set).WithContext("committing " + V(version) + " to " + bucket));
+      DS_RETURN_IF_ERROR(
+          UploadSideFiles(*store_, *files, set).WithContext("committing " + V(version) + " to " + bucket));
       entry.files = std::move(set);
     }
   }
