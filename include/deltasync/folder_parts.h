@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "deltasync/hf_folder.h"
@@ -34,6 +35,8 @@ struct FolderPartsStats {
   // wall time (scan, encode and upload, in parallel).
   PublishStats stats;
   uint32_t parts = 0;
+  // The bucket settings --change-settings changed ("anchor_interval 10 -> 5"), as Publisher::changed_settings.
+  std::vector<std::string> changed_settings;
 };
 
 // Publishes `folder` as `version` of `store`, one part per weight file.

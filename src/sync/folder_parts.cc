@@ -7,6 +7,7 @@
 
 #include "common/clock.h"
 #include "deltasync/part_publisher.h"
+#include "sync/bucket_settings.h"
 #include "sync/part_settings.h"
 
 namespace deltasync {
@@ -49,6 +50,10 @@ Result<FolderPartsStats> PublishFolderParts(std::shared_ptr<Store> store, uint64
   DS_ASSIGN_OR_RETURN(std::unique_ptr<PartCommitter> committer, PartCommitter::Open(store, fl.layout, options));
   DS_RETURN_IF_ERROR(CheckNextVersion(version, committer->latest_version(), options.allow_version_jump,
                                       store->Describe()));
+  // What --change-settings changes (PartCommitter::Open checked the settings).
+  const Manifest& manifest = committer->manifest();
+  DS_ASSIGN_OR_RETURN(ResolvedSettings resolved, ResolveSettings(options, manifest.versions.empty() ? nullptr : &manifest,
+                                                                 store->Describe()));
   DS_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<PartPublisher>> pubs,
                       PartPublisher::OpenAll(store, fl.layout, options));
   if (pubs.front()->latest_version() != committer->latest_version()) {
@@ -89,7 +94,7 @@ Result<FolderPartsStats> PublishFolderParts(std::shared_ptr<Store> store, uint64
   for (std::unique_ptr<PartPublisher>& pub : pubs) pub->Finish(committed.ok());
   DS_ASSIGN_OR_RETURN(PublishStats stats, std::move(committed));
   stats.detect_encode_ms = encode_ms;
-  return FolderPartsStats{stats, static_cast<uint32_t>(n)};
+  return FolderPartsStats{stats, static_cast<uint32_t>(n), std::move(resolved.changed)};
 }
 
 }  // namespace deltasync

@@ -202,3 +202,14 @@ def test_a_truncated_shard_commits_nothing(tmp_path, bucket, run):
     shard.write_bytes(whole)
     assert publish(run, bucket, folder, 2)["parts"] == 3
     assert_pulled(run, bucket, folder, 2, tmp_path / "pulled-2.safetensors")
+
+
+def test_change_settings_lets_a_cumulative_bucket_go_parted(tmp_path, bucket, run):
+    tensors = initial()
+    run("publish", bucket, write_folder(tmp_path / "ckpt-1", tensors), "--version", 1, "--cumulative-every", 3)
+    tensors = step(tensors, 2)
+    folder = write_folder(tmp_path / "ckpt-2", tensors)
+    out = publish(run, bucket, folder, 2, "--change-settings", "--cumulative-every", "0")
+    assert (out["parts"], out["wrote_delta"]) == (3, True)
+    assert out["changed_settings"] == ["cumulative_interval 3 -> 0"]
+    assert_pulled(run, bucket, folder, 2, tmp_path / "pulled-2.safetensors")

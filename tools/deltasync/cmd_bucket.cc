@@ -83,7 +83,7 @@ Status RunPublish(const PublishArgs& args) {
     EraseProgressLine();
     DS_ASSIGN_OR_RETURN(stats, std::move(published));
   }
-  const std::vector<std::string> changed = publisher ? publisher->changed_settings() : std::vector<std::string>{};
+  const std::vector<std::string> changed = publisher ? publisher->changed_settings() : parts.changed_settings;
   nlohmann::ordered_json changed_settings = changed;
   if (!changed.empty() && !args.json) {
     std::string list;

@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
   publish_cmd->add_flag("--allow-nonfinite", publish.allow_nonfinite, "Pass NaN/Inf bit patterns through");
   publish_cmd->add_option("--parts", publish.parts,
                           "per-file: publish a sharded model folder as one part per weight file, encoded and "
-                          "uploaded in parallel; one: one unparted version (default)")
+                          "uploaded in parallel; one: one unparted version")
       ->check(OneOf({"one", "per-file"}));
   publish_cmd->add_option("--notify", publish.notify, "Replica daemon URL to wake after the commit (repeatable)");
   publish_cmd->add_option("--notify-token-file", publish.notify_token_file, "Bearer token for --notify");
