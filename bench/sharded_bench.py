@@ -34,6 +34,7 @@ import json
 import math
 import os
 import pickle
+import resource
 import shutil
 import statistics
 import sys
@@ -65,6 +66,12 @@ def io_bytes() -> tuple[int, int]:
 
 
 io_bytes.calls = 0
+
+
+def cpu_ms() -> float:
+    """User + system CPU time of this process (all its threads), in ms: less sensitive to other load than wall time."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return (r.ru_utime + r.ru_stime) * 1e3
 
 
 def row_range(rows: int, rank: int, world: int) -> tuple[int, int]:
@@ -148,11 +155,11 @@ def rank_main(rank: int, world: int, args, out_dir: str) -> None:
         items = [(n, trainer.params[n][0].numpy(), "") for n in names if trainer.params[n][0].numel()]
         # -- parted route -------------------------------------------------
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), cpu_ms()
         io0 = io_bytes()
         receipt = pub.publish(version, items)
         io1 = io_bytes()
-        t1 = time.perf_counter()
+        t1, cpu1 = time.perf_counter(), cpu_ms()
         gathered = [None] * world if rank == 0 else None
         dist.gather_object(receipt, gathered, dst=0)
         outcome = [None]
@@ -166,8 +173,8 @@ def rank_main(rank: int, world: int, args, out_dir: str) -> None:
         dist.broadcast_object_list(outcome, src=0)
         pub.finish(outcome[0] is None)
         t2 = time.perf_counter()
-        row.update(publish_ms=(t1 - t0) * 1e3, read=io1[0] - io0[0], written=io1[1] - io0[1],
-                   version_ms=(t2 - t0) * 1e3, receipt_bytes=len(receipt),
+        row.update(publish_ms=(t1 - t0) * 1e3, publish_cpu_ms=cpu1 - cpu0, read=io1[0] - io0[0],
+                   written=io1[1] - io0[1], version_ms=(t2 - t0) * 1e3, receipt_bytes=len(receipt),
                    exchange_bytes=len(pickle.dumps(receipt)) + len(pickle.dumps(outcome)))
         # -- gather-to-one-rank route -------------------------------------
         dist.barrier()
@@ -190,9 +197,10 @@ def rank_main(rank: int, world: int, args, out_dir: str) -> None:
         g1 = time.perf_counter()
         row.update(gather_ms=(g1 - g0) * 1e3, gather_received=received)
         if rank == 0:
-            s0 = time.perf_counter()
+            s0, scpu0 = time.perf_counter(), cpu_ms()
             result = single.publish(version, full)
-            row.update(single_publish_ms=(time.perf_counter() - s0) * 1e3, single_hash=result.state_hash,
+            row.update(single_publish_ms=(time.perf_counter() - s0) * 1e3, single_publish_cpu_ms=cpu_ms() - scpu0,
+                       single_hash=result.state_hash,
                        single_written=result.delta_bytes + result.anchor_bytes)
             if result.state_hash != row["parted_hash"]:
                 raise SystemExit(f"version {version}: parted hash {row['parted_hash']} != one process's "
@@ -217,6 +225,7 @@ def summarize(world: int, results: list[dict], cores: int) -> dict:
         "publish_ms_per_rank": [round(mean([x["publish_ms"] for x in timed(r)]), 1) for r in results],
         "publish_ms_max": round(mean([max(r["rows"][i]["publish_ms"] for r in results)
                                       for i in range(1, len(r0["rows"]))]), 1),
+        "publish_cpu_ms_per_rank": [round(mean([x["publish_cpu_ms"] for x in timed(r)]), 1) for r in results],
         "version_ms": round(mean([x["version_ms"] for x in timed(r0)]), 1),
         "commit_ms": round(mean([x["commit_ms"] for x in timed(r0)]), 2),
         "commit_read_bytes": round(mean([x["commit_read"] for x in timed(r0)])),
@@ -228,6 +237,7 @@ def summarize(world: int, results: list[dict], cores: int) -> dict:
         "gather_ms": round(mean([max(r["rows"][i]["gather_ms"] for r in results) for i in range(1, len(r0["rows"]))]), 1),
         "gather_received_bytes_per_rank": [round(mean([x["gather_received"] for x in timed(r)])) for r in results],
         "single_publish_ms": round(mean([x["single_publish_ms"] for x in timed(r0)]), 1),
+        "single_publish_cpu_ms": round(mean([x["single_publish_cpu_ms"] for x in timed(r0)]), 1),
         "single_written_bytes": round(mean([x["single_written"] for x in timed(r0)])),
         "hashes_equal": all(x["parted_hash"] == x["single_hash"] for x in r0["rows"]),
         "local_params_per_rank": [r["local_params"] for r in results],
@@ -271,15 +281,16 @@ def main() -> None:
         return
     print(f"model: {args.layers} layers, vocab {args.vocab} ({total / 1e6:.0f}M parameters); {args.steps} versions "
           f"(first not timed); {args.cores} cores; load {os.getloadavg()[0]:.2f}")
-    print(f"{'P':>3} {'thr':>4} {'publish ms/rank':>22} {'version ms':>11} {'commit ms':>10} {'MB written/rank':>22} "
-          f"{'KB read':>8} {'exch B/rank':>12} {'gather ms':>10} {'1-rank pub ms':>14}")
+    print(f"{'P':>3} {'thr':>4} {'publish ms/rank':>22} {'CPU ms/rank':>22} {'version ms':>11} {'commit ms':>10} {'MB written/rank':>22} "
+          f"{'KB read':>8} {'exch B/rank':>12} {'gather ms':>10} {'1-rank pub ms (CPU)':>20}")
     for s in summaries:
         label = f"{s['procs']}{'*' if s['oversubscribed'] else ''}"
         pubs = "/".join(f"{x:.0f}" for x in s["publish_ms_per_rank"])
+        cpus = "/".join(f"{x:.0f}" for x in s["publish_cpu_ms_per_rank"])
         written = "/".join(f"{x / 1e6:.2f}" for x in s["written_bytes_per_rank"])
-        print(f"{label:>3} {s['threads_per_rank']:>4} {pubs:>22} {s['version_ms']:>11.0f} {s['commit_ms']:>10.2f} "
+        print(f"{label:>3} {s['threads_per_rank']:>4} {pubs:>22} {cpus:>22} {s['version_ms']:>11.0f} {s['commit_ms']:>10.2f} "
               f"{written:>22} {max(s['read_bytes_per_rank']) / 1e3:>8.1f} {max(s['exchange_bytes_per_rank']):>12} "
-              f"{s['gather_ms']:>10.0f} {s['single_publish_ms']:>14.0f}")
+              f"{s['gather_ms']:>10.0f} {s['single_publish_ms']:>10.0f} ({s['single_publish_cpu_ms']:.0f})")
     print("* oversubscribed (more ranks than cores). Both routes reached the same state hash at every version: "
           + ("yes" if all(s["hashes_equal"] for s in summaries) else "NO"))
 

@@ -24,6 +24,7 @@ def test_sharded_bench_runs_both_routes_on_two_processes(tmp_path):
     assert s["procs"] == 2 and s["threads_per_rank"] == 1
     assert s["hashes_equal"]
     assert len(s["publish_ms_per_rank"]) == 2 and min(s["publish_ms_per_rank"]) > 0
+    assert min(s["publish_cpu_ms_per_rank"]) > 0 and s["single_publish_cpu_ms"] > 0
     # Each rank writes its own part (a delta of a few % of its bf16 rows); the
     # receipts and the outcome are a few hundred bytes per rank.
     for written, params in zip(s["written_bytes_per_rank"], s["local_params_per_rank"]):
