@@ -342,7 +342,9 @@ def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  names: Mapping[str, str] | Callable[[str], str | None] | None,
                  sharded: bool = False) -> list[tuple[str, torch.Tensor]]:
     # DTensors have no storage of their own to compare: matched by identity.
-    key_of = id if sharded else _storage_key
+    def key_of(p: torch.Tensor):
+        return id(p) if sharded or callable(getattr(p, "full_tensor", None)) else _storage_key(p)
+
     by_storage: dict[Any, str] = {}
     for raw_name, p in model.named_parameters():
         by_storage.setdefault(key_of(p), raw_name)

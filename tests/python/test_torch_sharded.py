@@ -156,3 +156,12 @@ def test_a_sigkilled_rank_commits_nothing_and_the_restarted_job_continues(tmp_pa
     assert [v["version"] for v in m["versions"]] == [1, 2, 3, 4, 5]
     assert [o["kind"] for o in m["versions"][3]["objects"]] == ["delta", "anchor"]  # 4: the cadence's anchor
     follow_and_compare(bucket, restart, [4, 5], tmp_path)
+
+
+def test_a_plain_publisher_on_a_one_rank_fsdp2_job_is_refused_naming_the_parameter(tmp_path):
+    # World size 1 keeps the single-process path, which cannot read DTensors:
+    # a clear refusal (it used to crash reading the DTensor's storage).
+    out = tmp_path / "out"
+    run_job("fsdp", 1, str(tmp_path / "bucket"), out, PUBLISHER="plain")
+    message = (out / "refused-0.txt").read_text()
+    assert "is sharded (a DTensor, e.g. FSDP2)" in message and "ShardedPublisher" in message
