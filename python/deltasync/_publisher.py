@@ -4,6 +4,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -223,24 +224,63 @@ class Publisher:
             raise InvalidArgumentError(f"max_pending must be at least 1, got {max_pending}")
         self.bucket = _bucket_url(bucket)
         self.max_pending = int(max_pending)
-
-        def opt(value, kind):
-            return None if value is None else kind(value)
-
-        self._native = _native.Publisher(
-            self.bucket, opt(anchor_interval, int), encoding, opt(cumulative_interval, int),
-            opt(anchor_max_fraction, float), bool(change_settings), bool(allow_version_jump), int(threads),
-            bool(allow_nonfinite), bool(create_bucket), [str(u) for u in notify], str(notify_token),
-            bool(measure_gap_delta))
-        reason = self._native.degraded_reason
-        if reason:
-            warnings.warn(f"deltasync: {reason}", RuntimeWarning, stacklevel=2)
+        # As given (None: the bucket's stored value), for deltasync.torch.attach's parted route.
+        self._options = dict(anchor_interval=anchor_interval, encoding=encoding,
+                             cumulative_interval=cumulative_interval, anchor_max_fraction=anchor_max_fraction,
+                             change_settings=bool(change_settings), allow_version_jump=bool(allow_version_jump),
+                             threads=int(threads), allow_nonfinite=bool(allow_nonfinite),
+                             create_bucket=bool(create_bucket), notify=[str(u) for u in notify],
+                             notify_token=str(notify_token), measure_gap_delta=bool(measure_gap_delta))
+        self._opened = None  # the native publisher, once the bucket is opened
+        self._open_lock = threading.Lock()
+        self._parted = None  # the ShardedHandle when attach() publishes this publisher's model as parts
+        # Opening rebuilds the bucket's newest state: under torch.distributed
+        # every rank constructs its Publisher, and N full rebuilds of the
+        # model would defeat sharding. There the bucket is opened at first
+        # direct use; attach() never opens it (every rank publishes a part).
+        if distributed_world_size() <= 1:
+            self._open(stacklevel=3)
         self._cond = threading.Condition()
         self._queue: list[_Job] = []
         self._outstanding = 0  # queued + running
         self._worker: threading.Thread | None = None
         self._failures: list[BaseException] = []  # background failures not yet re-raised by flush()
         self._closed = False
+
+    def _refuse_if_parted(self) -> None:
+        if self._parted is not None:
+            raise FailedPreconditionError(
+                f"publisher for {self.bucket} is attached to a model under torch.distributed, whose ranks publish "
+                "it as parts: use the handle attach() returned (handle.flush(), handle.remove()); to publish from "
+                "this rank alone, open another Publisher")
+
+    def _open(self, stacklevel: int) -> Any:
+        with self._open_lock:
+            if self._opened is None:
+                o = self._options
+
+                def opt(value, kind):
+                    return None if value is None else kind(value)
+
+                native = _native.Publisher(
+                    self.bucket, opt(o["anchor_interval"], int), o["encoding"], opt(o["cumulative_interval"], int),
+                    opt(o["anchor_max_fraction"], float), o["change_settings"], o["allow_version_jump"],
+                    o["threads"], o["allow_nonfinite"], o["create_bucket"], o["notify"], o["notify_token"],
+                    o["measure_gap_delta"])
+                reason = native.degraded_reason
+                if reason:
+                    warnings.warn(f"deltasync: {reason}", RuntimeWarning, stacklevel=stacklevel + 1)
+                self._opened = native
+            return self._opened
+
+    @property
+    def _native(self) -> Any:
+        self._refuse_if_parted()
+        return self._opened if self._opened is not None else self._open(stacklevel=3)
+
+    @_native.setter
+    def _native(self, native: Any) -> None:  # tests wrap the native publisher
+        self._opened = native
 
     # ------------------------------------------------------------------ info
 
@@ -376,6 +416,7 @@ class Publisher:
             raise failures[0]
 
     def _submit(self, run, background: bool):
+        self._refuse_if_parted()
         self.raise_failure()
         with self._cond:
             if self._closed:
@@ -466,6 +507,8 @@ class Publisher:
         Each failure is raised once: a second flush() after it returns normally
         (when nothing else failed).
         """
+        if self._parted is not None:  # attach() publishes this publisher's model as parts
+            self._parted.flush()
         with self._cond:
             if self._worker is not None and threading.current_thread() is self._worker:
                 raise FailedPreconditionError("flush() from a publish's Future callback would wait for itself")
@@ -501,7 +544,20 @@ class Publisher:
                 pass
 
     def __repr__(self) -> str:
+        if self._opened is None:
+            return f"deltasync.Publisher({self.bucket!r}, not opened)"
         return f"deltasync.Publisher({self.bucket!r}, latest_version={self.latest_version})"
+
+
+def distributed_world_size() -> int:
+    """torch.distributed's world size when it is initialised (1 otherwise); never imports torch."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size())
+    except (RuntimeError, ValueError):
+        pass
+    return 1
 
 
 def _views(items: list[tuple[str, str, np.ndarray]]) -> dict[str, np.ndarray]:

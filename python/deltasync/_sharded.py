@@ -1,7 +1,8 @@
 """Sharded trainers: every rank publishes its own part (docs/format.md, "Parts").
 
-``deltasync.torch.attach(model, optimizer, ShardedPublisher(bucket))`` on
-every rank of a ``torch.distributed`` job: each parameter's local block is
+``deltasync.torch.attach(model, optimizer, ShardedPublisher(bucket))`` (or
+the single-process call with a ``deltasync.Publisher``, see
+:func:`from_publisher`) on every rank of a ``torch.distributed`` job: each parameter's local block is
 derived from its DTensor placements (FSDP2 ``Shard(0)``, ``Shard(k)``, HSDP
 where only the replica group at coordinate 0 publishes; a plain tensor is
 published whole by rank 0), the layout is exchanged once at attach, and after
@@ -42,13 +43,43 @@ class ShardedPublisher:
     """
 
     def __init__(self, bucket: Any, *, anchor_interval: int | None = None, threads: int = 0,
-                 allow_nonfinite: bool = False, allow_version_jump: bool = False, create_bucket: bool = False):
+                 allow_nonfinite: bool = False, allow_version_jump: bool = False, create_bucket: bool = False,
+                 max_pending: int = 2):
         self.bucket = os.path.expanduser(os.fspath(bucket) if isinstance(bucket, os.PathLike) else str(bucket))
         self.anchor_interval = anchor_interval
         self.threads = threads
         self.allow_nonfinite = allow_nonfinite
         self.allow_version_jump = allow_version_jump
         self.create_bucket = create_bucket
+        self.max_pending = max_pending
+
+
+# Publisher settings that parted publishing does not have: (option, test, why).
+_PARTED_REFUSES = (
+    ("encoding", lambda v: v not in (None, "compact"), "parts are compact only (TRL encodings stay single-part)"),
+    ("cumulative_interval", lambda v: bool(v), "cumulative deltas keep a second copy of every block"),
+    ("anchor_max_fraction", lambda v: bool(v), "adaptive anchors keep a second copy of every block"),
+    ("change_settings", lambda v: v, "the ranks cannot change the bucket's stored settings"),
+    ("notify", lambda v: bool(v), "the committing rank does not notify replicas"),
+    ("measure_gap_delta", lambda v: v, "parts do not measure the TRL gap_delta size"),
+)
+
+
+def from_publisher(publisher, world: int) -> ShardedPublisher:
+    """The parted form of a deltasync.Publisher's bucket and settings (attach under torch.distributed).
+
+    Settings parted publishing does not support are refused, naming the setting.
+    """
+    o = publisher._options
+    for option, refused, why in _PARTED_REFUSES:
+        if refused(o[option]):
+            raise InvalidArgumentError(
+                f"attach: under torch.distributed (world size {world}) every rank publishes its own part of each "
+                f"version, and parts do not support Publisher({option}={o[option]!r}): {why}; leave {option} out, "
+                "or gather the full weights and publish them from one rank with deltasync.torch.publish()")
+    return ShardedPublisher(publisher.bucket, anchor_interval=o["anchor_interval"], threads=o["threads"],
+                            allow_nonfinite=o["allow_nonfinite"], allow_version_jump=o["allow_version_jump"],
+                            create_bucket=o["create_bucket"], max_pending=publisher.max_pending)
 
 
 def _published_dtype(name: str, dtype: torch.dtype) -> str:
@@ -131,7 +162,7 @@ class ShardedHandle:
         if self._rank == 0:
             self._committer = _native.PartCommitter(publisher.bucket, tensors, parts, publisher.anchor_interval,
                                                     publisher.allow_version_jump, publisher.create_bucket)
-        self._queue: queue.Queue = queue.Queue(maxsize=2)
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, int(publisher.max_pending)))
         self._thread = None
         if background:
             self._thread = threading.Thread(target=self._worker, name="deltasync-sharded", daemon=True)

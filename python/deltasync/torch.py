@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from . import _native, _sharded
+from ._publisher import Publisher, distributed_world_size
 from ._sharded import ShardedPublisher
 from ._errors import FailedPreconditionError, InvalidArgumentError
 
@@ -341,7 +342,9 @@ def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  names: Mapping[str, str] | Callable[[str], str | None] | None,
                  sharded: bool = False) -> list[tuple[str, torch.Tensor]]:
     # DTensors have no storage of their own to compare: matched by identity.
-    key_of = id if sharded else _storage_key
+    def key_of(p: torch.Tensor):
+        return id(p) if sharded or callable(getattr(p, "full_tensor", None)) else _storage_key(p)
+
     by_storage: dict[Any, str] = {}
     for raw_name, p in model.named_parameters():
         by_storage.setdefault(key_of(p), raw_name)
@@ -448,6 +451,14 @@ def attach(model: torch.nn.Module, optimizer: torch.optim.Optimizer, publisher, 
     and that step publishes again. ``sparse`` as in :func:`publish` (None:
     by device).
 
+    Under ``torch.distributed`` with world size > 1 the same call, made on
+    every rank (a collective), publishes the model as parts: each rank its
+    own blocks (DTensor placements; a plain parameter by rank 0), rank 0
+    commits, with the Publisher's bucket and settings, as a
+    ``ShardedPublisher`` would (docs/python.md, "Sharded trainers"). Settings
+    parts do not support are refused (InvalidArgumentError naming them) and
+    the Publisher itself is never opened; a ShardedHandle is returned.
+
     Needs PyTorch >= 2.1 (``Optimizer.register_step_post_hook``).
     """
     if not hasattr(optimizer, "register_step_post_hook"):
@@ -455,6 +466,17 @@ def attach(model: torch.nn.Module, optimizer: torch.optim.Optimizer, publisher, 
     if isinstance(publisher, ShardedPublisher):
         return _sharded.attach(model, optimizer, publisher, _param_names(model, optimizer, names, sharded=True),
                                start_version=start_version, background=background)
+    world = distributed_world_size()
+    if world > 1 and isinstance(publisher, Publisher):
+        # Every rank publishes its own part, as with a ShardedPublisher of the same bucket and settings.
+        if sparse is not None:
+            raise InvalidArgumentError(f"attach(sparse={sparse}): under torch.distributed (world size {world}) "
+                                       "every rank copies its own blocks to the host; leave sparse out")
+        sharded = _sharded.from_publisher(publisher, world)
+        handle = _sharded.attach(model, optimizer, sharded, _param_names(model, optimizer, names, sharded=True),
+                                 start_version=start_version, background=background)
+        publisher._parted = handle
+        return handle
     params = _param_names(model, optimizer, names)
     publisher.flush()  # the queued versions count: start after them
     latest = publisher.latest_version

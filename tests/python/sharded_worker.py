@@ -90,8 +90,19 @@ def main():
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     if scenario == "badbucket" and rank == 1:
         bucket = "s3:" + bucket  # "s3:/tmp/...": refused on this rank alone, when its part publisher opens
+    if scenario == "pipeline":
+        # A setting parts do not support is refused at attach, before anything else, naming the setting.
+        try:
+            dt.attach(model, optimizer, deltasync.Publisher(bucket, cumulative_interval=3))
+        except deltasync.InvalidArgumentError as e:
+            with open(os.path.join(out, f"setting-refused-{rank}.txt"), "w") as f:
+                f.write(str(e))
+    # PUBLISHER=plain: the same call as a single-process trainer's, on every rank.
+    plain = os.environ.get("PUBLISHER") == "plain"
+    publisher = (deltasync.Publisher(bucket, anchor_interval=4, threads=1) if plain
+                 else dt.ShardedPublisher(bucket, anchor_interval=4, threads=1))
     try:
-        handle = dt.attach(model, optimizer, dt.ShardedPublisher(bucket, anchor_interval=4, threads=1))
+        handle = dt.attach(model, optimizer, publisher)
     except (deltasync.InvalidArgumentError, deltasync.FailedPreconditionError) as e:
         with open(os.path.join(out, f"refused-{rank}.txt"), "w") as f:
             f.write(str(e))
@@ -142,6 +153,15 @@ def main():
         if rank == 0 and failed:
             with open(os.path.join(out, "failed.txt"), "a") as f:
                 f.write(f"{version}\n")
+    if plain:
+        publisher.flush()  # waits for the parts, as for a single-process Publisher
+        # No rank opened the bucket as a whole (no full-model rebuild on any rank).
+        assert publisher._opened is None, "a rank opened the whole bucket"
+        try:  # its ranks publish parts: publishing through it directly is refused
+            publisher.publish(10**6, {"x": torch.zeros(2)})
+            raise AssertionError("a direct publish() after attach was not refused")
+        except deltasync.FailedPreconditionError as e:
+            assert "use the handle attach() returned" in str(e)
     handle.remove()
     full = full_params(model)  # a collective: every rank
     if rank == 0:

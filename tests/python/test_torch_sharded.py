@@ -62,7 +62,8 @@ def manifest(bucket):
 def test_fsdp2_two_ranks_with_a_failed_part_then_four_ranks_hsdp(tmp_path):
     bucket = str(tmp_path / "bucket")
     out2 = tmp_path / "two"
-    log = run_job("fsdp", 2, bucket, out2, STEPS=11, FAIL_AT=3, FAIL_RANK=1)
+    # The plain deltasync.Publisher, as a single-process trainer passes it, on every rank.
+    log = run_job("fsdp", 2, bucket, out2, STEPS=11, FAIL_AT=3, FAIL_RANK=1, PUBLISHER="plain")
     # Step 3's version failed on rank 1: nothing committed, and the next step commits it.
     assert (out2 / "failed.txt").read_text().split() == ["3"]
     assert "injected failure of part 1" in log
@@ -78,7 +79,7 @@ def test_fsdp2_two_ranks_with_a_failed_part_then_four_ranks_hsdp(tmp_path):
     out4 = tmp_path / "four"
     out4.mkdir()
     torch.save(torch.load(out2 / "end.pt"), out4 / "start.pt")
-    run_job("fsdp", 4, bucket, out4, STEPS=2)
+    run_job("fsdp", 4, bucket, out4, STEPS=2, PUBLISHER="plain")
     m = manifest(bucket)
     assert [v["version"] for v in m["versions"]][-2:] == [11, 12]
     eleven = m["versions"][-2]
@@ -108,13 +109,15 @@ def test_shard1_params_four_ranks(tmp_path):
     follow_and_compare(bucket, out, [1, 2, 3, 4, 5], tmp_path)
 
 
-def test_parameters_not_on_every_rank_are_refused_at_attach(tmp_path):
+def test_parameters_not_on_every_rank_and_unsupported_settings_are_refused_at_attach(tmp_path):
     out = tmp_path / "out"
     run_job("pipeline", 2, str(tmp_path / "bucket"), out)
     for rank in (0, 1):
         message = (out / f"refused-{rank}.txt").read_text()
         assert "parameter 'extra.bias' is on rank 1 but not on rank 0" in message
         assert "pipeline stages" in message
+        refused = (out / f"setting-refused-{rank}.txt").read_text()
+        assert "parts do not support Publisher(cumulative_interval=3)" in refused
     assert not (tmp_path / "bucket" / "manifest.json").exists()
 
 
@@ -153,3 +156,12 @@ def test_a_sigkilled_rank_commits_nothing_and_the_restarted_job_continues(tmp_pa
     assert [v["version"] for v in m["versions"]] == [1, 2, 3, 4, 5]
     assert [o["kind"] for o in m["versions"][3]["objects"]] == ["delta", "anchor"]  # 4: the cadence's anchor
     follow_and_compare(bucket, restart, [4, 5], tmp_path)
+
+
+def test_a_plain_publisher_on_a_one_rank_fsdp2_job_is_refused_naming_the_parameter(tmp_path):
+    # World size 1 keeps the single-process path, which cannot read DTensors:
+    # a clear refusal (it used to crash reading the DTensor's storage).
+    out = tmp_path / "out"
+    run_job("fsdp", 1, str(tmp_path / "bucket"), out, PUBLISHER="plain")
+    message = (out / "refused-0.txt").read_text()
+    assert "is sharded (a DTensor, e.g. FSDP2)" in message and "ShardedPublisher" in message
