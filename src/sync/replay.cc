@@ -209,6 +209,29 @@ Result<std::vector<Blob>> FetchParts(Store& store, const ObjectEntry& object, in
   return out;
 }
 
+Result<DecodedAnchor> CheckAnchorPart(Blob bytes, const VersionEntry& entry, const ObjectEntry& object,
+                                      const PartLayout& layout, size_t p, int threads) {
+  const std::string label = PartOf(object, p);
+  DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Parse(std::move(bytes), object.parts[p].key));
+  if (!IsCompressedAnchor(file)) return Status::Corruption(label + ": the manifest lists a compressed anchor, the file is not one");
+  DS_ASSIGN_OR_RETURN(DecodedAnchor d, DecodeCompressedAnchor(file, threads));
+  PatchInfo info;
+  info.kind = PatchKind::kAnchor;
+  info.model_version = d.model_version;
+  DS_RETURN_IF_ERROR(CheckPartListed(info, object, p, entry.version));
+  DS_RETURN_IF_ERROR(CheckBlocks(d.tensors, layout, p, label));
+  StateHash hash;
+  for (size_t i = 0; i < d.tensors.size(); ++i) {
+    hash += HashBlock(d.tensors[i].name, d.tensors[i].dtype, layout.Geometry(layout.parts[p][i]), d.tensors[i].data,
+                      threads);
+  }
+  if (hash != entry.parts[p].state_hash) {
+    return Status::Integrity(label + ": its blocks hash to " + hash.Hex() + ", the manifest says " +
+                             entry.parts[p].state_hash.Hex());
+  }
+  return d;
+}
+
 Result<CheckedAnchor> CheckPartedAnchor(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
                                         const PartLayout& layout, int threads, size_t* bad_part) {
   DecodedAnchor full;
@@ -222,25 +245,11 @@ Result<CheckedAnchor> CheckPartedAnchor(std::vector<Blob> parts, const VersionEn
   }
   for (size_t p = 0; p < parts.size(); ++p) {
     if (bad_part) *bad_part = p;
-    const std::string label = PartOf(object, p);
-    DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Parse(std::move(parts[p]), object.parts[p].key));
-    if (!IsCompressedAnchor(file)) return Status::Corruption(label + ": the manifest lists a compressed anchor, the file is not one");
-    DS_ASSIGN_OR_RETURN(DecodedAnchor d, DecodeCompressedAnchor(file, threads));
-    PatchInfo info;
-    info.kind = PatchKind::kAnchor;
-    info.model_version = d.model_version;
-    DS_RETURN_IF_ERROR(CheckPartListed(info, object, p, entry.version));
-    DS_RETURN_IF_ERROR(CheckBlocks(d.tensors, layout, p, label));
-    StateHash hash;
+    DS_ASSIGN_OR_RETURN(DecodedAnchor d, CheckAnchorPart(std::move(parts[p]), entry, object, layout, p, threads));
     for (size_t i = 0; i < d.tensors.size(); ++i) {
       const Block& b = layout.parts[p][i];
-      const BlockGeometry g = layout.Geometry(b);
-      hash += HashBlock(d.tensors[i].name, d.tensors[i].dtype, g, d.tensors[i].data, threads);
-      CopyBlockIn(g, DTypeSize(d.tensors[i].dtype), d.tensors[i].data.data(), full.tensors[b.tensor].data.data());
-    }
-    if (hash != entry.parts[p].state_hash) {
-      return Status::Integrity(label + ": its blocks hash to " + hash.Hex() + ", the manifest says " +
-                               entry.parts[p].state_hash.Hex());
+      CopyBlockIn(layout.Geometry(b), DTypeSize(d.tensors[i].dtype), d.tensors[i].data.data(),
+                  full.tensors[b.tensor].data.data());
     }
   }
   if (bad_part) *bad_part = SIZE_MAX;
@@ -256,6 +265,35 @@ Result<CheckedAnchor> CheckPartedAnchor(std::vector<Blob> parts, const VersionEn
   return out;
 }
 
+Result<std::vector<TensorChanges>> CheckDeltaPart(Blob bytes, const VersionEntry& entry, const ObjectEntry& object,
+                                                  const PartLayout& layout, size_t p, const WeightState& blocks,
+                                                  const StateHash& part_base, int threads) {
+  const std::string label = PartOf(object, p);
+  DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Parse(std::move(bytes), object.parts[p].key));
+  if (!IsCompactDelta(file)) return Status::Corruption(label + ": the manifest lists a compact delta, the file is not one");
+  Result<CompactDelta> d = DecodeCompactDelta(file, blocks, part_base, threads);
+  if (!d.ok()) return d.status().WithContext(label);
+  d->info.kind = PatchKind::kDelta;
+  DS_RETURN_IF_ERROR(CheckPartListed(d->info, object, p, entry.version));
+  StateHash part_hash = part_base;
+  for (const TensorChanges& c : d->changes) {
+    const WeightState::Tensor* before = blocks.Find(c.name);
+    const size_t width = DTypeSize(c.dtype);
+    auto b = std::find_if(layout.parts[p].begin(), layout.parts[p].end(),
+                          [&](const Block& blk) { return layout.tensors[blk.tensor].name == c.name; });
+    std::vector<uint8_t> old(c.values.size());
+    for (size_t k = 0; k < c.indices.size(); ++k) {
+      std::memcpy(old.data() + k * width, before->data.data() + c.indices[k] * width, width);
+    }
+    part_hash += HashBlockChanges(c.name, c.dtype, layout.Geometry(*b), c.indices, old, c.values);
+  }
+  if (part_hash != entry.parts[p].state_hash) {
+    return Status::Integrity(label + ": its blocks would hash to " + part_hash.Hex() + ", the manifest says " +
+                             entry.parts[p].state_hash.Hex());
+  }
+  return std::move(d->changes);
+}
+
 Result<CheckedDelta> CheckPartedDelta(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
                                       const PartLayout& layout, const WeightState& base, const StateHash& base_hash,
                                       const VersionEntry& base_entry, int threads, size_t* bad_part) {
@@ -265,31 +303,18 @@ Result<CheckedDelta> CheckPartedDelta(std::vector<Blob> parts, const VersionEntr
   const bool same_layout = base_entry.layout == entry.layout;
   for (size_t p = 0; p < parts.size(); ++p) {
     if (bad_part) *bad_part = SIZE_MAX;
-    const std::string label = PartOf(object, p);
     // The part's base: its blocks of the held state (which must be the layout's tensors).
     DS_ASSIGN_OR_RETURN(WeightState blocks, ExtractPart(layout, p, base));
     // The base hash the part's object must name: the manifest's, when the
     // base version had this layout; else computed from the held blocks.
     const StateHash part_base = same_layout ? base_entry.parts[p].state_hash : HashPart(layout, p, blocks, threads);
     if (bad_part) *bad_part = p;
-    DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Parse(std::move(parts[p]), object.parts[p].key));
-    if (!IsCompactDelta(file)) return Status::Corruption(label + ": the manifest lists a compact delta, the file is not one");
-    Result<CompactDelta> d = DecodeCompactDelta(file, blocks, part_base, threads);
-    if (!d.ok()) return d.status().WithContext(label);
-    d->info.kind = PatchKind::kDelta;
-    DS_RETURN_IF_ERROR(CheckPartListed(d->info, object, p, entry.version));
-    StateHash part_hash = part_base;
-    for (TensorChanges& c : d->changes) {
-      const WeightState::Tensor* before = blocks.Find(c.name);
-      const size_t width = DTypeSize(c.dtype);
+    DS_ASSIGN_OR_RETURN(std::vector<TensorChanges> changes,
+                        CheckDeltaPart(std::move(parts[p]), entry, object, layout, p, blocks, part_base, threads));
+    for (TensorChanges& c : changes) {
       auto b = std::find_if(layout.parts[p].begin(), layout.parts[p].end(),
                             [&](const Block& blk) { return layout.tensors[blk.tensor].name == c.name; });
       const BlockGeometry g = layout.Geometry(*b);
-      std::vector<uint8_t> old(c.values.size());
-      for (size_t k = 0; k < c.indices.size(); ++k) {
-        std::memcpy(old.data() + k * width, before->data.data() + c.indices[k] * width, width);
-      }
-      part_hash += HashBlockChanges(c.name, c.dtype, g, c.indices, old, c.values);
       TensorChanges& into = merged[b->tensor];
       into.name = c.name;
       into.dtype = c.dtype;
@@ -297,10 +322,6 @@ Result<CheckedDelta> CheckPartedDelta(std::vector<Blob> parts, const VersionEntr
       into.indices.insert(into.indices.end(), c.indices.begin(), c.indices.end());
       into.values.insert(into.values.end(), c.values.begin(), c.values.end());
       contributions[b->tensor]++;
-    }
-    if (part_hash != entry.parts[p].state_hash) {
-      return Status::Integrity(label + ": its blocks would hash to " + part_hash.Hex() + ", the manifest says " +
-                               entry.parts[p].state_hash.Hex());
     }
   }
   if (bad_part) *bad_part = SIZE_MAX;

@@ -95,6 +95,17 @@ Result<AppliedDelta> ApplyDelta(Blob bytes, const VersionEntry& entry, const Obj
 // The anchor `object` of parted `entry` (layout `layout`) from its parts' bytes.
 Result<CheckedAnchor> CheckPartedAnchor(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
                                         const PartLayout& layout, int threads, size_t* bad_part);
+// One part `p` of the parted anchor `object` of `entry`: decoded and checked
+// (metadata, its blocks' names, dtypes and shapes, its part hash).
+Result<DecodedAnchor> CheckAnchorPart(Blob bytes, const VersionEntry& entry, const ObjectEntry& object,
+                                      const PartLayout& layout, size_t p, int threads);
+// One part `p` of the parted delta `object` of `entry`, decoded against
+// `blocks` (the part's blocks of its base, hashing to `part_base`) and
+// checked against the manifest's part hash: its changes at block-local
+// indices (ValidateChanges(blocks, changes) holds). `blocks` is only read.
+Result<std::vector<TensorChanges>> CheckDeltaPart(Blob bytes, const VersionEntry& entry, const ObjectEntry& object,
+                                                  const PartLayout& layout, size_t p, const WeightState& blocks,
+                                                  const StateHash& part_base, int threads);
 // The delta `object` of parted `entry` against the full `base` (the state of
 // `base_entry`, hashing to `base_hash`; `base_layout` its layout, nullptr when
 // unparted): the changes of every part mapped to full flat indices.
