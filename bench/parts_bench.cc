@@ -6,8 +6,13 @@
 // then one PartCommitter commits. Compared, in the same run, with the
 // gather-to-one-rank route: one Publisher with every core publishing the full
 // tensors (the all-gather itself not counted). Prints figures, never pass/fail.
+// --keep 1 leaves the last parted bucket in DIR/parted; --follow BUCKET runs
+// only a Replica (--cores threads) over an existing bucket, one version at a
+// time, and prints its apply time per delta version (its peak RSS is then the
+// replica's: run it under /usr/bin/time -v).
 //
-//   parts_bench [--layers 2] [--steps 6] [--vocab 151936] [--cores N] [--parts 1,2,4] [--dir /tmp/x]
+//   parts_bench [--layers 2] [--steps 6] [--vocab 151936] [--cores N] [--parts 1,2,4] [--dir /tmp/x] [--keep 1]
+//   parts_bench --follow /tmp/x/parted [--cores N]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +25,7 @@
 #include "deltasync/block.h"
 #include "deltasync/part_publisher.h"
 #include "deltasync/publisher.h"
+#include "deltasync/replica.h"
 #include "deltasync/store.h"
 #include "synthetic_model.h"
 
@@ -65,6 +71,38 @@ std::vector<TensorView> BlockViews(const PartLayout& l, size_t p, const std::vec
   return out;
 }
 
+// A replica over `bucket`, one version at a time: its apply time per delta version.
+int Follow(const std::string& bucket, int cores) {
+  auto store = OpenStore(bucket);
+  if (!store.ok()) {
+    std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
+    return 1;
+  }
+  auto replica = Replica::Create(std::shared_ptr<Store>(std::move(*store)), ReplicaWithThreads(cores));
+  auto first = replica->Update(1);
+  if (!first.ok()) {
+    std::fprintf(stderr, "%s\n", first.status().ToString().c_str());
+    return 1;
+  }
+  double apply = 0, download = 0;
+  int deltas = 0;
+  for (uint64_t v = 2;; ++v) {
+    auto st = replica->Update(v);
+    if (!st.ok()) {
+      if (st.status().code() == ErrorCode::kNotFound) break;
+      std::fprintf(stderr, "%s\n", st.status().ToString().c_str());
+      return 1;
+    }
+    apply += st->apply_ms;
+    download += st->download_ms;
+    deltas += static_cast<int>(st->deltas_applied);
+  }
+  std::printf("replica (%d threads): %d delta versions, apply %.1f ms per version (fetch %.1f ms), %.1f M elements\n",
+              cores, deltas, apply / std::max(1, deltas), download / std::max(1, deltas),
+              replica->state().total_elements() / 1e6);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -73,8 +111,13 @@ int main(int argc, char** argv) {
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<size_t> part_counts = {1, 2, 4};
   std::string dir = (std::filesystem::temp_directory_path() / "deltasync-parts-bench").string();
+  std::string follow;
+  bool keep = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
+    if (a == "--follow") follow = argv[i + 1];
+    else if (a == "--keep") keep = std::atoi(argv[i + 1]) != 0;
+    else
     if (a == "--layers") layers = std::atoi(argv[i + 1]);
     else if (a == "--steps") steps = std::atoi(argv[i + 1]);
     else if (a == "--vocab") vocab = std::strtoull(argv[i + 1], nullptr, 10);
@@ -88,6 +131,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (!follow.empty()) return Follow(follow, cores);
   cli::SyntheticModelOptions model;
   model.layers = layers;
   model.vocab = vocab;
@@ -122,7 +166,7 @@ int main(int argc, char** argv) {
   }
   for (size_t parts : part_counts) {
     cli::SyntheticTrainer trainer(model);
-    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(dir + "/parted");
     auto store = std::shared_ptr<Store>(std::move(*OpenStore(dir + "/parted")));
     const std::vector<TensorView> views = trainer.MasterViews();
     PartLayout layout = RowLayout(views, parts);
@@ -183,6 +227,7 @@ int main(int argc, char** argv) {
     std::printf("%-22s %8d %14.1f %14.1f %12.2f %12.2f %14.0f\n", route, threads, wall / n, slowest / n,
                 bytes / 1e6 / n, commit / n, receipt_bytes / n / parts);
   }
-  std::filesystem::remove_all(dir);
+  if (!keep) std::filesystem::remove_all(dir);
+  else std::filesystem::remove_all(dir + "/single");
   return 0;
 }

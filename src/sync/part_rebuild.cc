@@ -275,7 +275,7 @@ Result<RebuiltPart> Replay(Store& store, const Manifest& manifest, const CatchUp
           const StateHash part_base = base_entry.layout == entry.layout ? base_entry.parts[p].state_hash
                                                                         : HashPart(layout, p, blocks, threads);
           Result<std::vector<TensorChanges>> changes =
-              replay::CheckDeltaPart(std::move(blob), entry, object, layout, p, blocks, part_base, threads);
+              replay::CheckDeltaPart(std::move(blob), entry, object, layout, p, blocks.views(), part_base, threads);
           if (!changes.ok()) {
             if (replay::ObjectFault(changes.status())) *bad = RefOf(object.parts[p]);
             return fail(changes.status());
