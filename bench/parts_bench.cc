@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -71,7 +72,19 @@ std::vector<TensorView> BlockViews(const PartLayout& l, size_t p, const std::vec
   return out;
 }
 
-// A replica over `bucket`, one version at a time: its apply time per delta version.
+// The process's peak RSS in MB (VmHWM); `reset` first sets it to the current RSS.
+double PeakRssMb(bool reset = false) {
+  if (reset) std::ofstream("/proc/self/clear_refs") << "5";
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtod(line.c_str() + 6, nullptr) / 1024;
+  }
+  return 0;
+}
+
+// A replica over `bucket`, one version at a time: its apply time per delta
+// version, and its peak RSS while it applies them (after the first anchor).
 int Follow(const std::string& bucket, int cores) {
   auto store = OpenStore(bucket);
   if (!store.ok()) {
@@ -84,6 +97,8 @@ int Follow(const std::string& bucket, int cores) {
     std::fprintf(stderr, "%s\n", first.status().ToString().c_str());
     return 1;
   }
+  const double after_anchor = PeakRssMb();
+  PeakRssMb(/*reset=*/true);
   double apply = 0, download = 0;
   int deltas = 0;
   for (uint64_t v = 2;; ++v) {
@@ -100,6 +115,8 @@ int Follow(const std::string& bucket, int cores) {
   std::printf("replica (%d threads): %d delta versions, apply %.1f ms per version (fetch %.1f ms), %.1f M elements\n",
               cores, deltas, apply / std::max(1, deltas), download / std::max(1, deltas),
               replica->state().total_elements() / 1e6);
+  std::printf("peak RSS: %.0f MB through the anchor, %.0f MB while applying the deltas\n", after_anchor,
+              PeakRssMb());
   return 0;
 }
 
