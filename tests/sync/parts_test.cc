@@ -366,6 +366,51 @@ TEST(PartedPublish, ReplicaRoutesAroundADamagedPartAndGcRemovesEveryPart) {
   EXPECT_EQ(after.versions.front().version, 6u);
 }
 
+TEST(PartedPublish, ReplicaWritesNothingWhenALaterPartFailsAfterAnEarlierOneDecoded) {
+  TempDir dir;
+  auto store = OpenDirStore(dir.path());
+  RandomModel model(19);
+  PublisherOptions options;
+  options.threads = 1;
+  Ranks ranks(store, SplitLayout(model.Views(), 2, 0), options);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) model.Step(0.05);
+    ASSERT_TRUE(ranks.Publish(v, model.Views()).ok());
+  }
+  auto replica = Replica::Create(store, ReplicaWithThreads(1));
+  ASSERT_TRUE(replica->Update(2).ok());
+  auto copied = WeightState::FromViews(replica->state().views());
+  ASSERT_TRUE(copied.ok());
+  const WeightState before = std::move(*copied);
+  const StateHash before_hash = replica->state_hash();
+  // Part 1 of version 3's delta becomes another well-formed part object
+  // (version 2's), listed with its true size and digest: part 0 decodes
+  // (in place), part 1 is refused after it.
+  Manifest m = ReadManifest(*store);
+  ObjectEntry* delta3 = nullptr;
+  for (VersionEntry& v : m.versions) {
+    for (ObjectEntry& o : v.objects) {
+      if (v.version == 3 && o.kind == PatchKind::kDelta) delta3 = &o;
+    }
+  }
+  ASSERT_TRUE(delta3 && delta3->parted());
+  auto other = store->Get(m.Find(2)->delta()->parts[1].key);
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(store->Put(delta3->parts[1].key, other->bytes()).ok());
+  delta3->size += other->size() - delta3->parts[1].size;
+  delta3->parts[1].size = other->size();
+  delta3->parts[1].xxh3_128 = Xxh3Hex(other->bytes());
+  const std::string json = m.ToJson();
+  ASSERT_TRUE(store->Put(kManifestKey, ByteSpan(reinterpret_cast<const uint8_t*>(json.data()), json.size())).ok());
+  auto failed = replica->Update();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.status().message().find("part 1 of 2"), std::string::npos) << failed.status().ToString();
+  EXPECT_EQ(replica->version(), 2u);
+  EXPECT_EQ(replica->state_hash(), before_hash);
+  ExpectSameState(replica->state(), before);
+  EXPECT_TRUE(replica->Verify().ok());
+}
+
 TEST(PartedPublish, RefusesSettingsAndBlocksItCannotPublish) {
   TempDir dir;
   auto store = OpenDirStore(dir.path());
