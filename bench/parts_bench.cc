@@ -13,6 +13,9 @@
 //
 //   parts_bench [--layers 2] [--steps 6] [--vocab 151936] [--cores N] [--parts 1,2,4] [--dir /tmp/x] [--keep 1]
 //   parts_bench --follow /tmp/x/parted [--cores N]
+//   parts_bench --restart /tmp/x/parted --restart-parts 4 --restart-part 0 [--layers/--vocab as published]
+// (--restart: a PartPublisher joining the bucket as part q of a row layout of
+// P parts: the time its Open takes; its peak RSS is the process's.)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -128,11 +131,15 @@ int main(int argc, char** argv) {
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<size_t> part_counts = {1, 2, 4};
   std::string dir = (std::filesystem::temp_directory_path() / "deltasync-parts-bench").string();
-  std::string follow;
+  std::string follow, restart;
+  size_t restart_parts = 4, restart_part = 0;
   bool keep = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--follow") follow = argv[i + 1];
+    else if (a == "--restart") restart = argv[i + 1];
+    else if (a == "--restart-parts") restart_parts = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (a == "--restart-part") restart_part = std::strtoull(argv[i + 1], nullptr, 10);
     else if (a == "--keep") keep = std::atoi(argv[i + 1]) != 0;
     else
     if (a == "--layers") layers = std::atoi(argv[i + 1]);
@@ -152,6 +159,28 @@ int main(int argc, char** argv) {
   cli::SyntheticModelOptions model;
   model.layers = layers;
   model.vocab = vocab;
+  if (!restart.empty()) {
+    PartLayout layout;
+    {
+      cli::SyntheticTrainer trainer(model);  // only for the tensors' names and shapes
+      layout = RowLayout(trainer.MasterViews(), restart_parts);
+    }
+    PublisherOptions o;
+    o.threads = cores;
+    o.anchor_interval = 100;
+    const double before = PeakRssMb(/*reset=*/true);
+    auto t0 = Clock::now();
+    auto pub = PartPublisher::Open(std::shared_ptr<Store>(std::move(*OpenStore(restart))), layout,
+                                   static_cast<uint32_t>(restart_part), o);
+    if (!pub.ok()) {
+      std::fprintf(stderr, "%s\n", pub.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("restart as part %zu of %zu: %.1f ms, %.1f M of %.1f M elements held after; peak RSS %.0f MB over %.0f MB before\n",
+                restart_part, restart_parts, Ms(t0), (*pub)->state().total_elements() / 1e6,
+                layout.total_elements() / 1e6, PeakRssMb(), before);
+    return 0;
+  }
   std::printf("model: %d layers, vocab %llu; %d steps, anchor every 100 (deltas only after the first); %d cores\n",
               layers, static_cast<unsigned long long>(vocab), steps, cores);
   std::printf("%-22s %8s %14s %14s %12s %12s %14s\n", "route", "threads", "publish ms", "ms/rank max", "MB written",
