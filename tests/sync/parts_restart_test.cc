@@ -256,3 +256,32 @@ TEST(PartedRestart, ARankSkipsDamageItDoesNotNeedAndRoutesAroundDamageItDoes) {
 
 }  // namespace
 }  // namespace deltasync
+
+namespace deltasync {
+namespace {
+
+TEST(PartedRestart, ALayoutWhoseTensorsAreNotTheBucketsIsRefusedNamingTheTensor) {
+  TempDir dir;
+  auto store = OpenDirStore(dir.path());
+  RandomModel model(29);
+  PublisherOptions options;
+  options.threads = 1;
+  {
+    Ranks two(store, SplitLayout(model.Views(), 2, 0), options);
+    ASSERT_TRUE(two.Publish(1, model.Views()).ok());
+  }
+  PartLayout other = SplitLayout(model.Views(), 2, 0);
+  other.tensors[0].shape[0] += 1;  // one more row in the first tensor, which the last part takes
+  for (Block& b : other.parts.back()) {
+    if (b.tensor == 0) b.shape[0] += 1;
+  }
+  ASSERT_TRUE(other.Validate().ok()) << other.Validate().ToString();
+  auto opened = PartPublisher::Open(store, other, 0, options);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), ErrorCode::kInvalidArgument) << opened.status().ToString();
+  EXPECT_NE(opened.status().message().find("'" + other.tensors[0].name + "'"), std::string::npos)
+      << opened.status().ToString();
+}
+
+}  // namespace
+}  // namespace deltasync
