@@ -139,7 +139,9 @@ TEST_P(PartedRestartTest, EachRankReadsOnlyTheObjectsItsBlocksNeedAndContinuesBi
   }
   const Manifest m = ReadManifest(*store);
   uint64_t chain_bytes = 0;
-  for (const PlanStep& step : PlanCatchUp(m, std::nullopt, 6)->steps) chain_bytes += step.object.size;
+  auto chain = PlanCatchUp(m, std::nullopt, 6);
+  ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+  for (const PlanStep& step : chain->steps) chain_bytes += step.object.size;
 
   // The new ranks, each through its own counting store.
   const PartLayout layout = SplitLayout(model.Views(), r.new_parts, r.new_dim);
