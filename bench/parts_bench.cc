@@ -6,13 +6,22 @@
 // then one PartCommitter commits. Compared, in the same run, with the
 // gather-to-one-rank route: one Publisher with every core publishing the full
 // tensors (the all-gather itself not counted). Prints figures, never pass/fail.
+// --keep 1 leaves the last parted bucket in DIR/parted; --follow BUCKET runs
+// only a Replica (--cores threads) over an existing bucket, one version at a
+// time, and prints its apply time per delta version (its peak RSS is then the
+// replica's: run it under /usr/bin/time -v).
 //
-//   parts_bench [--layers 2] [--steps 6] [--vocab 151936] [--cores N] [--parts 1,2,4] [--dir /tmp/x]
+//   parts_bench [--layers 2] [--steps 6] [--vocab 151936] [--cores N] [--parts 1,2,4] [--dir /tmp/x] [--keep 1]
+//   parts_bench --follow /tmp/x/parted [--cores N]
+//   parts_bench --restart /tmp/x/parted --restart-parts 4 --restart-part 0 [--layers/--vocab as published]
+// (--restart: a PartPublisher joining the bucket as part q of a row layout of
+// P parts: the time its Open takes; its peak RSS is the process's.)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +29,7 @@
 #include "deltasync/block.h"
 #include "deltasync/part_publisher.h"
 #include "deltasync/publisher.h"
+#include "deltasync/replica.h"
 #include "deltasync/store.h"
 #include "synthetic_model.h"
 
@@ -65,6 +75,54 @@ std::vector<TensorView> BlockViews(const PartLayout& l, size_t p, const std::vec
   return out;
 }
 
+// The process's peak RSS in MB (VmHWM); `reset` first sets it to the current RSS.
+double PeakRssMb(bool reset = false) {
+  if (reset) std::ofstream("/proc/self/clear_refs") << "5";
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtod(line.c_str() + 6, nullptr) / 1024;
+  }
+  return 0;
+}
+
+// A replica over `bucket`, one version at a time: its apply time per delta
+// version, and its peak RSS while it applies them (after the first anchor).
+int Follow(const std::string& bucket, int cores) {
+  auto store = OpenStore(bucket);
+  if (!store.ok()) {
+    std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
+    return 1;
+  }
+  auto replica = Replica::Create(std::shared_ptr<Store>(std::move(*store)), ReplicaWithThreads(cores));
+  auto first = replica->Update(1);
+  if (!first.ok()) {
+    std::fprintf(stderr, "%s\n", first.status().ToString().c_str());
+    return 1;
+  }
+  const double after_anchor = PeakRssMb();
+  PeakRssMb(/*reset=*/true);
+  double apply = 0, download = 0;
+  int deltas = 0;
+  for (uint64_t v = 2;; ++v) {
+    auto st = replica->Update(v);
+    if (!st.ok()) {
+      if (st.status().code() == ErrorCode::kNotFound) break;
+      std::fprintf(stderr, "%s\n", st.status().ToString().c_str());
+      return 1;
+    }
+    apply += st->apply_ms;
+    download += st->download_ms;
+    deltas += static_cast<int>(st->deltas_applied);
+  }
+  std::printf("replica (%d threads): %d delta versions, apply %.1f ms per version (fetch %.1f ms), %.1f M elements\n",
+              cores, deltas, apply / std::max(1, deltas), download / std::max(1, deltas),
+              replica->state().total_elements() / 1e6);
+  std::printf("peak RSS: %.0f MB through the anchor, %.0f MB while applying the deltas\n", after_anchor,
+              PeakRssMb());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -73,8 +131,17 @@ int main(int argc, char** argv) {
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<size_t> part_counts = {1, 2, 4};
   std::string dir = (std::filesystem::temp_directory_path() / "deltasync-parts-bench").string();
+  std::string follow, restart;
+  size_t restart_parts = 4, restart_part = 0;
+  bool keep = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
+    if (a == "--follow") follow = argv[i + 1];
+    else if (a == "--restart") restart = argv[i + 1];
+    else if (a == "--restart-parts") restart_parts = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (a == "--restart-part") restart_part = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (a == "--keep") keep = std::atoi(argv[i + 1]) != 0;
+    else
     if (a == "--layers") layers = std::atoi(argv[i + 1]);
     else if (a == "--steps") steps = std::atoi(argv[i + 1]);
     else if (a == "--vocab") vocab = std::strtoull(argv[i + 1], nullptr, 10);
@@ -88,9 +155,32 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (!follow.empty()) return Follow(follow, cores);
   cli::SyntheticModelOptions model;
   model.layers = layers;
   model.vocab = vocab;
+  if (!restart.empty()) {
+    PartLayout layout;
+    {
+      cli::SyntheticTrainer trainer(model);  // only for the tensors' names and shapes
+      layout = RowLayout(trainer.MasterViews(), restart_parts);
+    }
+    PublisherOptions o;
+    o.threads = cores;
+    o.anchor_interval = 100;
+    const double before = PeakRssMb(/*reset=*/true);
+    auto t0 = Clock::now();
+    auto pub = PartPublisher::Open(std::shared_ptr<Store>(std::move(*OpenStore(restart))), layout,
+                                   static_cast<uint32_t>(restart_part), o);
+    if (!pub.ok()) {
+      std::fprintf(stderr, "%s\n", pub.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("restart as part %zu of %zu: %.1f ms, %.1f M of %.1f M elements held after; peak RSS %.0f MB over %.0f MB before\n",
+                restart_part, restart_parts, Ms(t0), (*pub)->state().total_elements() / 1e6,
+                layout.total_elements() / 1e6, PeakRssMb(), before);
+    return 0;
+  }
   std::printf("model: %d layers, vocab %llu; %d steps, anchor every 100 (deltas only after the first); %d cores\n",
               layers, static_cast<unsigned long long>(vocab), steps, cores);
   std::printf("%-22s %8s %14s %14s %12s %12s %14s\n", "route", "threads", "publish ms", "ms/rank max", "MB written",
@@ -122,7 +212,7 @@ int main(int argc, char** argv) {
   }
   for (size_t parts : part_counts) {
     cli::SyntheticTrainer trainer(model);
-    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(dir + "/parted");
     auto store = std::shared_ptr<Store>(std::move(*OpenStore(dir + "/parted")));
     const std::vector<TensorView> views = trainer.MasterViews();
     PartLayout layout = RowLayout(views, parts);
@@ -183,6 +273,7 @@ int main(int argc, char** argv) {
     std::printf("%-22s %8d %14.1f %14.1f %12.2f %12.2f %14.0f\n", route, threads, wall / n, slowest / n,
                 bytes / 1e6 / n, commit / n, receipt_bytes / n / parts);
   }
-  std::filesystem::remove_all(dir);
+  if (!keep) std::filesystem::remove_all(dir);
+  else std::filesystem::remove_all(dir + "/single");
   return 0;
 }

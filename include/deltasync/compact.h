@@ -89,6 +89,11 @@ bool IsCompactDelta(const SafetensorsFile& file);
 // hash; kCorruption for any format violation. `base` is only read.
 Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, const WeightState& base,
                                         const StateHash& base_hash, int threads = 0);
+// The same against the base's tensors given as views (a tensor may view a
+// span of a larger buffer: a replica decodes a part's row-range blocks in
+// the held tensors, without copying them out). Names unique.
+Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, std::span<const TensorView> base,
+                                        const StateHash& base_hash, int threads = 0);
 
 // Where a compact delta's bytes go (deltasync inspect): stored (compressed)
 // bytes of each stream summed over tensors, read from the stream headers

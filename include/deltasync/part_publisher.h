@@ -75,7 +75,10 @@ class PartPublisher {
   // Part `part` of `layout` on `store`. When the bucket holds versions, the
   // part's blocks of the newest one are rebuilt from it (verified, as a
   // replica does; the layout may differ from the one the bucket was
-  // published with, e.g. another world size) and the next version is a delta.
+  // published with, e.g. another world size) and the next version is a
+  // delta. The rebuild reads only the part objects that overlap the part's
+  // blocks and holds at most those parts' blocks meanwhile (an unparted
+  // version: the whole model); docs/format.md, "Restarting with another layout".
   // Errors: an invalid layout or part (kInvalidArgument); settings parted
   // publishing does not support: an encoding other than compact, cumulative
   // deltas, adaptive anchors (kFailedPrecondition); a layout whose tensors

@@ -53,6 +53,8 @@ StateHash HashDelta(const TensorView& before, const TensorChanges& changes);
 // tensor of `state`, computed on up to `threads` threads (0 = hardware
 // concurrency). REQUIRES: ValidateChanges(state, changes) is OK.
 StateHash HashChanges(const WeightState& state, std::span<const TensorChanges> changes, int threads = 0);
+// The same over views of the state's tensors (found by name).
+StateHash HashChanges(std::span<const TensorView> tensors, std::span<const TensorChanges> changes, int threads = 0);
 
 // Parts (docs/format.md, "Parts"): a version's hash is the descriptor terms
 // of its tensors plus the element terms of every block of every part, each

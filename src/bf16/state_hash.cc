@@ -209,26 +209,31 @@ StateHash HashDelta(const TensorView& before, const TensorChanges& changes) {
 }
 
 StateHash HashChanges(const WeightState& state, std::span<const TensorChanges> changes, int threads) {
+  const std::vector<TensorView> views = state.views();
+  return HashChanges(views, changes, threads);
+}
+
+StateHash HashChanges(std::span<const TensorView> tensors, std::span<const TensorChanges> changes, int threads) {
   // Work items of at most 1 Mi changes, so one big tensor (an embedding)
   // spreads over every thread; each item sums into its own slot and the
   // slots are added at the end (addition mod 2^64 is order-independent).
   constexpr size_t kItem = size_t{1} << 20;
   struct Item {
-    const WeightState::Tensor* tensor;
+    const TensorView* tensor;
     const TensorChanges* changes;
     size_t first, last;
   };
   std::vector<Item> items;
   for (const TensorChanges& c : changes) {
-    const WeightState::Tensor* t = state.Find(c.name);
-    if (t == nullptr) continue;  // breaks the REQUIRES; the hash will not match
+    auto t = std::find_if(tensors.begin(), tensors.end(), [&](const TensorView& v) { return v.name == c.name; });
+    if (t == tensors.end()) continue;  // breaks the REQUIRES; the hash will not match
     for (size_t first = 0; first < c.count(); first += kItem) {
-      items.push_back({t, &c, first, std::min(c.count(), first + kItem)});
+      items.push_back({&*t, &c, first, std::min(c.count(), first + kItem)});
     }
   }
   std::vector<StateHash> sums(items.size());
   ParallelFor(items.size(), threads, [&](size_t i) {
-    sums[i] = HashDeltaRange(items[i].tensor->view(), *items[i].changes, items[i].first, items[i].last);
+    sums[i] = HashDeltaRange(*items[i].tensor, *items[i].changes, items[i].first, items[i].last);
   });
   StateHash total;
   for (const StateHash& h : sums) total += h;

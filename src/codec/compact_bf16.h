@@ -109,8 +109,15 @@ inline constexpr uint64_t kDecodeChunkElements = uint64_t{1} << 16;
 
 // DecodeCompactDelta with chunks of `chunk_elements` (>= 1; tests use tiny
 // ones). The result does not depend on it or on `threads`.
-Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, const WeightState& base,
+// `base`: the base's tensors (views of any bytes, e.g. a span of a larger tensor).
+Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, std::span<const TensorView> base,
                                                const StateHash& base_hash, int threads, uint64_t chunk_elements);
+inline Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, const WeightState& base,
+                                                      const StateHash& base_hash, int threads,
+                                                      uint64_t chunk_elements) {
+  const std::vector<TensorView> views = base.views();
+  return DecodeCompactDeltaChunked(file, views, base_hash, threads, chunk_elements);
+}
 
 }  // namespace deltasync::compact
 

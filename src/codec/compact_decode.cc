@@ -85,7 +85,7 @@ std::optional<std::string> ParseBf16StreamV2(Reader& in, uint64_t count, compact
 
 // Step 1. Raw-mode tensors are decoded completely; bf16 ones into `bf`
 // (c's indices and values sized).
-Status ReadTensor(const std::string& label, const TensorView& stream, const WeightState::Tensor& base,
+Status ReadTensor(const std::string& label, const TensorView& stream, const TensorView& base,
                   const compact::V3Tables* tables, TensorChanges& c, Bf16Tensor& bf) {
   auto bad = [&](const std::string& msg) { return CorruptTensor(label, stream.name, msg); };
   Reader in(stream.data);
@@ -175,7 +175,7 @@ std::string Show(std::string_view v) {
 
 namespace compact {
 
-Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, const WeightState& base,
+Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, std::span<const TensorView> base,
                                                const StateHash& base_hash, int threads, uint64_t chunk_elements) {
   if (chunk_elements == 0) return Status::InvalidArgument("chunk_elements must be at least 1");
   const std::string& label = file.label();
@@ -224,9 +224,11 @@ Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, cons
   DS_ASSIGN_OR_RETURN(out.info.total_elements, integer(pm::kTotalElements));
   DS_ASSIGN_OR_RETURN(out.info.total_changed_elements, integer(pm::kTotalChangedElements));
   DS_ASSIGN_OR_RETURN(out.info.num_changed_params, integer(pm::kNumChangedParams));
-  if (out.info.total_elements != base.total_elements()) {
+  uint64_t base_elements = 0;
+  for (const TensorView& t : base) base_elements += t.num_elements();
+  if (out.info.total_elements != base_elements) {
     return bad("total_elements " + std::to_string(out.info.total_elements) + " differs from the base's " +
-               std::to_string(base.total_elements()));
+               std::to_string(base_elements));
   }
 
   // Tensors, in name order; each `{param}.cmp` of a base tensor, U8, 1-D.
@@ -237,7 +239,7 @@ Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, cons
     return bad("num_changed_params " + std::to_string(out.info.num_changed_params) + " but " +
                std::to_string(streams.size()) + " tensors");
   }
-  std::vector<const WeightState::Tensor*> bases;
+  std::vector<const TensorView*> bases;
   uint64_t stream_bytes = 0;
   for (const TensorView* s : streams) {
     const std::string& name = s->name;
@@ -245,7 +247,9 @@ Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, cons
       return CorruptTensor(label, name, "name does not end in '.cmp'");
     }
     if (s->dtype != DType::kU8 || s->shape.size() != 1) return CorruptTensor(label, name, "not a 1-D U8 tensor");
-    const WeightState::Tensor* t = base.Find(std::string_view(name).substr(0, name.size() - kSuffix.size()));
+    const std::string_view param = std::string_view(name).substr(0, name.size() - kSuffix.size());
+    auto found = std::find_if(base.begin(), base.end(), [&](const TensorView& v) { return v.name == param; });
+    const TensorView* t = found == base.end() ? nullptr : &*found;
     if (!t) return CorruptTensor(label, name, "names a tensor the base does not have");
     bases.push_back(t);
     stream_bytes += s->data.size();
@@ -299,9 +303,15 @@ Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, cons
 
 }  // namespace compact
 
-Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, const WeightState& base,
+Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, std::span<const TensorView> base,
                                         const StateHash& base_hash, int threads) {
   return compact::DecodeCompactDeltaChunked(file, base, base_hash, threads, compact::kDecodeChunkElements);
+}
+
+Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, const WeightState& base,
+                                        const StateHash& base_hash, int threads) {
+  const std::vector<TensorView> views = base.views();
+  return DecodeCompactDelta(file, views, base_hash, threads);
 }
 
 }  // namespace deltasync

@@ -24,7 +24,7 @@ namespace deltasync::compact {
 // One bf16 tensor's streams, read, class by class.
 struct Bf16Tensor {
   const TensorView* stream = nullptr;
-  const WeightState::Tensor* base = nullptr;
+  const TensorView* base = nullptr;  // the base tensor (or a block of one: any span of its bytes)
   TensorChanges* out = nullptr;
   std::array<uint64_t, kClasses + 1> class_begin{};  // class cl: changes [begin[cl], begin[cl+1])
   std::vector<uint64_t> ranks;    // per change, ascending within its class

@@ -14,8 +14,8 @@
 #include "common/parallel.h"
 #include "codec/compact_bf16.h"
 #include "deltasync/compact.h"
-#include "deltasync/replica.h"
 #include "sync/bucket_settings.h"
+#include "sync/part_rebuild.h"
 #include "sync/part_settings.h"
 
 namespace deltasync {
@@ -93,32 +93,20 @@ Result<std::unique_ptr<PartPublisher>> PartPublisher::Open(std::shared_ptr<Store
                       PartedSettings(options, manifest.ok() ? &*manifest : nullptr, store->Describe()));
   if (!manifest.ok() || manifest->versions.empty()) return pub;
 
-  // Continue where the bucket stands: the part's blocks of its newest state.
-  // (Rebuilt through a Replica of the whole model, then cut down to the
-  // part's blocks.)
+  // Continue where the bucket stands: the part's blocks of its newest
+  // state, rebuilt from the objects they depend on only (part_rebuild.h).
   for (const VersionEntry& v : manifest->versions) {
     if (v.anchor()) pub->last_anchor_ = v.version;
   }
   const uint64_t latest = manifest->Latest()->version;
-  ReplicaOptions replica_options = ReplicaWithThreads(options.threads);
-  std::unique_ptr<Replica> replica = Replica::Create(store, replica_options);
-  Result<UpdateStats> caught_up = replica->Update(latest);
-  if (!caught_up.ok()) {
-    return caught_up.status().WithContext("cannot continue publishing part " + std::to_string(part) + " to " +
-                                          store->Describe() + ": rebuilding " + V(latest) + " failed");
+  Result<RebuiltPart> rebuilt = RebuildPart(*store, *manifest, pub->layout_, part, options.threads);
+  if (!rebuilt.ok()) {
+    if (rebuilt.status().code() == ErrorCode::kInvalidArgument) return rebuilt.status();
+    return rebuilt.status().WithContext("cannot continue publishing part " + std::to_string(part) + " to " +
+                                        store->Describe() + ": rebuilding " + V(latest) + " failed");
   }
-  Result<WeightState> blocks = ExtractPart(pub->layout_, part, replica->state());
-  if (!blocks.ok()) {
-    return blocks.status().WithContext("the layout does not fit " + V(latest) + " of " + store->Describe());
-  }
-  if (pub->layout_.total_elements() != replica->state().total_elements() ||
-      pub->layout_.tensors.size() != replica->state().tensors().size()) {
-    return Status::InvalidArgument("the layout's " + std::to_string(pub->layout_.tensors.size()) + " tensors are not the " +
-                                   std::to_string(replica->state().tensors().size()) + " tensors of " + V(latest) +
-                                   " in " + store->Describe());
-  }
-  pub->state_ = std::move(*blocks);
-  pub->hash_ = HashPart(pub->layout_, part, pub->state_, options.threads);
+  pub->state_ = std::move(rebuilt->blocks);
+  pub->hash_ = rebuilt->hash;
   pub->latest_ = latest;
   return pub;
 }

@@ -209,6 +209,29 @@ Result<std::vector<Blob>> FetchParts(Store& store, const ObjectEntry& object, in
   return out;
 }
 
+Result<DecodedAnchor> CheckAnchorPart(Blob bytes, const VersionEntry& entry, const ObjectEntry& object,
+                                      const PartLayout& layout, size_t p, int threads) {
+  const std::string label = PartOf(object, p);
+  DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Parse(std::move(bytes), object.parts[p].key));
+  if (!IsCompressedAnchor(file)) return Status::Corruption(label + ": the manifest lists a compressed anchor, the file is not one");
+  DS_ASSIGN_OR_RETURN(DecodedAnchor d, DecodeCompressedAnchor(file, threads));
+  PatchInfo info;
+  info.kind = PatchKind::kAnchor;
+  info.model_version = d.model_version;
+  DS_RETURN_IF_ERROR(CheckPartListed(info, object, p, entry.version));
+  DS_RETURN_IF_ERROR(CheckBlocks(d.tensors, layout, p, label));
+  StateHash hash;
+  for (size_t i = 0; i < d.tensors.size(); ++i) {
+    hash += HashBlock(d.tensors[i].name, d.tensors[i].dtype, layout.Geometry(layout.parts[p][i]), d.tensors[i].data,
+                      threads);
+  }
+  if (hash != entry.parts[p].state_hash) {
+    return Status::Integrity(label + ": its blocks hash to " + hash.Hex() + ", the manifest says " +
+                             entry.parts[p].state_hash.Hex());
+  }
+  return d;
+}
+
 Result<CheckedAnchor> CheckPartedAnchor(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
                                         const PartLayout& layout, int threads, size_t* bad_part) {
   DecodedAnchor full;
@@ -222,25 +245,11 @@ Result<CheckedAnchor> CheckPartedAnchor(std::vector<Blob> parts, const VersionEn
   }
   for (size_t p = 0; p < parts.size(); ++p) {
     if (bad_part) *bad_part = p;
-    const std::string label = PartOf(object, p);
-    DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Parse(std::move(parts[p]), object.parts[p].key));
-    if (!IsCompressedAnchor(file)) return Status::Corruption(label + ": the manifest lists a compressed anchor, the file is not one");
-    DS_ASSIGN_OR_RETURN(DecodedAnchor d, DecodeCompressedAnchor(file, threads));
-    PatchInfo info;
-    info.kind = PatchKind::kAnchor;
-    info.model_version = d.model_version;
-    DS_RETURN_IF_ERROR(CheckPartListed(info, object, p, entry.version));
-    DS_RETURN_IF_ERROR(CheckBlocks(d.tensors, layout, p, label));
-    StateHash hash;
+    DS_ASSIGN_OR_RETURN(DecodedAnchor d, CheckAnchorPart(std::move(parts[p]), entry, object, layout, p, threads));
     for (size_t i = 0; i < d.tensors.size(); ++i) {
       const Block& b = layout.parts[p][i];
-      const BlockGeometry g = layout.Geometry(b);
-      hash += HashBlock(d.tensors[i].name, d.tensors[i].dtype, g, d.tensors[i].data, threads);
-      CopyBlockIn(g, DTypeSize(d.tensors[i].dtype), d.tensors[i].data.data(), full.tensors[b.tensor].data.data());
-    }
-    if (hash != entry.parts[p].state_hash) {
-      return Status::Integrity(label + ": its blocks hash to " + hash.Hex() + ", the manifest says " +
-                               entry.parts[p].state_hash.Hex());
+      CopyBlockIn(layout.Geometry(b), DTypeSize(d.tensors[i].dtype), d.tensors[i].data.data(),
+                  full.tensors[b.tensor].data.data());
     }
   }
   if (bad_part) *bad_part = SIZE_MAX;
@@ -256,40 +265,110 @@ Result<CheckedAnchor> CheckPartedAnchor(std::vector<Blob> parts, const VersionEn
   return out;
 }
 
-Result<CheckedDelta> CheckPartedDelta(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
-                                      const PartLayout& layout, const WeightState& base, const StateHash& base_hash,
-                                      const VersionEntry& base_entry, int threads, size_t* bad_part) {
-  // Per tensor of the layout: every part's changes at full flat indices.
-  std::vector<TensorChanges> merged(layout.tensors.size());
-  std::vector<size_t> contributions(layout.tensors.size(), 0);
+Result<std::vector<TensorChanges>> CheckDeltaPart(Blob bytes, const VersionEntry& entry, const ObjectEntry& object,
+                                                  const PartLayout& layout, size_t p,
+                                                  std::span<const TensorView> blocks, const StateHash& part_base,
+                                                  int threads) {
+  const std::string label = PartOf(object, p);
+  DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Parse(std::move(bytes), object.parts[p].key));
+  if (!IsCompactDelta(file)) return Status::Corruption(label + ": the manifest lists a compact delta, the file is not one");
+  Result<CompactDelta> d = DecodeCompactDelta(file, blocks, part_base, threads);
+  if (!d.ok()) return d.status().WithContext(label);
+  d->info.kind = PatchKind::kDelta;
+  DS_RETURN_IF_ERROR(CheckPartListed(d->info, object, p, entry.version));
+  StateHash part_hash = part_base;
+  for (const TensorChanges& c : d->changes) {
+    const TensorView* before =
+        &*std::find_if(blocks.begin(), blocks.end(), [&](const TensorView& v) { return v.name == c.name; });
+    const size_t width = DTypeSize(c.dtype);
+    auto b = std::find_if(layout.parts[p].begin(), layout.parts[p].end(),
+                          [&](const Block& blk) { return layout.tensors[blk.tensor].name == c.name; });
+    std::vector<uint8_t> old(c.values.size());
+    for (size_t k = 0; k < c.indices.size(); ++k) {
+      std::memcpy(old.data() + k * width, before->data.data() + c.indices[k] * width, width);
+    }
+    part_hash += HashBlockChanges(c.name, c.dtype, layout.Geometry(*b), c.indices, old, c.values);
+  }
+  if (part_hash != entry.parts[p].state_hash) {
+    return Status::Integrity(label + ": its blocks would hash to " + part_hash.Hex() + ", the manifest says " +
+                             entry.parts[p].state_hash.Hex());
+  }
+  return std::move(d->changes);
+}
+
+namespace {
+
+// A parted delta's parts decoded against their blocks of the held state:
+// each part's changes at block-local indices, and the state hash after.
+struct DecodedParts {
+  std::vector<std::vector<TensorChanges>> parts;
+  StateHash next;
+};
+
+// Each part decoded against its blocks of `base`, in place where a block is
+// one run of its tensor (a row range, a whole tensor), copied out otherwise
+// (Shard(1)); each checked against its part hash. `base` is only read.
+Result<DecodedParts> DecodeParts(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
+                                 const PartLayout& layout, const WeightState& base, const StateHash& base_hash,
+                                 const VersionEntry& base_entry, int threads, size_t* bad_part) {
   const bool same_layout = base_entry.layout == entry.layout;
+  DecodedParts out;
+  out.parts.resize(parts.size());
+  out.next = base_hash;
   for (size_t p = 0; p < parts.size(); ++p) {
     if (bad_part) *bad_part = SIZE_MAX;
-    const std::string label = PartOf(object, p);
     // The part's base: its blocks of the held state (which must be the layout's tensors).
-    DS_ASSIGN_OR_RETURN(WeightState blocks, ExtractPart(layout, p, base));
+    std::vector<TensorView> blocks;
+    std::vector<std::vector<uint8_t>> copies;
+    StateHash computed_base;
+    for (const Block& b : layout.parts[p]) {
+      const TensorDesc& d = layout.tensors[b.tensor];
+      const WeightState::Tensor* t = base.Find(d.name);
+      if (!t || t->dtype != d.dtype || t->shape != d.shape) {
+        return Status::InvalidArgument("tensor '" + d.name + "' of the layout of " + V(entry.version) + " (" +
+                                       std::string(DTypeName(d.dtype)) + " " + ShapeToString(d.shape) +
+                                       ") is not a tensor of the held state");
+      }
+      const BlockGeometry g = layout.Geometry(b);
+      const size_t width = DTypeSize(d.dtype);
+      ByteSpan bytes;
+      if (g.runs() == 1) {
+        bytes = ByteSpan(t->data.data() + g.RunStart(0) * width, g.elements() * width);
+      } else {
+        std::vector<uint8_t>& copy = copies.emplace_back(g.elements() * width);
+        CopyBlockOut(g, width, t->data.data(), copy.data());
+        bytes = copy;
+      }
+      blocks.push_back(TensorView{d.name, d.dtype, b.shape, bytes});
+      if (!same_layout) computed_base += HashBlock(d.name, d.dtype, g, bytes, threads);
+    }
     // The base hash the part's object must name: the manifest's, when the
     // base version had this layout; else computed from the held blocks.
-    const StateHash part_base = same_layout ? base_entry.parts[p].state_hash : HashPart(layout, p, blocks, threads);
+    const StateHash part_base = same_layout ? base_entry.parts[p].state_hash : computed_base;
     if (bad_part) *bad_part = p;
-    DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Parse(std::move(parts[p]), object.parts[p].key));
-    if (!IsCompactDelta(file)) return Status::Corruption(label + ": the manifest lists a compact delta, the file is not one");
-    Result<CompactDelta> d = DecodeCompactDelta(file, blocks, part_base, threads);
-    if (!d.ok()) return d.status().WithContext(label);
-    d->info.kind = PatchKind::kDelta;
-    DS_RETURN_IF_ERROR(CheckPartListed(d->info, object, p, entry.version));
-    StateHash part_hash = part_base;
-    for (TensorChanges& c : d->changes) {
-      const WeightState::Tensor* before = blocks.Find(c.name);
-      const size_t width = DTypeSize(c.dtype);
+    DS_ASSIGN_OR_RETURN(out.parts[p],
+                        CheckDeltaPart(std::move(parts[p]), entry, object, layout, p, blocks, part_base, threads));
+    out.next += entry.parts[p].state_hash;  // checked: what the part's blocks hash to after it
+    out.next -= part_base;
+  }
+  if (bad_part) *bad_part = SIZE_MAX;
+  if (out.next != entry.state_hash) {
+    return Status::Integrity("the state after its parts would hash to " + out.next.Hex() + ", the manifest says " +
+                             entry.state_hash.Hex());
+  }
+  return out;
+}
+
+// The parts' changes at full flat indices, one entry per changed tensor in
+// name order, indices ascending.
+std::vector<TensorChanges> MergeParts(std::vector<std::vector<TensorChanges>> parts, const PartLayout& layout) {
+  std::vector<TensorChanges> merged(layout.tensors.size());
+  std::vector<size_t> contributions(layout.tensors.size(), 0);
+  for (size_t p = 0; p < parts.size(); ++p) {
+    for (TensorChanges& c : parts[p]) {
       auto b = std::find_if(layout.parts[p].begin(), layout.parts[p].end(),
                             [&](const Block& blk) { return layout.tensors[blk.tensor].name == c.name; });
       const BlockGeometry g = layout.Geometry(*b);
-      std::vector<uint8_t> old(c.values.size());
-      for (size_t k = 0; k < c.indices.size(); ++k) {
-        std::memcpy(old.data() + k * width, before->data.data() + c.indices[k] * width, width);
-      }
-      part_hash += HashBlockChanges(c.name, c.dtype, g, c.indices, old, c.values);
       TensorChanges& into = merged[b->tensor];
       into.name = c.name;
       into.dtype = c.dtype;
@@ -298,13 +377,8 @@ Result<CheckedDelta> CheckPartedDelta(std::vector<Blob> parts, const VersionEntr
       into.values.insert(into.values.end(), c.values.begin(), c.values.end());
       contributions[b->tensor]++;
     }
-    if (part_hash != entry.parts[p].state_hash) {
-      return Status::Integrity(label + ": its blocks would hash to " + part_hash.Hex() + ", the manifest says " +
-                               entry.parts[p].state_hash.Hex());
-    }
   }
-  if (bad_part) *bad_part = SIZE_MAX;
-  CheckedDelta out;
+  std::vector<TensorChanges> out;
   for (size_t t = 0; t < merged.size(); ++t) {
     TensorChanges& c = merged[t];
     if (c.indices.empty()) continue;
@@ -325,14 +399,63 @@ Result<CheckedDelta> CheckPartedDelta(std::vector<Blob> parts, const VersionEntr
       }
       c = std::move(sorted);
     }
-    out.changes.push_back(std::move(c));
+    out.push_back(std::move(c));
   }
-  DS_RETURN_IF_ERROR(ValidateChanges(base, out.changes).WithContext("the parts of " + V(entry.version)));
-  out.next = base_hash + HashChanges(base, out.changes, threads);
-  if (out.next != entry.state_hash) {
-    return Status::Integrity("the state after its parts would hash to " + out.next.Hex() + ", the manifest says " +
-                             entry.state_hash.Hex());
+  return out;
+}
+
+}  // namespace
+
+Result<CheckedDelta> CheckPartedDelta(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
+                                      const PartLayout& layout, const WeightState& base, const StateHash& base_hash,
+                                      const VersionEntry& base_entry, int threads, size_t* bad_part) {
+  DS_ASSIGN_OR_RETURN(DecodedParts d,
+                      DecodeParts(std::move(parts), entry, object, layout, base, base_hash, base_entry, threads, bad_part));
+  CheckedDelta out;
+  out.changes = MergeParts(std::move(d.parts), layout);
+  out.next = d.next;
+  return out;
+}
+
+Result<AppliedDelta> ApplyPartedDelta(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
+                                      const PartLayout& layout, WeightState& state, const StateHash& state_hash,
+                                      const VersionEntry& base_entry, int threads, bool want_changes,
+                                      size_t* bad_part) {
+  // Everything decoded and checked before anything is written.
+  DS_ASSIGN_OR_RETURN(DecodedParts d, DecodeParts(std::move(parts), entry, object, layout, state, state_hash,
+                                                  base_entry, threads, bad_part));
+  // Then each part's changes written straight into the held tensors.
+  struct Item {
+    const TensorChanges* changes;
+    BlockGeometry geometry;
+    WeightState::Tensor* tensor;
+  };
+  std::vector<Item> items;
+  for (size_t p = 0; p < d.parts.size(); ++p) {
+    for (const TensorChanges& c : d.parts[p]) {
+      auto b = std::find_if(layout.parts[p].begin(), layout.parts[p].end(),
+                            [&](const Block& blk) { return layout.tensors[blk.tensor].name == c.name; });
+      items.push_back({&c, layout.Geometry(*b), state.FindMutable(c.name)});
+    }
   }
+  ParallelFor(items.size(), threads, [&](size_t i) {
+    const Item& it = items[i];
+    const size_t width = DTypeSize(it.changes->dtype);
+    uint8_t* data = it.tensor->data.data();
+    const uint8_t* values = it.changes->values.data();
+    const std::vector<uint64_t>& indices = it.changes->indices;
+    if (it.geometry.runs() == 1) {
+      uint8_t* block = data + it.geometry.RunStart(0) * width;
+      for (size_t k = 0; k < indices.size(); ++k) std::memcpy(block + indices[k] * width, values + k * width, width);
+    } else {
+      for (size_t k = 0; k < indices.size(); ++k) {
+        std::memcpy(data + it.geometry.FullIndex(indices[k]) * width, values + k * width, width);
+      }
+    }
+  });
+  AppliedDelta out;
+  out.next = d.next;
+  if (want_changes) out.changes = MergeParts(std::move(d.parts), layout);
   return out;
 }
 

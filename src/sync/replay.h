@@ -95,11 +95,35 @@ Result<AppliedDelta> ApplyDelta(Blob bytes, const VersionEntry& entry, const Obj
 // The anchor `object` of parted `entry` (layout `layout`) from its parts' bytes.
 Result<CheckedAnchor> CheckPartedAnchor(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
                                         const PartLayout& layout, int threads, size_t* bad_part);
+// One part `p` of the parted anchor `object` of `entry`: decoded and checked
+// (metadata, its blocks' names, dtypes and shapes, its part hash).
+Result<DecodedAnchor> CheckAnchorPart(Blob bytes, const VersionEntry& entry, const ObjectEntry& object,
+                                      const PartLayout& layout, size_t p, int threads);
+// One part `p` of the parted delta `object` of `entry`, decoded against
+// `blocks` (the part's blocks of its base, hashing to `part_base`) and
+// checked against the manifest's part hash: its changes at block-local
+// indices (ValidateChanges(blocks, changes) holds). `blocks` (views, in
+// place or copies) are only read.
+Result<std::vector<TensorChanges>> CheckDeltaPart(Blob bytes, const VersionEntry& entry, const ObjectEntry& object,
+                                                  const PartLayout& layout, size_t p,
+                                                  std::span<const TensorView> blocks, const StateHash& part_base,
+                                                  int threads);
 // The delta `object` of parted `entry` against the full `base` (the state of
 // `base_entry`, hashing to `base_hash`; `base_layout` its layout, nullptr when
 // unparted): the changes of every part mapped to full flat indices.
 Result<CheckedDelta> CheckPartedDelta(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
                                       const PartLayout& layout, const WeightState& base, const StateHash& base_hash,
                                       const VersionEntry& base_entry, int threads, size_t* bad_part);
+// CheckPartedDelta and the writes in one, for a replica: each part decodes
+// against its blocks of `state` where they lie (a block that is one run of
+// its tensor, a row range or a whole tensor, is a span of the held tensor;
+// only other blocks are copied out), every part and the whole version are
+// checked, and only then are the changes written into `state`. On any error
+// `state` is untouched. `want_changes`: also return the changes at full flat
+// indices (for change tracking).
+Result<AppliedDelta> ApplyPartedDelta(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
+                                      const PartLayout& layout, WeightState& state, const StateHash& state_hash,
+                                      const VersionEntry& base_entry, int threads, bool want_changes,
+                                      size_t* bad_part);
 
 }  // namespace deltasync::replay

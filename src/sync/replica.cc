@@ -277,16 +277,10 @@ Status Replica::ApplyDelta(const VersionEntry& entry, const ObjectEntry& object,
     Result<std::vector<Blob>> parts = FetchVerifiedParts(object, stats, bad_part);
     if (!parts.ok()) return fail(parts.status());
     clock = Stopwatch();
-    // Decoded and checked against the held state, which it does not touch.
-    Result<replay::CheckedDelta> checked =
-        replay::CheckPartedDelta(std::move(*parts), entry, object, *manifest_.LayoutOf(entry), state_, state_hash_,
-                                 *manifest_.Find(version_), options_.threads, bad_part);
-    if (checked.ok()) {
-      ApplyChanges(state_, checked->changes, options_.threads);
-      delta = replay::AppliedDelta{checked->next, std::move(checked->changes)};
-    } else {
-      delta = checked.status();
-    }
+    // Decoded in place against the held state and checked before anything is written.
+    delta = replay::ApplyPartedDelta(std::move(*parts), entry, object, *manifest_.LayoutOf(entry), state_, state_hash_,
+                                     *manifest_.Find(version_), options_.threads,
+                                     options_.track_changes && !pending_.everything, bad_part);
   } else {
     Result<Blob> blob = FetchVerified(object, stats);
     if (!blob.ok()) return fail(blob.status());

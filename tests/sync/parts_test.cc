@@ -18,15 +18,21 @@
 #include "deltasync/verify.h"
 #include "testing/bucket_util.h"
 #include "testing/fault_store.h"
+#include "testing/parts_util.h"
 #include "testing/random_model.h"
 #include "testing/temp_dir.h"
 
 namespace deltasync {
 namespace {
 
+using testing::BlocksOf;
+using testing::ExpectSameState;
 using testing::OpenDirStore;
+using testing::PartBlocks;
+using testing::Ranks;
 using testing::RandomModel;
 using testing::ReadManifest;
+using testing::SplitLayout;
 using testing::TempDir;
 
 TEST(BlockGeometry, MapsRowRangesColumnRangesAndBoxes) {
@@ -65,53 +71,6 @@ TEST(BlockGeometry, MapsRowRangesColumnRangesAndBoxes) {
   EXPECT_EQ(scalar->elements(), 1u);
   EXPECT_EQ(scalar->FullIndex(0), 0u);
   EXPECT_FALSE(BlockGeometry::Make(std::vector<uint64_t>{5, 4}, std::vector<uint64_t>{3, 0}, std::vector<uint64_t>{3, 4}).ok());
-}
-
-// FSDP2-style: each tensor split along `dim` (0, or 1 for matrices when
-// dim is 1) into `parts` chunks of ceil(n / parts), the last ones smaller
-// or absent.
-PartLayout SplitLayout(const std::vector<TensorView>& tensors, size_t parts, size_t dim) {
-  std::vector<TensorView> sorted = tensors;
-  std::sort(sorted.begin(), sorted.end(), [](const TensorView& a, const TensorView& b) { return a.name < b.name; });
-  PartLayout l;
-  l.parts.resize(parts);
-  for (uint32_t t = 0; t < sorted.size(); ++t) {
-    const TensorView& v = sorted[t];
-    l.tensors.push_back({v.name, v.dtype, v.shape});
-    const size_t d = v.shape.size() > dim ? dim : 0;
-    const uint64_t n = v.shape[d], chunk = (n + parts - 1) / parts;
-    for (size_t p = 0; p < parts; ++p) {
-      const uint64_t begin = std::min(n, p * chunk), end = std::min(n, begin + chunk);
-      if (begin == end) continue;
-      Block b{t, std::vector<uint64_t>(v.shape.size(), 0), v.shape};
-      b.offset[d] = begin;
-      b.shape[d] = end - begin;
-      l.parts[p].push_back(std::move(b));
-    }
-  }
-  return l;
-}
-
-// Part p's blocks of the model's current tensors (owned copies).
-struct PartBlocks {
-  std::vector<std::vector<uint8_t>> bytes;
-  std::vector<TensorView> views;
-};
-PartBlocks BlocksOf(const PartLayout& l, size_t p, const std::vector<TensorView>& model) {
-  PartBlocks out;
-  out.bytes.reserve(l.parts[p].size());
-  for (const Block& b : l.parts[p]) {
-    const TensorDesc& d = l.tensors[b.tensor];
-    const TensorView* full = nullptr;
-    for (const TensorView& v : model) {
-      if (v.name == d.name) full = &v;
-    }
-    const BlockGeometry g = l.Geometry(b);
-    auto& bytes = out.bytes.emplace_back(g.elements() * DTypeSize(full->dtype));
-    CopyBlockOut(g, DTypeSize(full->dtype), full->data.data(), bytes.data());
-    out.views.push_back(TensorView{d.name, full->dtype, b.shape, bytes});
-  }
-  return out;
 }
 
 TEST(PartLayout, DescriptorTermsPlusPartHashesAreTheStateHash) {
@@ -163,64 +122,6 @@ TEST(PartLayout, RefusesOverlapsGapsAndDisorder) {
   moved.parts[0][0].shape = {2, 2};
   std::swap(moved.parts[0], moved.parts[1]);
   EXPECT_NE(moved.Digest(), digest);
-}
-
-// Every rank of a sharded trainer, in one process: one PartPublisher per
-// part and the committer.
-class Ranks {
- public:
-  Ranks(std::shared_ptr<Store> store, PartLayout layout, PublisherOptions options) : layout_(layout) {
-    for (uint32_t p = 0; p < layout.parts.size(); ++p) {
-      auto pub = PartPublisher::Open(store, layout, p, options);
-      EXPECT_TRUE(pub.ok()) << pub.status().ToString();
-      if (pub.ok()) pubs_.push_back(std::move(*pub));
-    }
-    auto c = PartCommitter::Open(store, layout, options);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    if (c.ok()) committer_ = std::move(*c);
-  }
-
-  // Every part publishes, the committer commits, every part learns the
-  // outcome. `fail`: that part's publish fails (its blocks are withheld).
-  Result<PublishStats> Publish(uint64_t version, const std::vector<TensorView>& model, int fail = -1) {
-    std::vector<PartReceipt> receipts;
-    for (size_t p = 0; p < pubs_.size(); ++p) {
-      PartBlocks blocks = BlocksOf(layout_, p, model);
-      if (static_cast<int>(p) == fail) blocks.views.pop_back();
-      Result<PartReceipt> r = pubs_[p]->Publish(version, blocks.views);
-      PartReceipt receipt;
-      if (r.ok()) {
-        receipt = *r;
-      } else {
-        receipt.part = static_cast<uint32_t>(p);
-        receipt.error = r.status().ToString();
-      }
-      // Through the wire form, as ranks exchange them.
-      auto parsed = PartReceipt::Parse(receipt.Serialize());
-      EXPECT_TRUE(parsed.ok());
-      EXPECT_EQ(*parsed, receipt);
-      receipts.push_back(*parsed);
-    }
-    Result<PublishStats> stats = committer_->Commit(version, receipts);
-    for (auto& pub : pubs_) pub->Finish(stats.ok());
-    return stats;
-  }
-
-  PartPublisher& part(size_t p) { return *pubs_[p]; }
-
- private:
-  PartLayout layout_;
-  std::vector<std::unique_ptr<PartPublisher>> pubs_;
-  std::unique_ptr<PartCommitter> committer_;
-};
-
-void ExpectSameState(const WeightState& a, const WeightState& b) {
-  ASSERT_EQ(a.tensors().size(), b.tensors().size());
-  for (size_t i = 0; i < a.tensors().size(); ++i) {
-    EXPECT_EQ(a.tensors()[i].name, b.tensors()[i].name);
-    EXPECT_EQ(a.tensors()[i].shape, b.tensors()[i].shape);
-    EXPECT_TRUE(a.tensors()[i].data == b.tensors()[i].data) << a.tensors()[i].name;
-  }
 }
 
 class PartedPublishTest : public ::testing::TestWithParam<std::pair<size_t, size_t>> {};
@@ -463,6 +364,51 @@ TEST(PartedPublish, ReplicaRoutesAroundADamagedPartAndGcRemovesEveryPart) {
   EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(dir.path()) / PartAnchorKey(6, 1, 2)));
   Manifest after = ReadManifest(*store);
   EXPECT_EQ(after.versions.front().version, 6u);
+}
+
+TEST(PartedPublish, ReplicaWritesNothingWhenALaterPartFailsAfterAnEarlierOneDecoded) {
+  TempDir dir;
+  auto store = OpenDirStore(dir.path());
+  RandomModel model(19);
+  PublisherOptions options;
+  options.threads = 1;
+  Ranks ranks(store, SplitLayout(model.Views(), 2, 0), options);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) model.Step(0.05);
+    ASSERT_TRUE(ranks.Publish(v, model.Views()).ok());
+  }
+  auto replica = Replica::Create(store, ReplicaWithThreads(1));
+  ASSERT_TRUE(replica->Update(2).ok());
+  auto copied = WeightState::FromViews(replica->state().views());
+  ASSERT_TRUE(copied.ok());
+  const WeightState before = std::move(*copied);
+  const StateHash before_hash = replica->state_hash();
+  // Part 1 of version 3's delta becomes another well-formed part object
+  // (version 2's), listed with its true size and digest: part 0 decodes
+  // (in place), part 1 is refused after it.
+  Manifest m = ReadManifest(*store);
+  ObjectEntry* delta3 = nullptr;
+  for (VersionEntry& v : m.versions) {
+    for (ObjectEntry& o : v.objects) {
+      if (v.version == 3 && o.kind == PatchKind::kDelta) delta3 = &o;
+    }
+  }
+  ASSERT_TRUE(delta3 && delta3->parted());
+  auto other = store->Get(m.Find(2)->delta()->parts[1].key);
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(store->Put(delta3->parts[1].key, other->bytes()).ok());
+  delta3->size += other->size() - delta3->parts[1].size;
+  delta3->parts[1].size = other->size();
+  delta3->parts[1].xxh3_128 = Xxh3Hex(other->bytes());
+  const std::string json = m.ToJson();
+  ASSERT_TRUE(store->Put(kManifestKey, ByteSpan(reinterpret_cast<const uint8_t*>(json.data()), json.size())).ok());
+  auto failed = replica->Update();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.status().message().find("part 1 of 2"), std::string::npos) << failed.status().ToString();
+  EXPECT_EQ(replica->version(), 2u);
+  EXPECT_EQ(replica->state_hash(), before_hash);
+  ExpectSameState(replica->state(), before);
+  EXPECT_TRUE(replica->Verify().ok());
 }
 
 TEST(PartedPublish, RefusesSettingsAndBlocksItCannotPublish) {
