@@ -14,6 +14,7 @@
 #include "common/parallel.h"
 #include "codec/compact_bf16.h"
 #include "deltasync/compact.h"
+#include "deltasync/replica.h"
 #include "sync/bucket_settings.h"
 #include "sync/part_rebuild.h"
 #include "sync/part_settings.h"
