@@ -181,19 +181,21 @@ class EngineLayout:
         start, rows, local = self._rows(t, full[0])
         lo, hi = torch.searchsorted(idx, torch.tensor([start * cols, (start + rows) * cols])).tolist()
         idx, vals = idx[lo:hi], vals[lo:hi]
-        if kind == "RowParallelLinear":  # this rank's columns of every row
+        if kind == "RowParallelLinear" and m.input_size_per_partition != cols:  # this rank's columns
             k = m.input_size_per_partition
             if p.shape[1] != k:
                 return False
             c0 = m.tp_rank * k
             c = idx % cols
             keep = (c >= c0) & (c < c0 + k)
-            idx, vals = idx[keep], vals[keep]
-            local_idx = (idx // cols) * k + (idx % cols - c0)
+            idx, c, vals = idx[keep], c[keep], vals[keep]
+            local_idx = (idx // cols) * k + (c - c0)
         else:
             if (p.shape[1] if p.dim() == 2 else 1) != cols or p.shape[0] < local + rows:
                 return False
-            local_idx = idx + (local - start) * cols
+            # this rank's rows are one contiguous run of the parameter: index a view of it
+            dst = p.data[local:local + rows].view(-1)
+            local_idx = idx - start * cols if start else idx
         dst.index_copy_(0, local_idx.to(p.device), vals)
         return True
 

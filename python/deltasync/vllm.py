@@ -320,7 +320,7 @@ class DeltaSyncEngine:
         names = list(src) if everything else [n for n, idx in changes.items() if len(idx)]
         retried = ""
         self._touched = False  # set by the delivery before its first write into the engine
-        self._values = p.values
+        self._values, self._delivery_notes = p.values, {}
         try:
             kind, elements = self._deliver(src, names, changes, load_weights, apply_patches)
         except Exception as first:
@@ -356,6 +356,7 @@ class DeltaSyncEngine:
             "verify_s": time.perf_counter() - t_deliver, "verified_tensors": verified,
             "source": p.source, "downloaded_bytes": p.downloaded_bytes,
         }
+        self.last_update.update(self._delivery_notes)
         if p.warning:
             self.last_update["warning"] = p.warning
         if retried:
@@ -554,6 +555,7 @@ def _vllm_engine_class():
             """Changed elements straight into the plain parameters (through the fused/TP mapping);
             vLLM's patch loader for any tensor the layout cannot map."""
             rest, elements = [], 0
+            t0 = time.perf_counter()
             for name in names:
                 idx = torch.from_numpy(np.asarray(changes[name]).astype(np.int64, copy=False))
                 vals = self._values[name] if self._values is not None else src[name].reshape(-1).index_select(0, idx)
@@ -561,6 +563,8 @@ def _vllm_engine_class():
                     elements += idx.numel()
                 else:
                     rest.append(name)
+            self._delivery_notes = {"scattered_tensors": len(names) - len(rest), "patched_tensors": len(rest),
+                                    "scatter_s": time.perf_counter() - t0}
             if rest:
                 patches = self._patches(src, rest, changes)
                 self._vllm_apply_patches(patches)
