@@ -24,6 +24,14 @@ where the parameter is what runs, the rest through vLLM's layerwise reload of
 whole modules; names and shapes checked first; the status tells what the
 engine holds.
 
+With ``init_info {"shm": NAME}`` the workers keep no Replica: they read the
+node follower, one ``deltasync serve BUCKET --shm NAME`` daemon per node,
+which downloads, decodes and verifies each version while the engine
+generates (prefetch); an update copies the changed values out of its
+shared-memory region (one seqlock bracket, before any parameter is touched)
+and scatters them, exactly the version asked for (docs/vllm.md, "The node
+follower").
+
 vLLM is imported lazily: this module imports without it, and
 :class:`DeltaSyncEngine` runs without it (its callbacks are then the
 caller's, as in TRL's ``receive_weights(update_info, load_weights)`` /
