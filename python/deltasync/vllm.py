@@ -397,16 +397,21 @@ class DeltaSyncEngine:
             region.check_alive()
             held = region.version
             want = info.version if info.version is not None else held
+
+            def full(v=want):
+                again = region.take(v, None, full=True)
+                if again is None:
+                    raise RuntimeError(f"the --shm region {region.name!r} moved past version {v} "
+                                       "during the delivery; update again")
+                return again.src
+
+            if held and held == want == self._engine_version and not self._force_full:  # nothing to move
+                shapes = {n: torch.empty(v.shape, dtype=v.dtype, device="meta") for n, (_, v) in region.tensors.items()}
+                return _Prepared(want, shapes, {n: np.empty(0, np.int64) for n in shapes}, {}, full, "shm", 0, "")
             if held and held == want:
                 have = None if self._force_full else self._engine_version
                 taken = region.take(want, have, full=self._needs_full_source())
                 if taken is not None:
-                    def full(v=want):
-                        again = region.take(v, None, full=True)
-                        if again is None:
-                            raise RuntimeError(f"the --shm region {region.name!r} moved past version {v} "
-                                               "during the delivery; update again")
-                        return again.src
                     return _Prepared(taken.version, taken.src, taken.changes, taken.values,
                                      (lambda: taken.src) if taken.changes is None else full, "shm", 0, "")
                 continue

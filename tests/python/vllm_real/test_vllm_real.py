@@ -462,6 +462,8 @@ def test_tp2_node_follower_prefetched_exact_version(run, deltasync_bin):
         st = update_llm(llm, 5)  # the region moved 4 -> 5: sparse again
         assert [(s["version"], s["last_update"]["kind"]) for s in st] == [(5, "sparse_flat")] * 2, st
         assert_params(llm, states[5], "version 5 from the region")
+        st = update_llm(llm, 5)  # again: nothing to move, nothing delivered
+        assert [(s["version"], s["last_update"]["elements"]) for s in st] == [(5, 0)] * 2, st
         assert llm.collective_rpc("deltasync_verify") == [len(states[5])] * 2
         before = generate(llm, PROMPTS)
         # Behind: waits (and wakes the daemon), then a clear error; the engine keeps version 5.
