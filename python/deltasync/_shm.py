@@ -19,7 +19,6 @@ import os
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -201,11 +200,6 @@ class Region:
         else:
             src = {n: torch.empty(v.shape, dtype=v.dtype, device="meta") for n, (_, v) in self.tensors.items()}
         return Taken(version, state_hash, base, src, changes, values)
-
-    def close(self) -> None:
-        self.tensors = {}
-        self._u64 = self._u32 = None
-        # The mapping goes with the last view (torch/numpy hold it); mmap.close would fail while exported.
 
 
 def u32_at(mm, off: int) -> int:
