@@ -154,6 +154,51 @@ class EngineLayout:
         cpu_linear = getattr(m, "cpu_linear", None)  # vLLM CPU: a packed kernel unless plain F.linear
         return cpu_linear is None or cpu_linear is torch.nn.functional.linear
 
+    @torch.no_grad()
+    def scatter(self, name: str, idx: torch.Tensor, vals: torch.Tensor) -> bool:
+        """Writes checkpoint elements (flat ``idx`` into the full tensor, ascending; ``vals``) of
+        ``name`` that fall in this rank's shard straight into its plain parameter.
+
+        False (nothing written) where the parameter is not plain, not contiguous, of another
+        dtype, or of a layout this map does not know: use vLLM's patch loader there.
+        """
+        t = self.targets[name]
+        m, kind = t.module, _kind(t.module)
+        p = getattr(m, t.param, None)
+        if not self.plain(name) or not isinstance(p, torch.Tensor) or not p.is_contiguous() or p.dtype != vals.dtype:
+            return False
+        dst = p.data.view(-1)
+        vals = vals.to(p.device)
+        full = self.full_shape(name)
+        if kind == "plain" or (t.param == "bias" and kind == "RowParallelLinear"):  # replicated whole
+            if full is not None and tuple(p.shape) != tuple(full):
+                return False
+            dst.index_copy_(0, idx.to(p.device), vals)
+            return True
+        if full is None or t.param not in ("weight", "bias") or p.dim() != len(full):
+            return False
+        cols = full[1] if len(full) == 2 else 1
+        start, rows, local = self._rows(t, full[0])
+        lo, hi = torch.searchsorted(idx, torch.tensor([start * cols, (start + rows) * cols])).tolist()
+        idx, vals = idx[lo:hi], vals[lo:hi]
+        if kind == "RowParallelLinear" and m.input_size_per_partition != cols:  # this rank's columns
+            k = m.input_size_per_partition
+            if p.shape[1] != k:
+                return False
+            c0 = m.tp_rank * k
+            c = idx % cols
+            keep = (c >= c0) & (c < c0 + k)
+            idx, c, vals = idx[keep], c[keep], vals[keep]
+            local_idx = (idx // cols) * k + (c - c0)
+        else:
+            if (p.shape[1] if p.dim() == 2 else 1) != cols or p.shape[0] < local + rows:
+                return False
+            # this rank's rows are one contiguous run of the parameter: index a view of it
+            dst = p.data[local:local + rows].view(-1)
+            local_idx = idx - start * cols if start else idx
+        dst.index_copy_(0, local_idx.to(p.device), vals)
+        return True
+
     # --- shards ----------------------------------------------------------------------------
     def _rows(self, t: Target, full_rows: int) -> tuple[int, int, int]:
         """(first row in the full tensor, rows, first row in the local parameter) of this rank."""

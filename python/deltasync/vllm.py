@@ -24,6 +24,14 @@ where the parameter is what runs, the rest through vLLM's layerwise reload of
 whole modules; names and shapes checked first; the status tells what the
 engine holds.
 
+With ``init_info {"shm": NAME}`` the workers keep no Replica: they read the
+node follower, one ``deltasync serve BUCKET --shm NAME`` daemon per node,
+which downloads, decodes and verifies each version while the engine
+generates (prefetch); an update copies the changed values out of its
+shared-memory region (one seqlock bracket, before any parameter is touched)
+and scatters them, exactly the version asked for (docs/vllm.md, "The node
+follower").
+
 vLLM is imported lazily: this module imports without it, and
 :class:`DeltaSyncEngine` runs without it (its callbacks are then the
 caller's, as in TRL's ``receive_weights(update_info, load_weights)`` /
@@ -76,6 +84,9 @@ class DeltaSyncInitInfo:
     threads: int = 0   # the replica's worker threads (0 = all cores)
     layerwise_reload: bool = True  # reload weights vLLM does not hold as plain tensors layerwise
     verify: bool = False  # read every delivered tensor back from the engine and compare
+    shm: str = ""        # the node follower: read versions from this `deltasync serve --shm` region
+    shm_url: str = ""    # that daemon's base URL, woken (POST /notify) when the region is behind
+    shm_wait_s: float = 60.0  # how long an update waits for the region to reach its version
 
 
 @dataclass
@@ -140,6 +151,28 @@ def apply_patches_to_state_dict(state_dict, patches: Iterable[SparseWeightPatch]
     return n
 
 
+@dataclass
+class _Prepared:
+    """One update, ready to deliver: ``src`` (whole tensors, or shapes only when ``values`` holds the
+    changed values), ``changes`` (None: everything), ``full()`` (whole tensors, for a retry)."""
+
+    version: int
+    src: dict[str, torch.Tensor]
+    changes: dict[str, np.ndarray] | None
+    values: dict[str, torch.Tensor] | None
+    full: Callable[[], dict[str, torch.Tensor]]
+    source: str           # "replica" (this worker's own) or "shm" (the node follower)
+    downloaded_bytes: int
+    warning: str
+
+
+def _post_json(url: str, body: dict, timeout: float = 10) -> None:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
+                                 method="POST")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        resp.read()
+
+
 class DeltaSyncEngine:
     """The engine, without vLLM: follows a bucket and delivers each version.
 
@@ -176,6 +209,8 @@ class DeltaSyncEngine:
         self._apply_patches = apply_patches
         self._replica = None
         self._replica_bucket = ""
+        self._region = None  # the node follower's --shm region (init_info shm)
+        self._values = None  # the changed values of the update in progress, when prepared elsewhere
         self._force_full = False
         self._engine_version = 0
         self._touched = False
@@ -199,6 +234,8 @@ class DeltaSyncEngine:
         self.init_info = init_info
         if self._replica is not None and init_info.bucket and init_info.bucket != self._replica_bucket:
             self._replica = None
+        if self._region is not None and init_info.shm != self._region.name:
+            self._region = None
 
     def start_weight_update(self) -> None:
         """No-op: the full-load path runs vLLM's layerwise reload itself, inside one update."""
@@ -235,6 +272,7 @@ class DeltaSyncEngine:
 
     def shutdown(self) -> None:
         self._replica = None
+        self._region = None
 
     # --- state ----------------------------------------------------------------------------
     @property
@@ -275,21 +313,24 @@ class DeltaSyncEngine:
             raise ValueError(f"{type(self).__name__}: no load_weights or apply_patches callback "
                              "(pass one, or construct the engine with a default)")
         t0 = time.perf_counter()
-        replica = self._replica_for(info.bucket)
         before = self._engine_version
-        replica.update(info.version)
+        try:
+            p = self._prepare_shm(info) if self.init_info.shm else self._prepare_replica(info)
+        except Exception as e:  # nothing was touched: the engine keeps what it holds
+            self.last_error = f"{type(e).__name__}: {e}"
+            raise
         t_update = time.perf_counter()
-        everything, changes = replica._take_changes()
-        everything = everything or self._force_full
-        src = _dtorch.tensors(replica)
+        src, changes = p.src, p.changes
+        everything = changes is None
         # Until the delivery below completes, the engine holds no known version:
         # the status says so, and the next update delivers everything.
         self._force_full, self._engine_version = True, 0
         names = list(src) if everything else [n for n, idx in changes.items() if len(idx)]
         retried = ""
         self._touched = False  # set by the delivery before its first write into the engine
+        self._values, self._delivery_notes = p.values, {}
         try:
-            kind, elements = self._deliver(src, names, None if everything else changes, load_weights, apply_patches)
+            kind, elements = self._deliver(src, names, changes, load_weights, apply_patches)
         except Exception as first:
             self.last_error = f"{type(first).__name__}: {first}"
             if not self._touched:  # refused before any write: the engine still holds `before`
@@ -300,26 +341,112 @@ class DeltaSyncEngine:
             # A partial delivery leaves the engine between versions: deliver the
             # whole version again, inside this call.
             try:
+                self._values = None
+                src = p.full()
                 kind, elements = self._deliver(src, list(src), None, load_weights, None)
             except Exception as second:
                 self.last_error = f"{type(second).__name__}: {second} (after {self.last_error})"
                 raise second from first
             retried = self.last_error
             names = list(src)
+        finally:
+            self._values = None
         t_deliver = time.perf_counter()
         try:
             verified = self._verify(src, names) if self.init_info.verify else 0
         except Exception as e:  # the engine holds something else than the version: say so
             self.last_error = f"{type(e).__name__}: {e}"
             raise
-        self._force_full, self._engine_version, self.last_error = False, replica.version, ""
+        self._force_full, self._engine_version, self.last_error = False, p.version, ""
         self.last_update = {
-            "from_version": before, "version": replica.version, "kind": kind, "tensors": len(names),
+            "from_version": before, "version": p.version, "kind": kind, "tensors": len(names),
             "elements": elements, "update_s": t_update - t0, "deliver_s": t_deliver - t_update,
             "verify_s": time.perf_counter() - t_deliver, "verified_tensors": verified,
+            "source": p.source, "downloaded_bytes": p.downloaded_bytes,
         }
+        self.last_update.update(self._delivery_notes)
+        if p.warning:
+            self.last_update["warning"] = p.warning
         if retried:
             self.last_update["retried_full_after"] = retried
+        if self.init_info.shm:
+            self._replica = None  # an exact-route replica is not kept: the node holds the mirror
+
+    def _prepare_replica(self, info: DeltaSyncUpdateInfo, *, warning: str = "") -> _Prepared:
+        """This worker's own Replica moves to the version (download, decode, verify: inside the pause)."""
+        replica = self._replica_for(info.bucket)
+        replica.update(info.version)
+        everything, changes = replica._take_changes()
+        src = _dtorch.tensors(replica)
+        downloaded = replica.last_update.bytes_downloaded if replica.last_update else 0
+        return _Prepared(replica.version, src, None if everything or self._force_full else changes, None,
+                         lambda: src, "replica", downloaded, warning)
+
+    def _prepare_shm(self, info: DeltaSyncUpdateInfo) -> _Prepared:
+        """The node follower's region: the version's changed values (or whole tensors), copied out of
+        one seqlock bracket; nothing downloaded. Exactly ``info.version``: waits while the region is
+        behind it, takes the exact route (a private Replica, dense) when the region moved past it."""
+        from ._shm import Region
+
+        if self._region is None:
+            self._region = Region(self.init_info.shm)
+        region = self._region
+        deadline = time.monotonic() + self.init_info.shm_wait_s
+        notified = False
+        while True:
+            region.check_alive()
+            held = region.version
+            want = info.version if info.version is not None else held
+
+            def full(v=want):
+                again = region.take(v, None, full=True)
+                if again is None:
+                    raise RuntimeError(f"the --shm region {region.name!r} moved past version {v} "
+                                       "during the delivery; update again")
+                return again.src
+
+            if held and held == want == self._engine_version and not self._force_full:  # nothing to move
+                shapes = {n: torch.empty(v.shape, dtype=v.dtype, device="meta") for n, (_, v) in region.tensors.items()}
+                return _Prepared(want, shapes, {n: np.empty(0, np.int64) for n in shapes}, {}, full, "shm", 0, "")
+            if held and held == want:
+                have = None if self._force_full else self._engine_version
+                taken = region.take(want, have, full=self._needs_full_source())
+                if taken is not None:
+                    return _Prepared(taken.version, taken.src, taken.changes, taken.values,
+                                     (lambda: taken.src) if taken.changes is None else full, "shm", 0, "")
+                continue
+            if held and held > want:
+                warning = (f"the node follower (--shm {region.name}) holds version {held}, past the asked "
+                           f"{want}: delivered {want} through a private Replica (downloaded; dense)")
+                print(f"deltasync.vllm: warning: {warning}", file=sys.stderr, flush=True)
+                self._replica = None  # from scratch: a replica only moves forward
+                return self._prepare_replica(info, warning=warning)
+            if not notified and self.init_info.shm_url and info.version is not None:
+                notified = True
+                _post_json(self.init_info.shm_url.rstrip("/") + "/notify", {"version": want})
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the --shm region {region.name!r} holds version {held or 'none'}, not "
+                    f"{want or 'any'}, after {self.init_info.shm_wait_s:g} s: is `deltasync serve` following "
+                    f"the bucket (its /status)? The engine keeps version {self._engine_version}")
+            time.sleep(0.005)
+
+    def _needs_full_source(self) -> bool:
+        """Whether the delivery reads whole tensors even for a sparse update (verification)."""
+        return self.init_info.verify
+
+    def _held_source(self) -> dict[str, torch.Tensor]:
+        """Whole tensors of the version the engine holds (the replica's, or a copy from the region)."""
+        if self._engine_version == 0:
+            raise RuntimeError("deltasync_verify: the engine holds no delivered version")
+        if self.init_info.shm and self._region is not None:
+            self._region.check_alive()
+            taken = self._region.take(self._engine_version, None, full=True)
+            if taken is None:
+                raise RuntimeError(f"deltasync_verify: the --shm region {self._region.name!r} moved past version "
+                                   f"{self._engine_version}; verify after the next update")
+            return taken.src
+        return _dtorch.tensors(self._replica)
 
     def _deliver(self, src, names, changes, load_weights, apply_patches) -> tuple[str, int]:
         """Hands ``names`` to the engine: whole (``changes`` None, or no ``apply_patches``) or as patches."""
@@ -343,7 +470,7 @@ class DeltaSyncEngine:
                 idx = torch.arange(t.numel(), dtype=torch.int64)
             else:
                 idx = torch.from_numpy(np.asarray(changes[name]).astype(np.int64, copy=False))
-            vals = t.reshape(-1).index_select(0, idx)
+            vals = self._values[name] if self._values is not None else t.reshape(-1).index_select(0, idx)
             patches.append(SparseWeightPatch(name, idx.to(self.target_device), vals.to(self.target_device),
                                              tuple(t.shape)))
         return patches
@@ -430,14 +557,41 @@ def _vllm_engine_class():
             if direct and changes is None:
                 elements += DeltaSyncEngine._deliver_dense(self, self._vllm_load_weights, src, direct, full=True)
             elif direct:
-                patches = self._patches(src, direct, changes)
-                self._vllm_apply_patches(patches)
-                elements += sum(p.indices.numel() for p in patches)
+                elements += self._scatter(layout, src, direct, changes)
             if changes is None:
                 kind = "dense"
             else:
                 kind = "sparse_flat" if not reload else ("reload" if not direct else "sparse_flat+reload")
             return kind, elements
+
+        def _scatter(self, layout, src, names, changes) -> int:
+            """Changed elements straight into the plain parameters (through the fused/TP mapping);
+            vLLM's patch loader for any tensor the layout cannot map."""
+            rest, elements = [], 0
+            t0 = time.perf_counter()
+            for name in names:
+                idx = torch.from_numpy(np.asarray(changes[name]).astype(np.int64, copy=False))
+                vals = self._values[name] if self._values is not None else src[name].reshape(-1).index_select(0, idx)
+                if layout.scatter(name, idx, vals):
+                    elements += idx.numel()
+                else:
+                    rest.append(name)
+            self._delivery_notes = {"scattered_tensors": len(names) - len(rest), "patched_tensors": len(rest),
+                                    "scatter_s": time.perf_counter() - t0}
+            if rest:
+                patches = self._patches(src, rest, changes)
+                self._vllm_apply_patches(patches)
+                elements += sum(p.indices.numel() for p in patches)
+            return elements
+
+        def _needs_full_source(self) -> bool:
+            # whole tensors for the verification and for layerwise reloads (packed weights)
+            if self.init_info.verify:
+                return True
+            from ._vllm_layout import EngineLayout
+
+            layout = EngineLayout(self.model)
+            return self.init_info.layerwise_reload and not all(layout.plain(n) for n in layout.targets)
 
         def _reload_layerwise(self, src, names) -> int:
             # Checkpoint-format loads go through vLLM's layerwise reload, as its
@@ -500,19 +654,41 @@ class DeltaSyncWorkerExtension:
         if not isinstance(engine, DeltaSyncEngine):
             return {"backend": None}
         replica = engine.replica
-        return {"backend": BACKEND, "bucket": engine._replica_bucket, "version": engine.version,
-                "replica_version": 0 if replica is None else replica.version,
-                "last_update": engine.last_update, "last_error": engine.last_error}
+        st = {"backend": BACKEND, "bucket": engine._replica_bucket, "version": engine.version,
+              "replica_version": 0 if replica is None else replica.version,
+              "last_update": engine.last_update, "last_error": engine.last_error}
+        if engine.init_info.shm:
+            region = engine._region
+            st.update(shm=engine.init_info.shm, shm_version=0 if region is None else region.version)
+        return st
+
+    def deltasync_update_weights(self, update_info: dict[str, Any]) -> str:
+        """The worker's ``start_weight_update`` / ``update_weights`` / ``finish_weight_update``;
+        returns "" or the error instead of raising it. vLLM's TP executor reads one reply per worker
+        and stops at the first failure, leaving the other workers' replies queued (every later
+        ``collective_rpc`` then reads the previous call's); ``update_llm`` raises once all replied."""
+        try:
+            self.start_weight_update()
+            try:
+                self.update_weights(update_info)
+            except BaseException:
+                if getattr(self, "_weight_update_active", False):
+                    self.finish_weight_update()
+                raise
+            self.finish_weight_update()
+            return ""
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
 
     def deltasync_verify(self) -> int:
         """Reads every weight of the held version back from the model and compares it with the
         replica (IntegrityError naming what differs); returns the tensors checked."""
         engine = getattr(self, "weight_transfer_engine", None)
-        if not isinstance(engine, DeltaSyncEngine) or engine.replica is None or engine.version == 0:
+        if not isinstance(engine, DeltaSyncEngine):
             raise RuntimeError("deltasync_verify: the engine holds no delivered version")
         from ._vllm_layout import verify_engine
 
-        return verify_engine(engine.model, _dtorch.tensors(engine.replica))
+        return verify_engine(engine.model, engine._held_source())
 
 
 _WorkerExtension = DeltaSyncWorkerExtension
@@ -522,21 +698,24 @@ del DeltaSyncWorkerExtension  # served by __getattr__, which registers the backe
 def update_llm(llm, version: int | None = None, *, bucket: str = "") -> list[dict[str, Any]]:
     """Offline ``vllm.LLM``: moves every worker to ``version`` and resets the prefix cache.
 
-    ``start_weight_update`` / ``update_weights`` / ``finish_weight_update`` through
-    ``collective_rpc``, then ``llm.reset_prefix_cache()`` (cached blocks were computed with
-    the old weights). Returns each worker's ``deltasync_status``.
+    ``start_weight_update`` / ``update_weights`` / ``finish_weight_update`` in every worker
+    (one ``collective_rpc`` of ``deltasync_update_weights``, so that a failure in one TP
+    worker does not leave the others' replies queued), then ``llm.reset_prefix_cache()``
+    (cached blocks were computed with the old weights). Raises RuntimeError naming each
+    failed worker's error; returns each worker's ``deltasync_status``.
     """
     info: dict[str, Any] = {}
     if version is not None:
         info["version"] = int(version)
     if bucket:
         info["bucket"] = bucket
-    llm.collective_rpc("start_weight_update")
     try:
-        llm.collective_rpc("update_weights", kwargs={"update_info": info})
-        llm.collective_rpc("finish_weight_update")  # (a failed update_weights ends the session itself)
+        errors = llm.collective_rpc("deltasync_update_weights", kwargs={"update_info": info})
     finally:
         llm.reset_prefix_cache()
+    failed = [f"worker {i}: {e}" for i, e in enumerate(errors) if e]
+    if failed:
+        raise RuntimeError("deltasync update failed on " + "; ".join(failed))
     return llm.collective_rpc("deltasync_status")
 
 

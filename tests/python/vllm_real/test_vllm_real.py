@@ -389,3 +389,95 @@ def test_http_server_follows_and_prefix_cache_is_reset(run):
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
+
+
+def _metric(url, name):
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def test_tp2_node_follower_prefetched_exact_version(run, deltasync_bin):
+    """Issue 14 items 3-4: both TP workers read one `serve --shm` daemon's region (no Replica of their
+    own): the daemon has each version before the update (prefetched), the update downloads nothing
+    and scatters only the changed elements; a version the daemon passed takes the exact route; a
+    region behind waits and times out, a closed one is named; the engine keeps its version."""
+    from deltasync._shm import Region
+
+    name, port = f"ds-vllm-{os.getpid()}", _free_port()
+    url = f"http://127.0.0.1:{port}"
+    bucket = str(run["root"] / "node-bucket")
+    pub = deltasync.Publisher(bucket, anchor_interval=4)
+    # AdamW moves every element of this tiny model, more than the region's change lists hold
+    # (1/8 of the elements): versions that move 2% of the elements, as late RL steps do.
+    states, g = {1: run["published"][1]}, torch.Generator().manual_seed(5)
+    for v in range(2, 7):
+        states[v] = {n: t.clone() for n, t in states[v - 1].items()}
+        for t in states[v].values():
+            bits = t.view(-1).view(torch.int16)
+            bits[torch.randperm(bits.numel(), generator=g)[:max(1, bits.numel() // 50)]] += 1
+
+    def publish(v):
+        dt.publish(pub, v, {n: t.contiguous() for n, t in states[v].items()})
+
+    def region_at(v):
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            assert daemon.poll() is None, "serve exited"
+            try:
+                if Region(name).version == v:
+                    return
+            except deltasync.NotFoundError:
+                pass
+            time.sleep(0.05)
+        pytest.fail(f"the daemon never held version {v}")
+
+    publish(1)
+    daemon = subprocess.Popen([deltasync_bin, "serve", bucket, "--shm", name, "--listen", f"127.0.0.1:{port}",
+                               "--poll", "0.1", "--threads", "1"], stderr=subprocess.DEVNULL)
+    llm = engine(run["model"], plain=True, tp=2)
+    try:
+        init(llm, bucket, shm=name, shm_url=url, shm_wait_s=2)
+        region_at(1)
+        for v in (1, 2, 3):
+            if v > 1:
+                publish(v)
+                region_at(v)  # prefetched: downloaded, decoded and verified while the engine serves
+            downloaded = _metric(url, "deltasync_bytes_downloaded_total")
+            st = update_llm(llm, v)
+            assert _metric(url, "deltasync_bytes_downloaded_total") == downloaded
+            for s in st:
+                u = s["last_update"]
+                assert s["version"] == v and u["source"] == "shm" and u["downloaded_bytes"] == 0, s
+                assert u["kind"] == ("dense" if v == 1 else "sparse_flat"), s
+            assert assert_params(llm, states[v], f"version {v} from the region") == 2
+        # The daemon moved past the asked version: the exact route, said so.
+        publish(4)
+        region_at(4)
+        publish(5)
+        region_at(5)  # moved 4 -> 5 (its change lists start from 4)
+        st = update_llm(llm, 4)
+        assert [s["version"] for s in st] == [4, 4] and "past the asked 4" in st[0]["last_update"]["warning"], st
+        assert st[0]["last_update"]["source"] == "replica" and st[0]["last_update"]["kind"] == "dense", st
+        assert_params(llm, states[4], "version 4 (exact route)")
+        st = update_llm(llm, 5)  # the region moved 4 -> 5: sparse again
+        assert [(s["version"], s["last_update"]["kind"]) for s in st] == [(5, "sparse_flat")] * 2, st
+        assert_params(llm, states[5], "version 5 from the region")
+        st = update_llm(llm, 5)  # again: nothing to move, nothing delivered
+        assert [(s["version"], s["last_update"]["elements"]) for s in st] == [(5, 0)] * 2, st
+        assert llm.collective_rpc("deltasync_verify") == [len(states[5])] * 2
+        before = generate(llm, PROMPTS)
+        # Behind: waits (and wakes the daemon), then a clear error; the engine keeps version 5.
+        with pytest.raises(Exception, match=rf"region '{name}' holds version 5, not 6"):
+            update_llm(llm, 6)
+        daemon.terminate()
+        daemon.wait(30)
+        with pytest.raises(Exception, match=rf"region '{name}' was closed"):
+            update_llm(llm, 6)
+        assert [s["version"] for s in status(llm)] == [5, 5]
+        assert generate(llm, PROMPTS) == before
+        assert_params(llm, states[5], "version 5 after the failures")
+    finally:
+        close(llm)
+        pub.close()
+        if daemon.poll() is None:
+            daemon.kill()
