@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ._elements import take_elements
 from ._errors import CorruptionError, FailedPreconditionError, NotFoundError
 
 __all__ = ["Region", "Taken"]
@@ -80,7 +81,8 @@ class Region:
             st = os.fstat(fd)
             if st.st_size < _HEADER_BYTES:
                 raise NotFoundError(f"{label} is being created; retry")
-            mm = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ)
+            # MAP_POPULATE: the page-table entries now, not page faults inside the pause
+            mm = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), mmap.PROT_READ)
         finally:
             os.close(fd)
         if bytes(mm[0:8]) == bytes(8):
@@ -194,7 +196,7 @@ class Region:
                 return f"the --shm region {self.name!r}: the change list of {name!r} lies outside its area"
             idx = u64[off // 8:off // 8 + cnt].view(np.int64).copy()
             changes[name] = idx
-            values[name] = view.reshape(-1).index_select(0, torch.from_numpy(idx))
+            values[name] = take_elements(view.reshape(-1), idx)
         if full:
             src = {n: v.clone() for n, (_, v) in self.tensors.items()}
         else:

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from ._elements import put_elements
+
 _PLAIN_METHODS = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
 _PROBE_ROWS = 256  # identity rows per probe call
 
@@ -173,7 +175,7 @@ class EngineLayout:
         if kind == "plain" or (t.param == "bias" and kind == "RowParallelLinear"):  # replicated whole
             if full is not None and tuple(p.shape) != tuple(full):
                 return False
-            dst.index_copy_(0, idx.to(p.device), vals)
+            put_elements(dst, idx, vals)
             return True
         if full is None or t.param not in ("weight", "bias") or p.dim() != len(full):
             return False
@@ -185,18 +187,12 @@ class EngineLayout:
             k = m.input_size_per_partition
             if p.shape[1] != k:
                 return False
-            c0 = m.tp_rank * k
-            c = idx % cols
-            keep = (c >= c0) & (c < c0 + k)
-            idx, c, vals = idx[keep], c[keep], vals[keep]
-            local_idx = (idx // cols) * k + (c - c0)
-        else:
-            if (p.shape[1] if p.dim() == 2 else 1) != cols or p.shape[0] < local + rows:
-                return False
-            # this rank's rows are one contiguous run of the parameter: index a view of it
-            dst = p.data[local:local + rows].view(-1)
-            local_idx = idx - start * cols if start else idx
-        dst.index_copy_(0, local_idx.to(p.device), vals)
+            put_elements(dst, idx, vals, offset=start * cols, cols=cols, c0=m.tp_rank * k, k=k)
+            return True
+        if (p.shape[1] if p.dim() == 2 else 1) != cols or p.shape[0] < local + rows:
+            return False
+        # this rank's rows are one contiguous run of the parameter: index a view of it
+        put_elements(p.data[local:local + rows].view(-1), idx, vals, offset=start * cols)
         return True
 
     # --- shards ----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ namespace deltasync::py {
 void BindPublisher(nb::module_& m);
 void BindReplica(nb::module_& m);
 void BindParts(nb::module_& m);
+void BindElements(nb::module_& m);
 }  // namespace deltasync::py
 
 NB_MODULE(_native, m) {
@@ -24,6 +25,7 @@ NB_MODULE(_native, m) {
   deltasync::py::BindPublisher(m);
   deltasync::py::BindReplica(m);
   deltasync::py::BindParts(m);
+  deltasync::py::BindElements(m);
   // For tests of the error mapping: raises the class for `code`
   // ("integrity", ...) with `message`.
   m.def(
