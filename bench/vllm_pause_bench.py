@@ -91,7 +91,7 @@ def main():
 
 def run(args, tmp):
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from tiny_qwen3 import make_06b_widths_dir
     from vllm import LLM
 
     import deltasync
@@ -99,20 +99,7 @@ def run(args, tmp):
     from deltasync._shm import Region
     from deltasync.vllm import update_llm
 
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=args.layers,
-                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=1024,
-                      tie_word_embeddings=False)
-    model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
-    model.save_pretrained(tmp / "model")
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel(vocab={"<unk>": 0, **{f"w{i}": i for i in range(1, 1024)}}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(tmp / "model")
-    state = {n: p.detach().clone() for n, p in model.named_parameters()}
-    del model
+    state = make_06b_widths_dir(tmp / "model", args.layers)
     params = sum(t.numel() for t in state.values())
     rates = [float(r) for r in args.rates.split(",")]
     versions = 1 + len(rates)

@@ -41,6 +41,25 @@ def make_model_dir(path, *, seed=0, tie_word_embeddings=False):
     return model
 
 
+def make_06b_widths_dir(path, layers):
+    """A random-init Qwen3 with Qwen3-0.6B's widths (hidden 1024, intermediate 3072, 16/8 heads of
+    128, vocabulary 151936) and ``layers`` layers, bf16, written at ``path`` with the word-level
+    tokenizer (the benchmarks' model); returns its parameters (bf16 clones)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=1024,
+                      tie_word_embeddings=False)
+    model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(path)
+    tok = Tokenizer(models.WordLevel(vocab={"<unk>": 0, **{f"w{i}": i for i in range(1, 1024)}}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(path)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
 def prompt_words(n, seed):
     g = torch.Generator().manual_seed(seed)
     return " ".join(f"w{int(i)}" for i in torch.randint(3, VOCAB, (n,), generator=g))
