@@ -4,8 +4,9 @@
 the single-process call with a ``deltasync.Publisher``, see
 :func:`from_publisher`) on every rank of a ``torch.distributed`` job: each parameter's local block is
 derived from its DTensor placements (FSDP2 ``Shard(0)``, ``Shard(k)``, HSDP
-where only the replica group at coordinate 0 publishes; a plain tensor is
-published whole by rank 0), the layout is exchanged once at attach, and after
+where only the replica group at coordinate 0 publishes, FSDP2+TP's even
+``_StridedShard`` row ranges, sub-mesh replicas published once; a plain
+tensor is published whole by rank 0), the layout is exchanged once at attach, and after
 every ``optimizer.step()`` each rank publishes its part in the background and
 rank 0 commits the version. Receipts and the outcome travel on a dedicated
 gloo group created at attach, never on the trainer's own group.
@@ -98,12 +99,13 @@ def _local_block(name: str, p: torch.Tensor, rank: int):
         return ((0,) * p.dim(), tuple(p.shape), p.detach()) if rank == 0 else None
     mesh, placements = p.device_mesh, p.placements
     for pl in placements:
-        # _StridedShard (FSDP+TP) is a Shard subclass whose blocks are not
-        # hyper-rectangles; Partial holds sums, not values.
-        if type(pl) is not Shard and type(pl) is not Replicate:
+        # Partial holds sums, not values.
+        if type(pl) is not Shard and type(pl) is not Replicate and not _is_strided(pl):
             raise InvalidArgumentError(
                 f"attach: parameter '{name}' has placement {pl!r}, which deltasync cannot map to a block "
-                "(it knows Shard(k) and Replicate()); publish it gathered instead")
+                "(it knows Shard(k), Replicate() and FSDP2+TP's _StridedShard); publish it gathered instead")
+    if any(_is_strided(pl) for pl in placements):
+        _check_strided(name, p.shape, mesh, placements)
     coordinate = mesh.get_coordinate()
     if coordinate is None:
         return None
@@ -119,6 +121,53 @@ def _local_block(name: str, p: torch.Tensor, rank: int):
     if math.prod(shape) == 0:
         return None
     return tuple(int(o) for o in offset), tuple(int(s) for s in shape), local
+
+
+def _is_strided(pl) -> bool:
+    from torch.distributed.tensor.placement_types import _StridedShard
+    return isinstance(pl, _StridedShard)
+
+
+def _check_strided(name: str, shape, mesh, placements) -> None:
+    """FSDP2 over a tensor-parallel parameter: ``(_StridedShard(d, sf), Shard(d))`` on a 2-D mesh.
+
+    Each rank then holds one row range of the full tensor (the FSDP chunk of
+    its TP chunk), which torch's ``compute_local_shape_and_global_offset``
+    gives exactly when every split of dim d is even; anything else is
+    refused, naming the parameter (an uneven strided split is not one block
+    torch describes reliably).
+    """
+    from torch.distributed.tensor import Shard
+    strided = [(i, pl) for i, pl in enumerate(placements) if _is_strided(pl)]
+    if mesh.ndim != 2 or len(strided) != 1:
+        raise InvalidArgumentError(
+            f"attach: parameter '{name}' has placements {tuple(placements)} on a {mesh.ndim}-D mesh; deltasync maps "
+            "_StridedShard only as FSDP2+TP makes it (one _StridedShard on a 2-D mesh); publish it gathered instead")
+    dim = strided[0][1].dim
+    splits = math.prod(mesh.size(i) for i, pl in enumerate(placements) if isinstance(pl, Shard) and pl.dim == dim)
+    if shape[dim] % splits:
+        raise InvalidArgumentError(
+            f"attach: parameter '{name}' (shape {tuple(shape)}) is split {splits} ways along dim {dim} by FSDP2+TP "
+            f"({tuple(placements)}), and {shape[dim]} does not divide by {splits}: deltasync maps FSDP2+TP shards "
+            "only when they are even; pad that dimension to a multiple of the data- x tensor-parallel size, or "
+            "publish it gathered")
+
+
+def _drop_replicated_blocks(everyone):
+    """Blocks that several ranks hold identically (a DTensor on a sub-mesh, e.g. FSDP2+TP's
+    parameters that only FSDP shards: replicas across the TP dimension) are kept on the lowest
+    rank only. Returns per rank the set of (name, offset, shape) it does not publish."""
+    owner, dropped = {}, [set() for _ in everyone]
+    for r, entries in enumerate(everyone):
+        for e in entries:
+            if e[3] is None:
+                continue
+            key = (e[0], tuple(e[3]), tuple(e[4]))
+            if key in owner:
+                dropped[r].add(key)
+            else:
+                owner[key] = r
+    return dropped
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
@@ -316,9 +365,14 @@ def attach(model, optimizer, publisher: ShardedPublisher, params, *, start_versi
     ordered = sorted(names)
     index = {n: i for i, n in enumerate(ordered)}
     tensors = [(n, names[n][1], list(names[n][2])) for n in ordered]
+    dropped = _drop_replicated_blocks(everyone)
+    if dropped[rank]:
+        kept = {e[0] for e in mine if e[3] is not None and (e[0], tuple(e[3]), tuple(e[4])) not in dropped[rank]}
+        blocks = [(name, p) for name, p in blocks if name in kept]
     parts, part_of_rank = [], {}
     for r, entries in enumerate(everyone):
-        part = sorted((index[e[0]], list(e[3]), list(e[4])) for e in entries if e[3] is not None)
+        part = sorted((index[e[0]], list(e[3]), list(e[4])) for e in entries
+                      if e[3] is not None and (e[0], tuple(e[3]), tuple(e[4])) not in dropped[r])
         if part:
             part_of_rank[r] = len(parts)
             parts.append(part)
