@@ -4,8 +4,6 @@
 // single-process Publisher's bit for bit.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -25,6 +23,7 @@
 namespace deltasync {
 namespace {
 
+using testing::DamageLastByte;
 using testing::ExpectSameState;
 using testing::OpenDirStore;
 using testing::Ranks;
@@ -198,12 +197,6 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PartedRestartTest,
                                   "_to_" + std::to_string(r.new_parts) + "_dim" + std::to_string(r.new_dim);
                          });
 
-void Damage(const std::string& dir, const std::string& key) {
-  std::fstream f(std::filesystem::path(dir) / key, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekp(-1, std::ios::end);
-  f.put('\x5a');
-}
-
 TEST(PartedRestart, ARankSkipsDamageItDoesNotNeedAndRoutesAroundDamageItDoes) {
   TempDir dir;
   auto store = OpenDirStore(dir.path());
@@ -213,10 +206,7 @@ TEST(PartedRestart, ARankSkipsDamageItDoesNotNeedAndRoutesAroundDamageItDoes) {
   options.threads = 1;
   {
     Ranks two(store, SplitLayout(model.Views(), 2, 0), options);
-    for (uint64_t v = 1; v <= 6; ++v) {
-      if (v > 1) model.Step(0.03);
-      ASSERT_TRUE(two.Publish(v, model.Views()).ok());
-    }
+    ASSERT_TRUE(PublishVersions(two, model, 1, 6, 0.03));
   }
   const PartLayout four = SplitLayout(model.Views(), 4, 0);
   const Manifest m = ReadManifest(*store);
@@ -230,14 +220,14 @@ TEST(PartedRestart, ARankSkipsDamageItDoesNotNeedAndRoutesAroundDamageItDoes) {
   ASSERT_TRUE(want.ok());
 
   // Rank 0 of 4 overlaps only old part 0: old part 1's damage is not its concern.
-  Damage(dir.path(), delta6->parts[1].key);
+  DamageLastByte(dir.path(), delta6->parts[1].key);
   auto counting = std::make_shared<CountingStore>(store);
   auto opened = PartPublisher::Open(counting, four, 0, options);
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
   EXPECT_EQ(counting->keys().count(delta6->parts[1].key), 0u);
 
   // A damaged anchor part it needs: routed around, from the older anchor.
-  Damage(dir.path(), anchor4->parts[0].key);
+  DamageLastByte(dir.path(), anchor4->parts[0].key);
   counting = std::make_shared<CountingStore>(store);
   opened = PartPublisher::Open(counting, four, 0, options);
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
@@ -247,7 +237,7 @@ TEST(PartedRestart, ARankSkipsDamageItDoesNotNeedAndRoutesAroundDamageItDoes) {
   ExpectSameState((*opened)->state(), *want);
 
   // A damaged delta part it needs, on the only route: an error naming it.
-  Damage(dir.path(), delta6->parts[0].key);
+  DamageLastByte(dir.path(), delta6->parts[0].key);
   opened = PartPublisher::Open(store, four, 0, options);
   ASSERT_FALSE(opened.ok());
   EXPECT_EQ(opened.status().code(), ErrorCode::kIntegrity) << opened.status().ToString();
@@ -255,12 +245,6 @@ TEST(PartedRestart, ARankSkipsDamageItDoesNotNeedAndRoutesAroundDamageItDoes) {
   EXPECT_NE(opened.status().message().find("cannot continue publishing part 0"), std::string::npos)
       << opened.status().ToString();
 }
-
-}  // namespace
-}  // namespace deltasync
-
-namespace deltasync {
-namespace {
 
 TEST(PartedRestart, ALayoutWhoseTensorsAreNotTheBucketsIsRefusedNamingTheTensor) {
   TempDir dir;

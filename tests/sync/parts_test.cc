@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <random>
 
 #include "deltasync/block.h"
@@ -26,6 +25,7 @@ namespace deltasync {
 namespace {
 
 using testing::BlocksOf;
+using testing::DamageLastByte;
 using testing::ExpectSameState;
 using testing::OpenDirStore;
 using testing::PartBlocks;
@@ -300,10 +300,7 @@ TEST(PartedPublish, RestartWithMorePartsContinuesWithDeltas) {
   auto replica = Replica::Create(store, ReplicaWithThreads(1));
   {
     Ranks two(store, SplitLayout(model.Views(), 2, 0), options);
-    for (uint64_t v = 1; v <= 3; ++v) {
-      if (v > 1) model.Step(0.03);
-      ASSERT_TRUE(two.Publish(v, model.Views()).ok());
-    }
+    ASSERT_TRUE(PublishVersions(two, model, 1, 3, 0.03));
   }
   ASSERT_TRUE(replica->Update().ok());
   Ranks four(store, SplitLayout(model.Views(), 4, 1), options);
@@ -333,20 +330,12 @@ TEST(PartedPublish, ReplicaRoutesAroundADamagedPartAndGcRemovesEveryPart) {
   options.anchor_interval = 3;
   options.threads = 1;
   Ranks ranks(store, SplitLayout(model.Views(), 2, 0), options);
-  for (uint64_t v = 1; v <= 7; ++v) {
-    if (v > 1) model.Step(0.03);
-    ASSERT_TRUE(ranks.Publish(v, model.Views()).ok());
-  }
+  ASSERT_TRUE(PublishVersions(ranks, model, 1, 7, 0.03));
   // Damage part 1 of version 7's delta: the only route from the held 6.
   Manifest m = ReadManifest(*store);
   const ObjectEntry* delta7 = m.Find(7)->delta();
   ASSERT_TRUE(delta7 && delta7->parted());
-  std::filesystem::path damaged = std::filesystem::path(dir.path()) / delta7->parts[1].key;
-  {
-    std::fstream f(damaged, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(-1, std::ios::end);
-    f.put('\x5a');
-  }
+  DamageLastByte(dir.path(), delta7->parts[1].key);
   auto replica = Replica::Create(store, ReplicaWithThreads(1));
   ASSERT_TRUE(replica->Update(6).ok());
   auto blocked = replica->Update();
@@ -373,10 +362,7 @@ TEST(PartedPublish, ReplicaWritesNothingWhenALaterPartFailsAfterAnEarlierOneDeco
   PublisherOptions options;
   options.threads = 1;
   Ranks ranks(store, SplitLayout(model.Views(), 2, 0), options);
-  for (uint64_t v = 1; v <= 3; ++v) {
-    if (v > 1) model.Step(0.05);
-    ASSERT_TRUE(ranks.Publish(v, model.Views()).ok());
-  }
+  ASSERT_TRUE(PublishVersions(ranks, model, 1, 3, 0.05));
   auto replica = Replica::Create(store, ReplicaWithThreads(1));
   ASSERT_TRUE(replica->Update(2).ok());
   auto copied = WeightState::FromViews(replica->state().views());

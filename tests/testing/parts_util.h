@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -13,6 +16,7 @@
 #include "deltasync/publisher.h"
 #include "deltasync/store.h"
 #include "deltasync/weight_state.h"
+#include "testing/random_model.h"
 
 namespace deltasync::testing {
 
@@ -114,6 +118,25 @@ class Ranks {
   std::vector<std::unique_ptr<PartPublisher>> pubs_;
   std::unique_ptr<PartCommitter> committer_;
 };
+
+// Versions first..last of `model` through `ranks`, the model stepping
+// `rate` of its elements before each version after the first one.
+inline ::testing::AssertionResult PublishVersions(Ranks& ranks, RandomModel& model, uint64_t first, uint64_t last,
+                                                  double rate) {
+  for (uint64_t v = first; v <= last; ++v) {
+    if (v > 1) model.Step(rate);
+    Result<PublishStats> stats = ranks.Publish(v, model.Views());
+    if (!stats.ok()) return ::testing::AssertionFailure() << "version " << v << ": " << stats.status().ToString();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Overwrites the last byte of the object `key` of the bucket directory `dir`.
+inline void DamageLastByte(const std::string& dir, const std::string& key) {
+  std::fstream f(std::filesystem::path(dir) / key, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(-1, std::ios::end);
+  f.put('\x5a');
+}
 
 inline void ExpectSameState(const WeightState& a, const WeightState& b) {
   ASSERT_EQ(a.tensors().size(), b.tensors().size());
