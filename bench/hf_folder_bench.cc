@@ -98,6 +98,22 @@ void WriteBoth(const std::vector<Tensor>& tensors, const std::string& file, cons
   std::fclose(f);
 }
 
+// Runs both timings of version `v`, alternating which goes first (odd
+// versions: `first` first), so neither always meets a warm or a cold cache.
+template <typename First, typename Second>
+auto Alternating(int v, First first, Second second) {
+  decltype(first()) a;
+  decltype(second()) b;
+  if (v % 2) {
+    a = first();
+    b = second();
+  } else {
+    b = second();
+    a = first();
+  }
+  return std::make_pair(a, b);
+}
+
 void FlipSome(std::vector<Tensor>& tensors, double fraction, std::mt19937_64& rng) {
   std::uniform_real_distribution<double> coin(0, 1);
   for (Tensor& t : tensors) {
@@ -149,14 +165,7 @@ int RunParts(const Args& args, std::vector<Tensor>& tensors, std::mt19937_64& rn
       if (!stats.ok()) Die(stats.status());
       return Timing{Ms(t0, Clock::now()), stats->stats.detect_encode_ms + stats->stats.upload_ms};
     };
-    Timing a, b;
-    if (v % 2) {
-      a = time_one();
-      b = time_parts();
-    } else {
-      b = time_parts();
-      a = time_one();
-    }
+    const auto [a, b] = Alternating(v, time_one, time_parts);
     if (v > 1) {
       one_ms.push_back(a.total);
       parts_ms.push_back(b.total);
@@ -262,14 +271,7 @@ int main(int argc, char** argv) {
       if (!stats.ok()) Die(stats.status());
       return Ms(t0, Clock::now());
     };
-    double a, b;
-    if (v % 2) {
-      a = time_file();
-      b = time_folder();
-    } else {
-      b = time_folder();
-      a = time_file();
-    }
+    const auto [a, b] = Alternating(v, time_file, time_folder);
     if (v == 1) {
       file_first = a;
       folder_first = b;
