@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""How far can a context take the compact codec on real weights? (issue 16)
+
+Reads the bf16 states that `bench/real_model_bench.py --keep-states DIR`
+kept (one folder per (lr, start), step-0 .. step-N safetensors) and prints,
+per step, the ideal code length of the step's changes under several contexts,
+as a fraction of the order-0 entropy of (gap, ULP difference) that
+`deltasync bench` and the real-model bench report (`entropy_bytes_per_changed`,
+computed here by the same function). An ideal coder spends exactly the
+conditional entropy; a real one spends more (compact v3 spends 1.06-1.23x the
+exponent-class figure), so a column above the codec's target rules that
+context out. The contexts, each for the changed flag of every element and for
+the ULP difference of every changed one:
+
+  exponent      the base value's exponent byte (what compact v2/v3 use)
+  +density      and the number of changes among the 32 elements before it
+                (0, 1, 2, 3+): a decoder knows them
+  +previous     and the element's move in the previous step (down, none, up):
+                a decoder would need the previous delta's positions
+  +both         all three
+
+  .venv/bin/python bench/real_model_bench.py --lrs 3e-6,1e-5 --steps 5 --keep-states /tmp/states
+  .venv/bin/python bench/codec_context_bound.py /tmp/states
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from real_model_bench import tensor_entropy_bits  # noqa: E402
+
+WINDOW = 32
+CONTEXTS = ("exponent", "+density", "+previous", "+both")
+
+
+def conditional_bits(ctx: np.ndarray, sym: np.ndarray) -> float:
+    """sum over elements of -log2 P(sym | ctx), P the empirical frequencies;
+    sym in (-2^17, 2^17)."""
+    if ctx.size == 0:
+        return 0.0
+    keys, count = np.unique(ctx * (1 << 18) + sym + (1 << 17), return_counts=True)
+    _, of_ctx = np.unique(keys >> 18, return_inverse=True)
+    per_ctx = np.bincount(of_ctx, weights=count)
+    count = count.astype(np.float64)
+    return float(-(count * np.log2(count / per_ctx[of_ctx])).sum())
+
+
+def load_bits(path: str) -> dict:
+    import torch
+    from safetensors.torch import load_file
+
+    return {k: v.reshape(-1).view(torch.int16).numpy().view(np.uint16).astype(np.int64)
+            for k, v in load_file(path).items() if v.dtype == torch.bfloat16}
+
+
+def step_bits(before: dict | None, old: dict, new: dict) -> tuple[int, float, dict]:
+    """(changed, order-0 bits, {context: bits}) of the step old -> new."""
+    changed, h0, bits = 0, 0.0, dict.fromkeys(CONTEXTS, 0.0)
+    for name, o in old.items():
+        n = new[name]
+        c, h, _ = tensor_entropy_bits(o.astype(np.uint16), n.astype(np.uint16))
+        if c == 0:
+            continue
+        changed, h0 = changed + c, h0 + h
+        flag = (o != n).astype(np.int64)
+        idx = np.flatnonzero(flag)
+        diff = n[idx] - o[idx]
+        exp = (o >> 7) & 0xFF
+        seen = np.concatenate([[0], np.cumsum(flag)])
+        at = np.arange(o.size)
+        density = np.minimum(seen[at] - seen[np.maximum(at - WINDOW, 0)], 3)
+        prev = np.ones_like(o) if before is None else np.sign(o - before[name]) + 1
+        for label, ctx in (("exponent", exp), ("+density", exp * 4 + density), ("+previous", exp * 3 + prev),
+                           ("+both", (exp * 4 + density) * 3 + prev)):
+            # The difference takes the context minus density (a decoder knows
+            # the flags before the difference either way).
+            dctx = exp if label in ("exponent", "+density") else exp * 3 + prev
+            bits[label] += conditional_bits(ctx, flag) + conditional_bits(dctx[idx], diff)
+    return changed, h0, bits
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("states", help="the --keep-states folder of bench/real_model_bench.py")
+    args = ap.parse_args()
+    runs = sorted(d for d in glob.glob(os.path.join(args.states, "*")) if os.path.isdir(d))
+    if not runs:
+        sys.exit(f"codec_context_bound: no run folders in '{args.states}' (run bench/real_model_bench.py "
+                 "--keep-states there first)")
+    print("| run | step | changed | H0 B/chg | " + " | ".join(f"{c} / H0" for c in CONTEXTS) + " |")
+    print("|---|---|---|---|" + "---|" * len(CONTEXTS))
+    for run in runs:
+        paths = sorted(glob.glob(os.path.join(run, "step-*.safetensors")),
+                       key=lambda p: int(re.search(r"step-(\d+)", p).group(1)))
+        states = [load_bits(p) for p in paths]
+        for s in range(1, len(states)):
+            changed, h0, bits = step_bits(states[s - 2] if s >= 2 else None, states[s - 1], states[s])
+            if changed == 0:
+                continue
+            cells = " | ".join(f"{bits[c] / h0:.3f}" for c in CONTEXTS)
+            print(f"| {os.path.basename(run)} | {s} | {changed} | {h0 / 8 / changed:.3f} | {cells} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
