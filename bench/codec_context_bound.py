@@ -60,9 +60,11 @@ def load_bits(path: str) -> dict:
             for k, v in load_file(path).items() if v.dtype == torch.bfloat16}
 
 
-def step_bits(before: dict | None, old: dict, new: dict) -> tuple[int, float, dict]:
-    """(changed, order-0 bits, {context: bits}) of the step old -> new."""
+def step_bits(before: dict | None, old: dict, new: dict) -> tuple[int, float, dict, float]:
+    """(changed, order-0 bits, {context: bits}, P(moves | moved in the
+    previous step)) of the step old -> new."""
     changed, h0, bits = 0, 0.0, dict.fromkeys(CONTEXTS, 0.0)
+    moved_before = moved_again = 0
     for name, o in old.items():
         n = new[name]
         c, h, _ = tensor_entropy_bits(o.astype(np.uint16), n.astype(np.uint16))
@@ -77,13 +79,15 @@ def step_bits(before: dict | None, old: dict, new: dict) -> tuple[int, float, di
         at = np.arange(o.size)
         density = np.minimum(seen[at] - seen[np.maximum(at - WINDOW, 0)], 3)
         prev = np.ones_like(o) if before is None else np.sign(o - before[name]) + 1
+        moved_before += int((prev != 1).sum())
+        moved_again += int(((prev != 1) & (flag == 1)).sum())
         for label, ctx in (("exponent", exp), ("+density", exp * 4 + density), ("+previous", exp * 3 + prev),
                            ("+both", (exp * 4 + density) * 3 + prev)):
             # The difference takes the context minus density (a decoder knows
             # the flags before the difference either way).
             dctx = exp if label in ("exponent", "+density") else exp * 3 + prev
             bits[label] += conditional_bits(ctx, flag) + conditional_bits(dctx[idx], diff)
-    return changed, h0, bits
+    return changed, h0, bits, moved_again / moved_before if moved_before else float("nan")
 
 
 def main() -> None:
@@ -94,18 +98,18 @@ def main() -> None:
     if not runs:
         sys.exit(f"codec_context_bound: no run folders in '{args.states}' (run bench/real_model_bench.py "
                  "--keep-states there first)")
-    print("| run | step | changed | H0 B/chg | " + " | ".join(f"{c} / H0" for c in CONTEXTS) + " |")
-    print("|---|---|---|---|" + "---|" * len(CONTEXTS))
+    print("| run | step | changed | H0 B/chg | " + " | ".join(f"{c} / H0" for c in CONTEXTS) + " | P(moves if moved) |")
+    print("|---|---|---|---|" + "---|" * (len(CONTEXTS) + 1))
     for run in runs:
         paths = sorted(glob.glob(os.path.join(run, "step-*.safetensors")),
                        key=lambda p: int(re.search(r"step-(\d+)", p).group(1)))
         states = [load_bits(p) for p in paths]
         for s in range(1, len(states)):
-            changed, h0, bits = step_bits(states[s - 2] if s >= 2 else None, states[s - 1], states[s])
+            changed, h0, bits, again = step_bits(states[s - 2] if s >= 2 else None, states[s - 1], states[s])
             if changed == 0:
                 continue
             cells = " | ".join(f"{bits[c] / h0:.3f}" for c in CONTEXTS)
-            print(f"| {os.path.basename(run)} | {s} | {changed} | {h0 / 8 / changed:.3f} | {cells} |", flush=True)
+            print(f"| {os.path.basename(run)} | {s} | {changed} | {h0 / 8 / changed:.3f} | {cells} | {again:.3f} |", flush=True)
 
 
 if __name__ == "__main__":
