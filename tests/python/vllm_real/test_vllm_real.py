@@ -449,6 +449,8 @@ def test_tp2_node_follower_prefetched_exact_version(run, deltasync_bin):
                 u = s["last_update"]
                 assert s["version"] == v and u["source"] == "shm" and u["downloaded_bytes"] == 0, s
                 assert u["kind"] == ("dense" if v == 1 else "sparse_flat"), s
+                if v > 1:  # this rank's changes copied and scattered by its plan, no patch loader
+                    assert u["planned_tensors"] == u["scattered_tensors"] > 0 == u["patched_tensors"], s
             assert assert_params(llm, states[v], f"version {v} from the region") == 2
         # The daemon moved past the asked version: the exact route, said so.
         publish(4)
