@@ -218,6 +218,7 @@ class DeltaSyncEngine:
         self._whole_only = False  # the update in progress has no apply_patches
         self._planned = None  # of the update in progress: tensors whose changes wait in the plan's buffers
         self._plan = None  # the node follower's Plan (_shm_plan), kept with its buffers across updates
+        self._plan_built_s = None  # seconds spent planning inside the update in progress, if it planned
         self._force_full = False
         self._engine_version = 0
         self._touched = False
@@ -322,6 +323,7 @@ class DeltaSyncEngine:
         t0 = time.perf_counter()
         before = self._engine_version
         self._whole_only = apply_patches is None  # every delivery through load_weights: whole tensors
+        self._plan_built_s = None
         try:
             p = self._prepare_shm(info) if self.init_info.shm else self._prepare_replica(info)
         except Exception as e:  # nothing was touched: the engine keeps what it holds
@@ -376,6 +378,8 @@ class DeltaSyncEngine:
             "source": p.source, "downloaded_bytes": p.downloaded_bytes,
         }
         self.last_update.update(self._delivery_notes)
+        if self._plan_built_s is not None:  # (re)planned inside this pause: parameters or region moved
+            self.last_update["plan_built_s"] = self._plan_built_s
         if p.warning:
             self.last_update["warning"] = p.warning
         if retried:
@@ -632,9 +636,11 @@ def _vllm_engine_class():
             # Rebuilt when the region was mapped again or a parameter moved (a reload may replace them).
             key = (region.generation, id(region), tuple(p.data_ptr() for p in self.model.parameters()))
             if self._plan is None or self._plan_key != key:
+                t0 = time.perf_counter()
                 layout = EngineLayout(self.model)
                 places = {n: pl for n in layout.targets if (pl := layout.place(n)) is not None}
                 self._plan, self._plan_key = Plan(region, places), key
+                self._plan_built_s = time.perf_counter() - t0
             return self._plan
 
         def _needs_full_source(self) -> bool:
