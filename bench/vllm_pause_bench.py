@@ -135,7 +135,9 @@ def run(args, tmp):
               f"(read {max(s['last_update']['update_s'] for s in st) * 1e3:7.1f} + deliver "
               f"{max(s['last_update']['deliver_s'] for s in st) * 1e3:7.1f})  call {wall * 1e3:8.1f} ms  "
               f"reload {reload * 1e3:8.1f} ms  pause/reload {pause / reload:6.1%}"
-              f"{'  scattered %d / patched %d tensors, scatter %.1f ms' % (u['scattered_tensors'], u['patched_tensors'], u['scatter_s'] * 1e3) if 'scatter_s' in u else ''}", flush=True)
+              f"{'  scattered %d / patched %d tensors, scatter %.1f ms' % (u['scattered_tensors'], u['patched_tensors'], u['scatter_s'] * 1e3) if 'scatter_s' in u else ''}"
+              f"{'  planned in %.1f ms' % (max(s['last_update'].get('plan_built_s', 0) for s in st) * 1e3) if 'plan_built_s' in u else ''}",
+              flush=True)
         return sum(s["last_update"]["downloaded_bytes"] for s in st)
 
     def memory(route, llm, daemon=None, region=None):

@@ -59,6 +59,7 @@ class Taken:
     changes: dict[str, np.ndarray] | None
     values: dict[str, torch.Tensor] | None
     retries: int = 0
+    planned: dict[str, int] | None = None  # a plan's tensors: elements taken into its buffers
 
 
 class Region:
@@ -102,11 +103,14 @@ class Region:
         if (int(u32[3]) != _HEADER_BYTES or int(u64[_REGION_BYTES // 8]) > size
                 or table + count * _ENTRY_BYTES > size or changes_off % 8 or changes_off + 8 * cap > size):
             raise CorruptionError(f"{label}: header sizes disagree with the layout or the object's size")
-        self._changes_lo, self._changes_hi = changes_off // 8, changes_off // 8 + cap
+        self.changes_lo, self.changes_hi = changes_off // 8, changes_off // 8 + cap  # u64 slots
+        self.changes_capacity = cap
         self.tensors: dict[str, tuple[int, torch.Tensor]] = {}  # name -> (entry u64 index, read-only view)
+        self.data_offsets: dict[str, int] = {}
+        self.raw = np.frombuffer(mm, dtype=np.uint8)  # the whole region, for _native.shm_take_jobs
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*not writable.*")  # read-only by contract
-            raw = torch.from_numpy(np.frombuffer(mm, dtype=np.uint8))
+            raw = torch.from_numpy(self.raw)
         for i in range(count):
             e = table + i * _ENTRY_BYTES
             name_off, name_len, ndim = int(u64[e // 8]), int(u32_at(mm, e + 8)), int(u32_at(mm, e + 12))
@@ -120,6 +124,9 @@ class Region:
                 raise CorruptionError(f"{label}: tensor entry {i} ({name!r}, {dtype_s}) is malformed")
             view = raw[data_off:data_off + data_bytes].view(dtype).view(shape)
             self.tensors[name] = (e // 8, view)
+            self.data_offsets[name] = data_off
+        self.total_elements = sum(v.numel() for _, v in self.tensors.values())
+        self.generation = getattr(self, "generation", 0) + 1  # a re-mapped region: plans over it are stale
         self._mm, self._u64, self._u32, self._ino = mm, u64, u32, st.st_ino
 
     # --- the header, unbracketed (a hint; take() decides) ------------------------------------
@@ -148,7 +155,7 @@ class Region:
                 "this node; the engine keeps the version it holds")
 
     # --- one consistent copy ------------------------------------------------------------------
-    def take(self, version: int, have: int | None, *, full: bool, timeout: float = 10) -> Taken | None:
+    def take(self, version: int, have: int | None, *, full: bool, timeout: float = 10, plan=None) -> Taken | None:
         """Copies ``version`` out of the region; None when the region holds another version.
 
         Sparse (indices and values of the changed elements) when the region
@@ -156,13 +163,18 @@ class Region:
         tensor whole) otherwise; ``full`` adds whole copies to a sparse take.
         Retries while the writer is inside or moved on during the copy;
         CorruptionError for a change list outside its area in a stable copy.
+        A sparse take with a ``plan`` (``_shm_plan.Plan`` over this mapping)
+        copies the planned tensors' changes into the plan's buffers
+        (``Taken.planned``: elements per tensor), not into ``changes``.
         """
+        if plan is not None and plan.generation != self.generation:
+            raise RuntimeError("deltasync: a --shm plan of an earlier mapping of the region; plan again")
         deadline, retries = time.monotonic() + timeout, 0
         while True:
             s1 = self._seq()
             if s1 & 1 == 0:
                 try:
-                    got = self._copy(version, have, full)
+                    got = self._copy(version, have, full, plan)
                 except (IndexError, RuntimeError) as e:  # garbage read while the writer moved on
                     got = e
                 if self._seq() == s1:  # the bracket held: the copy is one version's
@@ -179,7 +191,7 @@ class Region:
                                    "was always inside a write); retry")
             time.sleep(0.0002)
 
-    def _copy(self, version: int, have: int | None, full: bool):
+    def _copy(self, version: int, have: int | None, full: bool, plan):
         u64 = self._u64
         if int(u64[_VERSION // 8]) != version:
             return None
@@ -189,10 +201,17 @@ class Region:
         if not sparse:
             src = {n: v.clone() for n, (_, v) in self.tensors.items()}
             return Taken(version, state_hash, base, src, None, None)
-        changes, values = {}, {}
+        changes, values, planned = {}, {}, None
+        if plan is not None:
+            bad = plan.read(self)
+            if bad:
+                return bad
+            planned = plan.counts()
         for name, (e, view) in self.tensors.items():
+            if planned is not None and name in planned:
+                continue
             off, cnt = int(u64[e + 5]), int(u64[e + 6])
-            if off % 8 or off // 8 < self._changes_lo or off // 8 + cnt > self._changes_hi:
+            if off % 8 or off // 8 < self.changes_lo or off // 8 + cnt > self.changes_hi:
                 return f"the --shm region {self.name!r}: the change list of {name!r} lies outside its area"
             idx = u64[off // 8:off // 8 + cnt].view(np.int64).copy()
             changes[name] = idx
@@ -201,7 +220,7 @@ class Region:
             src = {n: v.clone() for n, (_, v) in self.tensors.items()}
         else:
             src = {n: torch.empty(v.shape, dtype=v.dtype, device="meta") for n, (_, v) in self.tensors.items()}
-        return Taken(version, state_hash, base, src, changes, values)
+        return Taken(version, state_hash, base, src, changes, values, planned=planned)
 
 
 def u32_at(mm, off: int) -> int:

@@ -156,43 +156,54 @@ class EngineLayout:
         cpu_linear = getattr(m, "cpu_linear", None)  # vLLM CPU: a packed kernel unless plain F.linear
         return cpu_linear is None or cpu_linear is torch.nn.functional.linear
 
+    def place(self, name: str):
+        """Where this rank's part of checkpoint tensor ``name`` lies in its plain parameter
+        (``_shm_plan.Place``); None where the parameter is not plain, not contiguous, or of a
+        layout this map does not know (vLLM's patch loader goes there)."""
+        from ._shm_plan import Place
+
+        t = self.targets[name]
+        m, kind = t.module, _kind(t.module)
+        p = getattr(m, t.param, None)
+        if not self.plain(name) or not isinstance(p, torch.Tensor) or not p.is_contiguous():
+            return None
+        dst = p.data.view(-1)
+        full = self.full_shape(name)
+        if kind == "plain" or (t.param == "bias" and kind == "RowParallelLinear"):  # replicated whole
+            if full is not None and tuple(p.shape) != tuple(full):
+                return None
+            return Place(dst, tuple(p.shape), 0, p.numel())
+        if full is None or t.param not in ("weight", "bias") or p.dim() != len(full):
+            return None
+        cols = full[1] if len(full) == 2 else 1
+        start, rows, local = self._rows(t, full[0])
+        if kind == "RowParallelLinear" and m.input_size_per_partition != cols:  # this rank's columns
+            k = m.input_size_per_partition
+            if p.shape[1] != k or p.shape[0] < rows:
+                return None
+            return Place(dst, full, start * cols, (start + rows) * cols, cols, m.tp_rank * k, k)
+        if (p.shape[1] if p.dim() == 2 else 1) != cols or p.shape[0] < local + rows:
+            return None
+        # this rank's rows are one contiguous run of the parameter
+        return Place(dst, full, start * cols, (start + rows) * cols, cols, 0, cols, local * cols)
+
     @torch.no_grad()
     def scatter(self, name: str, idx: torch.Tensor, vals: torch.Tensor) -> bool:
         """Writes checkpoint elements (flat ``idx`` into the full tensor, ascending; ``vals``) of
         ``name`` that fall in this rank's shard straight into its plain parameter.
 
-        False (nothing written) where the parameter is not plain, not contiguous, of another
-        dtype, or of a layout this map does not know: use vLLM's patch loader there.
+        False (nothing written) where ``place`` knows no place or the dtypes differ: use vLLM's
+        patch loader there.
         """
-        t = self.targets[name]
-        m, kind = t.module, _kind(t.module)
-        p = getattr(m, t.param, None)
-        if not self.plain(name) or not isinstance(p, torch.Tensor) or not p.is_contiguous() or p.dtype != vals.dtype:
+        pl = self.place(name)
+        if pl is None or pl.dst.dtype != vals.dtype:
             return False
-        dst = p.data.view(-1)
-        vals = vals.to(p.device)
-        full = self.full_shape(name)
-        if kind == "plain" or (t.param == "bias" and kind == "RowParallelLinear"):  # replicated whole
-            if full is not None and tuple(p.shape) != tuple(full):
-                return False
-            put_elements(dst, idx, vals)
-            return True
-        if full is None or t.param not in ("weight", "bias") or p.dim() != len(full):
-            return False
-        cols = full[1] if len(full) == 2 else 1
-        start, rows, local = self._rows(t, full[0])
-        lo, hi = torch.searchsorted(idx, torch.tensor([start * cols, (start + rows) * cols])).tolist()
-        idx, vals = idx[lo:hi], vals[lo:hi]
-        if kind == "RowParallelLinear" and m.input_size_per_partition != cols:  # this rank's columns
-            k = m.input_size_per_partition
-            if p.shape[1] != k:
-                return False
-            put_elements(dst, idx, vals, offset=start * cols, cols=cols, c0=m.tp_rank * k, k=k)
-            return True
-        if (p.shape[1] if p.dim() == 2 else 1) != cols or p.shape[0] < local + rows:
-            return False
-        # this rank's rows are one contiguous run of the parameter: index a view of it
-        put_elements(p.data[local:local + rows].view(-1), idx, vals, offset=start * cols)
+        lo, hi = torch.searchsorted(idx, torch.tensor([pl.lo, pl.hi])).tolist()
+        idx, vals = idx[lo:hi], vals[lo:hi].to(pl.dst.device)
+        if pl.k != pl.cols:
+            put_elements(pl.dst, idx, vals, offset=pl.lo, cols=pl.cols, c0=pl.c0, k=pl.k)
+        else:
+            put_elements(pl.dst[pl.base:pl.base + pl.hi - pl.lo], idx, vals, offset=pl.lo)
         return True
 
     # --- shards ----------------------------------------------------------------------------

@@ -87,6 +87,7 @@ class DeltaSyncInitInfo:
     shm: str = ""        # the node follower: read versions from this `deltasync serve --shm` region
     shm_url: str = ""    # that daemon's base URL, woken (POST /notify) when the region is behind
     shm_wait_s: float = 60.0  # how long an update waits for the region to reach its version
+    shm_token_file: str = ""  # the daemon's --token-file (its bearer token for /notify); else DELTASYNC_SHM_TOKEN_FILE
 
 
 @dataclass
@@ -164,11 +165,14 @@ class _Prepared:
     source: str           # "replica" (this worker's own) or "shm" (the node follower)
     downloaded_bytes: int
     warning: str
+    planned: dict[str, int] | None = None  # tensors whose changes wait in the node follower's plan
 
 
-def _post_json(url: str, body: dict, timeout: float = 10) -> None:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
-                                 method="POST")
+def _post_json(url: str, body: dict, timeout: float = 10, token: str = "") -> None:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         resp.read()
 
@@ -211,6 +215,10 @@ class DeltaSyncEngine:
         self._replica_bucket = ""
         self._region = None  # the node follower's --shm region (init_info shm)
         self._values = None  # the changed values of the update in progress, when prepared elsewhere
+        self._whole_only = False  # the update in progress has no apply_patches
+        self._planned = None  # of the update in progress: tensors whose changes wait in the plan's buffers
+        self._plan = None  # the node follower's Plan (_shm_plan), kept with its buffers across updates
+        self._plan_built_s = None  # seconds spent planning inside the update in progress, if it planned
         self._force_full = False
         self._engine_version = 0
         self._touched = False
@@ -314,6 +322,8 @@ class DeltaSyncEngine:
                              "(pass one, or construct the engine with a default)")
         t0 = time.perf_counter()
         before = self._engine_version
+        self._whole_only = apply_patches is None  # every delivery through load_weights: whole tensors
+        self._plan_built_s = None
         try:
             p = self._prepare_shm(info) if self.init_info.shm else self._prepare_replica(info)
         except Exception as e:  # nothing was touched: the engine keeps what it holds
@@ -326,6 +336,9 @@ class DeltaSyncEngine:
         # the status says so, and the next update delivers everything.
         self._force_full, self._engine_version = True, 0
         names = list(src) if everything else [n for n, idx in changes.items() if len(idx)]
+        if not everything and p.planned:
+            names += [n for n, c in p.planned.items() if c]
+        self._planned = p.planned
         retried = ""
         self._touched = False  # set by the delivery before its first write into the engine
         self._values, self._delivery_notes = p.values, {}
@@ -350,7 +363,7 @@ class DeltaSyncEngine:
             retried = self.last_error
             names = list(src)
         finally:
-            self._values = None
+            self._values, self._planned = None, None
         t_deliver = time.perf_counter()
         try:
             verified = self._verify(src, names) if self.init_info.verify else 0
@@ -365,6 +378,8 @@ class DeltaSyncEngine:
             "source": p.source, "downloaded_bytes": p.downloaded_bytes,
         }
         self.last_update.update(self._delivery_notes)
+        if self._plan_built_s is not None:  # (re)planned inside this pause: parameters or region moved
+            self.last_update["plan_built_s"] = self._plan_built_s
         if p.warning:
             self.last_update["warning"] = p.warning
         if retried:
@@ -410,10 +425,12 @@ class DeltaSyncEngine:
                 return _Prepared(want, shapes, {n: np.empty(0, np.int64) for n in shapes}, {}, full, "shm", 0, "")
             if held and held == want:
                 have = None if self._force_full else self._engine_version
-                taken = region.take(want, have, full=self._needs_full_source())
+                plan = self._shm_plan(region)  # planned (buffers sized) at the first, dense, take too
+                taken = region.take(want, have, full=self._needs_full_source(), plan=plan)
                 if taken is not None:
                     return _Prepared(taken.version, taken.src, taken.changes, taken.values,
-                                     (lambda: taken.src) if taken.changes is None else full, "shm", 0, "")
+                                     (lambda: taken.src) if taken.changes is None else full, "shm", 0, "",
+                                     taken.planned)
                 continue
             if held and held > want:
                 warning = (f"the node follower (--shm {region.name}) holds version {held}, past the asked "
@@ -423,7 +440,8 @@ class DeltaSyncEngine:
                 return self._prepare_replica(info, warning=warning)
             if not notified and self.init_info.shm_url and info.version is not None:
                 notified = True
-                _post_json(self.init_info.shm_url.rstrip("/") + "/notify", {"version": want})
+                _post_json(self.init_info.shm_url.rstrip("/") + "/notify", {"version": want},
+                           token=self._shm_token())
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"the --shm region {region.name!r} holds version {held or 'none'}, not "
@@ -431,9 +449,29 @@ class DeltaSyncEngine:
                     f"the bucket (its /status)? The engine keeps version {self._engine_version}")
             time.sleep(0.005)
 
+    def _shm_token(self) -> str:
+        """The node daemon's bearer token (``shm_token_file``, else ``$DELTASYNC_SHM_TOKEN_FILE``), read per wake-up."""
+        path = self.init_info.shm_token_file or os.environ.get("DELTASYNC_SHM_TOKEN_FILE", "")
+        if not path:
+            return ""
+        try:
+            with open(path, encoding="ascii") as f:
+                token = f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"shm_token_file {path!r}: cannot read the daemon's token: {e}") from None
+        if not token:
+            raise ValueError(f"shm_token_file {path!r} is empty")
+        return token
+
     def _needs_full_source(self) -> bool:
-        """Whether the delivery reads whole tensors even for a sparse update (verification)."""
-        return self.init_info.verify
+        """Whether the delivery reads whole tensors even for a sparse update (verification, or
+        no ``apply_patches`` to hand the changes to)."""
+        return self.init_info.verify or self._whole_only
+
+    def _shm_plan(self, region):
+        """The node follower's Plan (_shm_plan) of the parameters this worker writes in place; None
+        where the delivery goes through callbacks."""
+        return None
 
     def _held_source(self) -> dict[str, torch.Tensor]:
         """Whole tensors of the version the engine holds (the replica's, or a copy from the region)."""
@@ -557,19 +595,25 @@ def _vllm_engine_class():
             if direct and changes is None:
                 elements += DeltaSyncEngine._deliver_dense(self, self._vllm_load_weights, src, direct, full=True)
             elif direct:
-                elements += self._scatter(layout, src, direct, changes)
+                elements += self._scatter(layout, src, direct, changes, set(reload))
             if changes is None:
                 kind = "dense"
             else:
                 kind = "sparse_flat" if not reload else ("reload" if not direct else "sparse_flat+reload")
             return kind, elements
 
-        def _scatter(self, layout, src, names, changes) -> int:
-            """Changed elements straight into the plain parameters (through the fused/TP mapping);
-            vLLM's patch loader for any tensor the layout cannot map."""
+        def _scatter(self, layout, src, names, changes, reload=()) -> int:
+            """Changed elements straight into the plain parameters (through the fused/TP mapping):
+            the node follower's planned tensors in one native call, the others one by one; vLLM's
+            patch loader for any tensor the layout cannot map."""
             rest, elements = [], 0
             t0 = time.perf_counter()
+            planned = self._planned or {}
+            if planned:
+                elements += self._plan.scatter(skip=reload)
             for name in names:
+                if name in planned:
+                    continue
                 idx = torch.from_numpy(np.asarray(changes[name]).astype(np.int64, copy=False))
                 vals = self._values[name] if self._values is not None else src[name].reshape(-1).index_select(0, idx)
                 if layout.scatter(name, idx, vals):
@@ -577,6 +621,7 @@ def _vllm_engine_class():
                 else:
                     rest.append(name)
             self._delivery_notes = {"scattered_tensors": len(names) - len(rest), "patched_tensors": len(rest),
+                                    "planned_tensors": sum(1 for n in names if n in planned),
                                     "scatter_s": time.perf_counter() - t0}
             if rest:
                 patches = self._patches(src, rest, changes)
@@ -584,9 +629,23 @@ def _vllm_engine_class():
                 elements += sum(p.indices.numel() for p in patches)
             return elements
 
+        def _shm_plan(self, region):
+            from ._shm_plan import Plan
+            from ._vllm_layout import EngineLayout
+
+            # Rebuilt when the region was mapped again or a parameter moved (a reload may replace them).
+            key = (region.generation, id(region), tuple(p.data_ptr() for p in self.model.parameters()))
+            if self._plan is None or self._plan_key != key:
+                t0 = time.perf_counter()
+                layout = EngineLayout(self.model)
+                places = {n: pl for n in layout.targets if (pl := layout.place(n)) is not None}
+                self._plan, self._plan_key = Plan(region, places), key
+                self._plan_built_s = time.perf_counter() - t0
+            return self._plan
+
         def _needs_full_source(self) -> bool:
             # whole tensors for the verification and for layerwise reloads (packed weights)
-            if self.init_info.verify:
+            if self.init_info.verify or self._whole_only:
                 return True
             from ._vllm_layout import EngineLayout
 

@@ -13,6 +13,7 @@ void BindPublisher(nb::module_& m);
 void BindReplica(nb::module_& m);
 void BindParts(nb::module_& m);
 void BindElements(nb::module_& m);
+void BindShmJobs(nb::module_& m);
 }  // namespace deltasync::py
 
 NB_MODULE(_native, m) {
@@ -26,6 +27,7 @@ NB_MODULE(_native, m) {
   deltasync::py::BindReplica(m);
   deltasync::py::BindParts(m);
   deltasync::py::BindElements(m);
+  deltasync::py::BindShmJobs(m);
   // For tests of the error mapping: raises the class for `code`
   // ("integrity", ...) with `message`.
   m.def(

