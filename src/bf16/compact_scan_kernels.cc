@@ -283,8 +283,8 @@ void ClassMasks16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t clas
   }
 }
 
-// Each change inside the block in a few branch-free steps: its word by a
-// binary search of the running counts, its bit by SelectBit, its value from
+// Each change inside the block in a few steps: its word by advancing a
+// cursor over the running counts (a merge with the ascending ranks), its bit by SelectBit, its value from
 // its diff byte.
 size_t ClassSelect16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
                          const uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s,
@@ -307,10 +307,12 @@ size_t ClassSelect16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY
     }
     uint64_t gc = cur.g[c], ec = cur.e[c];
     const uint64_t end = s.end[c];
+    // A merge: the class's ranks ascend, so its words are found by advancing
+    // one cursor (bef[kScanWords] = total > r stops it), O(1) amortised.
+    size_t w = 0;
     while (r < total) {
       // The last word whose running count is <= r.
-      size_t w = 0;
-      for (size_t step = kScanWords / 2; step >= 1; step /= 2) w += bef[w + step] <= r ? step : 0;
+      while (bef[w + 1] <= r) ++w;
       const unsigned at = SelectBit(mask[w], r - bef[w]);
       hits[w] |= uint64_t{1} << at;
       const size_t i = 64 * w + at;
