@@ -283,8 +283,9 @@ void ClassMasks16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t clas
   }
 }
 
-// Each change inside the block in a few steps: its word by advancing a
-// cursor over the running counts (a merge with the ascending ranks), its bit by SelectBit, its value from
+// Each change inside the block in a few branch-free steps, independent of
+// the other changes': its word by comparing its rank with all the running
+// counts at once, its bit by SelectBit, its value from
 // its diff byte.
 size_t ClassSelect16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
                          const uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s,
@@ -307,12 +308,19 @@ size_t ClassSelect16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY
     }
     uint64_t gc = cur.g[c], ec = cur.e[c];
     const uint64_t end = s.end[c];
-    // A merge: the class's ranks ascend, so its words are found by advancing
-    // one cursor (bef[kScanWords] = total > r stops it), O(1) amortised.
-    size_t w = 0;
+    // Change gc's rank within the block is ranks[gc] - off, so each change's
+    // work depends on no other's (no chain through r): its word is the
+    // number of words whose running count through them is <= r (vector
+    // compares of the counts), its bit by SelectBit.
+    const uint64_t off = ranks[gc] - r;
+    // (Counts are at most kScanBlock: signed compares, which every target has.)
+    const hn::CappedTag<int32_t, kScanWords> d32;
+    const size_t N32 = hn::Lanes(d32);
+    const int32_t* HWY_RESTRICT through = reinterpret_cast<const int32_t*>(bef + 1);
     while (r < total) {
-      // The last word whose running count is <= r.
-      while (bef[w + 1] <= r) ++w;
+      const auto vr = hn::Set(d32, static_cast<int32_t>(r));
+      size_t w = kScanWords;
+      for (size_t k = 0; k < kScanWords; k += N32) w -= hn::CountTrue(d32, hn::Gt(hn::LoadU(d32, through + k), vr));
       const unsigned at = SelectBit(mask[w], r - bef[w]);
       hits[w] |= uint64_t{1} << at;
       const size_t i = 64 * w + at;
@@ -330,7 +338,7 @@ size_t ClassSelect16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY
         r = ~uint64_t{0};
         break;
       }
-      r += ranks[gc] - ranks[gc - 1];  // the next change, r + 1 + its gap (ranks ascend, < 2^63)
+      r = ranks[gc] - off;  // ranks ascend, so r does: r + 1 + the change's gap
     }
     cur.g[c] = gc;
     cur.e[c] = ec;
