@@ -127,8 +127,8 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   // places, before the loop below writes them; each element changes at most
   // once (a class's ranks strictly ascend, classes are disjoint); and every
   // other chunk reads and writes only its own elements, sharing with this one
-  // only class counts. So every read sees the base's value. A block is
-  // written only once it checked out, and run->written counts it.
+  // only class counts. So every read sees the base's value. run->written
+  // counts every value written (ClassApply16 logs each before writing it).
   uint16_t* const target = t.target;
   uint64_t* const undo_pos = t.undo_pos;
   uint16_t* const undo_old = t.undo_old;
@@ -138,41 +138,37 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   for (size_t blk = 0; blk < blocks && k < k_end; ++blk) {
     const uint64_t at = chunk.begin + blk * kBlock;
     const size_t len = static_cast<size_t>(std::min<uint64_t>(kBlock, chunk.end - at));
-    const size_t wrong = kernels::ClassSelect16(masks + blk * active * kWords, before + blk * active * (kWords + 1),
-                                                classes, data + at, len, streams, cur, hit_words, block_values);
+    const uint64_t* m = masks + blk * active * kWords;
+    const uint32_t* p = before + blk * active * (kWords + 1);
+    if (run) {
+      // Placed, logged and written in class order by the kernel; every
+      // change it placed is logged, so the undo covers a failing block too.
+      size_t placed = 0;
+      const kernels::ClassApplyOut o{at, undo_pos + k, undo_old + k, h_new, h_old};
+      const size_t wrong = kernels::ClassApply16(m, p, classes, target + at, len, streams, cur, o, &placed);
+      run->written += placed;
+      if (wrong < len) {
+        return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
+      }
+      kernels::HashTermDiffs(undo_pos + k, h_new, h_old, placed, t.seeds.element_seed, hash);
+      k += placed;
+      continue;
+    }
+    const size_t wrong = kernels::ClassSelect16(m, p, classes, data + at, len, streams, cur, hit_words, block_values);
     if (wrong < len) {
       return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
     }
     size_t h = 0;
-    if (run) {
-      for (size_t w = 0; w < kWords; ++w) {
-        for (uint64_t hits = hit_words[w]; hits != 0; hits &= hits - 1) {
-          const size_t i = 64 * w + static_cast<size_t>(__builtin_ctzll(hits));
-          const uint64_t pos = at + i;
-          const uint16_t o = target[pos], v = block_values[i];
-          undo_pos[k] = pos;
-          undo_old[k] = o;
-          target[pos] = v;
-          ++k;
-          h_index[h] = pos;
-          h_new[h] = v;
-          h_old[h] = o;
-          ++h;
-        }
-      }
-      run->written += h;
-    } else {
-      for (size_t w = 0; w < kWords; ++w) {
-        for (uint64_t hits = hit_words[w]; hits != 0; hits &= hits - 1) {
-          const size_t i = 64 * w + static_cast<size_t>(__builtin_ctzll(hits));
-          indices[k] = at + i;
-          std::memcpy(values + 2 * k, &block_values[i], 2);
-          ++k;
-          h_index[h] = at + i;
-          h_new[h] = block_values[i];
-          h_old[h] = data[at + i];
-          ++h;
-        }
+    for (size_t w = 0; w < kWords; ++w) {
+      for (uint64_t hits = hit_words[w]; hits != 0; hits &= hits - 1) {
+        const size_t i = 64 * w + static_cast<size_t>(__builtin_ctzll(hits));
+        indices[k] = at + i;
+        std::memcpy(values + 2 * k, &block_values[i], 2);
+        ++k;
+        h_index[h] = at + i;
+        h_new[h] = block_values[i];
+        h_old[h] = data[at + i];
+        ++h;
       }
     }
     kernels::HashTermDiffs(h_index, h_new, h_old, h, t.seeds.element_seed, hash);
