@@ -95,6 +95,40 @@ Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, const Weigh
 Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, std::span<const TensorView> base,
                                         const StateHash& base_hash, int threads = 0);
 
+// The undo log of ApplyCompactDelta: each overwritten element's position
+// and old bytes (about 10 B per change), in buffers reused across calls.
+class CompactUndo {
+ public:
+  // Puts back every value the last ApplyCompactDelta wrote, then forgets
+  // them (a second call does nothing). The state must be the one applied to,
+  // unchanged since.
+  void Restore(int threads = 0);
+
+  // Internal (src/codec): a run of written elements, element j of the run at
+  // position pos[j] of `data` (elements of `esize` bytes) held old[j].
+  struct Run {
+    uint8_t* data = nullptr;
+    size_t esize = 0;
+    const uint64_t* pos = nullptr;
+    const uint8_t* old = nullptr;
+    uint64_t written = 0;
+  };
+  std::vector<Run> runs;
+  std::vector<uint64_t> pos;
+  std::vector<uint16_t> old16;   // bf16 tensors' old values
+  std::vector<uint8_t> old_raw;  // raw-mode tensors' old bytes
+};
+
+// DecodeCompactDelta and the scatter in one pass: the new values go straight
+// into `state`'s tensors (no TensorChanges, no index vectors) while the
+// state-hash change is summed. The result's `changes` is empty; its
+// hash_delta is HashChanges(state before, decoded changes). On any error
+// every written value is put back first: `state` holds what it held. On
+// success `undo` can put the old values back (CompactUndo::Restore), e.g.
+// when base_hash + hash_delta is not the hash the caller expects.
+Result<CompactDelta> ApplyCompactDelta(const SafetensorsFile& file, WeightState& state, const StateHash& base_hash,
+                                       int threads, CompactUndo& undo);
+
 // Where a compact delta's bytes go (deltasync inspect): stored (compressed)
 // bytes of each stream summed over tensors, read from the stream headers
 // without the base. kCorruption when a stream's framing is malformed.

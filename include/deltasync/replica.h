@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "deltasync/changes.h"
+#include "deltasync/compact.h"
 #include "deltasync/manifest.h"
 #include "deltasync/plan.h"
 #include "deltasync/state_hash.h"
@@ -158,6 +159,7 @@ class Replica {
   uint64_t version_ = 0;
   ChangedElements pending_;  // since the last TakeChanges()
   std::vector<uint8_t> undo_;  // the values a gap_delta delta overwrote (reused)
+  CompactUndo compact_undo_;   // the same for a compact delta
   std::vector<BadObject> bad_;
   ObjectSet bad_set_;  // the same objects, for PlanCatchUp
 };

@@ -283,13 +283,20 @@ void ClassMasks16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t clas
   }
 }
 
-// Each change inside the block in a few branch-free steps: its word by a
-// binary search of the running counts, its bit by SelectBit, its value from
+// Each change inside the block in a few branch-free steps, independent of
+// the other changes': its word by comparing its rank with all the running
+// counts at once, its bit by SelectBit, its value from
 // its diff byte.
-size_t ClassSelect16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
-                         const uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s,
-                         ClassWalkCursor& cur, uint64_t* HWY_RESTRICT hits, uint16_t* HWY_RESTRICT values) {
-  std::memset(hits, 0, kScanWords * sizeof(uint64_t));
+// ClassSelect16 and (kApply) ClassApply16 in one body: the same walk, the
+// output either the block's hits and values or the values written in place
+// with their undo and hash inputs.
+template <bool kApply>
+HWY_INLINE size_t ClassWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
+                            uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur,
+                            uint64_t* HWY_RESTRICT hits, uint16_t* HWY_RESTRICT values, const ClassApplyOut* out,
+                            size_t* placed) {
+  if constexpr (!kApply) std::memset(hits, 0, kScanWords * sizeof(uint64_t));
+  size_t h = 0;
   size_t bad = n;
   const uint64_t* HWY_RESTRICT ranks = s.ranks;
   const uint8_t* HWY_RESTRICT diffs = s.diffs;
@@ -307,12 +314,21 @@ size_t ClassSelect16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY
     }
     uint64_t gc = cur.g[c], ec = cur.e[c];
     const uint64_t end = s.end[c];
+    // Change gc's rank within the block is ranks[gc] - off, so each change's
+    // work depends on no other's (no chain through r): its word is the
+    // number of words whose running count through them is <= r (vector
+    // compares of the counts), its bit by SelectBit.
+    const uint64_t off = ranks[gc] - r;
+    // (Counts are at most kScanBlock: signed compares, which every target has.)
+    const hn::CappedTag<int32_t, kScanWords> d32;
+    const size_t N32 = hn::Lanes(d32);
+    const int32_t* HWY_RESTRICT through = reinterpret_cast<const int32_t*>(bef + 1);
     while (r < total) {
-      // The last word whose running count is <= r.
-      size_t w = 0;
-      for (size_t step = kScanWords / 2; step >= 1; step /= 2) w += bef[w + step] <= r ? step : 0;
+      const auto vr = hn::Set(d32, static_cast<int32_t>(r));
+      size_t w = kScanWords;
+      for (size_t k = 0; k < kScanWords; k += N32) w -= hn::CountTrue(d32, hn::Gt(hn::LoadU(d32, through + k), vr));
       const unsigned at = SelectBit(mask[w], r - bef[w]);
-      hits[w] |= uint64_t{1} << at;
+      if constexpr (!kApply) hits[w] |= uint64_t{1} << at;
       const size_t i = 64 * w + at;
       const uint16_t o = bf16::LoadElement(data, i);
       const uint8_t d = diffs[gc];
@@ -323,19 +339,45 @@ size_t ClassSelect16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY
         v = static_cast<uint16_t>(o + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));  // unzigzag
       }
       if (HWY_UNLIKELY(compact::DiffByte(o, v) != d)) bad = std::min(bad, i);
-      values[i] = v;
+      if constexpr (kApply) {
+        // Logged before written (the undo covers every change placed).
+        out->undo_pos[h] = out->index0 + i;
+        out->undo_old[h] = o;
+        data[i] = v;
+        out->h_new[h] = v;
+        out->h_old[h] = o;
+        ++h;
+      } else {
+        values[i] = v;
+      }
       if (++gc >= end) {
         r = ~uint64_t{0};
         break;
       }
-      r += ranks[gc] - ranks[gc - 1];  // the next change, r + 1 + its gap (ranks ascend, < 2^63)
+      r = ranks[gc] - off;  // ranks ascend, so r does: r + 1 + the change's gap
     }
     cur.g[c] = gc;
     cur.e[c] = ec;
     cur.rem[c] = r == ~uint64_t{0} ? r : r - total;
   }
+  if (placed) *placed = h;
   return bad;
 }
+
+size_t ClassSelect16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
+                         const uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s,
+                         ClassWalkCursor& cur, uint64_t* HWY_RESTRICT hits, uint16_t* HWY_RESTRICT values) {
+  // Never written: the select walk only reads data.
+  return ClassWalk<false>(masks, before, classes, const_cast<uint16_t*>(data), n, s, cur, hits, values, nullptr,
+                          nullptr);
+}
+
+size_t ClassApply16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
+                        uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur,
+                        const ClassApplyOut& out, size_t* placed) {
+  return ClassWalk<true>(masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed);
+}
+
 
 size_t ScanCompactSpanImpl(const CompactScanSpan& span, CompactScanState& state) {
   return span.f32 ? ScanLoop<true>(span, state) : ScanLoop<false>(span, state);
@@ -350,6 +392,7 @@ namespace deltasync::kernels {
 HWY_EXPORT(ScanCompactSpanImpl);
 HWY_EXPORT(ClassMasks16Impl);
 HWY_EXPORT(ClassSelect16Impl);
+HWY_EXPORT(ClassApply16Impl);
 
 void ClassMasks16(const uint16_t* data, size_t n, uint32_t classes, uint64_t* masks, uint32_t* before) {
   HWY_DYNAMIC_DISPATCH(ClassMasks16Impl)(data, n, classes, masks, before);
@@ -358,6 +401,11 @@ void ClassMasks16(const uint16_t* data, size_t n, uint32_t classes, uint64_t* ma
 size_t ClassSelect16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data,
                      size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur, uint64_t* hits, uint16_t* values) {
   return HWY_DYNAMIC_DISPATCH(ClassSelect16Impl)(masks, before, classes, data, n, s, cur, hits, values);
+}
+
+size_t ClassApply16(const uint64_t* masks, const uint32_t* before, uint32_t classes, uint16_t* data, size_t n,
+                    const ClassWalkStreams& s, ClassWalkCursor& cur, const ClassApplyOut& out, size_t* placed) {
+  return HWY_DYNAMIC_DISPATCH(ClassApply16Impl)(masks, before, classes, data, n, s, cur, out, placed);
 }
 
 size_t ScanCompactSpan(const CompactScanSpan& span, CompactScanState& state) {

@@ -119,6 +119,11 @@ inline Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& fil
   return DecodeCompactDeltaChunked(file, views, base_hash, threads, chunk_elements);
 }
 
+// ApplyCompactDelta with chunks of `chunk_elements` (tests use tiny ones).
+Result<CompactDelta> ApplyCompactDeltaChunked(const SafetensorsFile& file, WeightState& state,
+                                              const StateHash& base_hash, int threads, uint64_t chunk_elements,
+                                              CompactUndo& undo);
+
 }  // namespace deltasync::compact
 
 namespace deltasync::bf16 {

@@ -86,7 +86,7 @@ std::optional<std::string> ParseBf16StreamV2(Reader& in, uint64_t count, compact
 // Step 1. Raw-mode tensors are decoded completely; bf16 ones into `bf`
 // (c's indices and values sized).
 Status ReadTensor(const std::string& label, const TensorView& stream, const TensorView& base,
-                  const compact::V3Tables* tables, TensorChanges& c, Bf16Tensor& bf) {
+                  const compact::V3Tables* tables, bool fused, TensorChanges& c, Bf16Tensor& bf) {
   auto bad = [&](const std::string& msg) { return CorruptTensor(label, stream.name, msg); };
   Reader in(stream.data);
   std::optional<uint8_t> version = in.Byte();
@@ -160,8 +160,11 @@ Status ReadTensor(const std::string& label, const TensorView& stream, const Tens
   }
   if (bf.escapes.size() != 2 * bf.escaped.size()) return bad("escape block does not match the escaped changes");
   if (in.remaining() != 0) return bad(std::to_string(in.remaining()) + " trailing bytes after the last block");
-  c.indices.resize(*count);
-  c.values.resize(2 * *count);
+  bf.count = *count;
+  if (!fused) {
+    c.indices.resize(*count);
+    c.values.resize(2 * *count);
+  }
   return Status::OK();
 }
 
@@ -174,9 +177,18 @@ std::string Show(std::string_view v) {
 }  // namespace
 
 namespace compact {
+namespace {
 
-Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, std::span<const TensorView> base,
-                                               const StateHash& base_hash, int threads, uint64_t chunk_elements) {
+// A fused apply's destination: writable[i] holds base[i]'s bytes.
+struct Fused {
+  std::span<uint8_t* const> writable;
+  CompactUndo* undo;
+};
+
+// DecodeCompactDeltaChunked, or with `fused` ApplyCompactDeltaChunked.
+Result<CompactDelta> DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> base,
+                                   const StateHash& base_hash, int threads, uint64_t chunk_elements,
+                                   const Fused* fused) {
   if (chunk_elements == 0) return Status::InvalidArgument("chunk_elements must be at least 1");
   const std::string& label = file.label();
   auto bad = [&](const std::string& msg) { return Status::Corruption(label + ": " + msg); };
@@ -263,10 +275,15 @@ Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, std:
   DS_RETURN_IF_ERROR(compact::ParseDeltaTables(file, tables));
   const compact::V3Tables* t = tables ? &*tables : nullptr;
   ParallelFor(streams.size(), stream_bytes >= kParallelMin ? threads : 1,
-              [&](size_t i) { errors[i] = ReadTensor(label, *streams[i], *bases[i], t, out.changes[i], read[i]); });
+              [&](size_t i) {
+                errors[i] = ReadTensor(label, *streams[i], *bases[i], t, fused != nullptr, out.changes[i], read[i]);
+              });
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
-  uint64_t changed = 0;
-  for (const TensorChanges& c : out.changes) changed += c.indices.size();
+  uint64_t changed = 0, bf16_changed = 0;
+  for (size_t i = 0; i < read.size(); ++i) {
+    changed += read[i].base ? read[i].count : out.changes[i].indices.size();
+    if (read[i].base) bf16_changed += read[i].count;
+  }
   if (changed != out.info.total_changed_elements) {
     return bad("total_changed_elements " + std::to_string(out.info.total_changed_elements) + " but the tensors hold " +
                std::to_string(changed));
@@ -277,7 +294,7 @@ Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, std:
   std::vector<Chunk> chunks;
   uint64_t walk_elements = 0;
   for (Bf16Tensor& t : read) {
-    if (t.base == nullptr || t.out->indices.empty()) continue;
+    if (t.base == nullptr || t.count == 0) continue;
     const uint64_t n = t.base->num_elements();
     for (uint64_t begin = 0; begin < n; begin += chunk_elements) {
       const uint64_t end = std::min(n, begin + chunk_elements);
@@ -286,19 +303,81 @@ Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, std:
     walked.push_back(&t);
     walk_elements += n;
   }
-  ChunkWalker walker(label, walked, chunks);
+  CompactUndo* undo = fused ? fused->undo : nullptr;
+  if (undo) {
+    // Each bf16 tensor's changes get undo slots in order, then the raw ones.
+    uint64_t raw_bytes = 0;
+    for (size_t i = 0; i < read.size(); ++i) {
+      if (read[i].base == nullptr) raw_bytes += out.changes[i].values.size();
+    }
+    undo->runs.assign(chunks.size(), CompactUndo::Run{});
+    undo->pos.resize(std::max<size_t>(undo->pos.size(), changed));
+    undo->old16.resize(std::max<size_t>(undo->old16.size(), bf16_changed));
+    undo->old_raw.resize(std::max<size_t>(undo->old_raw.size(), raw_bytes));
+    uint64_t slot = 0;
+    for (Bf16Tensor* t : walked) {
+      t->target = reinterpret_cast<uint16_t*>(fused->writable[static_cast<size_t>(t->base - base.data())]);
+      t->undo_pos = undo->pos.data() + slot;
+      t->undo_old = undo->old16.data() + slot;
+      slot += t->count;
+    }
+  }
+  ChunkWalker walker(label, walked, chunks, undo ? undo->runs.data() : nullptr);
   errors.assign(chunks.size(), Status::OK());
   ParallelFor(chunks.size(), walk_elements >= kParallelWalkMin ? threads : 1,
               [&](size_t k) { errors[k] = walker.Walk(k); });
-  for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
+  for (const Status& s : errors) {
+    if (!s.ok() && undo) undo->Restore(threads);
+    DS_RETURN_IF_ERROR(s);
+  }
   // Raw-mode tensors (few, small) hash their changes the usual way.
   std::vector<TensorChanges> raw;
+  std::vector<size_t> raw_index;
   for (size_t i = 0; i < read.size(); ++i) {
-    if (read[i].base == nullptr && !out.changes[i].indices.empty()) raw.push_back(out.changes[i]);
+    if (read[i].base == nullptr && !out.changes[i].indices.empty()) {
+      raw.push_back(out.changes[i]);
+      raw_index.push_back(i);
+    }
   }
   out.hash_delta = walker.HashDelta() + HashChanges(base, raw, threads);
-  for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
+  if (undo) {
+    // Hashed against the base above; now written, their old bytes logged.
+    uint64_t slot = bf16_changed, byte = 0;
+    for (size_t r = 0; r < raw.size(); ++r) {
+      const TensorChanges& c = raw[r];
+      const size_t esize = DTypeSize(c.dtype);
+      uint8_t* data = fused->writable[static_cast<size_t>(bases[raw_index[r]] - base.data())];
+      CompactUndo::Run run{data, esize, undo->pos.data() + slot, undo->old_raw.data() + byte, c.indices.size()};
+      for (size_t k = 0; k < c.indices.size(); ++k) {
+        undo->pos[slot + k] = c.indices[k];
+        std::memcpy(undo->old_raw.data() + byte + k * esize, data + c.indices[k] * esize, esize);
+        std::memcpy(data + c.indices[k] * esize, c.values.data() + k * esize, esize);
+      }
+      undo->runs.push_back(run);
+      slot += c.indices.size();
+      byte += c.values.size();
+    }
+    out.changes.clear();
+  }
   return out;
+}
+
+}  // namespace
+
+Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, std::span<const TensorView> base,
+                                               const StateHash& base_hash, int threads, uint64_t chunk_elements) {
+  return DecodeOrApply(file, base, base_hash, threads, chunk_elements, nullptr);
+}
+
+Result<CompactDelta> ApplyCompactDeltaChunked(const SafetensorsFile& file, WeightState& state,
+                                              const StateHash& base_hash, int threads, uint64_t chunk_elements,
+                                              CompactUndo& undo) {
+  undo.runs.clear();
+  const std::vector<TensorView> views = state.views();
+  std::vector<uint8_t*> writable;
+  for (WeightState::Tensor& t : state.mutable_tensors()) writable.push_back(t.data.data());
+  const Fused fused{writable, &undo};
+  return DecodeOrApply(file, views, base_hash, threads, chunk_elements, &fused);
 }
 
 }  // namespace compact
@@ -306,6 +385,21 @@ Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, std:
 Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, std::span<const TensorView> base,
                                         const StateHash& base_hash, int threads) {
   return compact::DecodeCompactDeltaChunked(file, base, base_hash, threads, compact::kDecodeChunkElements);
+}
+
+Result<CompactDelta> ApplyCompactDelta(const SafetensorsFile& file, WeightState& state, const StateHash& base_hash,
+                                       int threads, CompactUndo& undo) {
+  return compact::ApplyCompactDeltaChunked(file, state, base_hash, threads, compact::kDecodeChunkElements, undo);
+}
+
+void CompactUndo::Restore(int threads) {
+  ParallelFor(runs.size(), threads, [&](size_t r) {
+    const Run& run = runs[r];
+    for (uint64_t j = 0; j < run.written; ++j) {
+      std::memcpy(run.data + run.pos[j] * run.esize, run.old + j * run.esize, run.esize);
+    }
+  });
+  runs.clear();
 }
 
 Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, const WeightState& base,

@@ -28,8 +28,8 @@ struct ChunkWalker::WalkStart {
 };
 
 ChunkWalker::ChunkWalker(const std::string& label, const std::vector<Bf16Tensor*>& tensors,
-                         const std::vector<Chunk>& chunks)
-    : label_(label), tensors_(tensors), chunks_(chunks), ready_(new std::atomic<uint32_t>[chunks.size()]),
+                         const std::vector<Chunk>& chunks, CompactUndo::Run* runs)
+    : label_(label), tensors_(tensors), chunks_(chunks), runs_(runs), ready_(new std::atomic<uint32_t>[chunks.size()]),
       upto_(chunks.size()), hash_(chunks.size(), {0, 0}) {
   for (size_t k = 0; k < chunks.size(); ++k) ready_[k].store(0, std::memory_order_relaxed);
 }
@@ -97,7 +97,7 @@ Status ChunkWalker::Walk(size_t k) {
   const WalkStart start = StartAt(t, start_at);
   const WalkStart next = c.last ? WalkStart{} : StartAt(t, end_at);
   return Place(t, c, blocks, active, classes, masks.data(), before.data(), start, c.last ? nullptr : &next,
-               hash_[k].data());
+               hash_[k].data(), runs_ ? &runs_[k] : nullptr);
 }
 
 // The walk of a chunk from `start` over its blocks' class masks, then
@@ -105,7 +105,7 @@ Status ChunkWalker::Walk(size_t k) {
 // (nullptr for its last chunk).
 Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, size_t active, uint32_t classes,
                           const uint64_t* masks, const uint32_t* before, const WalkStart& start,
-                          const WalkStart* next, uint64_t hash[2]) {
+                          const WalkStart* next, uint64_t hash[2], CompactUndo::Run* run) {
   const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
   kernels::ClassWalkCursor cur;
   std::array<uint64_t, kClasses> end;
@@ -116,18 +116,45 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
     end[cl] = t.class_begin[cl + 1];
   }
   const kernels::ClassWalkStreams streams{t.ranks.data(), end.data(), t.diffs.data(), t.escapes.data()};
-  uint64_t* indices = t.out->indices.data();
-  uint8_t* values = t.out->values.data();
   uint64_t hit_words[kWords];
   uint16_t block_values[kBlock];
   uint64_t h_index[kBlock], h_new[kBlock], h_old[kBlock];
   uint64_t k = start.out;
-  const uint64_t k_end = next ? next->out : t.out->indices.size();
+  const uint64_t k_end = next ? next->out : t.count;
+  // A fused apply (run != nullptr) writes into the base itself. That is
+  // safe: the masks of all this chunk's blocks were built (Walk) before
+  // anything is placed; ClassSelect16 reads only the elements of the block it
+  // places, before the loop below writes them; each element changes at most
+  // once (a class's ranks strictly ascend, classes are disjoint); and every
+  // other chunk reads and writes only its own elements, sharing with this one
+  // only class counts. So every read sees the base's value. run->written
+  // counts every value written (ClassApply16 logs each before writing it).
+  uint16_t* const target = t.target;
+  uint64_t* const undo_pos = t.undo_pos;
+  uint16_t* const undo_old = t.undo_old;
+  if (run) *run = {reinterpret_cast<uint8_t*>(target), 2, undo_pos + k, reinterpret_cast<const uint8_t*>(undo_old + k), 0};
+  uint64_t* const indices = run ? nullptr : t.out->indices.data();
+  uint8_t* const values = run ? nullptr : t.out->values.data();
   for (size_t blk = 0; blk < blocks && k < k_end; ++blk) {
     const uint64_t at = chunk.begin + blk * kBlock;
     const size_t len = static_cast<size_t>(std::min<uint64_t>(kBlock, chunk.end - at));
-    const size_t wrong = kernels::ClassSelect16(masks + blk * active * kWords, before + blk * active * (kWords + 1),
-                                                classes, data + at, len, streams, cur, hit_words, block_values);
+    const uint64_t* m = masks + blk * active * kWords;
+    const uint32_t* p = before + blk * active * (kWords + 1);
+    if (run) {
+      // Placed, logged and written in class order by the kernel; every
+      // change it placed is logged, so the undo covers a failing block too.
+      size_t placed = 0;
+      const kernels::ClassApplyOut o{at, undo_pos + k, undo_old + k, h_new, h_old};
+      const size_t wrong = kernels::ClassApply16(m, p, classes, target + at, len, streams, cur, o, &placed);
+      run->written += placed;
+      if (wrong < len) {
+        return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
+      }
+      kernels::HashTermDiffs(undo_pos + k, h_new, h_old, placed, t.seeds.element_seed, hash);
+      k += placed;
+      continue;
+    }
+    const size_t wrong = kernels::ClassSelect16(m, p, classes, data + at, len, streams, cur, hit_words, block_values);
     if (wrong < len) {
       return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
     }

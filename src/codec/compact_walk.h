@@ -32,6 +32,13 @@ struct Bf16Tensor {
   std::vector<uint64_t> escaped;  // the changes (class order) that are escapes
   std::vector<uint8_t> escapes;   // their raw values, u16 little-endian each
   state_hash::TensorSeeds seeds{};
+  uint64_t count = 0;  // the tensor's changes
+  // A fused apply (ApplyCompactDelta): the new values go to `target` (the
+  // base's own bytes) instead of `out`, change k's position and old value
+  // to undo_pos[k] and undo_old[k] first.
+  uint16_t* target = nullptr;
+  uint64_t* undo_pos = nullptr;
+  uint16_t* undo_old = nullptr;
 };
 
 // A chunk of a tensor's elements.
@@ -48,7 +55,11 @@ struct Chunk {
 // (indices, values) and sums their state-hash terms.
 class ChunkWalker {
  public:
-  ChunkWalker(const std::string& label, const std::vector<Bf16Tensor*>& tensors, const std::vector<Chunk>& chunks);
+  // `runs` (a fused apply only; else nullptr): one per chunk, where chunk k
+  // records what it wrote (written counts whole blocks, set before any
+  // error returns).
+  ChunkWalker(const std::string& label, const std::vector<Bf16Tensor*>& tensors, const std::vector<Chunk>& chunks,
+              CompactUndo::Run* runs = nullptr);
   ~ChunkWalker();
   Status Walk(size_t k);
   // The hash change of all chunks' changes (after every Walk).
@@ -58,12 +69,13 @@ class ChunkWalker {
   struct WalkStart;
   Status Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, size_t active, uint32_t classes,
                const uint64_t* masks, const uint32_t* before, const WalkStart& start, const WalkStart* next,
-               uint64_t hash[2]);
+               uint64_t hash[2], CompactUndo::Run* run);
   static WalkStart StartAt(const Bf16Tensor& t, const std::array<uint64_t, kClasses>& before);
 
   const std::string& label_;
   const std::vector<Bf16Tensor*>& tensors_;
   const std::vector<Chunk>& chunks_;
+  CompactUndo::Run* runs_;
   std::unique_ptr<std::atomic<uint32_t>[]> ready_;      // chunk k published upto_[k]
   std::vector<std::array<uint64_t, kClasses>> upto_;  // class elements up to chunk k's end
   std::vector<std::array<uint64_t, 2>> hash_;         // per chunk, its element-term changes

@@ -234,9 +234,10 @@ Result<RebuiltPart> Replay(Store& store, const Manifest& manifest, const CatchUp
         DS_ASSIGN_OR_RETURN(auto base, Reshape(held, layout, digest, want));
         state = std::move(base.at(0));
         std::vector<uint8_t> undo;
+        CompactUndo compact_undo;
         const StateHash base_hash = manifest.Find(*object.base_version)->state_hash;
         Result<replay::AppliedDelta> d =
-            replay::ApplyDelta(std::move(*blob), entry, object, state, base_hash, threads, false, undo);
+            replay::ApplyDelta(std::move(*blob), entry, object, state, base_hash, threads, false, undo, compact_undo);
         if (!d.ok()) {
           if (replay::ObjectFault(d.status())) *bad = RefOf(object);
           return fail(d.status());

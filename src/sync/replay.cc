@@ -116,7 +116,7 @@ Result<CheckedDelta> CheckDelta(Blob bytes, const VersionEntry& entry, const Obj
 
 Result<AppliedDelta> ApplyDelta(Blob bytes, const VersionEntry& entry, const ObjectEntry& object, WeightState& state,
                                 const StateHash& state_hash, int threads, bool want_changes,
-                                std::vector<uint8_t>& undo) {
+                                std::vector<uint8_t>& undo, CompactUndo& compact_undo) {
   AppliedDelta out;
   if (object.encoding != IndexEncoding::kCompact) {
     DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Parse(std::move(bytes), object.key));
@@ -142,6 +142,25 @@ Result<AppliedDelta> ApplyDelta(Blob bytes, const VersionEntry& entry, const Obj
     }
     ApplyChanges(state, p.changes, threads);
     if (want_changes) out.changes = std::move(p.changes);
+    return out;
+  }
+  if (!want_changes) {
+    // Decoded straight into the state (the old values logged), put back on
+    // any failure.
+    DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Parse(std::move(bytes), object.key));
+    DS_ASSIGN_OR_RETURN(CompactDelta d, ApplyCompactDelta(file, state, state_hash, threads, compact_undo));
+    d.info.kind = PatchKind::kDelta;
+    out.next = state_hash + d.hash_delta;
+    Status listed = CheckListed(d.info, object, entry.version);
+    if (!listed.ok()) {
+      compact_undo.Restore(threads);
+      return listed;
+    }
+    if (out.next != entry.state_hash) {
+      compact_undo.Restore(threads);
+      return Status::Integrity("the state after it would hash to " + out.next.Hex() + ", the manifest says " +
+                               entry.state_hash.Hex());
+    }
     return out;
   }
   DS_ASSIGN_OR_RETURN(CheckedDelta d, CheckDelta(std::move(bytes), entry, object, state, state_hash, threads));

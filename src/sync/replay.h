@@ -80,11 +80,13 @@ struct AppliedDelta {
 // gap_delta delta applies straight from its encoded bytes in one pass
 // (ApplyGapChanges) and, when the result does not hash to entry.state_hash,
 // every overwritten value is put back before the kIntegrity error returns:
-// on any error `state` holds what it held. `undo` is scratch, reused across
-// calls. `want_changes`: also return the changes (for change tracking).
+// on any error `state` holds what it held. A compact delta (unless
+// `want_changes`) applies the same way, decoded straight into `state`
+// (ApplyCompactDelta). `undo`, `compact_undo`: scratch, reused across calls.
+// `want_changes`: also return the changes (for change tracking).
 Result<AppliedDelta> ApplyDelta(Blob bytes, const VersionEntry& entry, const ObjectEntry& object, WeightState& state,
                                 const StateHash& state_hash, int threads, bool want_changes,
-                                std::vector<uint8_t>& undo);
+                                std::vector<uint8_t>& undo, CompactUndo& compact_undo);
 
 // Parted versions (docs/format.md, "Parts"): the same checks, part by part,
 // with the parts' blocks assembled into (or mapped onto) full tensors. Each

@@ -287,7 +287,7 @@ Status Replica::ApplyDelta(const VersionEntry& entry, const ObjectEntry& object,
     clock = Stopwatch();
     // Applied only when it checks out; on any error the state is as it was.
     delta = replay::ApplyDelta(std::move(*blob), entry, object, state_, state_hash_, options_.threads,
-                               options_.track_changes && !pending_.everything, undo_);
+                               options_.track_changes && !pending_.everything, undo_, compact_undo_);
   }
   if (!delta.ok()) {
     Status s = delta.status();

@@ -4,7 +4,11 @@
 //   2. a delta that decodes (stream version 2 or 3) is valid for the base
 //      (ValidateChanges), and re-encodes in both versions to patches that
 //      decode to the same changes;
-//   3. an anchor that decodes re-encodes and decodes to the same tensors.
+//   3. an anchor that decodes re-encodes and decodes to the same tensors;
+//   4. the fused ApplyCompactDelta on a copy of the base succeeds exactly
+//      when the decoder does, then leaves the copy as ApplyChanges would
+//      with the same hash change, else leaves it bit-identical to the base;
+//      and its undo log restores the base.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +16,7 @@
 
 #include "deltasync/blob.h"
 #include "deltasync/compact.h"
+#include "deltasync/patch.h"
 #include "deltasync/safetensors.h"
 #include "fuzz/compact_fuzz_base.h"
 
@@ -47,6 +52,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   Result<CompactDelta> d = DecodeCompactDelta(*file, base->state, base->hash, 1);
+  {
+    Result<WeightState> copy = WeightState::FromViews(base->state.views());
+    if (!copy.ok()) std::abort();
+    CompactUndo undo;
+    Result<CompactDelta> fused = ApplyCompactDelta(*file, *copy, base->hash, 2, undo);
+    if (fused.ok() != d.ok()) std::abort();
+    auto same = [&](const WeightState& a, const WeightState& b) {
+      for (size_t i = 0; i < a.tensors().size(); ++i) {
+        if (a.tensors()[i].data != b.tensors()[i].data) return false;
+      }
+      return true;
+    };
+    if (!fused.ok()) {
+      if (!same(*copy, base->state)) std::abort();
+    } else {
+      Result<WeightState> want = WeightState::FromViews(base->state.views());
+      if (!want.ok()) std::abort();
+      ApplyChanges(*want, d->changes, 1);
+      if (!same(*copy, *want) || !(fused->hash_delta == d->hash_delta)) std::abort();
+      undo.Restore(1);
+      if (!same(*copy, base->state)) std::abort();
+    }
+  }
   if (!d.ok()) return 0;
   if (!ValidateChanges(base->state, d->changes).ok()) std::abort();
   // Both stream versions (2 and 3) re-encode it to the same changes.

@@ -136,20 +136,23 @@ Result<CompactApplyFigures> MeasureCompactApply(WeightState& state, const std::v
     DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Parse(blob, "bench compact delta"));
     return DecodeCompactDelta(file, state, hash, n);
   };
-  // As Replica::Update: the object's digest, parse and decode against the
-  // held state, the next state's hash checked before anything is written,
-  // then the scatter.
+  // As Replica::Update: the object's digest, parse, then the decode
+  // straight into the held state (old values logged), the next state's
+  // hash checked (a mismatch would put the old values back).
+  CompactUndo compact_undo;
   f.apply_s = BestSeconds(
       reps,
       [&] {
         if (!failure.ok()) return;
         if (Xxh3Hex(blob.bytes()) != digest) return void(failure = Status::Internal("bench: digest mismatch"));
-        Result<CompactDelta> d = decode(threads);
+        Result<SafetensorsFile> file = SafetensorsFile::Parse(blob, "bench compact delta");
+        if (!file.ok()) return void(failure = file.status());
+        Result<CompactDelta> d = ApplyCompactDelta(*file, state, hash, threads, compact_undo);
         if (!d.ok()) return void(failure = d.status());
         if (hash + d->hash_delta != want) {  // as the replica: hashed while decoding
+          compact_undo.Restore(threads);
           return void(failure = Status::Internal("bench: the applied state's hash differs"));
         }
-        ApplyChanges(state, d->changes, threads);
       },
       [&] { ApplyChanges(state, undo, threads); });
   DS_RETURN_IF_ERROR(failure);

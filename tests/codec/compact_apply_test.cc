@@ -1,0 +1,177 @@
+// The fused compact apply (ApplyCompactDelta, src/codec/compact_decode.cc):
+// on every SIMD target, thread count and chunk size it leaves the state
+// exactly as DecodeCompactDelta + ApplyChanges would, with the same hash
+// change; its undo log puts every old value back; and a delta that fails
+// after values were written (gaps past the base's class elements, damaged
+// bytes) leaves the state bit-identical to before.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "bf16/bf16_test_util.h"
+#include "codec/compact_bf16.h"
+#include "codec/compact_case_util.h"
+#include "codec/patch_test_util.h"
+#include "deltasync/compact.h"
+
+namespace deltasync {
+namespace {
+
+using testing::Flatten;
+using testing::ParseBytes;
+using namespace testing_compact;
+
+WeightState Copy(const WeightState& s) { return std::move(WeightState::FromViews(s.views())).value(); }
+
+bool SameBytes(const WeightState& a, const WeightState& b) {
+  if (a.tensors().size() != b.tensors().size()) return false;
+  for (size_t i = 0; i < a.tensors().size(); ++i) {
+    if (a.tensors()[i].name != b.tensors()[i].name || a.tensors()[i].data != b.tensors()[i].data) return false;
+  }
+  return true;
+}
+
+Result<CompactDelta> Apply(const std::vector<uint8_t>& bytes, WeightState& state, const StateHash& hash, int threads,
+                           uint64_t chunk, CompactUndo& undo) {
+  DS_ASSIGN_OR_RETURN(SafetensorsFile f, ParseBytes(bytes, "fused.safetensors"));
+  return compact::ApplyCompactDeltaChunked(f, state, hash, threads, chunk, undo);
+}
+
+TEST(CompactApply, EqualsDecodeAndScatterOnEveryTargetThreadCountAndChunkSize) {
+  const Case c = MakeCase();
+  ASSERT_FALSE(c.bytes.empty());
+  WeightState want = Copy(c.state);
+  ApplyChanges(want, c.changes, 1);
+  const StateHash want_delta = HashChanges(c.state, c.changes, 1);
+  CompactUndo undo;  // reused across calls, as the replica does
+  testing_bf16::ForEachTarget([&] {
+    for (int threads : {1, 2, 3}) {
+      for (uint64_t chunk : {uint64_t{1}, uint64_t{7}, uint64_t{63}, uint64_t{64}, uint64_t{100}, uint64_t{1023},
+                             uint64_t{1024}, uint64_t{1025}, uint64_t{4096}, compact::kDecodeChunkElements}) {
+        SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
+        WeightState s = Copy(c.state);
+        Result<CompactDelta> d = Apply(c.bytes, s, c.hash, threads, chunk, undo);
+        ASSERT_TRUE(d.ok()) << d.status().ToString();
+        EXPECT_TRUE(d->changes.empty());
+        EXPECT_EQ(d->hash_delta, want_delta);
+        EXPECT_EQ(d->info.model_version, 3u);
+        ASSERT_TRUE(SameBytes(s, want));
+        undo.Restore(threads);
+        ASSERT_TRUE(SameBytes(s, c.state));
+        undo.Restore(threads);  // a second call does nothing
+        ASSERT_TRUE(SameBytes(s, c.state));
+      }
+    }
+  });
+}
+
+TEST(CompactApply, RawModeTensorsApplyAndRestore) {
+  // An F32 tensor beside a bf16 one: its changes are raw-mode, applied and
+  // logged after the walk.
+  std::vector<float> f(300);
+  for (size_t i = 0; i < f.size(); ++i) f[i] = 0.5f + static_cast<float>(i);
+  std::vector<uint8_t> fbytes(f.size() * 4);
+  std::memcpy(fbytes.data(), f.data(), fbytes.size());
+  std::mt19937_64 rng(5);
+  std::vector<uint16_t> w = Spread(rng, 700);
+  std::vector<uint8_t> wbytes(w.size() * 2);
+  std::memcpy(wbytes.data(), w.data(), wbytes.size());
+  const std::vector<TensorView> views = {{"a.f32", DType::kF32, {f.size()}, fbytes}, {"b.bf16", DType::kBF16, {w.size()}, wbytes}};
+  WeightState base = std::move(WeightState::FromViews(views)).value();
+  TensorChanges fc{"a.f32", DType::kF32, {3, 4, 200}, {}};
+  for (uint64_t i : fc.indices) {
+    const float v = -f[i];
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(&v);
+    fc.values.insert(fc.values.end(), b, b + 4);
+  }
+  const std::vector<TensorChanges> changes = {fc, Change(base, "b.bf16", {0, 1, 2, 63, 64, 500, 699}, rng)};
+  const StateHash hash = HashState(base, 1);
+  PatchInfo info;
+  info.model_version = 2;
+  info.base_version = 1;
+  Result<EncodedPatch> e = EncodeCompactDelta(info, hash, base, changes);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const std::vector<uint8_t> bytes = Flatten(*e);
+  WeightState want = Copy(base);
+  ApplyChanges(want, changes, 1);
+  CompactUndo undo;
+  for (uint64_t chunk : {uint64_t{1}, uint64_t{64}, compact::kDecodeChunkElements}) {
+    WeightState s = Copy(base);
+    Result<CompactDelta> d = Apply(bytes, s, hash, 2, chunk, undo);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->hash_delta, HashChanges(base, changes, 1));
+    EXPECT_TRUE(SameBytes(s, want));
+    undo.Restore(2);
+    EXPECT_TRUE(SameBytes(s, base));
+  }
+}
+
+TEST(CompactApply, GapsPastTheBaseLeaveTheStateAsItWas) {
+  const Case c = MakeCase();
+  // As in compact_decode_test: "one_class" holds half as many class-8
+  // elements, so the walk fails only at its last chunk, after every earlier
+  // chunk (and every other tensor) wrote its values.
+  Model m;
+  for (const WeightState::Tensor& t : c.state.tensors()) {
+    std::vector<uint16_t> bits(t.num_elements());
+    std::memcpy(bits.data(), t.data.data(), t.data.size());
+    if (t.name == "one_class") {
+      for (size_t i = 1500; i < bits.size(); ++i) bits[i] = Bf16(std::exp2(-12.0f));
+    }
+    m.Add(t.name, bits);
+  }
+  const WeightState other = m.State();
+  CompactUndo undo;
+  testing_bf16::ForEachTarget([&] {
+    for (int threads : {1, 2, 3}) {
+      for (uint64_t chunk : {uint64_t{1}, uint64_t{64}, uint64_t{1000}, compact::kDecodeChunkElements}) {
+        SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
+        WeightState s = Copy(other);
+        Result<CompactDelta> d = Apply(c.bytes, s, c.hash, threads, chunk, undo);
+        ASSERT_FALSE(d.ok());
+        EXPECT_EQ(d.status().code(), ErrorCode::kCorruption) << d.status().ToString();
+        EXPECT_TRUE(SameBytes(s, other));
+      }
+    }
+  });
+}
+
+TEST(CompactApply, DamagedBytesEitherApplyAsDecodedOrLeaveTheState) {
+  // One bit flipped at a time in the delta's payload (the streams): the
+  // fused apply either fails with the state untouched, or succeeds exactly
+  // as decode + scatter of the same bytes does.
+  const Case c = MakeCase();
+  ASSERT_FALSE(c.bytes.empty());
+  uint64_t header = 0;
+  std::memcpy(&header, c.bytes.data(), 8);
+  const size_t payload = 8 + static_cast<size_t>(header);
+  CompactUndo undo;
+  int failed = 0, applied = 0;
+  for (size_t at = payload; at < c.bytes.size(); at += 13) {
+    std::vector<uint8_t> bytes = c.bytes;
+    bytes[at] ^= static_cast<uint8_t>(1u << (at % 8));
+    WeightState s = Copy(c.state);
+    Result<CompactDelta> d = Apply(bytes, s, c.hash, 2, 1000, undo);
+    Result<SafetensorsFile> f = ParseBytes(bytes, "fused.safetensors");
+    ASSERT_TRUE(f.ok());
+    Result<CompactDelta> ref = compact::DecodeCompactDeltaChunked(*f, c.state, c.hash, 2, 1000);
+    ASSERT_EQ(d.ok(), ref.ok()) << "byte " << at;
+    if (!d.ok()) {
+      ++failed;
+      EXPECT_EQ(d.status().ToString(), ref.status().ToString());
+      ASSERT_TRUE(SameBytes(s, c.state)) << "byte " << at << ": " << d.status().ToString();
+      continue;
+    }
+    ++applied;
+    WeightState want = Copy(c.state);
+    ApplyChanges(want, ref->changes, 1);
+    EXPECT_EQ(d->hash_delta, ref->hash_delta);
+    ASSERT_TRUE(SameBytes(s, want)) << "byte " << at;
+  }
+  EXPECT_GT(failed, 0);
+  EXPECT_GT(applied, 0);
+}
+
+}  // namespace
+}  // namespace deltasync

@@ -1,0 +1,115 @@
+// The compact decoder's test case (compact_decode_test.cc,
+// compact_apply_test.cc): tensors whose exponents span every class, a run of
+// changes across many chunk borders, a tensor smaller than a chunk, one class
+// holding nearly every element, and escapes (sign flips, NaN/Inf, large moves).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codec/patch_test_util.h"
+#include "deltasync/compact.h"
+#include "deltasync/weight_state.h"
+
+namespace deltasync::testing_compact {
+
+using testing::Flatten;
+
+struct Model {
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<TensorView> views;
+  void Add(std::string name, std::vector<uint16_t> bits) {
+    std::vector<uint8_t> bytes(bits.size() * 2);
+    std::memcpy(bytes.data(), bits.data(), bytes.size());
+    storage.push_back(std::move(bytes));
+    views.push_back({std::move(name), DType::kBF16, {bits.size()}, {}});
+  }
+  WeightState State() {
+    for (size_t i = 0; i < views.size(); ++i) views[i].data = storage[i];
+    return std::move(WeightState::FromViews(views)).value();
+  }
+};
+
+inline uint16_t Bf16(float x) {
+  uint32_t f;
+  std::memcpy(&f, &x, 4);
+  return Fp32ToBf16(f);
+}
+
+// Values whose exponents span every class (0 and 15 included).
+inline std::vector<uint16_t> Spread(std::mt19937_64& rng, size_t n) {
+  std::uniform_real_distribution<float> exp2(-24.0f, 3.0f);
+  std::bernoulli_distribution neg(0.5);
+  std::vector<uint16_t> v(n);
+  for (uint16_t& x : v) x = Bf16((neg(rng) ? -1.0f : 1.0f) * std::exp2(exp2(rng)));
+  return v;
+}
+
+inline TensorChanges Change(const WeightState& s, const std::string& name, const std::vector<uint64_t>& indices,
+                     std::mt19937_64& rng) {
+  TensorChanges c;
+  c.name = name;
+  c.dtype = DType::kBF16;
+  const WeightState::Tensor* t = s.Find(name);
+  std::uniform_int_distribution<int> kind(0, 19);
+  for (uint64_t i : indices) {
+    uint16_t o;
+    std::memcpy(&o, t->data.data() + 2 * i, 2);
+    const int k = kind(rng);
+    // Mostly +-1 ULP; some larger moves, sign flips and NaN/Inf (escapes).
+    uint16_t v = k < 8 ? o + 1 : k < 16 ? o - 1 : k < 18 ? o + 300 : k == 18 ? o ^ 0x8000 : 0x7F80;
+    if (v == o) v ^= 1;
+    c.indices.push_back(i);
+    c.values.push_back(static_cast<uint8_t>(v));
+    c.values.push_back(static_cast<uint8_t>(v >> 8));
+  }
+  return c;
+}
+
+struct Case {
+  WeightState state;
+  StateHash hash;
+  std::vector<TensorChanges> changes;  // sorted by name
+  std::vector<uint8_t> bytes;
+};
+
+inline Case MakeCase() {
+  std::mt19937_64 rng(11);
+  Model m;
+  m.Add("big", Spread(rng, 5000));
+  // Every element of class 8 (exponent 120) but a few of class 3.
+  std::vector<uint16_t> one_class(3000, Bf16(0.01f));
+  for (size_t i = 0; i < one_class.size(); i += 97) one_class[i] = Bf16(std::exp2(-12.0f));
+  m.Add("one_class", one_class);
+  m.Add("small", Spread(rng, 10));
+  m.Add("dense", Spread(rng, 2000));
+  Case c{m.State(), {}, {}, {}};
+  c.hash = HashState(c.state, 1);
+  std::vector<uint64_t> big;
+  std::bernoulli_distribution p(0.3);
+  for (uint64_t i = 0; i < 5000; ++i) {
+    // A run of 300 changes across many chunk borders, sparse elsewhere.
+    if ((i >= 1000 && i < 1300) || p(rng)) big.push_back(i);
+  }
+  std::vector<uint64_t> one, small{0, 3, 9}, dense(2000);
+  for (uint64_t i = 0; i < 3000; ++i) {
+    if (i % 97 != 0 && i % 5 != 1) one.push_back(i);  // class 8 only, most of it
+  }
+  for (uint64_t i = 0; i < 2000; ++i) dense[i] = i;
+  c.changes = {Change(c.state, "big", big, rng), Change(c.state, "dense", dense, rng),
+               Change(c.state, "one_class", one, rng), Change(c.state, "small", small, rng)};
+  PatchInfo info;
+  info.model_version = 3;
+  info.base_version = 2;
+  Result<EncodedPatch> e = EncodeCompactDelta(info, c.hash, c.state, c.changes);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  if (e.ok()) c.bytes = Flatten(*e);
+  return c;
+}
+
+}  // namespace deltasync::testing_compact
