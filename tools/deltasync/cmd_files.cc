@@ -46,9 +46,12 @@ Status RunDiff(const DiffArgs& args) {
                           }
                           return false;
                         }};
-  Result<WeightState> base = ToPublishedState(old_file.tensors(), options);
+  // Both files are read where they are mapped: only OLD's f32 tensors that
+  // round to bf16 are copied.
+  Result<PublishedViews> base = ViewAsPublished(old_file.tensors(), options);
   if (!base.ok()) return base.status().WithContext(args.old_path);
-  Result<std::vector<TensorChanges>> changes = DetectChanges(*base, new_file.tensors(), options);
+  const std::span<const TensorView> base_views = base->tensors;
+  Result<std::vector<TensorChanges>> changes = DetectChanges(base_views, new_file.tensors(), options);
   if (!changes.ok()) return changes.status().WithContext("comparing " + args.old_path + " with " + args.new_path);
   PatchInfo info;
   info.kind = PatchKind::kDelta;
@@ -64,7 +67,7 @@ Status RunDiff(const DiffArgs& args) {
                                      " must be below --version " + std::to_string(args.version));
     }
     const int stream_version = static_cast<int>(args.stream_version.value_or(kDefaultCompactStreamVersion));
-    DS_ASSIGN_OR_RETURN(patch, EncodeCompactDelta(info, HashState(*base), *base, *changes, 0, stream_version));
+    DS_ASSIGN_OR_RETURN(patch, EncodeCompactDelta(info, HashTensors(base_views), base_views, *changes, 0, stream_version));
   } else {
     DS_ASSIGN_OR_RETURN(patch, EncodeDelta(info, *changes));
   }
@@ -88,7 +91,7 @@ Status RunDiff(const DiffArgs& args) {
         out[key] = none;
       }
     } else {
-      const DeltaEntropy h = MeasureDeltaEntropy(*base, *changes);
+      const DeltaEntropy h = MeasureDeltaEntropy(base_views, *changes);
       out["bytes_per_changed_element"] = static_cast<double>(patch.size) / static_cast<double>(changed);
       out["entropy_bytes_per_changed"] = h.entropy;
       out["context_entropy_bytes_per_changed"] = h.context_entropy;
