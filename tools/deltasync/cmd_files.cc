@@ -111,6 +111,7 @@ Status RunApply(const ApplyArgs& args) {
   DS_ASSIGN_OR_RETURN(SafetensorsFile base_file, SafetensorsFile::Open(args.base_path));
   DS_ASSIGN_OR_RETURN(WeightState state, WeightState::FromViews(base_file.tensors()));
   std::optional<uint64_t> version = ParseU64(base_file.metadata(), "model_version");
+  std::vector<uint8_t> undo;  // ApplyGapChanges' scratch, reused across patches
   for (const std::string& path : args.patch_paths) {
     DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
     if (IsCompactDelta(file)) {
@@ -128,7 +129,7 @@ Status RunApply(const ApplyArgs& args) {
       version = anchor.model_version;
       continue;
     }
-    DS_ASSIGN_OR_RETURN(DecodedPatch patch, DecodePatch(std::move(file)));
+    DS_ASSIGN_OR_RETURN(DecodedPatch patch, DecodePatch(std::move(file), {.keep_gaps_encoded = true}));
     if (patch.info.kind == PatchKind::kAnchor) {
       DS_ASSIGN_OR_RETURN(state, WeightState::FromViews(patch.dense));
     } else {
@@ -136,8 +137,16 @@ Status RunApply(const ApplyArgs& args) {
         return Status::FailedPrecondition(path + ": applies to version " + std::to_string(*patch.info.base_version) +
                                           " but the state is at version " + std::to_string(*version));
       }
-      DS_RETURN_IF_ERROR(ValidateChanges(state, patch.changes).WithContext(path));
-      ApplyChanges(state, patch.changes);
+      if (!patch.encoded.empty() || patch.changes.empty()) {
+        // gap_delta: applied straight from the file's gaps in one pass (the
+        // replica's path), with the same checks first. The state hash it
+        // returns is not needed here: a TRL patch names none.
+        DS_RETURN_IF_ERROR(ValidateEncodedChanges(state, patch.encoded).WithContext(path));
+        ApplyGapChanges(state, patch.encoded, /*threads=*/0, undo);
+      } else {
+        DS_RETURN_IF_ERROR(ValidateChanges(state, patch.changes).WithContext(path));
+        ApplyChanges(state, patch.changes);
+      }
     }
     version = patch.info.model_version;
   }
