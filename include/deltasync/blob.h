@@ -95,9 +95,14 @@ class BlobBuffer {
 // once). Idle pages are unmapped when they are dropped so, and all of them
 // when the pool is destroyed; pages in use belong to their buffer or Blob and
 // are not counted. A buffer of n bytes (n >= 2 MiB) takes the smallest held
-// mapping of n to 2n bytes. Thread-safe.
+// mapping of n to 2n bytes. When kMaxMisses buffers in a row find nothing
+// that fits, everything held is unmapped too (the sizes asked for have moved
+// on: a replica back to deltas after an anchor gives the anchor's pages
+// back). Thread-safe.
 class BufferPool {
  public:
+  static constexpr int kMaxMisses = 4;
+
   explicit BufferPool(size_t max_bytes) : max_bytes_(max_bytes) {}
   ~BufferPool();
   BufferPool(const BufferPool&) = delete;
@@ -121,6 +126,7 @@ class BufferPool {
   const size_t max_bytes_;
   mutable std::mutex mu_;
   std::vector<Mapping> held_;  // oldest first
+  int misses_ = 0;             // Takes in a row that found nothing
   size_t held_bytes_ = 0;
 };
 

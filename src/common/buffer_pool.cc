@@ -29,16 +29,27 @@ size_t BufferPool::held_mappings() const {
 }
 
 BufferPool::Mapping BufferPool::Take(size_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  size_t best = held_.size();
-  for (size_t i = 0; i < held_.size(); ++i) {
-    const size_t b = held_[i].bytes;
-    if (b >= bytes && b / 2 <= bytes && (best == held_.size() || b < held_[best].bytes)) best = i;
+  std::vector<Mapping> drop;
+  Mapping m;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t best = held_.size();
+    for (size_t i = 0; i < held_.size(); ++i) {
+      const size_t b = held_[i].bytes;
+      if (b >= bytes && b / 2 <= bytes && (best == held_.size() || b < held_[best].bytes)) best = i;
+    }
+    if (best < held_.size()) {
+      misses_ = 0;
+      m = held_[best];
+      held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(best));
+      held_bytes_ -= m.bytes;
+    } else if (!held_.empty() && ++misses_ >= kMaxMisses) {
+      drop.swap(held_);  // nothing held fits what is asked for any more
+      held_bytes_ = 0;
+      misses_ = 0;
+    }
   }
-  if (best == held_.size()) return {};
-  const Mapping m = held_[best];
-  held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(best));
-  held_bytes_ -= m.bytes;
+  for (const Mapping& d : drop) ::munmap(d.data, d.bytes);  // outside the lock
   return m;
 }
 

@@ -105,6 +105,32 @@ TEST(BufferPoolTest, HoldsAtMostItsCapOldestDroppedFirst) {
   ::munmap(got.data, got.bytes);
 }
 
+// Pages that no longer fit what is asked for are given back: after
+// kMaxMisses buffers in a row found nothing fitting, all held pages go.
+TEST(BufferPoolTest, GivesEverythingBackAfterMissesInARow) {
+  auto pool = std::make_shared<BufferPool>(256 * kMiB);
+  ReleaseThroughBlob(pool, 64 * kMiB, 12);  // an anchor-sized download
+  const size_t small = 4 * kMiB;            // then delta-sized ones, kept alive
+  std::vector<BlobBuffer> alive;
+  for (int i = 0; i + 1 < BufferPool::kMaxMisses; ++i) {
+    alive.emplace_back(pool);
+    ASSERT_TRUE(alive.back().Resize(small));
+    EXPECT_EQ(pool->held_bytes(), 64 * kMiB) << i;
+  }
+  // A hit in between starts the count again.
+  const uint8_t* reused = ReleaseThroughBlob(pool, 40 * kMiB, 13);
+  EXPECT_EQ(pool->held_bytes(), 64 * kMiB);
+  for (int i = 0; i + 1 < BufferPool::kMaxMisses; ++i) {
+    alive.emplace_back(pool);
+    ASSERT_TRUE(alive.back().Resize(small));
+    EXPECT_EQ(pool->held_bytes(), 64 * kMiB) << i;
+  }
+  alive.emplace_back(pool);
+  ASSERT_TRUE(alive.back().Resize(small));  // the kMaxMisses-th miss in a row
+  EXPECT_EQ(pool->held_bytes(), 0u);
+  EXPECT_NE(reused, nullptr);
+}
+
 TEST(BufferPoolTest, GrowthMovesTheBytesOntoAHeldMappingAndKeepsTheDisplacedPages) {
   auto pool = std::make_shared<BufferPool>(256 * kMiB);
   const uint8_t* held = ReleaseThroughBlob(pool, 32 * kMiB, 8);
