@@ -78,4 +78,26 @@ std::string DescribeTensorSetDiff(std::span<const std::string> base, std::span<c
 Result<WeightState> ToPublishedState(std::span<const TensorView> current,
                                      const DetectOptions& options = {});
 
+// A published base read in place: what ToPublishedState would return, as
+// views of the caller's bytes wherever they are already in published form
+// (bf16, other dtypes, f32 kept by options.keep_fp32), and owned copies only
+// of the f32 tensors that round to bf16. The same checks (sizes, duplicate
+// names, NaN/Inf unless options.allow_nonfinite) and errors as
+// ToPublishedState. `tensors` are sorted by name, like a WeightState's, and
+// point into `current`'s bytes (which must outlive them) or `rounded`.
+struct PublishedViews {
+  std::vector<TensorView> tensors;
+  WeightState rounded;  // owns the rounded f32 tensors
+
+  uint64_t total_elements() const;
+};
+Result<PublishedViews> ViewAsPublished(std::span<const TensorView> current, const DetectOptions& options = {});
+
+// DetectChanges against a base given as views (in its order, e.g. a
+// PublishedViews' tensors): the same checks, errors and result as against a
+// WeightState holding those tensors, without copying the base.
+Result<std::vector<TensorChanges>> DetectChanges(std::span<const TensorView> published,
+                                                 std::span<const TensorView> current,
+                                                 const DetectOptions& options = {});
+
 }  // namespace deltasync

@@ -66,6 +66,11 @@ inline constexpr int kDefaultCompactStreamVersion = kCompactStreamAuto;
 Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                         const WeightState& base, std::span<const TensorChanges> changes,
                                         int threads = 0, int stream_version = kDefaultCompactStreamVersion);
+// The same against a base given as views (any order; names unique), e.g. a
+// PublishedViews' tensors: no copy of the base.
+Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& base_hash,
+                                        std::span<const TensorView> base, std::span<const TensorChanges> changes,
+                                        int threads = 0, int stream_version = kDefaultCompactStreamVersion);
 
 // A decoded compact delta. `changes` sorted by name, indices strictly
 // ascending and in range for the base it was decoded against, values in the

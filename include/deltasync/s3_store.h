@@ -55,6 +55,13 @@ struct S3Options {
   // Send the body's SHA-256 (the server then rejects a corrupted upload)
   // instead of UNSIGNED-PAYLOAD. Costs one hash pass over every upload.
   bool sign_payload = false;
+  // Downloads land in pages that are reused: the pages of a released
+  // download (its Blob's last copy gone) stay mapped, up to this many bytes
+  // in all, for the next download of about their size, which then skips the
+  // kernel's fault and clear of every fresh page (BufferPool in
+  // deltasync/blob.h). Held until a later release pushes them out (oldest
+  // first) or the store is destroyed. 0: every download gets fresh pages.
+  uint64_t download_pool_bytes = 2ull << 30;
 
   // --- Failures. A request that fails with a 5xx, 429, SlowDown,
   // RequestTimeout, a connection error or a timeout is retried up to
@@ -126,6 +133,9 @@ class S3Store : public Store {
   const std::string& prefix() const;  // "" or ending in '/'
   // How requests are addressed, for messages: "http://127.0.0.1:7480 (path-style)".
   std::string EndpointDescription() const;
+  // The pool downloads reuse pages from (S3Options::download_pool_bytes);
+  // nullptr when it is 0.
+  const BufferPool* download_pool() const;
 
  private:
   explicit S3Store(std::unique_ptr<s3::S3Client> client);

@@ -12,7 +12,7 @@
 
 namespace deltasync::bf16 {
 
-// DetectChanges / ToPublishedState / HashTensors, splitting tensors into
+// DetectChanges / ToPublishedState / ViewAsPublished / HashTensors, splitting tensors into
 // chunks of `chunk_elements` (see chunks.h). Results do not depend on it.
 Result<std::vector<TensorChanges>> DetectChangesChunked(const WeightState& published,
                                                         std::span<const TensorView> current,
@@ -20,6 +20,12 @@ Result<std::vector<TensorChanges>> DetectChangesChunked(const WeightState& publi
                                                         uint64_t chunk_elements);
 Result<WeightState> ToPublishedStateChunked(std::span<const TensorView> current,
                                             const DetectOptions& options, uint64_t chunk_elements);
+Result<std::vector<TensorChanges>> DetectChangesChunked(std::span<const TensorView> published,
+                                                        std::span<const TensorView> current,
+                                                        const DetectOptions& options,
+                                                        uint64_t chunk_elements);
+Result<PublishedViews> ViewAsPublishedChunked(std::span<const TensorView> current, const DetectOptions& options,
+                                              uint64_t chunk_elements);
 StateHash HashTensorsChunked(std::span<const TensorView> tensors, int threads,
                              uint64_t chunk_elements);
 

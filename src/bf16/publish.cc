@@ -14,6 +14,42 @@
 
 namespace deltasync::bf16 {
 
+Status ConvertAndCheck(const std::vector<ScanJob>& jobs, const DetectOptions& options, uint64_t chunk_elements) {
+  const std::vector<Chunk> chunks = SplitIntoChunks(ElementCounts(jobs), chunk_elements);
+  std::vector<uint64_t> first_bad(chunks.size(), kNoError);
+  RunChunks(chunks.size(), options.threads, [&](size_t /*worker*/, size_t c) {
+    const ScanJob& job = jobs[chunks[c].tensor];
+    const uint64_t begin = chunks[c].begin;
+    const size_t n = static_cast<size_t>(chunks[c].end - begin);
+    const size_t size = DTypeSize(job.current_dtype);
+    const uint8_t* src = job.current + begin * size;
+    size_t bad = n;
+    if (job.converted != nullptr) {
+      const auto* in = reinterpret_cast<const uint32_t*>(src);
+      auto* out = reinterpret_cast<uint16_t*>(job.converted + begin * 2);
+      if (job.exp_mask != 0) {
+        bad = kernels::ConvertF32ToBf16Checked(in, out, n);
+      } else {
+        kernels::ConvertF32ToBf16(in, out, n);
+      }
+    } else if (size == 2) {
+      bad = kernels::FindNonFinite16(reinterpret_cast<const uint16_t*>(src), n,
+                                     static_cast<uint16_t>(job.exp_mask));
+    } else if (size == 4) {
+      bad = kernels::FindNonFinite32(reinterpret_cast<const uint32_t*>(src), n,
+                                     static_cast<uint32_t>(job.exp_mask));
+    } else {
+      bad = kernels::FindNonFinite64(reinterpret_cast<const uint64_t*>(src), n, job.exp_mask);
+    }
+    if (bad < n) first_bad[c] = begin + bad;
+    return bad == n;
+  });
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    if (first_bad[c] != kNoError) return NonFiniteError(jobs[chunks[c].tensor], first_bad[c]);
+  }
+  return Status::OK();
+}
+
 Result<WeightState> ToPublishedStateChunked(std::span<const TensorView> current,
                                             const DetectOptions& options, uint64_t chunk_elements) {
   // FromViews copies bytes, sorts by name and refuses duplicates. An f32
@@ -53,38 +89,7 @@ Result<WeightState> ToPublishedStateChunked(std::span<const TensorView> current,
     if (job.converted != nullptr || job.exp_mask != 0) jobs.push_back(job);
   }
 
-  const std::vector<Chunk> chunks = SplitIntoChunks(ElementCounts(jobs), chunk_elements);
-  std::vector<uint64_t> first_bad(chunks.size(), kNoError);
-  RunChunks(chunks.size(), options.threads, [&](size_t /*worker*/, size_t c) {
-    const ScanJob& job = jobs[chunks[c].tensor];
-    const uint64_t begin = chunks[c].begin;
-    const size_t n = static_cast<size_t>(chunks[c].end - begin);
-    const size_t size = DTypeSize(job.current_dtype);
-    const uint8_t* src = job.current + begin * size;
-    size_t bad = n;
-    if (job.converted != nullptr) {
-      const auto* in = reinterpret_cast<const uint32_t*>(src);
-      auto* out = reinterpret_cast<uint16_t*>(job.converted + begin * 2);
-      if (job.exp_mask != 0) {
-        bad = kernels::ConvertF32ToBf16Checked(in, out, n);
-      } else {
-        kernels::ConvertF32ToBf16(in, out, n);
-      }
-    } else if (size == 2) {
-      bad = kernels::FindNonFinite16(reinterpret_cast<const uint16_t*>(src), n,
-                                     static_cast<uint16_t>(job.exp_mask));
-    } else if (size == 4) {
-      bad = kernels::FindNonFinite32(reinterpret_cast<const uint32_t*>(src), n,
-                                     static_cast<uint32_t>(job.exp_mask));
-    } else {
-      bad = kernels::FindNonFinite64(reinterpret_cast<const uint64_t*>(src), n, job.exp_mask);
-    }
-    if (bad < n) first_bad[c] = begin + bad;
-    return bad == n;
-  });
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    if (first_bad[c] != kNoError) return NonFiniteError(jobs[chunks[c].tensor], first_bad[c]);
-  }
+  DS_RETURN_IF_ERROR(ConvertAndCheck(jobs, options, chunk_elements));
   return state;
 }
 

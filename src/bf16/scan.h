@@ -63,6 +63,12 @@ Result<std::vector<ScanJob>> PlanDetect(const WeightState& published, std::span<
 Result<std::vector<TensorChanges>> DetectJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options,
                                               uint64_t chunk_elements);
 
+// ToPublishedState's pass over `jobs` (chunks of `chunk_elements`): rounds
+// each f32_to_bf16 job's current into its `converted`, and checks every job
+// with an exp_mask for NaN/Inf; the first non-finite element in (job, index)
+// order is the error.
+Status ConvertAndCheck(const std::vector<ScanJob>& jobs, const DetectOptions& options, uint64_t chunk_elements);
+
 // The element counts of `jobs`, for SplitIntoChunks.
 std::vector<uint64_t> ElementCounts(const std::vector<ScanJob>& jobs);
 

@@ -77,15 +77,15 @@ void WriteBf16Stream(const Bf16Streams& streams, std::vector<uint8_t>& out);
 
 // kInvalidArgument for a dtype mismatch, a wrong value size, or indices out
 // of range or not strictly ascending.
-Status CheckTensorChanges(const TensorChanges& changes, const WeightState::Tensor& base);
+Status CheckTensorChanges(const TensorChanges& changes, const TensorView& base);
 
 // Adds the diff bytes of a bf16 tensor's changes (checked) to `h`.
-void CountTensorDiffs(const TensorChanges& changes, const WeightState::Tensor& base, DiffHistogram& h);
+void CountTensorDiffs(const TensorChanges& changes, const TensorView& base, DiffHistogram& h);
 
 // The stream of one tensor's changes against its base (either mode), after
 // CheckTensorChanges: version 2 without `tables`, else version 3 (its bf16
 // diffs must all be in the tables).
-Status EncodeTensorStream(const TensorChanges& changes, const WeightState::Tensor& base, std::vector<uint8_t>& out,
+Status EncodeTensorStream(const TensorChanges& changes, const TensorView& base, std::vector<uint8_t>& out,
                           const V3Tables* tables = nullptr);
 
 // The compact delta file from per-tensor streams: `names[i]`'s stream is

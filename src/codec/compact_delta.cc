@@ -13,6 +13,8 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <string_view>
+#include <unordered_map>
 
 #include "bf16/compact_scan.h"
 #include "bf16/simd_kernels.h"
@@ -93,7 +95,7 @@ void WriteBf16Stream(const Bf16Streams& s, std::vector<uint8_t>& out) {
   PutBlock(out, join(s.escapes), compact::kLiteralsOnly);
 }
 
-Status CheckTensorChanges(const TensorChanges& c, const WeightState::Tensor& base) {
+Status CheckTensorChanges(const TensorChanges& c, const TensorView& base) {
   const size_t esize = DTypeSize(c.dtype);
   if (c.dtype != base.dtype) {
     return Status::InvalidArgument("tensor '" + c.name + "': changes are " + std::string(DTypeName(c.dtype)) +
@@ -116,7 +118,7 @@ Status CheckTensorChanges(const TensorChanges& c, const WeightState::Tensor& bas
   return Status::OK();
 }
 
-void CountTensorDiffs(const TensorChanges& c, const WeightState::Tensor& base, DiffHistogram& h) {
+void CountTensorDiffs(const TensorChanges& c, const TensorView& base, DiffHistogram& h) {
   if (c.dtype != DType::kBF16) return;
   const uint8_t* b = base.data.data();
   for (size_t k = 0; k < c.count(); ++k) {
@@ -125,7 +127,7 @@ void CountTensorDiffs(const TensorChanges& c, const WeightState::Tensor& base, D
   }
 }
 
-Status EncodeTensorStream(const TensorChanges& c, const WeightState::Tensor& base, std::vector<uint8_t>& out,
+Status EncodeTensorStream(const TensorChanges& c, const TensorView& base, std::vector<uint8_t>& out,
                           const V3Tables* tables) {
   DS_RETURN_IF_ERROR(CheckTensorChanges(c, base));
   const bool bf16 = c.dtype == DType::kBF16;
@@ -220,6 +222,13 @@ bool IsCompactDelta(const SafetensorsFile& file) {
 
 Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& base_hash, const WeightState& base,
                                         std::span<const TensorChanges> changes, int threads, int stream_version) {
+  const std::vector<TensorView> views = base.views();
+  return EncodeCompactDelta(info, base_hash, std::span<const TensorView>(views), changes, threads, stream_version);
+}
+
+Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& base_hash,
+                                        std::span<const TensorView> base, std::span<const TensorChanges> changes,
+                                        int threads, int stream_version) {
   if (!info.base_version) return Status::InvalidArgument("a compact delta needs info.base_version");
   if (stream_version != kCompactStreamAuto && stream_version != 2 && stream_version != 3) {
     return Status::InvalidArgument("compact stream version " + std::to_string(stream_version) + " is not 2 or 3");
@@ -230,8 +239,14 @@ Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& 
     return Status::InvalidArgument("base version " + std::to_string(*info.base_version) +
                                    " is not older than model_version " + std::to_string(info.model_version));
   }
+  std::unordered_map<std::string_view, const TensorView*> by_name;
+  uint64_t total_elements = 0;
+  for (const TensorView& t : base) {
+    by_name.emplace(t.name, &t);
+    total_elements += t.num_elements();
+  }
   std::vector<const TensorChanges*> order;
-  std::vector<const WeightState::Tensor*> bases;
+  std::vector<const TensorView*> bases;
   for (const TensorChanges& c : changes) order.push_back(&c);
   std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->name < b->name; });
   uint64_t changed = 0;
@@ -239,7 +254,8 @@ Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& 
     if (i > 0 && order[i]->name == order[i - 1]->name) {
       return Status::InvalidArgument("tensor '" + order[i]->name + "' appears twice in the changes");
     }
-    const WeightState::Tensor* t = base.Find(order[i]->name);
+    auto found = by_name.find(order[i]->name);
+    const TensorView* t = found == by_name.end() ? nullptr : found->second;
     if (!t) return Status::InvalidArgument("tensor '" + order[i]->name + "' is not in the base state");
     bases.push_back(t);
     changed += order[i]->count();
@@ -271,7 +287,7 @@ Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& 
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
   std::vector<std::string> names;
   for (const TensorChanges* c : order) names.push_back(c->name);
-  DS_ASSIGN_OR_RETURN(EncodedPatch out, compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names,
+  DS_ASSIGN_OR_RETURN(EncodedPatch out, compact::AssembleCompactDelta(info, base_hash, total_elements, names,
                                                                       std::move(streams), changed, t));
   if (automatic && changed < kSmallDelta) {
     // The tables' fixed cost can exceed what they save on a tiny delta.
@@ -439,7 +455,7 @@ Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const Stat
       return;
     }
     const WeightState::Tensor* t = base.Find(*items[i].name);
-    errors[i] = t ? compact::EncodeTensorStream(*items[i].other, *t, streams[i], tab)
+    errors[i] = t ? compact::EncodeTensorStream(*items[i].other, t->view(), streams[i], tab)
                   : Status::InvalidArgument("tensor '" + *items[i].name + "' is not in the base state");
   });
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);

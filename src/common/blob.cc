@@ -20,14 +20,26 @@ struct VectorImpl : Blob::Impl {
   std::vector<uint8_t> storage;
 };
 
+// Hands a BlobBuffer's mapping back to its pool, or unmaps it when the pool
+// is gone (or there was none).
+void Release(const std::weak_ptr<BufferPool>& pool, void* addr, size_t len) {
+  if (std::shared_ptr<BufferPool> p = pool.lock()) {
+    p->Give({static_cast<uint8_t*>(addr), len});
+  } else {
+    ::munmap(addr, len);
+  }
+}
+
 // A mapping of `len` bytes whose first `size` are the Blob's.
 struct MmapImpl : Blob::Impl {
-  MmapImpl(void* addr, size_t len, size_t size) : addr(addr), len(len) {
+  MmapImpl(void* addr, size_t len, size_t size, std::weak_ptr<BufferPool> pool = {})
+      : addr(addr), len(len), pool(std::move(pool)) {
     bytes = ByteSpan(static_cast<const uint8_t*>(addr), size);
   }
-  ~MmapImpl() override { munmap(addr, len); }
+  ~MmapImpl() override { Release(pool, addr, len); }
   void* addr;
   size_t len;
+  std::weak_ptr<BufferPool> pool;
 };
 
 constexpr size_t kPage = 4096;
@@ -74,13 +86,14 @@ Blob Blob::FromVector(std::vector<uint8_t> bytes) {
 Blob Blob::FromBuffer(BlobBuffer&& buffer) {
   BlobBuffer taken = std::move(buffer);
   if (taken.size_ == 0) return FromVector({});
-  // Room past the bytes (a reservation larger than the download) goes back.
+  // Room past the bytes (a reservation larger than the download) goes back,
+  // unless the whole mapping is to return to a pool.
   const size_t keep = RoundUp(taken.size_, kPage);
-  if (keep < taken.capacity_) {
+  if (keep < taken.capacity_ && taken.pool_.expired()) {
     ::munmap(taken.data_ + keep, taken.capacity_ - keep);
     taken.capacity_ = keep;
   }
-  Blob blob(std::make_shared<MmapImpl>(taken.data_, taken.capacity_, taken.size_));
+  Blob blob(std::make_shared<MmapImpl>(taken.data_, taken.capacity_, taken.size_, std::move(taken.pool_)));
   taken.data_ = nullptr;
   taken.size_ = taken.capacity_ = 0;
   return blob;
@@ -127,7 +140,8 @@ Result<Blob> Blob::ReadFile(const std::string& path) {
 BlobBuffer::BlobBuffer(BlobBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
-      capacity_(std::exchange(other.capacity_, 0)) {}
+      capacity_(std::exchange(other.capacity_, 0)),
+      pool_(std::move(other.pool_)) {}
 
 BlobBuffer& BlobBuffer::operator=(BlobBuffer&& other) noexcept {
   if (this != &other) {
@@ -135,12 +149,13 @@ BlobBuffer& BlobBuffer::operator=(BlobBuffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     capacity_ = std::exchange(other.capacity_, 0);
+    pool_ = std::move(other.pool_);
   }
   return *this;
 }
 
 BlobBuffer::~BlobBuffer() {
-  if (data_ != nullptr) ::munmap(data_, capacity_);
+  if (data_ != nullptr) Release(pool_, data_, capacity_);
 }
 
 // Growth moves the old pages into the new mapping (mremap: page tables move,
@@ -150,9 +165,36 @@ BlobBuffer::~BlobBuffer() {
 bool BlobBuffer::Reserve(size_t bytes) {
   if (bytes <= capacity_) return true;
   if (bytes > SIZE_MAX - kHugePage) return false;
-  const size_t grown = bytes >= kHugePage ? RoundUp(bytes, kHugePage) : RoundUp(bytes, kPage);
+  size_t grown = bytes >= kHugePage ? RoundUp(bytes, kHugePage) : RoundUp(bytes, kPage);
   uint8_t* p = nullptr;
-  if (data_ == nullptr || grown >= kHugePage) {
+  std::shared_ptr<BufferPool> pool = grown >= kHugePage ? pool_.lock() : nullptr;
+  BufferPool::Mapping reused = pool ? pool->Take(grown) : BufferPool::Mapping{};
+  if (reused.data != nullptr) {
+    // Pages already faulted in. The old bytes move onto its start; the
+    // pages they displace move out first and go back to the pool (they are
+    // faulted in too: the next small buffer takes them).
+    p = reused.data;
+    if (data_ != nullptr) {
+      // mremap to the same size does not move: the displaced pages are
+      // moved onto a reserved range instead.
+      void* out = ::mmap(nullptr, capacity_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (out != MAP_FAILED && ::mremap(p, capacity_, capacity_, MREMAP_MAYMOVE | MREMAP_FIXED, out) == MAP_FAILED) {
+        ::munmap(out, capacity_);
+        out = MAP_FAILED;
+      }
+      if (out != MAP_FAILED) pool->Give({static_cast<uint8_t*>(out), capacity_});
+      if (::mremap(data_, capacity_, capacity_, MREMAP_MAYMOVE | MREMAP_FIXED, p) == MAP_FAILED) {
+        if (out != MAP_FAILED) {
+          // The hole at p's start stays unmapped: give back only the rest.
+          pool->Give({p + capacity_, reused.bytes - capacity_});
+        } else {
+          pool->Give(reused);
+        }
+        return false;
+      }
+    }
+    grown = reused.bytes;
+  } else if (data_ == nullptr || grown >= kHugePage) {
     p = MapFresh(grown);
     if (p == nullptr) return false;
     if (data_ != nullptr &&

@@ -44,7 +44,11 @@ S3Client::S3Client(ResolvedConfig config, std::string bucket, std::string prefix
     : config_(std::move(config)),
       bucket_(std::move(bucket)),
       prefix_(std::move(prefix)),
-      http_(HttpOptionsFrom(config_.options)) {}
+      http_(HttpOptionsFrom(config_.options)) {
+  if (config_.options.download_pool_bytes > 0) {
+    download_pool_ = std::make_shared<BufferPool>(static_cast<size_t>(config_.options.download_pool_bytes));
+  }
+}
 
 std::string S3Client::Url(std::string_view object) const {
   return "s3://" + bucket_ + (object.empty() ? "" : "/" + std::string(object));

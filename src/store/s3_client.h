@@ -3,11 +3,13 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "deltasync/blob.h"
 #include "deltasync/status.h"
 #include "store/s3_config.h"
 #include "store/s3_http.h"
@@ -60,6 +62,10 @@ class S3Client {
   // (and answers 412 to the quoted form). Set once that has been observed.
   std::atomic<bool> unquoted_if_match{false};
 
+  // Where downloads take and return their pages (options().download_pool_bytes;
+  // null when 0).
+  const std::shared_ptr<BufferPool>& download_pool() const { return download_pool_; }
+
  private:
   HttpRequest Sign(const S3Call& call, const std::string& payload_hash) const;
 
@@ -67,6 +73,7 @@ class S3Client {
   std::string bucket_;
   std::string prefix_;
   HttpClient http_;
+  std::shared_ptr<BufferPool> download_pool_;
 };
 
 // The S3 error code (<Code>) of an error body; for bodiless answers (HEAD) a

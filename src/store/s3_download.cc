@@ -86,7 +86,7 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
   if (length && *length == 0) return FetchEmpty(c, object, offset);
   uint64_t first_len = length ? std::min(*length, chunk) : chunk;
 
-  Fetched out;
+  Fetched out{BlobBuffer(c.download_pool()), {}};
   S3Call first{"GET", object};
   first.headers = {{"range", RangeHeader(offset, offset + first_len)}};
   first.grow_into = &out.bytes;

@@ -149,6 +149,7 @@ std::string S3Store::Describe() const {
 const std::string& S3Store::bucket() const { return client_->bucket(); }
 const std::string& S3Store::prefix() const { return client_->prefix(); }
 std::string S3Store::EndpointDescription() const { return client_->EndpointDescription(); }
+const BufferPool* S3Store::download_pool() const { return client_->download_pool().get(); }
 
 Result<std::string> S3Store::PutIfUnchanged(std::string_view key, std::span<const ByteSpan> parts,
                                             const std::optional<std::string>& expected_token) {

@@ -258,6 +258,33 @@ class Checker {
     return Out(std::move(*d));
   }
 
+  // ReplayTo's step: the delta applied to `held` in place, as a replica
+  // applies it (replay::ApplyDelta: a gap_delta delta in one pass from its
+  // encoded gaps, undone if the result does not hash right). true: good, and
+  // `held` is at entry.version; false: bad (recorded), `held` unchanged.
+  Result<bool> ApplyDeltaTo(const VersionEntry& entry, const ObjectEntry& object, Held& held) {
+    if (object.parted()) {
+      DS_ASSIGN_OR_RETURN(std::optional<replay::CheckedDelta> d, CheckDelta(entry, object, held));
+      if (!d) return false;
+      ApplyChanges(held.state, d->changes, threads_);
+      held.hash = d->next;
+      held.version = entry.version;
+      return true;
+    }
+    Result<std::vector<Blob>> blob = Fetch(entry, object);
+    if (!blob.ok()) {
+      if (blob.status().code() == ErrorCode::kIOError) return blob.status();
+      return false;
+    }
+    Result<replay::AppliedDelta> d = replay::ApplyDelta(std::move(blob->front()), entry, object, held.state, held.hash,
+                                                        threads_, /*want_changes=*/false, undo_);
+    DS_RETURN_IF_ERROR(Record(object, d.status()));
+    if (!d.ok()) return false;
+    held.hash = d->next;
+    held.version = entry.version;
+    return true;
+  }
+
   // Replays into `held` the cheapest chain to `target` (from held's version
   // when it can) of objects not known bad, or with only_known_good of objects
   // already found good. Returns false when no such chain (or none that
@@ -284,13 +311,8 @@ class Checker {
           DS_ASSIGN_OR_RETURN(bool good, CheckAnchor(entry, step.object, &held, /*discard_first=*/true));
           failed = !good;
         } else {
-          DS_ASSIGN_OR_RETURN(std::optional<replay::CheckedDelta> d, CheckDelta(entry, step.object, held));
-          if (d) {
-            ApplyChanges(held.state, d->changes, threads_);
-            held.hash = d->next;
-            held.version = entry.version;
-          }
-          failed = !d;
+          DS_ASSIGN_OR_RETURN(bool good, ApplyDeltaTo(entry, step.object, held));
+          failed = !good;
         }
         if (failed) break;
         verified_.insert(step.version);
@@ -308,6 +330,7 @@ class Checker {
   std::set<uint64_t> verified_, unreachable_;
   std::vector<ObjectProblem> unchecked_;
   uint64_t downloaded_ = 0;
+  std::vector<uint8_t> undo_;  // ApplyDelta's scratch, reused
 };
 
 }  // namespace

@@ -114,6 +114,57 @@ TEST_F(S3StoreTest, LargeObjectDownloadsIntoOneBuffer) {
   ASSERT_TRUE(store->Delete("anchors/step_000010.safetensors").ok());
 }
 
+// Downloads reuse the pages of released ones (S3Options::download_pool_bytes):
+// the second download of a large object lands in the first one's pages, and
+// its bytes are exactly the object's (a stale byte would show).
+TEST_F(S3StoreTest, DownloadsReuseReleasedPages) {
+  S3Options o = Options();
+  o.part_size = 8 << 20;
+  o.multipart_threshold = 8 << 20;
+  o.download_pool_bytes = 256u << 20;
+  std::shared_ptr<S3Store> store = MakeTestBucket(server_, o, "pool");
+  ASSERT_NE(store, nullptr);
+  ASSERT_NE(store->download_pool(), nullptr);
+  const std::vector<uint8_t> a = Pattern((40u << 20) + 777, 21), b = Pattern((36u << 20) + 5, 22);
+  ASSERT_TRUE(store->Put("a", a).ok());
+  ASSERT_TRUE(store->Put("b", b).ok());
+  const uint8_t* first_pages = nullptr;
+  {
+    Result<Blob> got = store->Get("a");
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(got->size(), a.size());
+    EXPECT_TRUE(std::equal(a.begin(), a.end(), got->data()));
+    first_pages = got->data();
+    EXPECT_EQ(store->download_pool()->held_bytes(), 0u);  // in use
+  }
+  EXPECT_GE(store->download_pool()->held_bytes(), a.size());  // released: held for reuse
+  Result<Blob> again = store->Get("b");  // a smaller object: the same pages, overwritten
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->data(), first_pages);
+  ASSERT_EQ(again->size(), b.size());
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), again->data()));
+  // Steady state: downloads one after another, each released before the
+  // next, every one exact (the growth onto held pages moves the first
+  // part's pages in and the displaced ones out, for the next first part).
+  again = Blob();
+  for (int round = 0; round < 3; ++round) {
+    for (const auto& [key, want] : {std::pair{"a", &a}, std::pair{"b", &b}}) {
+      Result<Blob> got = store->Get(key);
+      ASSERT_TRUE(got.ok()) << key << " round " << round << ": " << got.status().ToString();
+      ASSERT_EQ(got->size(), want->size());
+      EXPECT_TRUE(std::equal(want->begin(), want->end(), got->data())) << key << " round " << round;
+    }
+  }
+  EXPECT_LE(store->download_pool()->held_bytes(), o.download_pool_bytes);
+  // Without a pool every download gets fresh pages.
+  o.download_pool_bytes = 0;
+  std::shared_ptr<S3Store> plain = MakeTestBucket(server_, o, "nopool");
+  ASSERT_NE(plain, nullptr);
+  EXPECT_EQ(plain->download_pool(), nullptr);
+  ASSERT_TRUE(store->Delete("a").ok());
+  ASSERT_TRUE(store->Delete("b").ok());
+}
+
 TEST_F(S3StoreTest, SignedPayloadIsAcceptedAndChecked) {
   S3Options o = Options();
   o.sign_payload = true;

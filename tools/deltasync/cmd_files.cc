@@ -46,9 +46,12 @@ Status RunDiff(const DiffArgs& args) {
                           }
                           return false;
                         }};
-  Result<WeightState> base = ToPublishedState(old_file.tensors(), options);
+  // Both files are read where they are mapped: only OLD's f32 tensors that
+  // round to bf16 are copied.
+  Result<PublishedViews> base = ViewAsPublished(old_file.tensors(), options);
   if (!base.ok()) return base.status().WithContext(args.old_path);
-  Result<std::vector<TensorChanges>> changes = DetectChanges(*base, new_file.tensors(), options);
+  const std::span<const TensorView> base_views = base->tensors;
+  Result<std::vector<TensorChanges>> changes = DetectChanges(base_views, new_file.tensors(), options);
   if (!changes.ok()) return changes.status().WithContext("comparing " + args.old_path + " with " + args.new_path);
   PatchInfo info;
   info.kind = PatchKind::kDelta;
@@ -64,7 +67,7 @@ Status RunDiff(const DiffArgs& args) {
                                      " must be below --version " + std::to_string(args.version));
     }
     const int stream_version = static_cast<int>(args.stream_version.value_or(kDefaultCompactStreamVersion));
-    DS_ASSIGN_OR_RETURN(patch, EncodeCompactDelta(info, HashState(*base), *base, *changes, 0, stream_version));
+    DS_ASSIGN_OR_RETURN(patch, EncodeCompactDelta(info, HashTensors(base_views), base_views, *changes, 0, stream_version));
   } else {
     DS_ASSIGN_OR_RETURN(patch, EncodeDelta(info, *changes));
   }
@@ -88,7 +91,7 @@ Status RunDiff(const DiffArgs& args) {
         out[key] = none;
       }
     } else {
-      const DeltaEntropy h = MeasureDeltaEntropy(*base, *changes);
+      const DeltaEntropy h = MeasureDeltaEntropy(base_views, *changes);
       out["bytes_per_changed_element"] = static_cast<double>(patch.size) / static_cast<double>(changed);
       out["entropy_bytes_per_changed"] = h.entropy;
       out["context_entropy_bytes_per_changed"] = h.context_entropy;
@@ -108,6 +111,7 @@ Status RunApply(const ApplyArgs& args) {
   DS_ASSIGN_OR_RETURN(SafetensorsFile base_file, SafetensorsFile::Open(args.base_path));
   DS_ASSIGN_OR_RETURN(WeightState state, WeightState::FromViews(base_file.tensors()));
   std::optional<uint64_t> version = ParseU64(base_file.metadata(), "model_version");
+  std::vector<uint8_t> undo;  // ApplyGapChanges' scratch, reused across patches
   for (const std::string& path : args.patch_paths) {
     DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
     if (IsCompactDelta(file)) {
@@ -125,7 +129,7 @@ Status RunApply(const ApplyArgs& args) {
       version = anchor.model_version;
       continue;
     }
-    DS_ASSIGN_OR_RETURN(DecodedPatch patch, DecodePatch(std::move(file)));
+    DS_ASSIGN_OR_RETURN(DecodedPatch patch, DecodePatch(std::move(file), {.keep_gaps_encoded = true}));
     if (patch.info.kind == PatchKind::kAnchor) {
       DS_ASSIGN_OR_RETURN(state, WeightState::FromViews(patch.dense));
     } else {
@@ -133,8 +137,16 @@ Status RunApply(const ApplyArgs& args) {
         return Status::FailedPrecondition(path + ": applies to version " + std::to_string(*patch.info.base_version) +
                                           " but the state is at version " + std::to_string(*version));
       }
-      DS_RETURN_IF_ERROR(ValidateChanges(state, patch.changes).WithContext(path));
-      ApplyChanges(state, patch.changes);
+      if (!patch.encoded.empty() || patch.changes.empty()) {
+        // gap_delta: applied straight from the file's gaps in one pass (the
+        // replica's path), with the same checks first. The state hash it
+        // returns is not needed here: a TRL patch names none.
+        DS_RETURN_IF_ERROR(ValidateEncodedChanges(state, patch.encoded).WithContext(path));
+        ApplyGapChanges(state, patch.encoded, /*threads=*/0, undo);
+      } else {
+        DS_RETURN_IF_ERROR(ValidateChanges(state, patch.changes).WithContext(path));
+        ApplyChanges(state, patch.changes);
+      }
     }
     version = patch.info.model_version;
   }

@@ -37,12 +37,20 @@ double EntropyBits(const Map& hist, uint64_t n) {
 }  // namespace
 
 DeltaEntropy MeasureDeltaEntropy(const WeightState& base, std::span<const TensorChanges> changes) {
+  const std::vector<TensorView> views = base.views();
+  return MeasureDeltaEntropy(std::span<const TensorView>(views), changes);
+}
+
+DeltaEntropy MeasureDeltaEntropy(std::span<const TensorView> base, std::span<const TensorChanges> changes) {
+  std::unordered_map<std::string_view, const TensorView*> by_name;
+  for (const TensorView& t : base) by_name.emplace(t.name, &t);
   DeltaEntropy f;
   for (const TensorChanges& c : changes) f.changed += c.count();
   double h0_bits = 0, gap_bits = 0, diff_bits = 0, flag_ctx_bits = 0, diff_ctx_bits = 0;
   for (const TensorChanges& c : changes) {
-    const WeightState::Tensor* t = base.Find(c.name);
-    if (!t || c.dtype != DType::kBF16) continue;
+    auto found = by_name.find(c.name);
+    if (found == by_name.end() || c.dtype != DType::kBF16) continue;
+    const TensorView* t = found->second;
     std::unordered_map<uint64_t, uint64_t> gaps;
     std::unordered_map<int32_t, uint64_t> diffs;
     std::vector<uint64_t> flag(256, 0), exp_count(256, 0);

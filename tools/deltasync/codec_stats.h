@@ -48,6 +48,7 @@ struct DeltaEntropy {
   double h0_gap = 0, h0_diff = 0, ctx_flag = 0, ctx_diff = 0;
 };
 DeltaEntropy MeasureDeltaEntropy(const WeightState& base, std::span<const TensorChanges> changes);
+DeltaEntropy MeasureDeltaEntropy(std::span<const TensorView> base, std::span<const TensorChanges> changes);
 
 // `changes` take `base` (version - 1) to `version`.
 Result<DeltaFigures> MeasureDeltaCodecs(const WeightState& base, std::span<const TensorChanges> changes,
