@@ -277,7 +277,7 @@ class Checker {
       return false;
     }
     Result<replay::AppliedDelta> d = replay::ApplyDelta(std::move(blob->front()), entry, object, held.state, held.hash,
-                                                        threads_, /*want_changes=*/false, undo_);
+                                                        threads_, /*want_changes=*/false, undo_, compact_undo_);
     DS_RETURN_IF_ERROR(Record(object, d.status()));
     if (!d.ok()) return false;
     held.hash = d->next;
@@ -331,6 +331,7 @@ class Checker {
   std::vector<ObjectProblem> unchecked_;
   uint64_t downloaded_ = 0;
   std::vector<uint8_t> undo_;  // ApplyDelta's scratch, reused
+  CompactUndo compact_undo_;   // the same, for compact deltas
 };
 
 }  // namespace
