@@ -2,6 +2,8 @@
 // per-chunk results. The per-element work is in detect_kernels.cc.
 
 #include <bit>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -30,6 +32,42 @@ struct WorkerScratch {
   size_t count = 0;        // entries in use
   size_t value_bytes = 0;  // bytes of values in use (dtypes differ per chunk)
 };
+
+// Worker scratch outlives a call: fresh pages (a fault and a kernel
+// zero-fill per page) cost more than the scan itself, and every call of a
+// training loop needs about as much as the last. So the buffers go back to
+// this pool, which therefore holds as much memory as the largest change
+// list found so far (~10 bytes per change). Concurrent calls each take
+// what is free and allocate the rest.
+class ScratchPool {
+ public:
+  std::vector<std::unique_ptr<WorkerScratch>> Take(size_t n) {
+    std::vector<std::unique_ptr<WorkerScratch>> out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (out.size() < n && !free_.empty()) {
+        out.push_back(std::move(free_.back()));
+        free_.pop_back();
+      }
+    }
+    while (out.size() < n) out.push_back(std::make_unique<WorkerScratch>());
+    for (auto& w : out) w->count = w->value_bytes = 0;
+    return out;
+  }
+  void Give(std::vector<std::unique_ptr<WorkerScratch>> scratch) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& w : scratch) free_.push_back(std::move(w));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::unique_ptr<WorkerScratch>> free_;
+};
+
+ScratchPool& Pool() {
+  static ScratchPool* pool = new ScratchPool;  // never destroyed: usable at exit
+  return *pool;
+}
 
 // What one chunk found.
 struct ChunkResult {
@@ -173,11 +211,15 @@ Result<std::vector<TensorChanges>> DetectJobs(const std::vector<ScanJob>& jobs, 
                                               uint64_t chunk_elements) {
   const std::vector<Chunk> chunks = SplitIntoChunks(ElementCounts(jobs), chunk_elements);
   std::vector<ChunkResult> results(chunks.size());
-  std::vector<WorkerScratch> scratch(
-      std::min<size_t>(static_cast<size_t>(ResolveThreads(options.threads)), chunks.size()));
+  std::vector<std::unique_ptr<WorkerScratch>> scratch =
+      Pool().Take(std::min<size_t>(static_cast<size_t>(ResolveThreads(options.threads)), chunks.size()));
+  struct GiveBack {
+    std::vector<std::unique_ptr<WorkerScratch>>& s;
+    ~GiveBack() { Pool().Give(std::move(s)); }
+  } give_back{scratch};
   RunChunks(chunks.size(), options.threads, [&](size_t worker, size_t c) {
     results[c].worker = worker;
-    ScanChunk(jobs[chunks[c].tensor], chunks[c], scratch[worker], results[c]);
+    ScanChunk(jobs[chunks[c].tensor], chunks[c], *scratch[worker], results[c]);
     return !results[c].failed();
   });
 
@@ -220,7 +262,7 @@ Result<std::vector<TensorChanges>> DetectJobs(const std::vector<ScanJob>& jobs, 
     AdviseHugePages(tc.values.data(), o.count * value_size);
     for (size_t c = o.first_chunk; c < o.end_chunk; ++c) {
       const ChunkResult& r = results[c];
-      WorkerScratch& w = scratch[r.worker];
+      WorkerScratch& w = *scratch[r.worker];
       const uint64_t* idx = reinterpret_cast<const uint64_t*>(w.indices.data()) + r.offset;
       const uint8_t* val = w.values.data() + r.value_offset;
       tc.indices.insert(tc.indices.end(), idx, idx + r.count);

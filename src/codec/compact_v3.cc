@@ -3,6 +3,7 @@
 #include "codec/compact_v3.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "codec/compact_rice.h"
@@ -167,6 +168,26 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
   for (int cl = 0; cl < kClasses; ++cl) {
     for (ByteSpan p : s.diffs[cl]) diffs.insert(diffs.end(), p.begin(), p.end());
   }
+  // x / f as a multiply and a shift: with s = ceil(log2 f) and rcp =
+  // ceil(2^(31+s) / f) (at most 2^32), (x * rcp) >> (31 + s) is exactly
+  // x / f for every state x < 2^31 (the rounding up adds less than x / 2^(31+s)
+  // < 1/f, too little to reach the next multiple). A division per symbol
+  // otherwise bounds the encoder. Only the symbols of the classes present.
+  struct Divide {
+    uint64_t rcp;
+    int shift;
+  };
+  std::array<std::vector<Divide>, kClasses> divide;
+  for (int cl = 0; cl < kClasses; ++cl) {
+    if (s.counts[cl] == 0) continue;
+    divide[cl].resize(256);
+    for (int sym = 0; sym < 256; ++sym) {
+      const uint32_t f = tables.classes[cl].freq[sym];
+      if (f == 0) continue;
+      const int sh = f == 1 ? 0 : 32 - __builtin_clz(f - 1);
+      divide[cl][sym] = {((uint64_t{1} << (31 + sh)) + f - 1) / f, 31 + sh};
+    }
+  }
   const uint64_t pieces = (count + kV3Piece - 1) / kV3Piece;
   std::vector<std::vector<uint8_t>> gap_parts(pieces), rans_parts(pieces);
   std::vector<uint8_t> buf;
@@ -189,15 +210,18 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
     for (int cl = kClasses - 1; cl >= 0; --cl) {
       const Span part = ClassPart(begin, cl, lo, hi);
       const V3Tables::Class& t = tables.classes[cl];
+      const Divide* div = divide[cl].data();
       for (uint64_t r = part.b; r-- > part.a;) {
         uint32_t& x = xs[two ? (r - lo) & 1 : 0];
-        const uint32_t f = t.freq[diffs[r]];
+        const uint8_t sym = diffs[r];
+        const uint32_t f = t.freq[sym];
         const uint32_t x_max = ((kRansLow >> kRansScaleBits) << 8) * f;
         while (x >= x_max) {
           *--ptr = static_cast<uint8_t>(x);
           x >>= 8;
         }
-        x = ((x / f) << kRansScaleBits) + (x % f) + t.start[diffs[r]];
+        const uint32_t q = static_cast<uint32_t>((uint64_t{x} * div[sym].rcp) >> div[sym].shift);  // x / f
+        x = (q << kRansScaleBits) + (x - q * f) + t.start[sym];
       }
     }
     for (int j = two ? 1 : 0; j >= 0; --j) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bf16/bf16_test_util.h"
@@ -71,6 +72,48 @@ TEST(DetectChangesTest, MatchesReferenceAtEveryChangeRate) {
       ExpectSameChanges(*got, want);
     });
   }
+}
+
+// The workers' scratch is kept between calls: a call after a larger one,
+// with other thread counts, and calls running at the same time each find
+// exactly their own changes.
+TEST(DetectChangesTest, ScratchReusedAcrossCallsAndThreads) {
+  std::mt19937_64 rng(17);
+  std::vector<OwnedTensor> base = MixedTensors(rng);
+  const WeightState published = StateOf(base);
+  std::vector<std::vector<OwnedTensor>> steps;
+  std::vector<std::vector<TensorChanges>> wants;
+  for (double rate : {1.0, 0.01, 0.5, 0.0, 0.2}) {
+    std::vector<OwnedTensor> t = base;
+    for (OwnedTensor& o : t) Mutate(rng, o, rate);
+    wants.push_back(ReferenceDetect(published, t));
+    steps.push_back(std::move(t));
+  }
+  for (int threads : {3, 1, 2}) {
+    for (size_t i = 0; i < steps.size(); ++i) {
+      SCOPED_TRACE("threads " + std::to_string(threads) + " step " + std::to_string(i));
+      auto got = bf16::DetectChangesChunked(published, Views(steps[i]), {.threads = threads}, 100);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ExpectSameChanges(*got, wants[i]);
+    }
+  }
+  std::vector<std::thread> callers;
+  std::vector<int> right(steps.size(), 0);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    callers.emplace_back([&, i] {
+      for (int r = 0; r < 20; ++r) {
+        auto got = bf16::DetectChangesChunked(published, Views(steps[i]), {.threads = 2}, 64);
+        bool same = got.ok() && got->size() == wants[i].size();
+        for (size_t k = 0; same && k < got->size(); ++k) {
+          same = (*got)[k].name == wants[i][k].name && (*got)[k].indices == wants[i][k].indices &&
+                 (*got)[k].values == wants[i][k].values;
+        }
+        right[i] += same;
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(right[i], 20) << "step " << i;
 }
 
 TEST(DetectChangesTest, ZeroChangesGivesEmptyResult) {

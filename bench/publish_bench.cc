@@ -1,0 +1,214 @@
+// publish_bench: the trainer side alone, for profiling. The same model,
+// masters and change rate as `deltasync bench` (Qwen3-0.6B shapes, ~3.4% of
+// elements move by one bf16 ULP), and the same two figures:
+//   detect+encode  DetectChanges (fp32 masters) + EncodeDelta (gap_delta)
+//   publish        Publisher::Publish of a compact delta into a local bucket
+//                  (the fused scan), alternating with the base (untimed)
+// each as a ratio to a memcpy of the bf16 model with the same threads.
+//
+//   publish_bench [--quick] [--threads N] [--reps R] [--only detect|publish]
+#include <cstdio>
+#include <ctime>
+#include <functional>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "bench_apply.h"
+#include "common/parallel.h"
+#include "bf16/compact_scan.h"
+#include "codec/compact_bf16.h"
+#include "deltasync/changes.h"
+#include "deltasync/patch.h"
+#include "deltasync/publisher.h"
+#include "deltasync/weight_state.h"
+#include "synthetic_model.h"
+#include "timing.h"
+
+using namespace deltasync;
+
+namespace {
+
+// CPU seconds of the whole process (all threads): on a loaded machine the
+// work done, where wall time also counts waiting for a core.
+double CpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Best wall and best CPU seconds of `reps` calls of fn (between: untimed).
+struct Timing {
+  double wall = 1e30, cpu = 1e30;
+};
+Timing Best(int reps, const std::function<void()>& fn, const std::function<void()>& between = {}) {
+  Timing t;
+  for (int r = 0; r < reps; ++r) {
+    const double c0 = CpuSeconds();
+    t.wall = std::min(t.wall, cli::Seconds(fn));
+    t.cpu = std::min(t.cpu, CpuSeconds() - c0);
+    if (between) between();
+  }
+  return t;
+}
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "publish_bench: error: %s\n", what.c_str());
+  std::exit(1);
+}
+
+void Check(const Status& s) {
+  if (!s.ok()) Die(s.ToString());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  int threads = 2, reps = 5;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) Die(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--quick") {
+      quick = true;
+    } else if (a == "--threads") {
+      threads = std::atoi(next());
+    } else if (a == "--reps") {
+      reps = std::max(1, std::atoi(next()));
+    } else if (a == "--only") {
+      only = next();
+    } else {
+      Die("unknown argument " + a + " (use --quick, --threads N, --reps R, --only detect|publish)");
+    }
+  }
+  const auto shapes = cli::Qwen3Shapes(quick ? 2 : 28, quick ? 16384 : 151936);
+  // As `deltasync bench`: base ~N(0, 0.02), norms 1, masters rounding to a
+  // neighbour of the base for ~3.4% of elements.
+  std::vector<std::vector<uint16_t>> base_data;
+  std::vector<std::vector<uint32_t>> master_data;
+  uint64_t key = 0x5EED;
+  for (const auto& [name, shape] : shapes) {
+    uint64_t n = 1;
+    for (uint64_t d : shape) n *= d;
+    std::vector<uint16_t> b(n);
+    std::vector<uint32_t> m(n);
+    for (uint64_t i = 0; i < n; ++i, ++key) {
+      float w = shape.size() == 1 ? 1.0f : 0.02f * cli::SyntheticGauss(key);
+      uint32_t bits;
+      std::memcpy(&bits, &w, 4);
+      const uint16_t bf = Fp32ToBf16(bits);
+      b[i] = bf;
+      uint64_t r = key * 0x9E3779B97F4A7C15ull;
+      r ^= r >> 29;
+      r *= 0xBF58476D1CE4E5B9ull;
+      r ^= r >> 32;
+      uint16_t moved = bf;
+      if (static_cast<double>(r & 0xFFFFFF) < 0.034 * 0x1000000) moved ^= 1;
+      m[i] = (static_cast<uint32_t>(moved) << 16) | static_cast<uint32_t>((r >> 44) & 0x7FFF);
+    }
+    base_data.push_back(std::move(b));
+    master_data.push_back(std::move(m));
+  }
+  std::vector<TensorView> base_views, masters;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    base_views.push_back({shapes[i].first, DType::kBF16, shapes[i].second,
+                          ByteSpan(reinterpret_cast<const uint8_t*>(base_data[i].data()), base_data[i].size() * 2)});
+    masters.push_back({shapes[i].first, DType::kF32, shapes[i].second,
+                       ByteSpan(reinterpret_cast<const uint8_t*>(master_data[i].data()), master_data[i].size() * 4)});
+  }
+  Result<WeightState> published = WeightState::FromViews(base_views);
+  Check(published.status());
+  const double gb = static_cast<double>(published->total_bytes()) / 1e9;
+  Timing copy;
+  {
+    const uint64_t bytes = published->total_bytes();
+    std::vector<uint8_t> src(bytes, 1), dst(bytes, 0);
+    const uint64_t per = (bytes + threads - 1) / threads;
+    copy = Best(reps, [&] {
+      ParallelFor(static_cast<size_t>(threads), threads, [&](size_t t) {
+        const uint64_t b = std::min(bytes, per * t), e = std::min(bytes, b + per);
+        std::memcpy(dst.data() + b, src.data() + b, e - b);
+      });
+    });
+  }
+  std::printf("model %.3f GB bf16, %d threads, best of %d; memcpy %.1f GB/s (%.1f ms, %.1f ms CPU)\n", gb, threads,
+              reps, gb / copy.wall, 1e3 * copy.wall, 1e3 * copy.cpu);
+  auto row = [&](const char* what, const Timing& t, const char* extra) {
+    std::printf("%-26s %7.1f ms %6.2f GB/s %.3fx memcpy | CPU %7.1f ms, %.3fx memcpy's CPU %s\n", what,
+                1e3 * t.wall, gb / t.wall, copy.wall / t.wall, 1e3 * t.cpu, copy.cpu / t.cpu, extra);
+  };
+
+  if (only.empty() || only == "detect") {
+    PatchInfo info;
+    info.model_version = 11;
+    info.base_version = 10;
+    info.total_elements = published->total_elements();
+    Status failure;
+    uint64_t bytes = 0;
+    const Timing t = Best(reps, [&] {
+      Result<std::vector<TensorChanges>> c = DetectChanges(*published, masters, DetectOptions{false, threads, nullptr});
+      if (!c.ok()) return void(failure = c.status());
+      Result<EncodedPatch> p = EncodeDelta(info, *c);
+      if (!p.ok()) return void(failure = p.status());
+      bytes = p->size;
+    });
+    Check(failure);
+    row("detect+encode (gap_delta)", t, ("(" + std::to_string(bytes) + " bytes)").c_str());
+  }
+  if (only.empty() || only == "stages") {
+    // The fused publish's two stages alone: the scan (detect, code, hash,
+    // apply) and the stream writing; the scan is undone after each.
+    bf16::CompactScan scan;
+    PatchInfo info;
+    info.kind = PatchKind::kDelta;
+    info.model_version = 11;
+    info.base_version = 10;
+    const DetectOptions detect{false, threads, nullptr};
+    const Timing run = Best(reps, [&] { Check(scan.Run(*published, masters, detect)); }, [&] { scan.Undo(threads); });
+    Check(scan.Run(*published, masters, detect));
+    const Timing write = Best(reps, [&] {
+      Check(EncodeScannedCompactDelta(info, StateHash{}, *published, scan, {}, threads, kCompactStreamAuto).status());
+    });
+    scan.Undo(threads);
+    row("  scan", run, "");
+    row("  write streams", write, "");
+  }
+  if (only.empty() || only == "publish") {
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / ("deltasync-publish-bench-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    Result<std::shared_ptr<Store>> store = OpenStore(dir.string());
+    Check(store.status());
+    PublisherOptions popts;
+    popts.anchor_interval = 1u << 30;
+    popts.threads = threads;
+    Result<std::unique_ptr<Publisher>> pub = Publisher::Open(*store, popts);
+    Check(pub.status());
+    Check((*pub)->Publish(1, base_views).status());
+    uint64_t version = 1;
+    Status failure;
+    uint64_t bytes = 0;
+    const Timing t = Best(
+        reps,
+        [&] {
+          Result<PublishStats> st = (*pub)->Publish(++version, masters);
+          if (!st.ok()) return void(failure = st.status());
+          bytes = st->delta_bytes;
+        },
+        [&] {
+          if (failure.ok()) failure = (*pub)->Publish(++version, base_views).status();
+        });
+    std::filesystem::remove_all(dir);
+    Check(failure);
+    row("publish (compact, fused)", t, ("(" + std::to_string(bytes) + " bytes)").c_str());
+  }
+  return 0;
+}
