@@ -148,9 +148,9 @@ void ScanChunk(const ScanJob& job, const Chunk& chunk, WorkerScratch& scratch, C
 
 // The base (the published state, or diff's old file) and the new weights
 // hold different tensor names.
-Status TensorSetError(const WeightState& base, std::span<const TensorView> current) {
+Status TensorSetError(std::span<const TensorView> base, std::span<const TensorView> current) {
   std::vector<std::string> base_names, current_names;
-  for (const WeightState::Tensor& t : base.tensors()) base_names.push_back(t.name);
+  for (const TensorView& t : base) base_names.push_back(t.name);
   for (const TensorView& v : current) current_names.push_back(v.name);
   return Status::InvalidArgument("the tensors differ from the base's: " +
                                  DescribeTensorSetDiff(base_names, current_names));
@@ -158,8 +158,7 @@ Status TensorSetError(const WeightState& base, std::span<const TensorView> curre
 
 }  // namespace
 
-Result<std::vector<ScanJob>> PlanDetect(const WeightState& published,
-                                        std::span<const TensorView> current,
+Result<std::vector<ScanJob>> PlanDetect(std::span<const TensorView> published, std::span<const TensorView> current,
                                         const DetectOptions& options) {
   std::unordered_map<std::string_view, const TensorView*> by_name;
   for (const TensorView& v : current) {
@@ -169,8 +168,9 @@ Result<std::vector<ScanJob>> PlanDetect(const WeightState& published,
     }
   }
   std::vector<ScanJob> jobs;
-  jobs.reserve(published.tensors().size());
-  for (const WeightState::Tensor& t : published.tensors()) {
+  jobs.reserve(published.size());
+  for (const TensorView& t : published) {
+    DS_RETURN_IF_ERROR(CheckView(t));
     auto it = by_name.find(t.name);
     if (it == by_name.end()) return TensorSetError(published, current);
     const TensorView& cur = *it->second;
@@ -196,6 +196,15 @@ Result<std::vector<ScanJob>> PlanDetect(const WeightState& published,
     jobs.push_back(job);
   }
   if (by_name.size() != jobs.size()) return TensorSetError(published, current);
+  return jobs;
+}
+
+Result<std::vector<ScanJob>> PlanDetect(const WeightState& published, std::span<const TensorView> current,
+                                        const DetectOptions& options) {
+  const std::vector<TensorView> views = published.views();
+  DS_ASSIGN_OR_RETURN(std::vector<ScanJob> jobs, PlanDetect(views, current, options));
+  // One job per tensor, in order: the names must outlive `views`.
+  for (size_t i = 0; i < jobs.size(); ++i) jobs[i].name = published.tensors()[i].name;
   return jobs;
 }
 

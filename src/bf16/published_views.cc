@@ -3,8 +3,6 @@
 // copying the old one into a WeightState.
 
 #include <algorithm>
-#include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -24,65 +22,11 @@ uint64_t PublishedViews::total_elements() const {
 }  // namespace deltasync
 
 namespace deltasync::bf16 {
-namespace {
-
-// The wording of detect.cc's TensorSetError, for a base given as views.
-Status TensorSetError(std::span<const TensorView> base, std::span<const TensorView> current) {
-  std::vector<std::string> base_names, current_names;
-  for (const TensorView& t : base) base_names.push_back(t.name);
-  for (const TensorView& v : current) current_names.push_back(v.name);
-  return Status::InvalidArgument("the tensors differ from the base's: " +
-                                 DescribeTensorSetDiff(base_names, current_names));
-}
-
-// PlanDetect (detect.cc) for a base given as views: the same checks, in the
-// same order, with the same errors.
-Result<std::vector<ScanJob>> PlanDetectViews(std::span<const TensorView> published,
-                                             std::span<const TensorView> current, const DetectOptions& options) {
-  std::unordered_map<std::string_view, const TensorView*> by_name;
-  for (const TensorView& v : current) {
-    DS_RETURN_IF_ERROR(CheckView(v));
-    if (!by_name.emplace(v.name, &v).second) {
-      return Status::InvalidArgument(Quoted(v.name) + " appears twice in the current weights");
-    }
-  }
-  std::vector<ScanJob> jobs;
-  jobs.reserve(published.size());
-  for (const TensorView& t : published) {
-    DS_RETURN_IF_ERROR(CheckView(t));
-    auto it = by_name.find(t.name);
-    if (it == by_name.end()) return TensorSetError(published, current);
-    const TensorView& cur = *it->second;
-    if (cur.shape != t.shape) {
-      return Status::InvalidArgument(Quoted(t.name) + ": shape " + ShapeToString(cur.shape) +
-                                     " does not match the base's " + ShapeToString(t.shape));
-    }
-    const bool rounds = t.dtype == DType::kBF16 && cur.dtype == DType::kF32;
-    if (cur.dtype != t.dtype && !rounds) {
-      return Status::InvalidArgument(
-          Quoted(t.name) + ": dtype " + std::string(DTypeName(cur.dtype)) + " cannot be compared with the base's " +
-          std::string(DTypeName(t.dtype)) + (t.dtype == DType::kBF16 ? " (expected BF16 or F32)" : ""));
-    }
-    ScanJob job;
-    job.name = t.name;
-    job.published_dtype = t.dtype;
-    job.current_dtype = cur.dtype;
-    job.published = t.data.data();
-    job.current = cur.data.data();
-    job.elements = t.num_elements();
-    job.exp_mask = options.allow_nonfinite ? 0 : NonFiniteMask(t.dtype);
-    jobs.push_back(job);
-  }
-  if (by_name.size() != jobs.size()) return TensorSetError(published, current);
-  return jobs;
-}
-
-}  // namespace
 
 Result<std::vector<TensorChanges>> DetectChangesChunked(std::span<const TensorView> published,
                                                         std::span<const TensorView> current,
                                                         const DetectOptions& options, uint64_t chunk_elements) {
-  DS_ASSIGN_OR_RETURN(std::vector<ScanJob> jobs, PlanDetectViews(published, current, options));
+  DS_ASSIGN_OR_RETURN(std::vector<ScanJob> jobs, PlanDetect(published, current, options));
   return DetectJobs(jobs, options, chunk_elements);
 }
 

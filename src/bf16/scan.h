@@ -55,7 +55,11 @@ Status CheckView(const TensorView& v);
 Status NonFiniteError(const ScanJob& job, uint64_t index);
 
 // DetectChanges' validation and plan: one job per tensor of `published`, in
-// its order, each matched by name with a tensor of `current`.
+// its order, each matched by name with a tensor of `current`. The jobs point
+// into the tensors' names and bytes (a WeightState's, or a mapped file's for
+// `diff`).
+Result<std::vector<ScanJob>> PlanDetect(std::span<const TensorView> published, std::span<const TensorView> current,
+                                        const DetectOptions& options);
 Result<std::vector<ScanJob>> PlanDetect(const WeightState& published, std::span<const TensorView> current,
                                         const DetectOptions& options);
 
