@@ -62,10 +62,14 @@ std::optional<std::string> ParseBf16StreamV2(Reader& in, uint64_t count, compact
   const uint64_t max_bytes = (count * 102 + (count / kRiceBlock + kClasses) * 6) / 8 + 1;
   if (auto err = compact::GetBlock(in, std::nullopt, max_bytes, gap_bytes)) return "gap block: " + *err;
   compact::BitReader bits(gap_bytes);
+  out.past_class = -1;
   for (int cl = 0; cl < kClasses; ++cl) {
-    if (auto err = compact::GetRiceGaps(bits, class_begin[cl + 1] - class_begin[cl], out.gaps.data() + class_begin[cl])) {
+    compact::GapRanks ranks;
+    ranks.elements = out.elements;
+    if (auto err = compact::GetRiceGaps(bits, class_begin[cl + 1] - class_begin[cl], out.gaps.data() + class_begin[cl], &ranks)) {
       return "class " + std::to_string(cl) + ": " + *err;
     }
+    if (ranks.past && out.past_class < 0) out.past_class = cl;
   }
   if (!bits.AtPaddedEnd()) return "trailing bits in the gap block";
   std::vector<uint8_t>& diffs = out.diffs;
@@ -136,6 +140,7 @@ Status ReadTensor(const std::string& label, const TensorView& stream, const Tens
   // Parsed into bf's own (reused) buffers: resizing them to about the last
   // version's sizes writes little and faults in no fresh pages.
   compact::ParsedBf16 parsed;
+  parsed.elements = n;
   parsed.gaps.swap(bf.ranks);
   parsed.diffs.swap(bf.diffs);
   parsed.escapes.swap(bf.escapes);
@@ -146,19 +151,10 @@ Status ReadTensor(const std::string& label, const TensorView& stream, const Tens
   bf.escapes.swap(parsed.escapes);
   if (err) return bad(*err);
   bf.class_begin = parsed.class_begin;
-  for (int cl = 0; cl < kClasses; ++cl) {
-    uint64_t* r = bf.ranks.data() + bf.class_begin[cl];
-    const uint64_t m = bf.class_begin[cl + 1] - bf.class_begin[cl];
-    // Ranks: r_0 = gap_0, r_j = r_{j-1} + 1 + gap_j, all below n (the
-    // class has at most n elements), without overflow.
-    for (uint64_t k = 0; k < m; ++k) {
-      const uint64_t gap = r[k];
-      const uint64_t rank = k == 0 ? 0 : r[k - 1] + 1;
-      if (gap >= n || rank >= n - gap) {
-        return bad("gaps run past the elements of exponent class " + std::to_string(cl));
-      }
-      r[k] = rank + gap;
-    }
+  // The parse turned the gaps into ranks as it read them (GapRanks): all
+  // below n (the class has at most n elements), checked without overflow.
+  if (parsed.past_class >= 0) {
+    return bad("gaps run past the elements of exponent class " + std::to_string(parsed.past_class));
   }
   for (uint64_t j = 0; j < *count; ++j) {
     if (bf.diffs[j] == kEscape) bf.escaped.push_back(j);
