@@ -56,20 +56,24 @@ std::optional<std::string> ParseBf16StreamV2(Reader& in, uint64_t count, compact
     class_begin[cl + 1] = class_begin[cl] + *m;
   }
   if (class_begin[kClasses] != count) return "class counts do not sum to the count";
-  std::vector<uint8_t> gap_bytes;
+  thread_local std::vector<uint8_t> gap_bytes;  // reused: see TakeParseBuffers
   out.gaps.resize(count);
   // A Rice-coded gap takes at most 31 + 7 + 64 bits, each block 6 more.
   const uint64_t max_bytes = (count * 102 + (count / kRiceBlock + kClasses) * 6) / 8 + 1;
   if (auto err = compact::GetBlock(in, std::nullopt, max_bytes, gap_bytes)) return "gap block: " + *err;
   compact::BitReader bits(gap_bytes);
+  out.past_class = -1;
   for (int cl = 0; cl < kClasses; ++cl) {
-    if (auto err = compact::GetRiceGaps(bits, class_begin[cl + 1] - class_begin[cl], out.gaps.data() + class_begin[cl])) {
+    compact::GapRanks ranks;
+    ranks.elements = out.elements;
+    if (auto err = compact::GetRiceGaps(bits, class_begin[cl + 1] - class_begin[cl], out.gaps.data() + class_begin[cl], &ranks)) {
       return "class " + std::to_string(cl) + ": " + *err;
     }
+    if (ranks.past && out.past_class < 0) out.past_class = cl;
   }
   if (!bits.AtPaddedEnd()) return "trailing bits in the gap block";
   std::vector<uint8_t>& diffs = out.diffs;
-  std::vector<uint8_t> class_diffs;
+  thread_local std::vector<uint8_t> class_diffs;
   diffs.clear();
   diffs.reserve(count);
   for (int cl = 0; cl < kClasses; ++cl) {
@@ -109,7 +113,7 @@ Status ReadTensor(const std::string& label, const TensorView& stream, const Tens
 
   if (!bf16) {
     // A gap varint takes at most 10 bytes.
-    std::vector<uint8_t> gap_bytes;
+    thread_local std::vector<uint8_t> gap_bytes;  // reused: see TakeParseBuffers
     if (auto err = compact::GetBlock(in, std::nullopt, *count * 10, gap_bytes)) return bad("gap block: " + *err);
     Reader g(gap_bytes);
     c.indices.resize(*count);
@@ -133,27 +137,24 @@ Status ReadTensor(const std::string& label, const TensorView& stream, const Tens
   bf.base = &base;
   bf.out = &c;
   bf.seeds = state_hash::SeedsFor(base.name, base.dtype, base.shape);
+  // Parsed into bf's own (reused) buffers: resizing them to about the last
+  // version's sizes writes little and faults in no fresh pages.
   compact::ParsedBf16 parsed;
+  parsed.elements = n;
+  parsed.gaps.swap(bf.ranks);
+  parsed.diffs.swap(bf.diffs);
+  parsed.escapes.swap(bf.escapes);
   std::optional<std::string> err = *version == kStreamVersion ? ParseBf16StreamV2(in, *count, parsed)
                                                               : compact::ParseBf16StreamV3(in, *count, tables, parsed);
+  bf.ranks.swap(parsed.gaps);
+  bf.diffs.swap(parsed.diffs);
+  bf.escapes.swap(parsed.escapes);
   if (err) return bad(*err);
   bf.class_begin = parsed.class_begin;
-  bf.ranks = std::move(parsed.gaps);
-  bf.diffs = std::move(parsed.diffs);
-  bf.escapes = std::move(parsed.escapes);
-  for (int cl = 0; cl < kClasses; ++cl) {
-    uint64_t* r = bf.ranks.data() + bf.class_begin[cl];
-    const uint64_t m = bf.class_begin[cl + 1] - bf.class_begin[cl];
-    // Ranks: r_0 = gap_0, r_j = r_{j-1} + 1 + gap_j, all below n (the
-    // class has at most n elements), without overflow.
-    for (uint64_t k = 0; k < m; ++k) {
-      const uint64_t gap = r[k];
-      const uint64_t rank = k == 0 ? 0 : r[k - 1] + 1;
-      if (gap >= n || rank >= n - gap) {
-        return bad("gaps run past the elements of exponent class " + std::to_string(cl));
-      }
-      r[k] = rank + gap;
-    }
+  // The parse turned the gaps into ranks as it read them (GapRanks): all
+  // below n (the class has at most n elements), checked without overflow.
+  if (parsed.past_class >= 0) {
+    return bad("gaps run past the elements of exponent class " + std::to_string(parsed.past_class));
   }
   for (uint64_t j = 0; j < *count; ++j) {
     if (bf.diffs[j] == kEscape) bf.escaped.push_back(j);
@@ -166,6 +167,26 @@ Status ReadTensor(const std::string& label, const TensorView& stream, const Tens
     c.values.resize(2 * *count);
   }
   return Status::OK();
+}
+
+// The per-tensor parse state of one decode, from buffers the calling thread
+// keeps across decodes (the replica decodes version after version on one
+// thread): fresh zero-filled vectors per tensor per version would cost page
+// faults. Each is reset to a fresh Bf16Tensor keeping only its vectors'
+// capacity. Holds about the largest delta's O(changes) parse bytes per thread.
+std::span<Bf16Tensor> TakeParseBuffers(size_t n) {
+  thread_local std::vector<Bf16Tensor> pool;
+  if (pool.size() < n) pool.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    Bf16Tensor fresh;
+    fresh.ranks.swap(pool[i].ranks);
+    fresh.diffs.swap(pool[i].diffs);
+    fresh.escapes.swap(pool[i].escapes);
+    fresh.escaped.swap(pool[i].escaped);
+    fresh.escaped.clear();
+    pool[i] = std::move(fresh);
+  }
+  return std::span<Bf16Tensor>(pool.data(), n);
 }
 
 std::string Show(std::string_view v) {
@@ -269,7 +290,7 @@ Result<CompactDelta> DecodeOrApply(const SafetensorsFile& file, std::span<const 
 
   // Step 1.
   out.changes.resize(streams.size());
-  std::vector<Bf16Tensor> read(streams.size());
+  const std::span<Bf16Tensor> read = TakeParseBuffers(streams.size());
   std::vector<Status> errors(streams.size());
   std::optional<compact::V3Tables> tables;
   DS_RETURN_IF_ERROR(compact::ParseDeltaTables(file, tables));

@@ -82,7 +82,7 @@ void PutRiceGaps(BitWriter& w, uint64_t count, GapSource& source) {
 }
 
 // Reads `count` gaps of one class into `out`; nullopt-style error text.
-std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, uint64_t* out) {
+std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, uint64_t* out, GapRanks* ranks) {
   for (uint64_t b = 0; b < count; b += kRiceBlock) {
     std::optional<uint64_t> k = r.Get(6);
     if (!k) return "truncated Rice parameter";
@@ -91,7 +91,7 @@ std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, uint64_t* o
     const uint64_t e = std::min<uint64_t>(count, b + kRiceBlock);
     for (uint64_t i = b; i < e; ++i) {
       // Fast: a run of ordinary codes; then one code the slow way.
-      i = r.RiceRun(kk, kUnaryEscape, out, i, e);
+      i = ranks ? r.RiceRun(kk, kUnaryEscape, out, i, e, ranks) : r.RiceRun(kk, kUnaryEscape, out, i, e);
       if (i == e) break;
       std::optional<int> q = r.Unary(kUnaryEscape);
       if (!q) return "gap " + std::to_string(i) + " is truncated";
@@ -99,6 +99,7 @@ std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, uint64_t* o
         std::optional<uint64_t> low = r.Get(kk);
         if (!low) return "gap " + std::to_string(i) + " is truncated";
         out[i] = (static_cast<uint64_t>(*q) << kk) | *low;
+        if (ranks) out[i] = ranks->Next(out[i]);
         continue;
       }
       std::optional<uint64_t> width = r.Get(7);
@@ -107,7 +108,7 @@ std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, uint64_t* o
       if ((*gap >> kk) < kUnaryEscape || BitWidth(*gap) != static_cast<int>(*width)) {
         return "escaped gap " + std::to_string(i) + " is not canonical";
       }
-      out[i] = *gap;
+      out[i] = ranks ? ranks->Next(*gap) : *gap;
     }
   }
   return std::nullopt;

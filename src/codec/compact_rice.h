@@ -26,8 +26,25 @@ inline constexpr int kUnaryEscape = 31;
 // Writes the next `count` gaps of `source` (blocks restart here).
 void PutRiceGaps(BitWriter& w, uint64_t count, GapSource& source);
 
-// Reads `count` gaps into `out`; on failure a short reason.
-std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, uint64_t* out);
+// A class's running rank while its gaps are read: rank_0 = gap_0,
+// rank_j = rank_{j-1} + 1 + gap_j; `past` is set (not an error here, so that
+// the caller reports it after any malformed code, as it always has) once a
+// rank reaches `elements` (the base's), the later ranks then meaningless.
+struct GapRanks {
+  uint64_t next = 0;  // the rank a zero gap gives
+  uint64_t elements = ~uint64_t{0};
+  bool past = false;
+  uint64_t Next(uint64_t gap) {
+    past |= (gap >= elements) | (next >= elements - gap);  // next + gap >= elements, without overflow
+    const uint64_t rank = next + gap;
+    next = rank + 1;
+    return rank;
+  }
+};
+
+// Reads `count` gaps into `out`, or with `ranks` the class's ranks (gaps and
+// ranks in one pass); on failure a short reason.
+std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, uint64_t* out, GapRanks* ranks = nullptr);
 
 // Hands out one vector's gaps.
 class VectorGaps final : public GapSource {

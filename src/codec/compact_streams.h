@@ -4,7 +4,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <cstring>
 #include <optional>
 #include <span>
@@ -160,7 +162,9 @@ class BitReader {
   // is at hand; returns the index of the first gap left for a slower
   // reader (e when none). The state lives in locals meanwhile, so the loop
   // runs in registers.
-  uint64_t RiceRun(int k, int max_unary, uint64_t* out, uint64_t i, uint64_t e) {
+  // With `rank` (a GapRanks), writes ranks instead (GapRanks::Next).
+  template <typename Ranks = std::nullptr_t>
+  uint64_t RiceRun(int k, int max_unary, uint64_t* out, uint64_t i, uint64_t e, Ranks rank = nullptr) {
     uint64_t acc = acc_;
     int n = n_;
     size_t pos = pos_;
@@ -179,7 +183,12 @@ class BitReader {
       const int ones = ~acc == 0 ? 64 : __builtin_ctzll(~acc);
       const int used = ones + 1 + k;
       if (ones >= max_unary || used > n) break;
-      out[i] = (static_cast<uint64_t>(ones) << k) | ((acc >> (ones + 1)) & low_mask);
+      const uint64_t gap = (static_cast<uint64_t>(ones) << k) | ((acc >> (ones + 1)) & low_mask);
+      if constexpr (std::is_same_v<Ranks, std::nullptr_t>) {
+        out[i] = gap;
+      } else {
+        out[i] = rank->Next(gap);
+      }
       acc = used >= 64 ? 0 : acc >> used;
       n -= used;
     }

@@ -284,6 +284,8 @@ std::optional<std::string> ParseBf16StreamV3(Reader& in, uint64_t count, const V
   if (sizes) sizes->header += in.position() - start;
   out.gaps.resize(count);
   out.diffs.resize(count);
+  std::array<GapRanks, kClasses> ranks;  // a class's ranks run on across pieces
+  for (GapRanks& r : ranks) r.elements = out.elements;
   for (uint64_t p = 0; p < pieces; ++p) {
     const uint64_t lo = p * kV3Piece, hi = std::min(count, lo + kV3Piece);
     const std::string where = "piece " + std::to_string(p) + ": ";
@@ -291,7 +293,7 @@ std::optional<std::string> ParseBf16StreamV3(Reader& in, uint64_t count, const V
     for (int cl = 0; cl < kClasses; ++cl) {
       const Span part = ClassPart(begin, cl, lo, hi);
       if (part.a >= part.b) continue;
-      if (auto err = GetRiceGaps(bits, part.b - part.a, out.gaps.data() + part.a)) {
+      if (auto err = GetRiceGaps(bits, part.b - part.a, out.gaps.data() + part.a, &ranks[cl])) {
         return where + "class " + std::to_string(cl) + " gaps: " + *err;
       }
     }
@@ -356,6 +358,10 @@ std::optional<std::string> ParseBf16StreamV3(Reader& in, uint64_t count, const V
     if (auto err = GetBlock(in, 2 * n_escapes, 0, out.escapes)) return "escape block: " + *err;
   }
   if (sizes) sizes->escapes += in.position() - esc_start;
+  out.past_class = -1;
+  for (int cl = kClasses - 1; cl >= 0; --cl) {
+    if (ranks[cl].past) out.past_class = cl;
+  }
   return std::nullopt;
 }
 

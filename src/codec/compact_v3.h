@@ -72,7 +72,10 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
 // What version 2's and 3's parses hand to the position walk.
 struct ParsedBf16 {
   std::array<uint64_t, kClasses + 1> class_begin{};  // class cl: changes [begin[cl], begin[cl+1])
-  std::vector<uint64_t> gaps;                        // class order
+  // In: the base's elements (the bound of every rank; inspect leaves it).
+  uint64_t elements = ~uint64_t{0};
+  std::vector<uint64_t> gaps;  // class order, each class's gaps as ranks (GapRanks)
+  int past_class = -1;         // out: the first class whose ranks reach `elements`, or -1
   std::vector<uint8_t> diffs;                        // class order
   std::vector<uint8_t> escapes;                      // u16 LE each, class order
 };
