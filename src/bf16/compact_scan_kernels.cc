@@ -46,6 +46,32 @@ HWY_INLINE hn::Vec<D32> ClassLanes(D32 d32, hn::Vec<D32> bits) {
   return hn::Min(hn::Sub(hn::Max(e, c112), c112), hn::Set(d32, 15u));
 }
 
+// The classify blocks' scalar tail: elements i..len one by one, then the
+// block's last word padded with kNoClass. true when one is NaN/Inf.
+template <bool kF32>
+HWY_INLINE bool ClassifyTail(const uint16_t* HWY_RESTRICT pub, const void* cur_raw, size_t i, size_t len,
+                             uint16_t* HWY_RESTRICT fresh, uint64_t* HWY_RESTRICT words,
+                             uint8_t* HWY_RESTRICT cls, int& lo, int& hi) {
+  bool any_bad = false;
+  for (; i < len; ++i) {
+    uint16_t r;
+    if constexpr (kF32) {
+      r = bf16::RoundFp32ToBf16(bf16::LoadElement(static_cast<const uint32_t*>(cur_raw), i));
+    } else {
+      r = bf16::LoadElement(static_cast<const uint16_t*>(cur_raw), i);
+    }
+    const uint16_t p = bf16::LoadElement(pub, i);
+    fresh[i] = r;
+    any_bad |= bf16::IsNonFinite(r, bf16::kBf16ExpMask);
+    words[i / 64] |= static_cast<uint64_t>(r != p) << (i % 64);
+    cls[i] = static_cast<uint8_t>(compact::ClassOf(p));
+    lo = std::min(lo, static_cast<int>(cls[i]));
+    hi = std::max(hi, static_cast<int>(cls[i]));
+  }
+  std::memset(cls + len, kNoClass, (len + 63) / 64 * 64 - len);
+  return any_bad;
+}
+
 // Pass 1 over one block of len <= kScanBlock elements.
 // Also gives the lowest and highest class of the block's base elements.
 template <bool kF32>
@@ -60,7 +86,6 @@ HWY_INLINE bool ClassifyBlock(const uint16_t* HWY_RESTRICT pub, const void* cur_
   const auto exp = hn::Set(d32, uint32_t{bf16::kBf16ExpMask});
   auto bad = hn::FirstN(d32, 0);
   auto vlo = hn::Set(d32, 15u), vhi = hn::Zero(d32);
-  bool any_bad = false;
   uint8_t* bitmap = reinterpret_cast<uint8_t*>(words);
   std::memset(words, 0, kScanWords * sizeof(uint64_t));
   size_t i = 0;
@@ -82,23 +107,8 @@ HWY_INLINE bool ClassifyBlock(const uint16_t* HWY_RESTRICT pub, const void* cur_
   }
   lo = static_cast<int>(hn::GetLane(hn::MinOfLanes(d32, vlo)));
   hi = static_cast<int>(hn::GetLane(hn::MaxOfLanes(d32, vhi)));
-  for (; i < len; ++i) {
-    uint16_t r;
-    if constexpr (kF32) {
-      r = bf16::RoundFp32ToBf16(bf16::LoadElement(static_cast<const uint32_t*>(cur_raw), i));
-    } else {
-      r = bf16::LoadElement(static_cast<const uint16_t*>(cur_raw), i);
-    }
-    const uint16_t p = bf16::LoadElement(pub, i);
-    fresh[i] = r;
-    any_bad |= bf16::IsNonFinite(r, bf16::kBf16ExpMask);
-    words[i / 64] |= static_cast<uint64_t>(r != p) << (i % 64);
-    cls[i] = static_cast<uint8_t>(compact::ClassOf(p));
-    lo = std::min(lo, static_cast<int>(cls[i]));
-    hi = std::max(hi, static_cast<int>(cls[i]));
-  }
-  std::memset(cls + len, kNoClass, (len + 63) / 64 * 64 - len);
-  return any_bad || !hn::AllFalse(d32, bad);
+  const bool tail_bad = ClassifyTail<kF32>(pub, cur_raw, i, len, fresh, words, cls, lo, hi);
+  return tail_bad || !hn::AllFalse(d32, bad);
 }
 
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
@@ -147,24 +157,8 @@ HWY_INLINE bool ClassifyBlock32(const uint16_t* HWY_RESTRICT pub, const void* cu
     lo = std::min(lo, static_cast<int>(los[k]));
     hi = std::max(hi, static_cast<int>(his[k]));
   }
-  bool any_bad = bad != 0;
-  for (; i < len; ++i) {
-    uint16_t r;
-    if constexpr (kF32) {
-      r = bf16::RoundFp32ToBf16(bf16::LoadElement(static_cast<const uint32_t*>(cur_raw), i));
-    } else {
-      r = bf16::LoadElement(static_cast<const uint16_t*>(cur_raw), i);
-    }
-    const uint16_t p = bf16::LoadElement(pub, i);
-    fresh[i] = r;
-    any_bad |= bf16::IsNonFinite(r, bf16::kBf16ExpMask);
-    words[i / 64] |= static_cast<uint64_t>(r != p) << (i % 64);
-    cls[i] = static_cast<uint8_t>(compact::ClassOf(p));
-    lo = std::min(lo, static_cast<int>(cls[i]));
-    hi = std::max(hi, static_cast<int>(cls[i]));
-  }
-  std::memset(cls + len, kNoClass, (len + 63) / 64 * 64 - len);
-  return any_bad;
+  const bool tail_bad = ClassifyTail<kF32>(pub, cur_raw, i, len, fresh, words, cls, lo, hi);
+  return tail_bad || bad != 0;
 }
 #endif
 
