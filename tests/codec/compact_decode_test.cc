@@ -55,16 +55,7 @@ TEST(CompactDecode, GapsPastTheBaseAreRefusedWhateverTheChunks) {
   // The same tensors, but "one_class" now holds half as many class-8
   // elements: the delta's class-8 gaps run past them (the hash passed is the
   // delta's, so only the walk can tell).
-  Model m;
-  for (const WeightState::Tensor& t : c.state.tensors()) {
-    std::vector<uint16_t> bits(t.num_elements());
-    std::memcpy(bits.data(), t.data.data(), t.data.size());
-    if (t.name == "one_class") {
-      for (size_t i = 1500; i < bits.size(); ++i) bits[i] = Bf16(std::exp2(-12.0f));
-    }
-    m.Add(t.name, bits);
-  }
-  const WeightState other = m.State();
+  const WeightState other = ShortOfClass8(c);
   testing_bf16::ForEachTarget([&] {
     for (int threads : {1, 2}) {
       for (uint64_t chunk : {uint64_t{1}, uint64_t{64}, uint64_t{1000}, compact::kDecodeChunkElements}) {
