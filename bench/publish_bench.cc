@@ -89,41 +89,11 @@ int main(int argc, char** argv) {
       Die("unknown argument " + a + " (use --quick, --threads N, --reps R, --only detect|publish)");
     }
   }
-  const auto shapes = cli::Qwen3Shapes(quick ? 2 : 28, quick ? 16384 : 151936);
   // As `deltasync bench`: base ~N(0, 0.02), norms 1, masters rounding to a
   // neighbour of the base for ~3.4% of elements.
-  std::vector<std::vector<uint16_t>> base_data;
-  std::vector<std::vector<uint32_t>> master_data;
-  uint64_t key = 0x5EED;
-  for (const auto& [name, shape] : shapes) {
-    uint64_t n = 1;
-    for (uint64_t d : shape) n *= d;
-    std::vector<uint16_t> b(n);
-    std::vector<uint32_t> m(n);
-    for (uint64_t i = 0; i < n; ++i, ++key) {
-      float w = shape.size() == 1 ? 1.0f : 0.02f * cli::SyntheticGauss(key);
-      uint32_t bits;
-      std::memcpy(&bits, &w, 4);
-      const uint16_t bf = Fp32ToBf16(bits);
-      b[i] = bf;
-      uint64_t r = key * 0x9E3779B97F4A7C15ull;
-      r ^= r >> 29;
-      r *= 0xBF58476D1CE4E5B9ull;
-      r ^= r >> 32;
-      uint16_t moved = bf;
-      if (static_cast<double>(r & 0xFFFFFF) < 0.034 * 0x1000000) moved ^= 1;
-      m[i] = (static_cast<uint32_t>(moved) << 16) | static_cast<uint32_t>((r >> 44) & 0x7FFF);
-    }
-    base_data.push_back(std::move(b));
-    master_data.push_back(std::move(m));
-  }
-  std::vector<TensorView> base_views, masters;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    base_views.push_back({shapes[i].first, DType::kBF16, shapes[i].second,
-                          ByteSpan(reinterpret_cast<const uint8_t*>(base_data[i].data()), base_data[i].size() * 2)});
-    masters.push_back({shapes[i].first, DType::kF32, shapes[i].second,
-                       ByteSpan(reinterpret_cast<const uint8_t*>(master_data[i].data()), master_data[i].size() * 4)});
-  }
+  const cli::BenchModel model = cli::MakeBenchModel(quick ? 2 : 28, quick ? 16384 : 151936, 0.034);
+  const std::vector<TensorView>& base_views = model.base;
+  const std::vector<TensorView>& masters = model.masters;
   Result<WeightState> published = WeightState::FromViews(base_views);
   Check(published.status());
   const double gb = static_cast<double>(published->total_bytes()) / 1e9;

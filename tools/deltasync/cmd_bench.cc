@@ -57,45 +57,11 @@ Status RunBench(const BenchArgs& args) {
   const int layers = args.quick ? 2 : 28;
   const uint64_t vocab = args.quick ? 16384 : 151936;
   const int threads = args.threads;
-  auto shapes = Qwen3Shapes(layers, vocab);
-
   // Published bf16 state ~N(0, 0.02), and the trainer's fp32 masters whose
   // rounding moves ~3.4% of elements by +-1 bf16 ULP (as AdamW at lr 3e-6 does).
-  std::vector<TensorView> base_views;
-  std::vector<std::vector<uint16_t>> base_data;
-  std::vector<std::vector<uint32_t>> master_data;
-  uint64_t key = 0x5EED;
-  for (auto& [name, shape] : shapes) {
-    uint64_t n = 1;
-    for (uint64_t d : shape) n *= d;
-    std::vector<uint16_t> b(n);
-    std::vector<uint32_t> m(n);
-    for (uint64_t i = 0; i < n; ++i, ++key) {
-      float w = shape.size() == 1 ? 1.0f : 0.02f * SyntheticGauss(key);
-      uint32_t bits;
-      std::memcpy(&bits, &w, 4);
-      uint16_t bf = Fp32ToBf16(bits);
-      b[i] = bf;
-      uint64_t r = key * 0x9E3779B97F4A7C15ull;
-      r ^= r >> 29;
-      r *= 0xBF58476D1CE4E5B9ull;
-      r ^= r >> 32;
-      uint16_t moved = bf;
-      // Flipping the lowest mantissa bit moves the value by one ULP up or
-      // down and can never make a finite value non-finite.
-      if (static_cast<double>(r & 0xFFFFFF) < kChangedFraction * 0x1000000) moved ^= 1;
-      m[i] = (static_cast<uint32_t>(moved) << 16) | static_cast<uint32_t>((r >> 44) & 0x7FFF);
-    }
-    base_data.push_back(std::move(b));
-    master_data.push_back(std::move(m));
-  }
-  std::vector<TensorView> masters;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    base_views.push_back({shapes[i].first, DType::kBF16, shapes[i].second,
-                          ByteSpan(reinterpret_cast<const uint8_t*>(base_data[i].data()), base_data[i].size() * 2)});
-    masters.push_back({shapes[i].first, DType::kF32, shapes[i].second,
-                       ByteSpan(reinterpret_cast<const uint8_t*>(master_data[i].data()), master_data[i].size() * 4)});
-  }
+  const BenchModel model = MakeBenchModel(layers, vocab, kChangedFraction);
+  const std::vector<TensorView>& base_views = model.base;
+  const std::vector<TensorView>& masters = model.masters;
   DS_ASSIGN_OR_RETURN(WeightState published, WeightState::FromViews(base_views));
   const double model_bytes = static_cast<double>(published.total_bytes());
   const int reps = args.quick ? 3 : 5;

@@ -1,7 +1,10 @@
 #include "synthetic_model.h"
 
+#include "deltasync/changes.h"
+
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <thread>
 
@@ -131,6 +134,45 @@ std::vector<TensorView> SyntheticTrainer::MasterViews() const {
   for (const Param& p : params_) {
     out.push_back(TensorView{p.name, DType::kF32, p.shape,
                              ByteSpan(reinterpret_cast<const uint8_t*>(p.w.data()), p.w.size() * sizeof(float))});
+  }
+  return out;
+}
+
+BenchModel MakeBenchModel(int layers, uint64_t vocab, double changed_fraction) {
+  BenchModel out;
+  out.shapes = Qwen3Shapes(layers, vocab);
+  uint64_t key = 0x5EED;
+  for (const auto& [name, shape] : out.shapes) {
+    uint64_t n = 1;
+    for (uint64_t d : shape) n *= d;
+    std::vector<uint16_t> b(n);
+    std::vector<uint32_t> m(n);
+    for (uint64_t i = 0; i < n; ++i, ++key) {
+      const float w = shape.size() == 1 ? 1.0f : 0.02f * SyntheticGauss(key);
+      uint32_t bits;
+      std::memcpy(&bits, &w, 4);
+      const uint16_t bf = Fp32ToBf16(bits);
+      b[i] = bf;
+      uint64_t r = key * 0x9E3779B97F4A7C15ull;
+      r ^= r >> 29;
+      r *= 0xBF58476D1CE4E5B9ull;
+      r ^= r >> 32;
+      uint16_t moved = bf;
+      // Flipping the lowest mantissa bit moves the value by one ULP up or
+      // down and can never make a finite value non-finite.
+      if (static_cast<double>(r & 0xFFFFFF) < changed_fraction * 0x1000000) moved ^= 1;
+      m[i] = (static_cast<uint32_t>(moved) << 16) | static_cast<uint32_t>((r >> 44) & 0x7FFF);
+    }
+    out.base_data.push_back(std::move(b));
+    out.master_data.push_back(std::move(m));
+  }
+  for (size_t i = 0; i < out.shapes.size(); ++i) {
+    const auto& [name, shape] = out.shapes[i];
+    out.base.push_back({name, DType::kBF16, shape,
+                        ByteSpan(reinterpret_cast<const uint8_t*>(out.base_data[i].data()), out.base_data[i].size() * 2)});
+    out.masters.push_back({name, DType::kF32, shape,
+                           ByteSpan(reinterpret_cast<const uint8_t*>(out.master_data[i].data()),
+                                    out.master_data[i].size() * 4)});
   }
   return out;
 }

@@ -30,6 +30,19 @@ std::vector<std::pair<std::string, std::vector<uint64_t>>> Qwen3Shapes(int layer
 // An approximately standard normal number derived from a 64-bit key.
 float SyntheticGauss(uint64_t key);
 
+// The benchmarks' one-step model: a published bf16 state ~N(0, 0.02) (norm
+// weights 1.0) over Qwen3Shapes(layers, vocab), and fp32 masters whose
+// rounding moves about `changed_fraction` of the elements by one bf16 ULP
+// (as AdamW at lr 3e-6 does at the demo's step 10); the other masters lie
+// inside their element's rounding interval. Deterministic.
+struct BenchModel {
+  std::vector<std::pair<std::string, std::vector<uint64_t>>> shapes;
+  std::vector<std::vector<uint16_t>> base_data;
+  std::vector<std::vector<uint32_t>> master_data;
+  std::vector<TensorView> base, masters;  // views of the two, in shape order
+};
+BenchModel MakeBenchModel(int layers, uint64_t vocab, double changed_fraction);
+
 class SyntheticTrainer {
  public:
   explicit SyntheticTrainer(const SyntheticModelOptions& options);
