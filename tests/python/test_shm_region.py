@@ -4,6 +4,7 @@ Sparse (changed indices and values) when the region moved from the version the
 reader holds, dense otherwise; None for another version; the seqlock bracket
 (waits while the writer is inside, gives up loudly); a stopped daemon is named.
 """
+import contextlib
 import mmap
 import os
 import shutil
@@ -52,20 +53,27 @@ def same_bits(a, b):
     return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
-@pytest.fixture
-def daemon(deltasync_bin, bucket):
+@contextlib.contextmanager
+def serving(deltasync_bin, bucket, s1):
+    """A `serve --shm` daemon on `bucket` after version 1 (`s1`) was published: (name, publisher, proc)."""
     name = f"ds-test-{uuid.uuid4().hex[:8]}"
-    s1, s2 = states()
     pub = deltasync.Publisher(bucket)
     dt.publish(pub, 1, s1)
     proc = subprocess.Popen([deltasync_bin, "serve", bucket, "--shm", name, "--listen", "127.0.0.1:0",
                              "--poll", "0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        yield dict(name=name, pub=pub, s1=s1, s2=s2, proc=proc)
+        yield name, pub, proc
     finally:
         pub.close()
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.fixture
+def daemon(deltasync_bin, bucket):
+    s1, s2 = states()
+    with serving(deltasync_bin, bucket, s1) as (name, pub, proc):
+        yield dict(name=name, pub=pub, s1=s1, s2=s2, proc=proc)
 
 
 def test_sparse_from_the_held_version_dense_otherwise(daemon):
@@ -142,20 +150,11 @@ def big_states():
 
 @pytest.fixture
 def big_daemon(deltasync_bin, bucket):
-    name = f"ds-test-{uuid.uuid4().hex[:8]}"
     s1, s2 = big_states()
-    pub = deltasync.Publisher(bucket)
-    dt.publish(pub, 1, s1)
-    proc = subprocess.Popen([deltasync_bin, "serve", bucket, "--shm", name, "--listen", "127.0.0.1:0",
-                             "--poll", "0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    with serving(deltasync_bin, bucket, s1) as (name, pub, proc):
         wait_version(name, 1, proc)
         dt.publish(pub, 2, s2)
         yield dict(name=name, s1=s1, s2=s2, region=wait_version(name, 2, proc))
-    finally:
-        pub.close()
-        proc.terminate()
-        proc.wait(30)
 
 
 def shards(s):
