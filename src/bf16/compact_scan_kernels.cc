@@ -163,15 +163,12 @@ HWY_INLINE bool ClassifyBlock32(const uint16_t* HWY_RESTRICT pub, const void* cu
 #endif
 
 #if HWY_TARGET == HWY_AVX2 && HWY_ARCH_X86_64
-// ClassifyBlock on AVX2, 32 elements a step (as ClassifyBlock32): the fp32
-// rounding on 8 u32 lanes, four times, packed to two vectors of 16 u16; the
-// compares then run on u16 lanes and their results are packed to bytes, so
-// one movemask gives 32 bits of the bitmap. Same results as ClassifyBlock.
+// ClassifyBlock on AVX2, 32 elements a step (as ClassifyBlock32), on u16
+// lanes (kernels-inl.h's AVX2 helpers). Same results as ClassifyBlock.
 template <bool kF32>
 HWY_INLINE bool ClassifyBlockAvx2(const uint16_t* HWY_RESTRICT pub, const void* cur_raw, size_t len,
                                   uint16_t* HWY_RESTRICT fresh, uint64_t* HWY_RESTRICT words,
                                   uint8_t* HWY_RESTRICT cls, int& lo, int& hi) {
-  const hn::Full256<uint32_t> d32;
   const __m256i exp = _mm256_set1_epi16(static_cast<short>(bf16::kBf16ExpMask));
   const __m256i c112 = _mm256_set1_epi16(112), c15 = _mm256_set1_epi16(15);
   __m256i vlo = c15, vhi = _mm256_setzero_si256(), bad = _mm256_setzero_si256();
@@ -179,31 +176,17 @@ HWY_INLINE bool ClassifyBlockAvx2(const uint16_t* HWY_RESTRICT pub, const void* 
   std::memset(words, 0, kScanWords * sizeof(uint64_t));
   // 16 new values (u16 lanes in element order) from element k on.
   const auto fresh16 = [&](size_t k) {
-    if constexpr (kF32) {
-      const auto* cur = static_cast<const uint32_t*>(cur_raw) + k;
-      // The rounded bf16 bits sit in the low half of each u32 lane (< 2^16),
-      // so the signed-saturating pack keeps them; it packs per 128-bit half,
-      // hence the permute back into element order.
-      const __m256i a = RoundToBf16(d32, hn::LoadU(d32, cur)).raw;
-      const __m256i b = RoundToBf16(d32, hn::LoadU(d32, cur + 8)).raw;
-      return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
-    } else {
-      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(cur_raw) + k));
-    }
+    if constexpr (kF32) return RoundToBf16x16(static_cast<const uint32_t*>(cur_raw) + k);
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(cur_raw) + k));
   };
   size_t i = 0;
   for (; i + 32 <= len; i += 32) {
     const __m256i r0 = fresh16(i), r1 = fresh16(i + 16);
     const __m256i p0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pub + i));
     const __m256i p1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pub + i + 16));
-    // Equal lanes are 0xFFFF: packed to bytes (per 128-bit half, permuted
-    // back), the complement of their movemask is the changed bits.
-    const __m256i eq = _mm256_permute4x64_epi64(
-        _mm256_packs_epi16(_mm256_cmpeq_epi16(r0, p0), _mm256_cmpeq_epi16(r1, p1)), 0xD8);
-    const uint32_t changed = ~static_cast<uint32_t>(_mm256_movemask_epi8(eq));
+    const uint32_t changed = DiffBits32(r0, r1, p0, p1);
     std::memcpy(bitmap + i / 8, &changed, 4);
-    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(r0, exp), exp));
-    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(r1, exp), exp));
+    bad = OrNonFinite16(bad, r0, r1, exp);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(fresh + i), r0);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(fresh + i + 16), r1);
     const __m256i k0 = _mm256_min_epu16(_mm256_subs_epu16(_mm256_srli_epi16(_mm256_and_si256(p0, exp), 7), c112), c15);

@@ -31,6 +31,38 @@ HWY_INLINE hn::Vec<D32> RoundToBf16(D32 d32, hn::Vec<D32> u) {
   return hn::IfThenElse(hn::RebindMask(d32, is_nan), quiet_nan, rounded);
 }
 
+#if HWY_TARGET == HWY_AVX2 && HWY_ARCH_X86_64
+// AVX2 helpers for the 32-elements-a-step loops (detect's fp32 compare,
+// the fused compact scan). Raw intrinsics: Highway's u16<->u32 demotions
+// and 8-lane mask stores cost a shuffle or a store per 8 elements here.
+
+// RoundFp32ToBf16 of the 16 fp32 at cur, as 16 u16 lanes in element order.
+// The rounded bits sit in the low half of each u32 lane (< 2^16), so the
+// saturating pack keeps them; it packs per 128-bit half, hence the permute.
+HWY_INLINE __m256i RoundToBf16x16(const uint32_t* HWY_RESTRICT cur) {
+  const hn::Full256<uint32_t> d32;
+  const __m256i a = RoundToBf16(d32, hn::LoadU(d32, cur)).raw;
+  const __m256i b = RoundToBf16(d32, hn::LoadU(d32, cur + 8)).raw;
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+}
+
+// Bit k set where lane k of (a1:a0) differs from lane k of (b1:b0): the
+// u16 compares packed to bytes (per 128-bit half, permuted back) and one
+// movemask.
+HWY_INLINE uint32_t DiffBits32(__m256i a0, __m256i a1, __m256i b0, __m256i b1) {
+  const __m256i eq =
+      _mm256_permute4x64_epi64(_mm256_packs_epi16(_mm256_cmpeq_epi16(a0, b0), _mm256_cmpeq_epi16(a1, b1)), 0xD8);
+  return ~static_cast<uint32_t>(_mm256_movemask_epi8(eq));
+}
+
+// Lanes of v0 or v1 whose exponent bits (exp in every u16 lane) are all
+// set, or-ed into acc: Inf/NaN.
+HWY_INLINE __m256i OrNonFinite16(__m256i acc, __m256i v0, __m256i v1, __m256i exp) {
+  acc = _mm256_or_si256(acc, _mm256_cmpeq_epi16(_mm256_and_si256(v0, exp), exp));
+  return _mm256_or_si256(acc, _mm256_cmpeq_epi16(_mm256_and_si256(v1, exp), exp));
+}
+#endif
+
 // Puts the bits of an N-lane mask (N a power of two) into the bitmap at
 // element `pos` (a multiple of N).
 template <class D>
