@@ -226,11 +226,12 @@ def run(args, tmp):
     for route in routes:
         if route in ("node", "double"):
             follow(route, str(tmp / f"bucket-{route}"))
-    restart()
-    for v in range(1, versions + 1):  # the replica route's bucket
-        if v > 1:
-            step(v)
-        dt.publish(pub, v, state)
+    if "replica" in routes:  # its bucket
+        restart()
+        for v in range(1, versions + 1):
+            if v > 1:
+                step(v)
+            dt.publish(pub, v, state)
     pub.close()
 
     # (a) today's route: every worker's own Replica moves inside the pause.
