@@ -145,7 +145,7 @@ def test_double_buffer_swaps_bit_exact(node_run, deltasync_bin, tp):
             st = update_llm(llm, 1)  # the engine's first version: in place (no version to prepare from)
             assert [s["last_update"]["kind"] for s in st] == ["dense"] * tp, st
             assert "not swapped" in st[0]["last_update"]["double_buffer"], st
-            assert [p["shadow_version"] for p in prepare(llm)] == [1] * tp  # copied whole, outside the pause
+            assert [p.get("shadow_version") for p in prepare(llm)] == [1] * tp  # copied whole, outside the pause
             for v in (2, 3):
                 publish(v, states[v])
                 got = prepare(llm)
@@ -159,7 +159,7 @@ def test_double_buffer_swaps_bit_exact(node_run, deltasync_bin, tp):
                     assert u["downloaded_bytes"] == 0 and u["prepare_s"] > 0, s
                 assert_params(llm, states[v], f"version {v} swapped in")
                 assert not any(llm.collective_rpc(_shadows_equal_params))  # the old storage: one version behind
-                assert [p["shadow_version"] for p in prepare(llm)] == [v] * tp  # caught up, outside the pause
+                assert [p.get("shadow_version") for p in prepare(llm)] == [v] * tp  # caught up, outside the pause
                 assert all(llm.collective_rpc(_shadows_equal_params))
             if tp == 1:
                 assert generate(llm, PROMPTS + [LONG]) == node_run["fresh"], f"version {SWAP_CHECK}"
@@ -175,7 +175,7 @@ def test_double_buffer_swaps_bit_exact(node_run, deltasync_bin, tp):
                 u = s["last_update"]
                 assert s["version"] == 4 and u["kind"] == "sparse_flat" and "not swapped" in u["double_buffer"], s
             assert_params(llm, states[4], "version 4 in place after a bad shadow")
-            assert [p["shadow_version"] for p in prepare(llm)] == [4] * tp  # re-copied from the parameters
+            assert [p.get("shadow_version") for p in prepare(llm)] == [4] * tp  # re-copied from the parameters
             assert all(llm.collective_rpc(_shadows_equal_params))
 
             # The region moved twice past the engine: not prepared; the update takes the exact route.
