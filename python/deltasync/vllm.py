@@ -30,7 +30,10 @@ which downloads, decodes and verifies each version while the engine
 generates (prefetch); an update copies the changed values out of its
 shared-memory region (one seqlock bracket, before any parameter is touched)
 and scatters them, exactly the version asked for (docs/vllm.md, "The node
-follower").
+follower"). With ``init_info {"double_buffer": true}`` each worker prepares
+the next version into shadow parameters outside the pause and the update
+only swaps their storage (``_vllm_double.py``, ``_shm_double.py``; the
+in-place route wherever a swap is not known to be exact).
 
 vLLM is imported lazily: this module imports without it, and
 :class:`DeltaSyncEngine` runs without it (its callbacks are then the
