@@ -151,7 +151,8 @@ class DoubleBufferMixin:
         self.last_update = {
             "from_version": before, "version": want, "kind": "swap", "tensors": p["tensors"],
             "elements": p["elements"], "update_s": t1 - t0, "deliver_s": time.perf_counter() - t1,
-            "swap_s": t2 - t1, "verify_s": 0.0, "verified_tensors": p["verified"], "verified_before_swap": p["verified"] > 0,
+            "swap_s": t2 - t1, "verify_s": 0.0, "verified_tensors": p["verified"],
+            "verified_before_swap": p["verified"] > 0,
             "source": "shm", "downloaded_bytes": 0, "double_buffer": "swapped",
             "prepare_s": p["prepare_s"], "prepare_read_s": p["read_s"], "prepare_scatter_s": p["scatter_s"],
             "prepare_verify_s": p["verify_s"],

