@@ -11,6 +11,10 @@ off) of
 - (a) ``replica``: today's route, each worker's own Replica moves inside the pause;
 - (b) ``node``: the node follower, a ``deltasync serve --shm`` daemon that
   already holds the version (prefetched): copy out of the region + scatter;
+- (d) ``double``: the node follower with ``double_buffer``: each worker's
+  preparing thread copies and scatters the version into shadow parameters
+  while the engine serves (its time printed as "prepared in the background"),
+  the update swaps the parameters' storage;
 - (c) ``reload``: the same weights loaded whole through ``model.load_weights``;
 
 and per node: each worker's and the daemon's resident memory (VmRSS, of it
@@ -79,7 +83,7 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--rates", default="0.002,0.01,0.06", help="fraction of elements changed, per later version")
     ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--routes", default="node,replica")
+    ap.add_argument("--routes", default="node,double,replica", help="node, double, replica (in this order)")
     ap.add_argument("--deltasync-bin", default=str(Path(__file__).resolve().parents[1] / "build" / "deltasync"))
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="vllm-pause-"))
@@ -99,11 +103,15 @@ def run(args, tmp):
     from deltasync._shm import Region
     from deltasync.vllm import update_llm
 
-    state = make_06b_widths_dir(tmp / "model", args.layers)
-    params = sum(t.numel() for t in state.values())
+    first = make_06b_widths_dir(tmp / "model", args.layers)
+    params = sum(t.numel() for t in first.values())
     rates = [float(r) for r in args.rates.split(",")]
     versions = 1 + len(rates)
-    g = torch.Generator().manual_seed(1)
+    state, g = {}, torch.Generator()
+
+    def restart():  # version 1 again, and the same sequence of moves (each route follows the same versions)
+        state.update({n: t.clone() for n, t in first.items()})
+        g.manual_seed(1)
 
     def step(v):  # the state of version v from v - 1 (in place)
         for t in state.values():
@@ -111,6 +119,7 @@ def run(args, tmp):
             idx = torch.randperm(flat.numel(), generator=g)[: int(flat.numel() * rates[v - 2])]
             flat.view(torch.int16)[idx] += 1
 
+    restart()
     bucket = str(tmp / "bucket")
     pub = deltasync.Publisher(bucket, anchor_interval=100)
     print(f"Qwen3-0.6B widths, {args.layers} layers: {params / 1e6:.0f}M parameters ({params * 2 / 1e9:.2f} GB bf16); "
@@ -136,7 +145,9 @@ def run(args, tmp):
               f"{max(s['last_update']['deliver_s'] for s in st) * 1e3:7.1f})  call {wall * 1e3:8.1f} ms  "
               f"reload {reload * 1e3:8.1f} ms  pause/reload {pause / reload:6.1%}"
               f"{'  scattered %d / patched %d tensors, scatter %.1f ms' % (u['scattered_tensors'], u['patched_tensors'], u['scatter_s'] * 1e3) if 'scatter_s' in u else ''}"
-              f"{'  planned in %.1f ms' % (max(s['last_update'].get('plan_built_s', 0) for s in st) * 1e3) if 'plan_built_s' in u else ''}",
+              f"{'  planned in %.1f ms' % (max(s['last_update'].get('plan_built_s', 0) for s in st) * 1e3) if 'plan_built_s' in u else ''}"
+              f"{'  prepared in the background in %.1f ms (read %.1f + scatter %.1f)' % (max(s['last_update']['prepare_s'] for s in st) * 1e3, max(s['last_update']['prepare_read_s'] for s in st) * 1e3, max(s['last_update']['prepare_scatter_s'] for s in st) * 1e3) if u['kind'] == 'swap' else ''}"
+              f"{'  (' + u['double_buffer'] + ')' if u.get('double_buffer', 'swapped') != 'swapped' else ''}",
               flush=True)
         return sum(s["last_update"]["downloaded_bytes"] for s in st)
 
@@ -152,20 +163,35 @@ def run(args, tmp):
             line += f"  region {os.stat('/dev/shm/' + region).st_size / 2**20:.0f} MB"
         print(f"{route:8s} memory: {line}  sum of RSS {total:.0f} MB", flush=True)
 
+    def status(llm):
+        return llm.collective_rpc("deltasync_status")
+
+    def wait_all(llm, pred, what, timeout=300):
+        deadline = time.time() + timeout
+        while not all(pred(s.get("double_buffer", {})) for s in status(llm)):
+            if time.time() > deadline:
+                raise RuntimeError(f"the preparing threads never got to {what}: {status(llm)}")
+            time.sleep(0.01)
+
     # (b) the node follower: the daemon follows the bucket as it grows; each update finds it there.
-    if "node" in args.routes:
-        name = f"ds-pause-{os.getpid()}"
+    # (d) the same with the double buffer: each version prepared into the shadows before the update.
+    def follow(route, bucket):
+        name = f"ds-pause-{route}-{os.getpid()}"
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         url = f"http://127.0.0.1:{port}"
+        restart()
+        pub = deltasync.Publisher(bucket, anchor_interval=100)
         dt.publish(pub, 1, state)
         daemon = subprocess.Popen([args.deltasync_bin, "serve", bucket, "--shm", name, "--listen",
                                    f"127.0.0.1:{port}", "--poll", "0.2"], stdout=subprocess.DEVNULL)
         llm = engine()
         try:
-            llm.collective_rpc("init_weight_transfer_engine",
-                               kwargs={"init_info": {"bucket": bucket, "shm": name, "shm_url": url}})
+            info = {"bucket": bucket, "shm": name, "shm_url": url}
+            if route == "double":
+                info.update(double_buffer=True, double_buffer_poll_s=0.01)
+            llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": info})
             for v in range(1, versions + 1):
                 if v > 1:
                     step(v)
@@ -177,11 +203,16 @@ def run(args, tmp):
                     except deltasync.NotFoundError:
                         pass
                     time.sleep(0.05)
+                if route == "double" and v > 1:  # and the workers prepared it into their shadows
+                    wait_all(llm, lambda d: d.get("prepared_version") == v, f"version {v} prepared")
                 t0 = time.perf_counter()
                 update_llm(llm, v)
-                report("node", v, llm, time.perf_counter() - t0)
-            memory("node", llm, daemon, name)
-            print(f"node     downloaded: {metric(url, 'deltasync_bytes_downloaded_total') / 1e6:.1f} MB "
+                wall = time.perf_counter() - t0
+                if route == "double":  # the old storage caught up (not inside the reload's timing)
+                    wait_all(llm, lambda d: d.get("shadow_version") == v, f"the shadows at {v}")
+                report(route, v, llm, wall)
+            memory(route, llm, daemon, name)
+            print(f"{route:8s} downloaded: {metric(url, 'deltasync_bytes_downloaded_total') / 1e6:.1f} MB "
                   f"(the daemon, once per node)", flush=True)
         finally:
             llm.llm_engine.engine_core.shutdown()
@@ -189,15 +220,22 @@ def run(args, tmp):
             gc.collect()
             daemon.terminate()
             daemon.wait(60)
-    else:
-        dt.publish(pub, 1, state)
-        for v in range(2, versions + 1):
-            step(v)
+            pub.close()
+
+    routes = args.routes.split(",")
+    for route in routes:
+        if route in ("node", "double"):
+            follow(route, str(tmp / f"bucket-{route}"))
+    if "replica" in routes:  # its bucket
+        restart()
+        for v in range(1, versions + 1):
+            if v > 1:
+                step(v)
             dt.publish(pub, v, state)
     pub.close()
 
     # (a) today's route: every worker's own Replica moves inside the pause.
-    if "replica" in args.routes:
+    if "replica" in routes:
         llm = engine()
         try:
             llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {"bucket": bucket}})

@@ -137,6 +137,16 @@ class Region:
     def version(self) -> int:
         return int(self._u64[_VERSION // 8])
 
+    @property
+    def base_version(self) -> int:
+        """The version the change lists start from (a hint, unbracketed; take() decides)."""
+        return int(self._u64[_BASE // 8])
+
+    @property
+    def changes_complete(self) -> bool:
+        """Whether the change lists hold the whole move from ``base_version`` (a hint)."""
+        return int(self._u32[_COMPLETE // 4]) == 1
+
     def check_alive(self) -> None:
         """Raises FailedPreconditionError when the writer stopped (closed) or died; re-maps a
         region a restarted daemon created under the same name."""

@@ -107,20 +107,39 @@ class Plan:
             self.taken = True
             return None
 
+    def retarget(self, dst) -> None:
+        """Makes ``dst`` (flat tensors, one per planned tensor, as ``scatter``'s) the parameters'
+        storage from now on: after the double buffer swapped the parameters to their shadows."""
+        self.scatter_check(dst)
+        self._dst = list(dst)
+
+    def scatter_check(self, dst) -> None:
+        if len(dst) != len(self._dst) or any(
+                d.numel() != o.numel() or d.dtype != o.dtype or d.device.type != "cpu" or not d.is_contiguous()
+                for d, o in zip(dst, self._dst)):
+            raise ValueError("deltasync: a scatter's other destinations must match the plan's, one for one")
+
     def counts(self) -> dict[str, int]:
         """Elements taken per planned tensor (this worker's part) by the last successful read."""
         return dict(zip(self.names, self.result[:, 0].tolist()))
 
-    def scatter(self, skip=()) -> int:
-        """Writes the last read into the parameters (but not those of ``skip``); the elements written."""
+    def scatter(self, skip=(), dst=None) -> int:
+        """Writes the last read into the parameters (but not those of ``skip``); the elements written.
+
+        ``dst``: other flat tensors to write into instead, one per planned tensor (``names``), each
+        of the numel, dtype and device of the parameter's (the double buffer's shadows)."""
         if not self.taken:
             raise RuntimeError("deltasync: the node follower's scatter has no read to write")
+        if dst is not None:
+            self.scatter_check(dst)
+        else:
+            dst = self._dst
         keep = self.result[:, 0] > 0
         if skip:
             keep &= np.array([n not in skip for n in self.names], dtype=bool)
         sel = np.nonzero(keep)[0]
         jobs = np.empty((len(sel), 6), dtype=np.int64)
-        jobs[:, 0] = [self._dst[i].data_ptr() for i in sel]
+        jobs[:, 0] = [dst[i].data_ptr() for i in sel]
         jobs[:, 1] = self.jobs[sel, 10]
         jobs[:, 2] = self.items[sel]
         jobs[:, 3:6] = self.result[sel]

@@ -239,12 +239,16 @@ class EngineLayout:
             full = full[:, t.module.tp_rank * k:(t.module.tp_rank + 1) * k]
         return full
 
-    def read_back(self, name: str, shape) -> torch.Tensor:
-        """The engine's values of this rank's part of ``name`` (``shape``: the expected part's)."""
+    def read_back(self, name: str, shape, override=None) -> torch.Tensor:
+        """The engine's values of this rank's part of ``name`` (``shape``: the expected part's);
+        ``override`` ({id(parameter): tensor}) reads another tensor in a plain parameter's place
+        (the double buffer's shadow)."""
         t = self.targets[name]
         m = t.module
         p = getattr(m, t.param)
-        if t.param == "weight" and _kind(m) != "plain" and not self.plain(name):
+        if override and id(p) in override:
+            w = override[id(p)].detach()
+        elif t.param == "weight" and _kind(m) != "plain" and not self.plain(name):
             w = self._probe(m, shape[1] if len(shape) == 2 else 0)
         else:
             w = p.detach()
@@ -267,8 +271,11 @@ class EngineLayout:
         return torch.cat(cols, 0).t()
 
 
-def verify_engine(model, src, names=None) -> int:
+def verify_engine(model, src, names=None, override=None) -> int:
     """Reads ``names`` (default: all of ``src``) back from the engine and compares them with ``src``.
+
+    ``override`` ({id(parameter): tensor}): read those plain parameters' values from other
+    tensors of their shape (the double buffer's shadows, checked before they are swapped in).
 
     Bit for bit where the parameter is read directly; through the kernel
     probe where it is not what runs (there a zero's sign and subnormals,
@@ -283,8 +290,9 @@ def verify_engine(model, src, names=None) -> int:
     bad = []
     for name in names:
         want = layout.expected(name, src[name])
-        probed = not layout.plain(name)
-        got = layout.read_back(name, tuple(want.shape))
+        t = layout.targets[name]
+        probed = not layout.plain(name) and not (override and id(getattr(t.module, t.param)) in override)
+        got = layout.read_back(name, tuple(want.shape), override)
         n = bits_differ(got, want, signed_zero=not probed)
         if n:
             bad.append(f"{name} ({n} of {want.numel()} elements{', through the kernel' if probed else ''})")

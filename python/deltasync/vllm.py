@@ -30,7 +30,10 @@ which downloads, decodes and verifies each version while the engine
 generates (prefetch); an update copies the changed values out of its
 shared-memory region (one seqlock bracket, before any parameter is touched)
 and scatters them, exactly the version asked for (docs/vllm.md, "The node
-follower").
+follower"). With ``init_info {"double_buffer": true}`` each worker prepares
+the next version into shadow parameters outside the pause and the update
+only swaps their storage (``_vllm_double.py``, ``_shm_double.py``; the
+in-place route wherever a swap is not known to be exact).
 
 vLLM is imported lazily: this module imports without it, and
 :class:`DeltaSyncEngine` runs without it (its callbacks are then the
@@ -54,6 +57,7 @@ import numpy as np
 import torch
 
 from . import torch as _dtorch
+from ._vllm_double import DoubleBufferMixin
 
 __all__ = [
     "BACKEND",
@@ -88,6 +92,8 @@ class DeltaSyncInitInfo:
     shm_url: str = ""    # that daemon's base URL, woken (POST /notify) when the region is behind
     shm_wait_s: float = 60.0  # how long an update waits for the region to reach its version
     shm_token_file: str = ""  # the daemon's --token-file (its bearer token for /notify); else DELTASYNC_SHM_TOKEN_FILE
+    double_buffer: bool = False  # node follower: prepare the next version into shadow parameters, swap in the pause
+    double_buffer_poll_s: float = 0.01  # the preparing thread's poll of the region (0: no thread, deltasync_prepare)
 
 
 @dataclass
@@ -177,7 +183,7 @@ def _post_json(url: str, body: dict, timeout: float = 10, token: str = "") -> No
         resp.read()
 
 
-class DeltaSyncEngine:
+class DeltaSyncEngine(DoubleBufferMixin):
     """The engine, without vLLM: follows a bucket and delivers each version.
 
     ``receive_weights(update_info, load_weights=None)`` moves the replica to
@@ -224,6 +230,7 @@ class DeltaSyncEngine:
         self._touched = False
         self.last_error = ""
         self.last_update: dict[str, Any] = {}
+        self._db_setup()  # the double buffer (_vllm_double.py)
 
     # --- vLLM's lifecycle ---------------------------------------------------------------
     def parse_init_info(self, init_dict: dict[str, Any]) -> DeltaSyncInitInfo:
@@ -244,6 +251,10 @@ class DeltaSyncEngine:
             self._replica = None
         if self._region is not None and init_info.shm != self._region.name:
             self._region = None
+        with self._lock:
+            self._db, self._db_off = None, ""
+        if init_info.shm and init_info.double_buffer and init_info.double_buffer_poll_s > 0:
+            self._db_start()
 
     def start_weight_update(self) -> None:
         """No-op: the full-load path runs vLLM's layerwise reload itself, inside one update."""
@@ -279,6 +290,13 @@ class DeltaSyncEngine:
             self._receive(update_info, None, apply_patches)
 
     def shutdown(self) -> None:
+        self._db_stop.set()
+        self._db_wake.set()
+        if self._db_thread is not None:
+            self._db_thread.join(30)
+            self._db_thread = None
+        with self._lock:
+            self._db = None
         self._replica = None
         self._region = None
 
@@ -321,6 +339,23 @@ class DeltaSyncEngine:
             raise ValueError(f"{type(self).__name__}: no load_weights or apply_patches callback "
                              "(pass one, or construct the engine with a default)")
         t0 = time.perf_counter()
+        with self._lock:  # no prepare runs during a delivery (they share the plan's buffers)
+            note = ""
+            if self.init_info.shm and self.init_info.double_buffer:
+                try:
+                    note = self._db_swap(info, load_weights, t0)
+                except Exception as e:  # a swap that failed was rolled back: the engine holds its version
+                    self.last_error = f"{type(e).__name__}: {e}"
+                    raise
+                if note is None:  # swapped
+                    self._db_wake.set()  # the old storage catches up, outside the pause
+                    return
+            self._receive_in_place(info, load_weights, apply_patches, t0)
+            if note:
+                self.last_update["double_buffer"] = note
+        self._db_wake.set()
+
+    def _receive_in_place(self, info: DeltaSyncUpdateInfo, load_weights, apply_patches, t0) -> None:
         before = self._engine_version
         self._whole_only = apply_patches is None  # every delivery through load_weights: whole tensors
         self._plan_built_s = None
@@ -643,6 +678,22 @@ def _vllm_engine_class():
                 self._plan_built_s = time.perf_counter() - t0
             return self._plan
 
+        def _plan_key_now(self, region):
+            return (region.generation, id(region), tuple(p.data_ptr() for p in self.model.parameters()))
+
+        def _db_swapped(self) -> None:
+            self._plan_key = self._plan_key_now(self._region)  # the plan was retargeted with the parameters
+
+        def _db_verify(self, override):
+            from ._vllm_layout import verify_engine
+
+            return lambda src: verify_engine(self.model, src, list(src), override)
+
+        def _db_build(self, region, plan):
+            from ._vllm_double import build_for_model
+
+            return build_for_model(self.model, self.device, self.vllm_config, region, plan)
+
         def _needs_full_source(self) -> bool:
             # whole tensors for the verification and for layerwise reloads (packed weights)
             if self.init_info.verify or self._whole_only:
@@ -719,7 +770,18 @@ class DeltaSyncWorkerExtension:
         if engine.init_info.shm:
             region = engine._region
             st.update(shm=engine.init_info.shm, shm_version=0 if region is None else region.version)
+            if engine.init_info.double_buffer:
+                st["double_buffer"] = engine.double_buffer_status()
         return st
+
+    def deltasync_prepare(self) -> dict[str, Any]:
+        """The double buffer (``init_info`` ``double_buffer``): prepares the node follower's newest
+        version into the shadow parameters now, outside the pause (what the preparing thread does
+        by itself unless ``double_buffer_poll_s`` is 0); returns the double buffer's state."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        if not isinstance(engine, DeltaSyncEngine):
+            raise RuntimeError("deltasync_prepare: no deltasync weight-transfer engine in this worker")
+        return engine.prepare_next()
 
     def deltasync_update_weights(self, update_info: dict[str, Any]) -> str:
         """The worker's ``start_weight_update`` / ``update_weights`` / ``finish_weight_update``;
