@@ -155,6 +155,45 @@ void HashTermDiffsImpl(const uint64_t* HWY_RESTRICT index, const uint64_t* HWY_R
   }
 }
 
+// HashTermDiffsImpl over 16-bit elements: they are below 2^32, so their
+// products take one multiply less (MulConst<true>).
+void HashTermDiffs16Impl(const uint64_t* HWY_RESTRICT index, const uint8_t* HWY_RESTRICT new_bytes,
+                         const uint8_t* HWY_RESTRICT old_bytes, size_t n, const uint64_t seed[2],
+                         uint64_t sums[2]) {
+  const D64 d;
+  const size_t N = hn::Lanes(d);
+  const hn::Rebind<uint16_t, D64> d16;
+  const hn::Rebind<uint32_t, D64> d32;
+  V64 sum[2] = {hn::Zero(d), hn::Zero(d)};
+  const V64 seed0 = hn::Set(d, seed[0]), seed1 = hn::Set(d, seed[1]);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const V64 idx = hn::LoadU(d, index + i);
+    // LoadU reads unaligned bytes (the pointer cast only names the lane type).
+    const V64 nb = hn::PromoteTo(d, hn::PromoteTo(d32, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(new_bytes) + i)));
+    const V64 ob = hn::PromoteTo(d, hn::PromoteTo(d32, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(old_bytes) + i)));
+    const V64 w0 = hn::Add(seed0, MulConst(idx, sh::kIndexStep[0]));
+    const V64 w1 = hn::Add(seed1, MulConst(idx, sh::kIndexStep[1]));
+    sum[0] = hn::Add(sum[0], hn::Sub(Mix13(hn::Xor(w0, MulConst<true>(nb, sh::kBitsMul[0]))),
+                                     Mix13(hn::Xor(w0, MulConst<true>(ob, sh::kBitsMul[0])))));
+    sum[1] = hn::Add(sum[1], hn::Sub(Mix13(hn::Xor(w1, MulConst<true>(nb, sh::kBitsMul[1]))),
+                                     Mix13(hn::Xor(w1, MulConst<true>(ob, sh::kBitsMul[1])))));
+  }
+  constexpr size_t kMaxLanes = HWY_MAX_BYTES / sizeof(uint64_t);
+  HWY_ALIGN uint64_t lanes[kMaxLanes];
+  for (int lane = 0; lane < 2; ++lane) {
+    hn::Store(sum[lane], d, lanes);
+    uint64_t s = 0;
+    for (size_t j = 0; j < N; ++j) s += lanes[j];
+    for (size_t k = i; k < n; ++k) {
+      const uint64_t nb = new_bytes[2 * k] | uint64_t{new_bytes[2 * k + 1]} << 8;
+      const uint64_t ob = old_bytes[2 * k] | uint64_t{old_bytes[2 * k + 1]} << 8;
+      s += sh::ElementTerm(lane, seed[lane], index[k], nb) - sh::ElementTerm(lane, seed[lane], index[k], ob);
+    }
+    sums[lane] += s;
+  }
+}
+
 }  // namespace deltasync::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -166,6 +205,7 @@ HWY_EXPORT(HashElements16Impl);
 HWY_EXPORT(HashElements32Impl);
 HWY_EXPORT(HashElements64Impl);
 HWY_EXPORT(HashTermDiffsImpl);
+HWY_EXPORT(HashTermDiffs16Impl);
 
 void HashElements8(const uint8_t* data, size_t n, uint64_t base, const uint64_t seed[2],
                    uint64_t sums[2]) {
@@ -186,6 +226,10 @@ void HashElements64(const uint64_t* data, size_t n, uint64_t base, const uint64_
 void HashTermDiffs(const uint64_t* index, const uint64_t* new_bits, const uint64_t* old_bits,
                    size_t n, const uint64_t seed[2], uint64_t sums[2]) {
   HWY_DYNAMIC_DISPATCH(HashTermDiffsImpl)(index, new_bits, old_bits, n, seed, sums);
+}
+void HashTermDiffs16(const uint64_t* index, const uint8_t* new_bits, const uint8_t* old_bits, size_t n,
+                     const uint64_t seed[2], uint64_t sums[2]) {
+  HWY_DYNAMIC_DISPATCH(HashTermDiffs16Impl)(index, new_bits, old_bits, n, seed, sums);
 }
 
 }  // namespace deltasync::kernels

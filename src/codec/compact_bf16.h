@@ -123,6 +123,15 @@ inline Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& fil
 Result<CompactDelta> ApplyCompactDeltaChunked(const SafetensorsFile& file, WeightState& state,
                                               const StateHash& base_hash, int threads, uint64_t chunk_elements,
                                               CompactUndo& undo);
+// ApplyCompactDelta onto tensors given as views of the base, `writable[i]`
+// the writable bytes of `base[i]` (the same bytes, or their only copy): a
+// replica applies a part of a parted delta onto its blocks where they lie in
+// the held tensors. The same checks, hash_delta (in the frame of the views'
+// tensors) and undo guarantee as ApplyCompactDelta. REQUIRES:
+// writable.size() == base.size().
+Result<CompactDelta> ApplyCompactDeltaToViews(const SafetensorsFile& file, std::span<const TensorView> base,
+                                              std::span<uint8_t* const> writable, const StateHash& base_hash,
+                                              int threads, CompactUndo& undo);
 
 }  // namespace deltasync::compact
 

@@ -401,6 +401,14 @@ Result<CompactDelta> ApplyCompactDeltaChunked(const SafetensorsFile& file, Weigh
   return DecodeOrApply(file, views, base_hash, threads, chunk_elements, &fused);
 }
 
+Result<CompactDelta> ApplyCompactDeltaToViews(const SafetensorsFile& file, std::span<const TensorView> base,
+                                              std::span<uint8_t* const> writable, const StateHash& base_hash,
+                                              int threads, CompactUndo& undo) {
+  undo.runs.clear();
+  const Fused fused{writable, &undo};
+  return DecodeOrApply(file, base, base_hash, threads, kDecodeChunkElements, &fused);
+}
+
 }  // namespace compact
 
 Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, std::span<const TensorView> base,

@@ -62,21 +62,33 @@ void ApplyTask(const Task& task, const uint64_t seed[2], uint8_t* undo, uint64_t
   const EncodedChanges& c = *task.changes;
   T* state = reinterpret_cast<T*>(task.tensor->data.data());
   const uint8_t* values = c.values.data();
-  uint64_t index[kBlock], new_bits[kBlock], old_bits[kBlock];
+  uint64_t index[kBlock];
+  [[maybe_unused]] uint64_t new_bits[kBlock], old_bits[kBlock];
   uint64_t prev = PrevOf(c, task.begin);
   for (size_t k = task.begin; k < task.end; k += kBlock) {
     const size_t n = std::min(kBlock, task.end - k);
     prev = indexcodec::DecodeGapRun(c.index_dtype, c.gaps.data(), k, n, prev, index);
+    uint8_t* log = undo + (k - task.begin) * sizeof(T);
+    const uint8_t* in = values + k * sizeof(T);
     for (size_t j = 0; j < n; ++j) {
       T old_value, new_value;
       std::memcpy(&old_value, state + index[j], sizeof(T));
-      std::memcpy(&new_value, values + (k + j) * sizeof(T), sizeof(T));
-      std::memcpy(undo + (k - task.begin + j) * sizeof(T), &old_value, sizeof(T));
+      std::memcpy(&new_value, in + j * sizeof(T), sizeof(T));
+      std::memcpy(log + j * sizeof(T), &old_value, sizeof(T));
       std::memcpy(state + index[j], &new_value, sizeof(T));
-      old_bits[j] = old_value;
-      new_bits[j] = new_value;
+      if constexpr (sizeof(T) != 2) {
+        old_bits[j] = old_value;
+        new_bits[j] = new_value;
+      }
     }
-    kernels::HashTermDiffs(index, new_bits, old_bits, n, seed, sums);
+    // bf16 (16-bit) terms from the values where they lie, the new ones in the
+    // patch and the old ones just logged: no 64-bit copies, and products of
+    // values below 2^32 take one multiply less.
+    if constexpr (sizeof(T) == 2) {
+      kernels::HashTermDiffs16(index, in, log, n, seed, sums);
+    } else {
+      kernels::HashTermDiffs(index, new_bits, old_bits, n, seed, sums);
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <string>
 
+#include "codec/compact_bf16.h"
 #include "common/parallel.h"
 
 #include "deltasync/safetensors.h"
@@ -436,45 +437,146 @@ Result<CheckedDelta> CheckPartedDelta(std::vector<Blob> parts, const VersionEntr
   return out;
 }
 
+namespace {
+
+// One part applied in place by ApplyPartedDelta: its undo log and, for each
+// block that is not one run of its tensor, the block's copy the part was
+// applied to (copied back in after).
+struct AppliedPart {
+  CompactUndo undo;
+  struct Copy {
+    BlockGeometry geometry;
+    size_t width;
+    std::vector<uint8_t> bytes;
+    uint8_t* full;
+  };
+  std::vector<Copy> copies;
+};
+
+// Puts back every part in `applied` (newest first): the state holds what it
+// held before the first.
+void RestoreParts(std::vector<AppliedPart>& applied, int threads) {
+  for (auto it = applied.rbegin(); it != applied.rend(); ++it) {
+    it->undo.Restore(threads);
+    for (const AppliedPart::Copy& c : it->copies) CopyBlockIn(c.geometry, c.width, c.bytes.data(), c.full);
+  }
+  applied.clear();
+}
+
+// The change a fused apply made to its blocks' element terms (in the frame
+// of the full tensors, as the part hashes are), from its undo log: each
+// run's positions, old values, and the new values now in the blocks.
+StateHash PartHashChange(const CompactUndo& undo, std::span<const TensorView> blocks,
+                         std::span<uint8_t* const> writable, std::span<const BlockGeometry> geometries) {
+  StateHash sum;
+  std::vector<uint8_t> now;
+  for (const CompactUndo::Run& run : undo.runs) {
+    if (run.written == 0) continue;
+    size_t b = 0;  // the block written (an empty block may share its start with the next)
+    while (writable[b] != run.data || blocks[b].data.empty()) ++b;
+    now.resize(run.written * run.esize);
+    for (uint64_t j = 0; j < run.written; ++j) {
+      std::memcpy(now.data() + j * run.esize, run.data + run.pos[j] * run.esize, run.esize);
+    }
+    sum += HashBlockChanges(blocks[b].name, blocks[b].dtype, geometries[b],
+                            std::span<const uint64_t>(run.pos, run.written),
+                            ByteSpan(run.old, run.written * run.esize), now);
+  }
+  return sum;
+}
+
+}  // namespace
+
 Result<AppliedDelta> ApplyPartedDelta(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
                                       const PartLayout& layout, WeightState& state, const StateHash& state_hash,
                                       const VersionEntry& base_entry, int threads, bool want_changes,
                                       size_t* bad_part) {
-  // Everything decoded and checked before anything is written.
-  DS_ASSIGN_OR_RETURN(DecodedParts d, DecodeParts(std::move(parts), entry, object, layout, state, state_hash,
-                                                  base_entry, threads, bad_part));
-  // Then each part's changes written straight into the held tensors.
-  struct Item {
-    const TensorChanges* changes;
-    BlockGeometry geometry;
-    WeightState::Tensor* tensor;
-  };
-  std::vector<Item> items;
-  for (size_t p = 0; p < d.parts.size(); ++p) {
-    for (const TensorChanges& c : d.parts[p]) {
-      auto b = std::find_if(layout.parts[p].begin(), layout.parts[p].end(),
-                            [&](const Block& blk) { return layout.tensors[blk.tensor].name == c.name; });
-      items.push_back({&c, layout.Geometry(*b), state.FindMutable(c.name)});
-    }
+  if (want_changes) {
+    // The changes are wanted at full flat indices: decoded and checked
+    // first, then written.
+    DS_ASSIGN_OR_RETURN(DecodedParts d, DecodeParts(std::move(parts), entry, object, layout, state, state_hash,
+                                                    base_entry, threads, bad_part));
+    AppliedDelta out;
+    out.changes = MergeParts(std::move(d.parts), layout);
+    ApplyChanges(state, out.changes, threads);
+    out.next = d.next;
+    return out;
   }
-  ParallelFor(items.size(), threads, [&](size_t i) {
-    const Item& it = items[i];
-    const size_t width = DTypeSize(it.changes->dtype);
-    uint8_t* data = it.tensor->data.data();
-    const uint8_t* values = it.changes->values.data();
-    const std::vector<uint64_t>& indices = it.changes->indices;
-    if (it.geometry.runs() == 1) {
-      uint8_t* block = data + it.geometry.RunStart(0) * width;
-      for (size_t k = 0; k < indices.size(); ++k) std::memcpy(block + indices[k] * width, values + k * width, width);
-    } else {
-      for (size_t k = 0; k < indices.size(); ++k) {
-        std::memcpy(data + it.geometry.FullIndex(indices[k]) * width, values + k * width, width);
+  // Each part decoded straight into its blocks of the held state
+  // (ApplyCompactDelta: the old values logged), then checked against its part
+  // hash; any failure puts back every part written so far.
+  const bool same_layout = base_entry.layout == entry.layout;
+  std::vector<AppliedPart> applied;
+  applied.reserve(parts.size());
+  StateHash next = state_hash;
+  auto fail = [&](Status s) {
+    RestoreParts(applied, threads);
+    return s;
+  };
+  for (size_t p = 0; p < parts.size(); ++p) {
+    if (bad_part) *bad_part = SIZE_MAX;
+    AppliedPart& part = applied.emplace_back();
+    std::vector<TensorView> blocks;
+    std::vector<uint8_t*> writable;
+    std::vector<BlockGeometry> geometries;
+    StateHash computed_base;
+    part.copies.reserve(layout.parts[p].size());
+    for (const Block& b : layout.parts[p]) {
+      const TensorDesc& d = layout.tensors[b.tensor];
+      WeightState::Tensor* t = state.FindMutable(d.name);
+      if (!t || t->dtype != d.dtype || t->shape != d.shape) {
+        return fail(Status::InvalidArgument("tensor '" + d.name + "' of the layout of " + V(entry.version) + " (" +
+                                            std::string(DTypeName(d.dtype)) + " " + ShapeToString(d.shape) +
+                                            ") is not a tensor of the held state"));
       }
+      const BlockGeometry g = layout.Geometry(b);
+      const size_t width = DTypeSize(d.dtype);
+      uint8_t* bytes;
+      if (g.runs() == 1) {
+        bytes = t->data.data() + g.RunStart(0) * width;
+      } else {
+        AppliedPart::Copy& copy = part.copies.emplace_back(AppliedPart::Copy{g, width, {}, t->data.data()});
+        copy.bytes.resize(g.elements() * width);
+        CopyBlockOut(g, width, t->data.data(), copy.bytes.data());
+        bytes = copy.bytes.data();
+      }
+      blocks.push_back(TensorView{d.name, d.dtype, b.shape, ByteSpan(bytes, g.elements() * width)});
+      writable.push_back(bytes);
+      geometries.push_back(g);
+      if (!same_layout) computed_base += HashBlock(d.name, d.dtype, g, blocks.back().data, threads);
     }
-  });
+    // The base hash the part's object must name: the manifest's, when the
+    // base version had this layout; else computed from the held blocks.
+    const StateHash part_base = same_layout ? base_entry.parts[p].state_hash : computed_base;
+    if (bad_part) *bad_part = p;
+    const std::string label = PartOf(object, p);
+    Result<SafetensorsFile> file = SafetensorsFile::Parse(std::move(parts[p]), object.parts[p].key);
+    if (!file.ok()) return fail(file.status());
+    if (!IsCompactDelta(*file)) {
+      return fail(Status::Corruption(label + ": the manifest lists a compact delta, the file is not one"));
+    }
+    // On an error the part has put back what it wrote itself.
+    Result<CompactDelta> d = compact::ApplyCompactDeltaToViews(*file, blocks, writable, part_base, threads, part.undo);
+    if (!d.ok()) return fail(d.status().WithContext(label));
+    d->info.kind = PatchKind::kDelta;
+    Status listed = CheckPartListed(d->info, object, p, entry.version);
+    if (!listed.ok()) return fail(listed);
+    const StateHash part_hash = part_base + PartHashChange(part.undo, blocks, writable, geometries);
+    if (part_hash != entry.parts[p].state_hash) {
+      return fail(Status::Integrity(label + ": its blocks would hash to " + part_hash.Hex() + ", the manifest says " +
+                                    entry.parts[p].state_hash.Hex()));
+    }
+    for (const AppliedPart::Copy& c : part.copies) CopyBlockIn(c.geometry, c.width, c.bytes.data(), c.full);
+    next += entry.parts[p].state_hash;  // checked: what the part's blocks hash to after it
+    next -= part_base;
+  }
+  if (bad_part) *bad_part = SIZE_MAX;
+  if (next != entry.state_hash) {
+    return fail(Status::Integrity("the state after its parts would hash to " + next.Hex() + ", the manifest says " +
+                                  entry.state_hash.Hex()));
+  }
   AppliedDelta out;
-  out.next = d.next;
-  if (want_changes) out.changes = MergeParts(std::move(d.parts), layout);
+  out.next = next;
   return out;
 }
 

@@ -116,13 +116,16 @@ Result<std::vector<TensorChanges>> CheckDeltaPart(Blob bytes, const VersionEntry
 Result<CheckedDelta> CheckPartedDelta(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
                                       const PartLayout& layout, const WeightState& base, const StateHash& base_hash,
                                       const VersionEntry& base_entry, int threads, size_t* bad_part);
-// CheckPartedDelta and the writes in one, for a replica: each part decodes
-// against its blocks of `state` where they lie (a block that is one run of
-// its tensor, a row range or a whole tensor, is a span of the held tensor;
-// only other blocks are copied out), every part and the whole version are
-// checked, and only then are the changes written into `state`. On any error
-// `state` is untouched. `want_changes`: also return the changes at full flat
-// indices (for change tracking).
+// CheckPartedDelta and the writes in one, for a replica: each part is
+// decoded straight into its blocks of `state` where they lie (the fused
+// ApplyCompactDelta, old values logged: a block that is one run of its
+// tensor, a row range or a whole tensor, is a span of the held tensor; other
+// blocks are copied out, applied and copied back), then checked against its
+// part hash (from the undo log), and the whole against the version's hash.
+// On any error every value written is put back first: `state` holds what it
+// held. `want_changes`: also return the changes at full flat indices (for
+// change tracking); then every part is decoded and checked before the
+// changes are written.
 Result<AppliedDelta> ApplyPartedDelta(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
                                       const PartLayout& layout, WeightState& state, const StateHash& state_hash,
                                       const VersionEntry& base_entry, int threads, bool want_changes,

@@ -277,7 +277,7 @@ Status Replica::ApplyDelta(const VersionEntry& entry, const ObjectEntry& object,
     Result<std::vector<Blob>> parts = FetchVerifiedParts(object, stats, bad_part);
     if (!parts.ok()) return fail(parts.status());
     clock = Stopwatch();
-    // Decoded in place against the held state and checked before anything is written.
+    // Applied in place part by part, each checked as it lands; on any error the state is as it was.
     delta = replay::ApplyPartedDelta(std::move(*parts), entry, object, *manifest_.LayoutOf(entry), state_, state_hash_,
                                      *manifest_.Find(version_), options_.threads,
                                      options_.track_changes && !pending_.everything, bad_part);

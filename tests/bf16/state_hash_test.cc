@@ -121,6 +121,47 @@ TEST(StateHashTest, KernelIndicesAboveTwoToThe32) {
   }
 }
 
+// HashTermDiffs16 (16-bit old and new values as bytes at any alignment)
+// equals the scalar definition and HashTermDiffs on every target: every
+// tail length, odd byte offsets, indices past 2^32.
+TEST(StateHashTest, TermDiffs16MatchesTheDefinitionOnEveryTarget) {
+  std::mt19937_64 rng(5);
+  const size_t max_n = 70;
+  std::vector<uint64_t> idx(max_n), new64(max_n), old64(max_n);
+  std::vector<uint8_t> new_bytes(2 * max_n + 1), old_bytes(2 * max_n + 3);
+  uint64_t at = (uint64_t{1} << 32) - 20;
+  for (size_t k = 0; k < max_n; ++k) {
+    at += 1 + rng() % 5;
+    idx[k] = at;
+    new64[k] = static_cast<uint16_t>(rng());
+    old64[k] = static_cast<uint16_t>(rng());
+    // Little-endian bytes at offsets 1 and 3: never 2-byte aligned.
+    new_bytes[1 + 2 * k] = static_cast<uint8_t>(new64[k]);
+    new_bytes[2 + 2 * k] = static_cast<uint8_t>(new64[k] >> 8);
+    old_bytes[3 + 2 * k] = static_cast<uint8_t>(old64[k]);
+    old_bytes[4 + 2 * k] = static_cast<uint8_t>(old64[k] >> 8);
+  }
+  const uint64_t seed[2] = {rng(), rng()};
+  ForEachTarget([&] {
+    for (size_t n = 0; n <= max_n; ++n) {
+      uint64_t want[2] = {7, 9};
+      for (size_t k = 0; k < n; ++k) {
+        for (int lane = 0; lane < 2; ++lane) {
+          want[lane] += state_hash::ElementTerm(lane, seed[lane], idx[k], new64[k]) -
+                        state_hash::ElementTerm(lane, seed[lane], idx[k], old64[k]);
+        }
+      }
+      uint64_t got[2] = {7, 9}, wide[2] = {7, 9};
+      kernels::HashTermDiffs16(idx.data(), new_bytes.data() + 1, old_bytes.data() + 3, n, seed, got);
+      kernels::HashTermDiffs(idx.data(), new64.data(), old64.data(), n, seed, wide);
+      EXPECT_EQ(got[0], want[0]) << "n=" << n;
+      EXPECT_EQ(got[1], want[1]) << "n=" << n;
+      EXPECT_EQ(wide[0], want[0]) << "n=" << n;
+      EXPECT_EQ(wide[1], want[1]) << "n=" << n;
+    }
+  });
+}
+
 // Applies detected changes to `state` in place.
 void Apply(WeightState& state, const std::vector<TensorChanges>& changes) {
   for (const TensorChanges& tc : changes) {

@@ -355,47 +355,86 @@ TEST(PartedPublish, ReplicaRoutesAroundADamagedPartAndGcRemovesEveryPart) {
   EXPECT_EQ(after.versions.front().version, 6u);
 }
 
-TEST(PartedPublish, ReplicaWritesNothingWhenALaterPartFailsAfterAnEarlierOneDecoded) {
+// How version 3's parted delta is spoiled for a replica on version 2.
+enum class PartFault {
+  kOtherObject,  // the last part's object is another well-formed part (version 2's): refused while decoding
+  kPartHash,     // the manifest's hash of the last part is wrong (and the version's, to match):
+                 // refused after every part is written
+};
+
+struct PartFaultCase {
+  size_t parts, dim;
+  PartFault fault;
+};
+
+class PartedUndoTest : public ::testing::TestWithParam<PartFaultCase> {};
+
+// A replica applies each part straight into its blocks of the held state
+// (row ranges in place, other blocks copied out and back): whichever check
+// refuses the version, every part written before it is put back.
+TEST_P(PartedUndoTest, ReplicaStaysBitForBitOnItsVersionWhenAPartOrTheVersionFails) {
+  const PartFaultCase c = GetParam();
   TempDir dir;
   auto store = OpenDirStore(dir.path());
   RandomModel model(19);
   PublisherOptions options;
   options.threads = 1;
-  Ranks ranks(store, SplitLayout(model.Views(), 2, 0), options);
+  Ranks ranks(store, SplitLayout(model.Views(), c.parts, c.dim), options);
   ASSERT_TRUE(PublishVersions(ranks, model, 1, 3, 0.05));
-  auto replica = Replica::Create(store, ReplicaWithThreads(1));
+  auto replica = Replica::Create(store, ReplicaWithThreads(2));
   ASSERT_TRUE(replica->Update(2).ok());
   auto copied = WeightState::FromViews(replica->state().views());
   ASSERT_TRUE(copied.ok());
   const WeightState before = std::move(*copied);
   const StateHash before_hash = replica->state_hash();
-  // Part 1 of version 3's delta becomes another well-formed part object
-  // (version 2's), listed with its true size and digest: part 0 decodes
-  // (in place), part 1 is refused after it.
   Manifest m = ReadManifest(*store);
-  ObjectEntry* delta3 = nullptr;
+  VersionEntry* v3 = nullptr;
   for (VersionEntry& v : m.versions) {
-    for (ObjectEntry& o : v.objects) {
-      if (v.version == 3 && o.kind == PatchKind::kDelta) delta3 = &o;
-    }
+    if (v.version == 3) v3 = &v;
   }
-  ASSERT_TRUE(delta3 && delta3->parted());
-  auto other = store->Get(m.Find(2)->delta()->parts[1].key);
-  ASSERT_TRUE(other.ok());
-  ASSERT_TRUE(store->Put(delta3->parts[1].key, other->bytes()).ok());
-  delta3->size += other->size() - delta3->parts[1].size;
-  delta3->parts[1].size = other->size();
-  delta3->parts[1].xxh3_128 = Xxh3Hex(other->bytes());
+  ASSERT_TRUE(v3 && v3->delta() && v3->delta()->parted());
+  ObjectEntry* delta3 = nullptr;
+  for (ObjectEntry& o : v3->objects) {
+    if (o.kind == PatchKind::kDelta) delta3 = &o;
+  }
+  const size_t last = c.parts - 1;
+  std::string expect;
+  switch (c.fault) {
+    case PartFault::kOtherObject: {
+      // Listed with its true size and digest: the earlier parts are written,
+      // the last is refused (it names another base).
+      auto other = store->Get(m.Find(2)->delta()->parts[last].key);
+      ASSERT_TRUE(other.ok());
+      ASSERT_TRUE(store->Put(delta3->parts[last].key, other->bytes()).ok());
+      delta3->size += other->size() - delta3->parts[last].size;
+      delta3->parts[last].size = other->size();
+      delta3->parts[last].xxh3_128 = Xxh3Hex(other->bytes());
+      expect = "part " + std::to_string(last) + " of " + std::to_string(c.parts);
+      break;
+    }
+    case PartFault::kPartHash:
+      // The manifest checks that the parts' hashes add up to the version's.
+      v3->parts[last].state_hash.lo += 1;
+      v3->state_hash.lo += 1;
+      expect = "part " + std::to_string(last) + " of " + std::to_string(c.parts) + "): its blocks would hash to";
+      break;
+  }
   const std::string json = m.ToJson();
   ASSERT_TRUE(store->Put(kManifestKey, ByteSpan(reinterpret_cast<const uint8_t*>(json.data()), json.size())).ok());
   auto failed = replica->Update();
   ASSERT_FALSE(failed.ok());
-  EXPECT_NE(failed.status().message().find("part 1 of 2"), std::string::npos) << failed.status().ToString();
+  EXPECT_NE(failed.status().message().find(expect), std::string::npos) << failed.status().ToString();
   EXPECT_EQ(replica->version(), 2u);
   EXPECT_EQ(replica->state_hash(), before_hash);
   ExpectSameState(replica->state(), before);
   EXPECT_TRUE(replica->Verify().ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    LayoutsAndFaults, PartedUndoTest,
+    ::testing::Values(PartFaultCase{2, 0, PartFault::kOtherObject}, PartFaultCase{2, 0, PartFault::kPartHash},
+                      PartFaultCase{3, 1, PartFault::kOtherObject}, PartFaultCase{3, 1, PartFault::kPartHash},
+                      PartFaultCase{1, 0, PartFault::kPartHash}));
 
 TEST(PartedPublish, RefusesSettingsAndBlocksItCannotPublish) {
   TempDir dir;
