@@ -336,32 +336,49 @@ HWY_INLINE void ClassBytes16(const uint16_t* HWY_RESTRICT data, size_t n, uint8_
   std::memset(cls + n, kNoClass, (n + 63) / 64 * 64 - n);
 }
 
-// Per class in `classes`: its elements' mask in each word (one vector
-// compare of class bytes per word) and their running counts.
-void ClassMasks16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes, uint64_t* HWY_RESTRICT masks,
-                      uint32_t* HWY_RESTRICT before) {
+// The mask of the class-c bytes among the 64 at `cls`: one compare and
+// movemask per vector straight into the word (a mask stored in parts and
+// read back whole would stall on store forwarding).
+HWY_INLINE uint64_t ClassWord(const uint8_t* HWY_RESTRICT cls, uint8_t c) {
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
+  return static_cast<uint64_t>(_mm512_cmpeq_epi8_mask(_mm512_load_si512(cls), _mm512_set1_epi8(static_cast<char>(c))));
+#elif HWY_TARGET == HWY_AVX2 && HWY_ARCH_X86_64
+  const __m256i want = _mm256_set1_epi8(static_cast<char>(c));
+  const uint32_t lo = static_cast<uint32_t>(
+      _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(cls)), want)));
+  const uint32_t hi = static_cast<uint32_t>(
+      _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(cls + 32)), want)));
+  return uint64_t{lo} | uint64_t{hi} << 32;
+#else
   const hn::ScalableTag<uint8_t> d8;
   const size_t N8 = hn::Lanes(d8);
   constexpr size_t kMax = HWY_MAX_BYTES;
-  HWY_ALIGN uint8_t cls[kScanBlock];
+  uint64_t m = 0;
+  if (N8 >= 8) {
+    HWY_ALIGN uint8_t bits[8 + kMax / 8] = {};
+    const auto want = hn::Set(d8, c);
+    for (size_t i = 0; i < 64; i += N8) hn::StoreMaskBits(d8, hn::Eq(hn::Load(d8, cls + i), want), bits + i / 8);
+    std::memcpy(&m, bits, 8);
+  } else {
+    for (size_t k = 0; k < 64; ++k) m |= static_cast<uint64_t>(cls[k] == c) << k;
+  }
+  return m;
+#endif
+}
+
+// Per class in `classes`: its elements' mask in each word and their
+// running counts.
+void ClassMasks16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes, uint64_t* HWY_RESTRICT masks,
+                      uint32_t* HWY_RESTRICT before) {
+  alignas(64) uint8_t cls[kScanBlock];
   n = std::min(n, kScanBlock);
   ClassBytes16(data, n, cls);
   const size_t words = (n + 63) / 64;
-  for (int c = 0; c < kScanClasses; ++c) {
-    if (!(classes >> c & 1)) continue;
-    const auto want = hn::Set(d8, static_cast<uint8_t>(c));
+  for (uint32_t left = classes; left != 0; left &= left - 1) {
+    const uint8_t c = static_cast<uint8_t>(__builtin_ctz(left));
     uint32_t total = 0;
     for (size_t w = 0; w < words; ++w) {
-      uint64_t m = 0;
-      if (N8 >= 8) {
-        HWY_ALIGN uint8_t bits[8 + kMax / 8] = {};
-        for (size_t i = 0; i < 64; i += N8) {
-          hn::StoreMaskBits(d8, hn::Eq(hn::LoadU(d8, cls + 64 * w + i), want), bits + i / 8);
-        }
-        std::memcpy(&m, bits, 8);
-      } else {
-        for (size_t k = 0; k < 64; ++k) m |= static_cast<uint64_t>(cls[64 * w + k] == c) << k;
-      }
+      const uint64_t m = ClassWord(cls + 64 * w, c);
       masks[w] = m;
       before[w] = total;
       total += static_cast<uint32_t>(__builtin_popcountll(m));
@@ -369,6 +386,43 @@ void ClassMasks16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t clas
     for (size_t w = words; w <= kScanWords; ++w) before[w] = total;
     masks += kScanWords;
     before += kScanWords + 1;
+  }
+}
+
+// Per block of kScanBlock elements, per class in `classes`: its elements
+// (others' counts 0). Per class a vector compare and subtract into byte
+// lanes (at most kScanBlock / lanes each, below 256 from 8 lanes up), summed
+// once per block.
+void ClassCounts16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes, uint16_t* HWY_RESTRICT counts) {
+  const hn::ScalableTag<uint8_t> d8;
+  const hn::Repartition<uint64_t, decltype(d8)> d64;
+  const size_t N8 = hn::Lanes(d8);
+  alignas(64) uint8_t cls[kScanBlock];
+  for (size_t at = 0; at < n; at += kScanBlock, counts += kScanClasses) {
+    const size_t len = std::min(kScanBlock, n - at);
+    ClassBytes16(data + at, len, cls);  // kNoClass up to a whole word
+    const size_t padded = (len + 63) / 64 * 64;
+    for (int c = 0; c < kScanClasses; ++c) counts[c] = 0;
+    for (uint32_t left = classes; left != 0; left &= left - 1) {
+      const int c = __builtin_ctz(left);
+      if (N8 < 8) {
+        uint32_t k = 0;
+        for (size_t i = 0; i < padded; ++i) k += cls[i] == c;
+        counts[c] = static_cast<uint16_t>(k);
+        continue;
+      }
+      const auto want = hn::Set(d8, static_cast<uint8_t>(c));
+      // Two accumulators: one would chain every subtract on the last.
+      auto acc0 = hn::Zero(d8), acc1 = hn::Zero(d8);
+      size_t i = 0;
+      for (; i + 2 * N8 <= padded; i += 2 * N8) {
+        acc0 = hn::Sub(acc0, hn::VecFromMask(d8, hn::Eq(hn::Load(d8, cls + i), want)));
+        acc1 = hn::Sub(acc1, hn::VecFromMask(d8, hn::Eq(hn::Load(d8, cls + i + N8), want)));
+      }
+      if (i < padded) acc0 = hn::Sub(acc0, hn::VecFromMask(d8, hn::Eq(hn::Load(d8, cls + i), want)));
+      const auto sums = hn::Add(hn::SumsOf8(acc0), hn::SumsOf8(acc1));
+      counts[c] = static_cast<uint16_t>(hn::GetLane(hn::SumOfLanes(d64, sums)));
+    }
   }
 }
 
@@ -480,11 +534,16 @@ namespace deltasync::kernels {
 
 HWY_EXPORT(ScanCompactSpanImpl);
 HWY_EXPORT(ClassMasks16Impl);
+HWY_EXPORT(ClassCounts16Impl);
 HWY_EXPORT(ClassSelect16Impl);
 HWY_EXPORT(ClassApply16Impl);
 
 void ClassMasks16(const uint16_t* data, size_t n, uint32_t classes, uint64_t* masks, uint32_t* before) {
   HWY_DYNAMIC_DISPATCH(ClassMasks16Impl)(data, n, classes, masks, before);
+}
+
+void ClassCounts16(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts) {
+  HWY_DYNAMIC_DISPATCH(ClassCounts16Impl)(data, n, classes, counts);
 }
 
 size_t ClassSelect16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data,
