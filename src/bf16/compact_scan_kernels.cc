@@ -15,12 +15,38 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
 #include "bf16/compact_scan.h"
 #include "bf16/round.h"
 #include "bf16/simd_kernels.h"
+
+#ifndef DELTASYNC_COMPACT_SCAN_FAST_PDEP
+#define DELTASYNC_COMPACT_SCAN_FAST_PDEP
+namespace deltasync::kernels {
+// Whether PDEP is one fast instruction: on every x86-64 CPU with BMI2 but
+// AMD's (and Hygon's) before Zen 3 (family 0x19), where it is microcoded and
+// takes up to hundreds of cycles.
+inline bool FastPdep() {
+#if defined(__x86_64__)
+  static const bool fast = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    const bool amd = (b == 0x68747541 && d == 0x69746E65 && c == 0x444D4163) ||  // AuthenticAMD
+                     (b == 0x6F677948 && d == 0x6E65476E && c == 0x656E6975);    // HygonGenuine
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned family = ((a >> 8) & 0xF) == 0xF ? 0xF + ((a >> 20) & 0xFF) : (a >> 8) & 0xF;
+    return !amd || family >= 0x19;
+  }();
+  return fast;
+#else
+  return false;
+#endif
+}
+}  // namespace deltasync::kernels
+#endif
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "bf16/compact_scan_kernels.cc"
@@ -294,9 +320,16 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
 // CPUs (Skylake-X and later, Zen 4) have a fast PDEP; elsewhere PDEP may be
 // microcoded (Zen 1/2), so whole bytes are skipped by their popcount and a
 // table selects within the byte.
-HWY_INLINE unsigned SelectBit(uint64_t x, uint64_t r) {
+HWY_INLINE unsigned SelectBit(uint64_t x, uint64_t r, bool fast_pdep) {
 #if HWY_TARGET <= HWY_AVX3 && !defined(HWY_DISABLE_BMI2_FMA) && (HWY_ARCH_X86_64)
+  (void)fast_pdep;
   return static_cast<unsigned>(__builtin_ctzll(_pdep_u64(uint64_t{1} << r, x)));
+#elif HWY_TARGET == HWY_AVX2 && !defined(HWY_DISABLE_BMI2_FMA) && (HWY_ARCH_X86_64)
+  // The AVX2 target implies BMI2; Zen 3 and Intel's have a fast PDEP (the
+  // byte loop below mispredicts its exit about once per change).
+  if (fast_pdep) return static_cast<unsigned>(__builtin_ctzll(_pdep_u64(uint64_t{1} << r, x)));
+#else
+  (void)fast_pdep;
 #endif
   static constexpr auto kInByte = [] {
     std::array<std::array<uint8_t, 8>, 256> t{};
@@ -443,6 +476,7 @@ HWY_INLINE size_t ClassWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* 
   size_t bad = n;
   const uint64_t* HWY_RESTRICT ranks = s.ranks;
   const uint8_t* HWY_RESTRICT diffs = s.diffs;
+  const bool fast_pdep = FastPdep();
   for (int c = 0; c < kScanClasses; ++c) {
     if (!(classes >> c & 1)) continue;
     const uint64_t* mask = masks;
@@ -470,7 +504,7 @@ HWY_INLINE size_t ClassWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* 
       const auto vr = hn::Set(d32, static_cast<int32_t>(r));
       size_t w = kScanWords;
       for (size_t k = 0; k < kScanWords; k += N32) w -= hn::CountTrue(d32, hn::Gt(hn::LoadU(d32, through + k), vr));
-      const unsigned at = SelectBit(mask[w], r - bef[w]);
+      const unsigned at = SelectBit(mask[w], r - bef[w], fast_pdep);
       if constexpr (!kApply) hits[w] |= uint64_t{1} << at;
       const size_t i = 64 * w + at;
       const uint16_t o = bf16::LoadElement(data, i);
