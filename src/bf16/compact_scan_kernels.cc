@@ -15,12 +15,38 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
 #include "bf16/compact_scan.h"
 #include "bf16/round.h"
 #include "bf16/simd_kernels.h"
+
+#ifndef DELTASYNC_COMPACT_SCAN_FAST_PDEP
+#define DELTASYNC_COMPACT_SCAN_FAST_PDEP
+namespace deltasync::kernels {
+// Whether PDEP is one fast instruction: on every x86-64 CPU with BMI2 but
+// AMD's (and Hygon's) before Zen 3 (family 0x19), where it is microcoded and
+// takes up to hundreds of cycles.
+inline bool FastPdep() {
+#if defined(__x86_64__)
+  static const bool fast = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    const bool amd = (b == 0x68747541 && d == 0x69746E65 && c == 0x444D4163) ||  // AuthenticAMD
+                     (b == 0x6F677948 && d == 0x6E65476E && c == 0x656E6975);    // HygonGenuine
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned family = ((a >> 8) & 0xF) == 0xF ? 0xF + ((a >> 20) & 0xFF) : (a >> 8) & 0xF;
+    return !amd || family >= 0x19;
+  }();
+  return fast;
+#else
+  return false;
+#endif
+}
+}  // namespace deltasync::kernels
+#endif
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "bf16/compact_scan_kernels.cc"
@@ -354,9 +380,16 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
 // CPUs (Skylake-X and later, Zen 4) have a fast PDEP; elsewhere PDEP may be
 // microcoded (Zen 1/2), so whole bytes are skipped by their popcount and a
 // table selects within the byte.
-HWY_INLINE unsigned SelectBit(uint64_t x, uint64_t r) {
+HWY_INLINE unsigned SelectBit(uint64_t x, uint64_t r, bool fast_pdep) {
 #if HWY_TARGET <= HWY_AVX3 && !defined(HWY_DISABLE_BMI2_FMA) && (HWY_ARCH_X86_64)
+  (void)fast_pdep;
   return static_cast<unsigned>(__builtin_ctzll(_pdep_u64(uint64_t{1} << r, x)));
+#elif HWY_TARGET == HWY_AVX2 && !defined(HWY_DISABLE_BMI2_FMA) && (HWY_ARCH_X86_64)
+  // The AVX2 target implies BMI2; Zen 3 and Intel's have a fast PDEP (the
+  // byte loop below mispredicts its exit about once per change).
+  if (fast_pdep) return static_cast<unsigned>(__builtin_ctzll(_pdep_u64(uint64_t{1} << r, x)));
+#else
+  (void)fast_pdep;
 #endif
   static constexpr auto kInByte = [] {
     std::array<std::array<uint8_t, 8>, 256> t{};
@@ -396,32 +429,49 @@ HWY_INLINE void ClassBytes16(const uint16_t* HWY_RESTRICT data, size_t n, uint8_
   std::memset(cls + n, kNoClass, (n + 63) / 64 * 64 - n);
 }
 
-// Per class in `classes`: its elements' mask in each word (one vector
-// compare of class bytes per word) and their running counts.
-void ClassMasks16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes, uint64_t* HWY_RESTRICT masks,
-                      uint32_t* HWY_RESTRICT before) {
+// The mask of the class-c bytes among the 64 at `cls`: one compare and
+// movemask per vector straight into the word (a mask stored in parts and
+// read back whole would stall on store forwarding).
+HWY_INLINE uint64_t ClassWord(const uint8_t* HWY_RESTRICT cls, uint8_t c) {
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
+  return static_cast<uint64_t>(_mm512_cmpeq_epi8_mask(_mm512_load_si512(cls), _mm512_set1_epi8(static_cast<char>(c))));
+#elif HWY_TARGET == HWY_AVX2 && HWY_ARCH_X86_64
+  const __m256i want = _mm256_set1_epi8(static_cast<char>(c));
+  const uint32_t lo = static_cast<uint32_t>(
+      _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(cls)), want)));
+  const uint32_t hi = static_cast<uint32_t>(
+      _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(cls + 32)), want)));
+  return uint64_t{lo} | uint64_t{hi} << 32;
+#else
   const hn::ScalableTag<uint8_t> d8;
   const size_t N8 = hn::Lanes(d8);
   constexpr size_t kMax = HWY_MAX_BYTES;
-  HWY_ALIGN uint8_t cls[kScanBlock];
+  uint64_t m = 0;
+  if (N8 >= 8) {
+    HWY_ALIGN uint8_t bits[8 + kMax / 8] = {};
+    const auto want = hn::Set(d8, c);
+    for (size_t i = 0; i < 64; i += N8) hn::StoreMaskBits(d8, hn::Eq(hn::Load(d8, cls + i), want), bits + i / 8);
+    std::memcpy(&m, bits, 8);
+  } else {
+    for (size_t k = 0; k < 64; ++k) m |= static_cast<uint64_t>(cls[k] == c) << k;
+  }
+  return m;
+#endif
+}
+
+// Per class in `classes`: its elements' mask in each word and their
+// running counts.
+void ClassMasks16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes, uint64_t* HWY_RESTRICT masks,
+                      uint32_t* HWY_RESTRICT before) {
+  alignas(64) uint8_t cls[kScanBlock];
   n = std::min(n, kScanBlock);
   ClassBytes16(data, n, cls);
   const size_t words = (n + 63) / 64;
-  for (int c = 0; c < kScanClasses; ++c) {
-    if (!(classes >> c & 1)) continue;
-    const auto want = hn::Set(d8, static_cast<uint8_t>(c));
+  for (uint32_t left = classes; left != 0; left &= left - 1) {
+    const uint8_t c = static_cast<uint8_t>(__builtin_ctz(left));
     uint32_t total = 0;
     for (size_t w = 0; w < words; ++w) {
-      uint64_t m = 0;
-      if (N8 >= 8) {
-        HWY_ALIGN uint8_t bits[8 + kMax / 8] = {};
-        for (size_t i = 0; i < 64; i += N8) {
-          hn::StoreMaskBits(d8, hn::Eq(hn::LoadU(d8, cls + 64 * w + i), want), bits + i / 8);
-        }
-        std::memcpy(&m, bits, 8);
-      } else {
-        for (size_t k = 0; k < 64; ++k) m |= static_cast<uint64_t>(cls[64 * w + k] == c) << k;
-      }
+      const uint64_t m = ClassWord(cls + 64 * w, c);
       masks[w] = m;
       before[w] = total;
       total += static_cast<uint32_t>(__builtin_popcountll(m));
@@ -429,6 +479,43 @@ void ClassMasks16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t clas
     for (size_t w = words; w <= kScanWords; ++w) before[w] = total;
     masks += kScanWords;
     before += kScanWords + 1;
+  }
+}
+
+// Per block of kScanBlock elements, per class in `classes`: its elements
+// (others' counts 0). Per class a vector compare and subtract into byte
+// lanes (at most kScanBlock / lanes each, below 256 from 8 lanes up), summed
+// once per block.
+void ClassCounts16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes, uint16_t* HWY_RESTRICT counts) {
+  const hn::ScalableTag<uint8_t> d8;
+  const hn::Repartition<uint64_t, decltype(d8)> d64;
+  const size_t N8 = hn::Lanes(d8);
+  alignas(64) uint8_t cls[kScanBlock];
+  for (size_t at = 0; at < n; at += kScanBlock, counts += kScanClasses) {
+    const size_t len = std::min(kScanBlock, n - at);
+    ClassBytes16(data + at, len, cls);  // kNoClass up to a whole word
+    const size_t padded = (len + 63) / 64 * 64;
+    for (int c = 0; c < kScanClasses; ++c) counts[c] = 0;
+    for (uint32_t left = classes; left != 0; left &= left - 1) {
+      const int c = __builtin_ctz(left);
+      if (N8 < 8) {
+        uint32_t k = 0;
+        for (size_t i = 0; i < padded; ++i) k += cls[i] == c;
+        counts[c] = static_cast<uint16_t>(k);
+        continue;
+      }
+      const auto want = hn::Set(d8, static_cast<uint8_t>(c));
+      // Two accumulators: one would chain every subtract on the last.
+      auto acc0 = hn::Zero(d8), acc1 = hn::Zero(d8);
+      size_t i = 0;
+      for (; i + 2 * N8 <= padded; i += 2 * N8) {
+        acc0 = hn::Sub(acc0, hn::VecFromMask(d8, hn::Eq(hn::Load(d8, cls + i), want)));
+        acc1 = hn::Sub(acc1, hn::VecFromMask(d8, hn::Eq(hn::Load(d8, cls + i + N8), want)));
+      }
+      if (i < padded) acc0 = hn::Sub(acc0, hn::VecFromMask(d8, hn::Eq(hn::Load(d8, cls + i), want)));
+      const auto sums = hn::Add(hn::SumsOf8(acc0), hn::SumsOf8(acc1));
+      counts[c] = static_cast<uint16_t>(hn::GetLane(hn::SumOfLanes(d64, sums)));
+    }
   }
 }
 
@@ -449,6 +536,7 @@ HWY_INLINE size_t ClassWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* 
   size_t bad = n;
   const uint64_t* HWY_RESTRICT ranks = s.ranks;
   const uint8_t* HWY_RESTRICT diffs = s.diffs;
+  const bool fast_pdep = FastPdep();
   for (int c = 0; c < kScanClasses; ++c) {
     if (!(classes >> c & 1)) continue;
     const uint64_t* mask = masks;
@@ -476,7 +564,7 @@ HWY_INLINE size_t ClassWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* 
       const auto vr = hn::Set(d32, static_cast<int32_t>(r));
       size_t w = kScanWords;
       for (size_t k = 0; k < kScanWords; k += N32) w -= hn::CountTrue(d32, hn::Gt(hn::LoadU(d32, through + k), vr));
-      const unsigned at = SelectBit(mask[w], r - bef[w]);
+      const unsigned at = SelectBit(mask[w], r - bef[w], fast_pdep);
       if constexpr (!kApply) hits[w] |= uint64_t{1} << at;
       const size_t i = 64 * w + at;
       const uint16_t o = bf16::LoadElement(data, i);
@@ -540,11 +628,16 @@ namespace deltasync::kernels {
 
 HWY_EXPORT(ScanCompactSpanImpl);
 HWY_EXPORT(ClassMasks16Impl);
+HWY_EXPORT(ClassCounts16Impl);
 HWY_EXPORT(ClassSelect16Impl);
 HWY_EXPORT(ClassApply16Impl);
 
 void ClassMasks16(const uint16_t* data, size_t n, uint32_t classes, uint64_t* masks, uint32_t* before) {
   HWY_DYNAMIC_DISPATCH(ClassMasks16Impl)(data, n, classes, masks, before);
+}
+
+void ClassCounts16(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts) {
+  HWY_DYNAMIC_DISPATCH(ClassCounts16Impl)(data, n, classes, counts);
 }
 
 size_t ClassSelect16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data,

@@ -93,9 +93,13 @@ void HashTermDiffs16(const uint64_t* index, const uint8_t* new_bits, const uint8
 
 // --- compact codec: exponent classes --------------------------------------
 
-// The compact decoder's walk, in two halves per block of n <= 1024 base
-// elements (so that a chunk's class counts are known before any of its
-// changes is placed):
+// The compact decoder's walk (codec/compact_walk.cc): a chunk's class counts
+// first, then per block of n <= 1024 base elements holding changes, the
+// masks of only the classes with a change in it, then the changes placed:
+//  - ClassCounts16: per block b of 1024 of the n elements (the last may be
+//    shorter), counts[16 b + c] = the block's elements of exponent class c
+//    (compact::ClassOf) for each c whose bit is set in `classes`, 0 for the
+//    others.
 //  - ClassMasks16: for each exponent class c (compact::ClassOf) whose bit
 //    is set in `classes`, in ascending order, slot by slot: masks[16 s + w]
 //    = which of the elements of word w (64 elements; past n none) are of
@@ -122,6 +126,7 @@ struct ClassWalkStreams {
 struct ClassWalkCursor {
   uint64_t rem[16], g[16], e[16];
 };
+void ClassCounts16(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts);
 void ClassMasks16(const uint16_t* data, size_t n, uint32_t classes, uint64_t* masks, uint32_t* before);
 size_t ClassSelect16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data,
                      size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur, uint64_t* hits, uint16_t* values);

@@ -1,9 +1,12 @@
 // The compact decoder's walk (compact_walk.h): per chunk of 64 Ki elements,
-// one pass over the base builds each class's masks and running counts per
-// 64-element word (kernels::ClassMasks16); the chunk's class totals go to
-// the next chunk through a decoupled look-back; then each change is placed
-// from the stored masks (kernels::ClassSelect16), its value checked and its
-// state-hash term summed.
+// one pass over the base counts each class's elements per block of 1024
+// (kernels::ClassCounts16: vector compares and byte sums, nothing stored per
+// word); the chunk's class totals go to the next chunk through a decoupled
+// look-back; then, block by block, only the classes with a change in the
+// block get their per-word masks (kernels::ClassMasks16, the block in cache)
+// and each change is placed from them (kernels::ClassSelect16 / Apply16),
+// its value checked and its state-hash term summed. A class with no change
+// in a block skips it by its count.
 #include "codec/compact_walk.h"
 
 #include <algorithm>
@@ -15,7 +18,7 @@ namespace deltasync::compact {
 namespace {
 
 constexpr uint64_t kNone = ~uint64_t{0};
-constexpr uint64_t kBlock = 1024;  // ClassMasks16's block
+constexpr uint64_t kBlock = 1024;  // ClassCounts16's and ClassMasks16's block
 constexpr size_t kWords = kBlock / 64;
 
 }  // namespace
@@ -62,23 +65,15 @@ Status ChunkWalker::Walk(size_t k) {
   const Bf16Tensor& t = *tensors_[c.tensor];
   uint32_t classes = 0;  // the classes with changes
   for (int cl = 0; cl < kClasses; ++cl) classes |= uint32_t{t.class_begin[cl + 1] > t.class_begin[cl]} << cl;
-  const size_t active = static_cast<size_t>(__builtin_popcount(classes));
   const size_t blocks = static_cast<size_t>((c.end - c.begin + kBlock - 1) / kBlock);
   // Per thread, reused: fresh memory would cost page faults every chunk.
-  thread_local std::vector<uint64_t> masks;
-  thread_local std::vector<uint32_t> before;
-  masks.resize(std::max(masks.size(), blocks * active * kWords));
-  before.resize(std::max(before.size(), blocks * active * (kWords + 1)));
+  thread_local std::vector<uint16_t> block_counts;
+  block_counts.resize(std::max(block_counts.size(), blocks * kClasses));
   const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
+  kernels::ClassCounts16(data + c.begin, static_cast<size_t>(c.end - c.begin), classes, block_counts.data());
   std::array<uint64_t, kClasses> counts{};
   for (size_t b = 0; b < blocks; ++b) {
-    const uint64_t at = c.begin + b * kBlock;
-    uint64_t* m = masks.data() + b * active * kWords;
-    uint32_t* p = before.data() + b * active * (kWords + 1);
-    kernels::ClassMasks16(data + at, static_cast<size_t>(std::min<uint64_t>(kBlock, c.end - at)), classes, m, p);
-    for (int cl = 0, s = 0; cl < kClasses; ++cl) {
-      if (classes >> cl & 1) counts[cl] += p[(kWords + 1) * s++ + kWords];
-    }
+    for (int cl = 0; cl < kClasses; ++cl) counts[cl] += block_counts[b * kClasses + cl];
   }
   std::array<uint64_t, kClasses> start_at{};
   if (c.begin > 0) {
@@ -96,16 +91,16 @@ Status ChunkWalker::Walk(size_t k) {
   }
   const WalkStart start = StartAt(t, start_at);
   const WalkStart next = c.last ? WalkStart{} : StartAt(t, end_at);
-  return Place(t, c, blocks, active, classes, masks.data(), before.data(), start, c.last ? nullptr : &next,
-               hash_[k].data(), runs_ ? &runs_[k] : nullptr);
+  return Place(t, c, blocks, classes, block_counts.data(), start, c.last ? nullptr : &next, hash_[k].data(),
+               runs_ ? &runs_[k] : nullptr);
 }
 
 // The walk of a chunk from `start` over its blocks' class masks, then
 // the values; `next` is where the next chunk of the tensor starts
 // (nullptr for its last chunk).
-Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, size_t active, uint32_t classes,
-                          const uint64_t* masks, const uint32_t* before, const WalkStart& start,
-                          const WalkStart* next, uint64_t hash[2], CompactUndo::Run* run) {
+Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, uint32_t classes,
+                          const uint16_t* counts, const WalkStart& start, const WalkStart* next, uint64_t hash[2],
+                          CompactUndo::Run* run) {
   const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
   kernels::ClassWalkCursor cur;
   std::array<uint64_t, kClasses> end;
@@ -116,15 +111,18 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
     end[cl] = t.class_begin[cl + 1];
   }
   const kernels::ClassWalkStreams streams{t.ranks.data(), end.data(), t.diffs.data(), t.escapes.data()};
+  uint64_t masks[kClasses * kWords];
+  uint32_t before[kClasses * (kWords + 1)];
   uint64_t hit_words[kWords];
   uint16_t block_values[kBlock];
   uint64_t h_index[kBlock], h_new[kBlock], h_old[kBlock];
   uint64_t k = start.out;
   const uint64_t k_end = next ? next->out : t.count;
   // A fused apply (run != nullptr) writes into the base itself. That is
-  // safe: the masks of all this chunk's blocks were built (Walk) before
-  // anything is placed; ClassSelect16 reads only the elements of the block it
-  // places, before the loop below writes them; each element changes at most
+  // safe: the class counts of all this chunk's blocks were taken (Walk)
+  // before anything is placed; a block's masks are built before any of its
+  // changes is placed, from its own elements only; ClassApply16 reads only
+  // the elements of the block it places, before it writes them; each element changes at most
   // once (a class's ranks strictly ascend, classes are disjoint); and every
   // other chunk reads and writes only its own elements, sharing with this one
   // only class counts. So every read sees the base's value. run->written
@@ -138,14 +136,28 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   for (size_t blk = 0; blk < blocks && k < k_end; ++blk) {
     const uint64_t at = chunk.begin + blk * kBlock;
     const size_t len = static_cast<size_t>(std::min<uint64_t>(kBlock, chunk.end - at));
-    const uint64_t* m = masks + blk * active * kWords;
-    const uint32_t* p = before + blk * active * (kWords + 1);
+    // The classes with a change in this block: only their masks are built;
+    // the others skip the block's elements of their class.
+    const uint16_t* in_block = counts + blk * kClasses;
+    uint32_t need = 0;
+    for (uint32_t left = classes; left != 0; left &= left - 1) {
+      const int cl = __builtin_ctz(left);
+      if (cur.rem[cl] < in_block[cl]) {
+        need |= uint32_t{1} << cl;
+      } else if (cur.rem[cl] != kNone) {
+        cur.rem[cl] -= in_block[cl];
+      }
+    }
+    if (need == 0) continue;
+    kernels::ClassMasks16(data + at, len, need, masks, before);
+    const uint64_t* m = masks;
+    const uint32_t* p = before;
     if (run) {
       // Placed, logged and written in class order by the kernel; every
       // change it placed is logged, so the undo covers a failing block too.
       size_t placed = 0;
       const kernels::ClassApplyOut o{at, undo_pos + k, undo_old + k, h_new, h_old};
-      const size_t wrong = kernels::ClassApply16(m, p, classes, target + at, len, streams, cur, o, &placed);
+      const size_t wrong = kernels::ClassApply16(m, p, need, target + at, len, streams, cur, o, &placed);
       run->written += placed;
       if (wrong < len) {
         return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
@@ -154,7 +166,7 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
       k += placed;
       continue;
     }
-    const size_t wrong = kernels::ClassSelect16(m, p, classes, data + at, len, streams, cur, hit_words, block_values);
+    const size_t wrong = kernels::ClassSelect16(m, p, need, data + at, len, streams, cur, hit_words, block_values);
     if (wrong < len) {
       return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
     }

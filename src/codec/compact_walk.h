@@ -49,9 +49,9 @@ struct Chunk {
 };
 
 // The walk of every chunk (Walk(k) for each k, on any threads, chunks
-// handed out in ascending order): chunk k computes its class masks, adds its
-// class counts to those chunk k - 1 of the same tensor publishes and
-// publishes the sums, then places its changes into the tensor's output
+// handed out in ascending order): chunk k counts its classes' elements per
+// block, adds its class totals to those chunk k - 1 of the same tensor
+// publishes and publishes the sums, then places its changes into the tensor's output
 // (indices, values) and sums their state-hash terms.
 class ChunkWalker {
  public:
@@ -67,9 +67,8 @@ class ChunkWalker {
 
  private:
   struct WalkStart;
-  Status Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, size_t active, uint32_t classes,
-               const uint64_t* masks, const uint32_t* before, const WalkStart& start, const WalkStart* next,
-               uint64_t hash[2], CompactUndo::Run* run);
+  Status Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, uint32_t classes, const uint16_t* counts,
+               const WalkStart& start, const WalkStart* next, uint64_t hash[2], CompactUndo::Run* run);
   static WalkStart StartAt(const Bf16Tensor& t, const std::array<uint64_t, kClasses>& before);
 
   const std::string& label_;

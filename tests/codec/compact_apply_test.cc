@@ -38,8 +38,7 @@ Result<CompactDelta> Apply(const std::vector<uint8_t>& bytes, WeightState& state
   return compact::ApplyCompactDeltaChunked(f, state, hash, threads, chunk, undo);
 }
 
-TEST(CompactApply, EqualsDecodeAndScatterOnEveryTargetThreadCountAndChunkSize) {
-  const Case c = MakeCase();
+void ExpectEqualsDecodeAndScatterOnEveryTargetThreadCountAndChunkSize(const Case& c) {
   ASSERT_FALSE(c.bytes.empty());
   WeightState want = Copy(c.state);
   ApplyChanges(want, c.changes, 1);
@@ -64,6 +63,17 @@ TEST(CompactApply, EqualsDecodeAndScatterOnEveryTargetThreadCountAndChunkSize) {
       }
     }
   });
+}
+
+TEST(CompactApply, EqualsDecodeAndScatterOnEveryTargetThreadCountAndChunkSize) {
+  ExpectEqualsDecodeAndScatterOnEveryTargetThreadCountAndChunkSize(MakeCase());
+}
+
+// Blocks with no change, blocks where only some classes have one, a class
+// whose only change is in a block's last word, one that skips every block
+// up to the last.
+TEST(CompactApply, SparseChangesInFewClassesEqualDecodeAndScatter) {
+  ExpectEqualsDecodeAndScatterOnEveryTargetThreadCountAndChunkSize(MakeSparseCase());
 }
 
 TEST(CompactApply, RawModeTensorsApplyAndRestore) {

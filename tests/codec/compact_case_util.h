@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "codec/compact_bf16.h"
 #include "codec/patch_test_util.h"
 #include "deltasync/compact.h"
 #include "deltasync/weight_state.h"
@@ -103,6 +104,48 @@ inline Case MakeCase() {
   for (uint64_t i = 0; i < 2000; ++i) dense[i] = i;
   c.changes = {Change(c.state, "big", big, rng), Change(c.state, "dense", dense, rng),
                Change(c.state, "one_class", one, rng), Change(c.state, "small", small, rng)};
+  PatchInfo info;
+  info.model_version = 3;
+  info.base_version = 2;
+  Result<EncodedPatch> e = EncodeCompactDelta(info, c.hash, c.state, c.changes);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  if (e.ok()) c.bytes = Flatten(*e);
+  return c;
+}
+
+// A sparse case for the walk's skipping (compact_walk.cc builds masks only
+// for the classes with a change in a 1024-element block): one 20000-element
+// tensor (its last block partial) whose exponents span every class, with
+// a few changes in classes 0..7 (most blocks hold none, many hold one
+// class's), class 12's only change in the last word of block 5, class 14's
+// only changes in the last (partial) block and its last element, class 13
+// none.
+inline Case MakeSparseCase() {
+  std::mt19937_64 rng(5);
+  Model m;
+  m.Add("sparse", Spread(rng, 20000));
+  Case c{m.State(), {}, {}, {}};
+  c.hash = HashState(c.state, 1);
+  const WeightState::Tensor* t = c.state.Find("sparse");
+  auto class_of = [&](uint64_t i) {
+    uint16_t v;
+    std::memcpy(&v, t->data.data() + 2 * i, 2);
+    return compact::ClassOf(v);
+  };
+  std::bernoulli_distribution p(0.004);
+  std::vector<uint64_t> idx;
+  uint64_t last12 = 0;
+  for (uint64_t i = 5 * 1024 + 960; i < 6 * 1024; ++i) {
+    if (class_of(i) == 12) last12 = i;
+  }
+  EXPECT_NE(last12, 0u) << "no class-12 element in the last word of block 5";
+  for (uint64_t i = 0; i < 20000; ++i) {
+    const int cl = class_of(i);
+    if ((cl < 8 && p(rng)) || i == last12 || (cl == 14 && i >= 19 * 1024 && i % 3 == 0) || i == 19999) {
+      idx.push_back(i);
+    }
+  }
+  c.changes = {Change(c.state, "sparse", idx, rng)};
   PatchInfo info;
   info.model_version = 3;
   info.base_version = 2;

@@ -28,8 +28,7 @@ Result<CompactDelta> Decode(const Case& c, const WeightState& base, int threads,
   return compact::DecodeCompactDeltaChunked(f, base, c.hash, threads, chunk);
 }
 
-TEST(CompactDecode, EveryTargetThreadCountAndChunkSizeGivesTheChanges) {
-  const Case c = MakeCase();
+void ExpectDecodesOnEveryTargetThreadCountAndChunkSize(const Case& c) {
   ASSERT_FALSE(c.bytes.empty());
   testing_bf16::ForEachTarget([&] {
     for (int threads : {1, 2, 3}) {
@@ -48,6 +47,17 @@ TEST(CompactDecode, EveryTargetThreadCountAndChunkSizeGivesTheChanges) {
       }
     }
   });
+}
+
+TEST(CompactDecode, EveryTargetThreadCountAndChunkSizeGivesTheChanges) {
+  ExpectDecodesOnEveryTargetThreadCountAndChunkSize(MakeCase());
+}
+
+// Blocks with no change, blocks where only some classes have one, a class
+// whose only change is in a block's last word, one that skips every block
+// up to the last.
+TEST(CompactDecode, SparseChangesInFewClassesGiveTheChanges) {
+  ExpectDecodesOnEveryTargetThreadCountAndChunkSize(MakeSparseCase());
 }
 
 TEST(CompactDecode, GapsPastTheBaseAreRefusedWhateverTheChunks) {
