@@ -7,10 +7,7 @@ old storage catches up afterwards. A shadow that fails verification, a move
 from another version than the engine's, or a version other than the one
 asked for is never swapped in.
 """
-import contextlib
-import subprocess
 import time
-import uuid
 
 import pytest
 import torch
@@ -20,6 +17,7 @@ import deltasync.torch as dt
 from deltasync._shm import Region
 from deltasync._shm_double import DoubleBuffer
 from deltasync._shm_plan import Place, Plan
+from test_shm_region import serving
 
 
 def same_bits(a, b):
@@ -69,21 +67,6 @@ def wait_version(name, v, proc, timeout=30):
             pass
         time.sleep(0.05)
     pytest.fail(f"the region never held version {v}")
-
-
-@contextlib.contextmanager
-def serving(deltasync_bin, bucket, s1):
-    name = f"ds-test-db-{uuid.uuid4().hex[:8]}"
-    pub = deltasync.Publisher(bucket)
-    dt.publish(pub, 1, s1)
-    proc = subprocess.Popen([deltasync_bin, "serve", bucket, "--shm", name, "--listen", "127.0.0.1:0",
-                             "--poll", "0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        yield name, pub, proc
-    finally:
-        pub.close()
-        proc.terminate()
-        proc.wait(30)
 
 
 def double_buffer(region, model):

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 import deltasync
 import deltasync.torch as dt
 from deltasync.vllm import update_llm
-from test_vllm_real import LONG, PROMPTS, _free_port, assert_params, checkpoint, close, engine, generate, init, status
+from test_vllm_real import LONG, PROMPTS, _free_port, assert_params, checkpoint, close, engine, generate, init, status, wait_region_version
 from tiny_qwen3 import make_model_dir
 
 SWAP_CHECK = 3  # the version compared with a fresh engine
@@ -60,8 +60,6 @@ def node_run(tmp_path_factory):
 @contextlib.contextmanager
 def node(deltasync_bin, root, tag):
     """A bucket and its `serve --shm` daemon: yields publish(v, state) (waits until the region holds v)."""
-    from deltasync._shm import Region
-
     name, port = f"ds-vllm-db-{tag}-{os.getpid()}", _free_port()
     pub = deltasync.Publisher(str(root / f"bucket-{tag}"), anchor_interval=100)
     daemon = None
@@ -73,16 +71,7 @@ def node(deltasync_bin, root, tag):
             daemon = subprocess.Popen([deltasync_bin, "serve", str(root / f"bucket-{tag}"), "--shm", name, "--listen",
                                        f"127.0.0.1:{port}", "--poll", "0.1", "--threads", "1"],
                                       stderr=subprocess.DEVNULL)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            assert daemon.poll() is None, "serve exited"
-            try:
-                if Region(name).version == v:
-                    return
-            except deltasync.NotFoundError:
-                pass
-            time.sleep(0.05)
-        pytest.fail(f"the daemon never held version {v}")
+        wait_region_version(daemon, name, v)
 
     try:
         yield publish, dict(bucket=str(root / f"bucket-{tag}"), shm=name, shm_url=f"http://127.0.0.1:{port}")

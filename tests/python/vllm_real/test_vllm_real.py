@@ -442,13 +442,27 @@ def _metric(url, name):
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
+def wait_region_version(daemon, name, v, timeout=60):
+    """Waits until the `serve --shm` daemon's region `name` holds version v (the daemon alive)."""
+    from deltasync._shm import Region
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert daemon.poll() is None, "serve exited"
+        try:
+            if Region(name).version == v:
+                return
+        except deltasync.NotFoundError:
+            pass
+        time.sleep(0.05)
+    pytest.fail(f"the daemon never held version {v}")
+
+
 def test_tp2_node_follower_prefetched_exact_version(run, deltasync_bin):
     """Issue 14 items 3-4: both TP workers read one `serve --shm` daemon's region (no Replica of their
     own): the daemon has each version before the update (prefetched), the update downloads nothing
     and scatters only the changed elements; a version the daemon passed takes the exact route; a
     region behind waits and times out, a closed one is named; the engine keeps its version."""
-    from deltasync._shm import Region
-
     name, port = f"ds-vllm-{os.getpid()}", _free_port()
     url = f"http://127.0.0.1:{port}"
     bucket = str(run["root"] / "node-bucket")
@@ -466,16 +480,7 @@ def test_tp2_node_follower_prefetched_exact_version(run, deltasync_bin):
         dt.publish(pub, v, {n: t.contiguous() for n, t in states[v].items()})
 
     def region_at(v):
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            assert daemon.poll() is None, "serve exited"
-            try:
-                if Region(name).version == v:
-                    return
-            except deltasync.NotFoundError:
-                pass
-            time.sleep(0.05)
-        pytest.fail(f"the daemon never held version {v}")
+        wait_region_version(daemon, name, v)
 
     publish(1)
     daemon = subprocess.Popen([deltasync_bin, "serve", bucket, "--shm", name, "--listen", f"127.0.0.1:{port}",
