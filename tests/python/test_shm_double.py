@@ -7,17 +7,14 @@ old storage catches up afterwards. A shadow that fails verification, a move
 from another version than the engine's, or a version other than the one
 asked for is never swapped in.
 """
-import time
 
-import pytest
 import torch
 
 import deltasync
 import deltasync.torch as dt
-from deltasync._shm import Region
 from deltasync._shm_double import DoubleBuffer
 from deltasync._shm_plan import Place, Plan
-from test_shm_region import serving
+from test_shm_region import serving, wait_version
 
 
 def same_bits(a, b):
@@ -53,20 +50,6 @@ class Tiny(torch.nn.Module):
 
     def by_name(self):
         return {"a.weight": self.a, "c.weight": self.c, "d.bias": self.d}
-
-
-def wait_version(name, v, proc, timeout=30):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        assert proc.poll() is None, "serve exited"
-        try:
-            r = Region(name)
-            if r.version == v:
-                return r
-        except deltasync.NotFoundError:
-            pass
-        time.sleep(0.05)
-    pytest.fail(f"the region never held version {v}")
 
 
 def double_buffer(region, model):
