@@ -411,10 +411,35 @@ HWY_INLINE unsigned SelectBit(uint64_t x, uint64_t r, bool fast_pdep) {
   }
 }
 
+#if HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86_64
+// The class bytes (compact::ClassOf) of the 32 elements at p, all in one
+// register: the exponent byte is the high byte of bits << 1 (the sign
+// shifted out), packed 32 to a vector, then min(exponent -sat 112, 15) on
+// bytes. kOrdered: byte k is element k's; else the pack's order (elements
+// 0-7, 16-23, 8-15, 24-31), which is all a count needs. The AVX-512
+// targets run the same 256-bit code.
+template <bool kOrdered>
+HWY_INLINE __m256i ClassBytes32(const uint16_t* HWY_RESTRICT p) {
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
+  __m256i e = _mm256_packus_epi16(_mm256_srli_epi16(_mm256_slli_epi16(a, 1), 8),
+                                  _mm256_srli_epi16(_mm256_slli_epi16(b, 1), 8));
+  if constexpr (kOrdered) e = _mm256_permute4x64_epi64(e, 0xD8);
+  return _mm256_min_epu8(_mm256_subs_epu8(e, _mm256_set1_epi8(112)), _mm256_set1_epi8(15));
+}
+#endif
+
 // The class byte (compact::ClassOf) of each of n <= kScanBlock elements,
 // kNoClass after them up to a whole word. u16 lanes: class = min(exponent
 // -sat 112, 15), demoted to bytes.
 HWY_INLINE void ClassBytes16(const uint16_t* HWY_RESTRICT data, size_t n, uint8_t* HWY_RESTRICT cls) {
+#if HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86_64
+  size_t j = 0;
+  for (; j + 32 <= n; j += 32) _mm256_store_si256(reinterpret_cast<__m256i*>(cls + j), ClassBytes32<true>(data + j));
+  for (; j < n; ++j) cls[j] = static_cast<uint8_t>(compact::ClassOf(bf16::LoadElement(data, j)));
+  std::memset(cls + n, kNoClass, (n + 63) / 64 * 64 - n);
+  return;
+#endif
   const hn::ScalableTag<uint16_t> d16;
   const hn::RebindToSigned<decltype(d16)> di16;
   const hn::Rebind<uint8_t, decltype(d16)> d8;
@@ -487,6 +512,45 @@ void ClassMasks16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t clas
 // lanes (at most kScanBlock / lanes each, below 256 from 8 lanes up), summed
 // once per block.
 void ClassCounts16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes, uint16_t* HWY_RESTRICT counts) {
+#if HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86_64
+  // AVX2: the block's class bytes in the pack's order (ClassBytes32), 32 a
+  // store; per class a compare and subtract per 32 into byte lanes (at most
+  // kScanBlock / 32 = 32 each), summed by one SAD per block.
+  alignas(32) uint8_t bytes[kScanBlock];
+  const __m256i zero = _mm256_setzero_si256();
+  for (size_t at = 0; at < n; at += kScanBlock, counts += kScanClasses) {
+    const size_t len = std::min(kScanBlock, n - at);
+    const size_t groups = len / 32;
+    for (size_t g = 0; g < groups; ++g) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes + 32 * g), ClassBytes32<false>(data + at + 32 * g));
+    }
+    for (int c = 0; c < kScanClasses; ++c) counts[c] = 0;
+    for (uint32_t left = classes; left != 0; left &= left - 1) {
+      const int c = __builtin_ctz(left);
+      const __m256i want = _mm256_set1_epi8(static_cast<char>(c));
+      __m256i acc0 = zero, acc1 = zero;  // two: one would chain every subtract
+      size_t g = 0;
+      for (; g + 2 <= groups; g += 2) {
+        const auto* v = reinterpret_cast<const __m256i*>(bytes + 32 * g);
+        acc0 = _mm256_sub_epi8(acc0, _mm256_cmpeq_epi8(_mm256_load_si256(v), want));
+        acc1 = _mm256_sub_epi8(acc1, _mm256_cmpeq_epi8(_mm256_load_si256(v + 1), want));
+      }
+      if (g < groups) {
+        acc0 = _mm256_sub_epi8(acc0, _mm256_cmpeq_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(bytes + 32 * g)), want));
+      }
+      const __m256i sad = _mm256_sad_epu8(_mm256_add_epi8(acc0, acc1), zero);  // 4 x u64
+      __m128i sum = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+      sum = _mm_add_epi64(sum, _mm_unpackhi_epi64(sum, sum));
+      counts[c] = static_cast<uint16_t>(_mm_cvtsi128_si32(sum));
+    }
+    // The block's last len % 32 elements one by one.
+    for (size_t i = groups * 32; i < len; ++i) {
+      const int c = compact::ClassOf(bf16::LoadElement(data + at, i));
+      counts[c] = static_cast<uint16_t>(counts[c] + (classes >> c & 1));
+    }
+  }
+  return;
+#endif
   const hn::ScalableTag<uint8_t> d8;
   const hn::Repartition<uint64_t, decltype(d8)> d64;
   const size_t N8 = hn::Lanes(d8);
