@@ -438,8 +438,7 @@ HWY_INLINE void ClassBytes16(const uint16_t* HWY_RESTRICT data, size_t n, uint8_
   for (; j + 32 <= n; j += 32) _mm256_store_si256(reinterpret_cast<__m256i*>(cls + j), ClassBytes32<true>(data + j));
   for (; j < n; ++j) cls[j] = static_cast<uint8_t>(compact::ClassOf(bf16::LoadElement(data, j)));
   std::memset(cls + n, kNoClass, (n + 63) / 64 * 64 - n);
-  return;
-#endif
+#else
   const hn::ScalableTag<uint16_t> d16;
   const hn::RebindToSigned<decltype(d16)> di16;
   const hn::Rebind<uint8_t, decltype(d16)> d8;
@@ -452,6 +451,7 @@ HWY_INLINE void ClassBytes16(const uint16_t* HWY_RESTRICT data, size_t n, uint8_
   }
   for (; i < n; ++i) cls[i] = static_cast<uint8_t>(compact::ClassOf(bf16::LoadElement(data, i)));
   std::memset(cls + n, kNoClass, (n + 63) / 64 * 64 - n);
+#endif
 }
 
 // The mask of the class-c bytes among the 64 at `cls`: one compare and
@@ -484,13 +484,11 @@ HWY_INLINE uint64_t ClassWord(const uint8_t* HWY_RESTRICT cls, uint8_t c) {
 #endif
 }
 
-// Per class in `classes`: its elements' mask in each word and their
-// running counts.
-void ClassMasks16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes, uint64_t* HWY_RESTRICT masks,
-                      uint32_t* HWY_RESTRICT before) {
-  alignas(64) uint8_t cls[kScanBlock];
-  n = std::min(n, kScanBlock);
-  ClassBytes16(data, n, cls);
+// Per class in `classes`: its elements' mask in each word of the n <=
+// kScanBlock class bytes at cls (64-byte aligned, kNoClass up to a whole
+// word) and their running counts.
+HWY_INLINE void MasksOfBytes(const uint8_t* HWY_RESTRICT cls, size_t n, uint32_t classes, uint64_t* HWY_RESTRICT masks,
+                             uint32_t* HWY_RESTRICT before) {
   const size_t words = (n + 63) / 64;
   for (uint32_t left = classes; left != 0; left &= left - 1) {
     const uint8_t c = static_cast<uint8_t>(__builtin_ctz(left));
@@ -507,22 +505,41 @@ void ClassMasks16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t clas
   }
 }
 
+void ClassMasks16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes, uint64_t* HWY_RESTRICT masks,
+                      uint32_t* HWY_RESTRICT before) {
+  alignas(64) uint8_t cls[kScanBlock];
+  n = std::min(n, kScanBlock);
+  ClassBytes16(data, n, cls);
+  MasksOfBytes(cls, n, classes, masks, before);
+}
+
+void ClassMasksOfBytes16Impl(const uint8_t* HWY_RESTRICT bytes, size_t n, uint32_t classes,
+                             uint64_t* HWY_RESTRICT masks, uint32_t* HWY_RESTRICT before) {
+  MasksOfBytes(bytes, std::min(n, kScanBlock), classes, masks, before);
+}
+
 // Per block of kScanBlock elements, per class in `classes`: its elements
 // (others' counts 0). Per class a vector compare and subtract into byte
 // lanes (at most kScanBlock / lanes each, below 256 from 8 lanes up), summed
 // once per block.
-void ClassCounts16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes, uint16_t* HWY_RESTRICT counts) {
+// ClassCounts16 and (kBytes) ClassCountsBytes16 in one body: the latter
+// also keeps every element's class byte, in element order, in `out`.
+template <bool kBytes>
+HWY_INLINE void ClassCounts(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes, uint16_t* HWY_RESTRICT counts,
+                            uint8_t* HWY_RESTRICT out) {
 #if HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86_64
-  // AVX2: the block's class bytes in the pack's order (ClassBytes32), 32 a
-  // store; per class a compare and subtract per 32 into byte lanes (at most
-  // kScanBlock / 32 = 32 each), summed by one SAD per block.
-  alignas(32) uint8_t bytes[kScanBlock];
+  // AVX2: the block's class bytes (ClassBytes32; unless kept, in the
+  // pack's order), 32 a store; per class a compare and subtract per 32 into
+  // byte lanes (at most kScanBlock / 32 = 32 each), summed by one SAD per
+  // block.
+  alignas(32) uint8_t local[kScanBlock];
   const __m256i zero = _mm256_setzero_si256();
   for (size_t at = 0; at < n; at += kScanBlock, counts += kScanClasses) {
     const size_t len = std::min(kScanBlock, n - at);
     const size_t groups = len / 32;
+    uint8_t* HWY_RESTRICT bytes = kBytes ? out + at : local;
     for (size_t g = 0; g < groups; ++g) {
-      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes + 32 * g), ClassBytes32<false>(data + at + 32 * g));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes + 32 * g), ClassBytes32<kBytes>(data + at + 32 * g));
     }
     for (int c = 0; c < kScanClasses; ++c) counts[c] = 0;
     for (uint32_t left = classes; left != 0; left &= left - 1) {
@@ -547,16 +564,18 @@ void ClassCounts16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t cla
     for (size_t i = groups * 32; i < len; ++i) {
       const int c = compact::ClassOf(bf16::LoadElement(data + at, i));
       counts[c] = static_cast<uint16_t>(counts[c] + (classes >> c & 1));
+      if constexpr (kBytes) bytes[i] = static_cast<uint8_t>(c);
     }
+    if constexpr (kBytes) std::memset(bytes + len, kNoClass, (len + 63) / 64 * 64 - len);
   }
-  return;
-#endif
+#else
   const hn::ScalableTag<uint8_t> d8;
   const hn::Repartition<uint64_t, decltype(d8)> d64;
   const size_t N8 = hn::Lanes(d8);
-  alignas(64) uint8_t cls[kScanBlock];
+  alignas(64) uint8_t local[kScanBlock];
   for (size_t at = 0; at < n; at += kScanBlock, counts += kScanClasses) {
     const size_t len = std::min(kScanBlock, n - at);
+    uint8_t* HWY_RESTRICT cls = kBytes ? out + at : local;
     ClassBytes16(data + at, len, cls);  // kNoClass up to a whole word
     const size_t padded = (len + 63) / 64 * 64;
     for (int c = 0; c < kScanClasses; ++c) counts[c] = 0;
@@ -581,6 +600,16 @@ void ClassCounts16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t cla
       counts[c] = static_cast<uint16_t>(hn::GetLane(hn::SumOfLanes(d64, sums)));
     }
   }
+#endif
+}
+
+void ClassCounts16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes, uint16_t* HWY_RESTRICT counts) {
+  ClassCounts<false>(data, n, classes, counts, nullptr);
+}
+
+void ClassCountsBytes16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes,
+                            uint16_t* HWY_RESTRICT counts, uint8_t* HWY_RESTRICT bytes) {
+  ClassCounts<true>(data, n, classes, counts, bytes);
 }
 
 // Each change inside the block in a few branch-free steps, independent of
@@ -693,6 +722,8 @@ namespace deltasync::kernels {
 HWY_EXPORT(ScanCompactSpanImpl);
 HWY_EXPORT(ClassMasks16Impl);
 HWY_EXPORT(ClassCounts16Impl);
+HWY_EXPORT(ClassCountsBytes16Impl);
+HWY_EXPORT(ClassMasksOfBytes16Impl);
 HWY_EXPORT(ClassSelect16Impl);
 HWY_EXPORT(ClassApply16Impl);
 
@@ -702,6 +733,14 @@ void ClassMasks16(const uint16_t* data, size_t n, uint32_t classes, uint64_t* ma
 
 void ClassCounts16(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts) {
   HWY_DYNAMIC_DISPATCH(ClassCounts16Impl)(data, n, classes, counts);
+}
+
+void ClassCountsBytes16(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts, uint8_t* bytes) {
+  HWY_DYNAMIC_DISPATCH(ClassCountsBytes16Impl)(data, n, classes, counts, bytes);
+}
+
+void ClassMasksOfBytes16(const uint8_t* bytes, size_t n, uint32_t classes, uint64_t* masks, uint32_t* before) {
+  HWY_DYNAMIC_DISPATCH(ClassMasksOfBytes16Impl)(bytes, n, classes, masks, before);
 }
 
 size_t ClassSelect16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data,

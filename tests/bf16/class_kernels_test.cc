@@ -1,4 +1,5 @@
-// The compact decoder's walk kernels (kernels::ClassCounts16, ClassMasks16)
+// The compact decoder's walk kernels (kernels::ClassCounts16, ClassMasks16,
+// ClassCountsBytes16, ClassMasksOfBytes16)
 // against a one-element-at-a-time reference (compact::ClassOf), on every
 // SIMD target: tails shorter than a vector (1..31 elements past the last
 // 32), partial last blocks, unaligned data, classes asked for but absent,
@@ -7,7 +8,9 @@
 // both signs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -55,12 +58,38 @@ void ExpectCounts(const uint16_t* data, size_t n, uint32_t classes) {
     ASSERT_EQ(got[k], want[k]) << "n " << n << ", classes " << classes << ", block " << k / 16 << ", class " << k % 16;
   }
   ASSERT_EQ(got[want.size()], 0xBEEF) << "written past the last block";
+  // The same counts with the class bytes kept: one per element, then 0xFF
+  // up to a whole word, nothing after.
+  const size_t padded = (n + 63) / 64 * 64;
+  alignas(64) static uint8_t bytes[65536 + 256];
+  ASSERT_LE(padded + 64, sizeof(bytes));
+  std::memset(bytes, 0xAB, padded + 64);
+  std::fill(got.begin(), got.end(), 0xBEEF);
+  kernels::ClassCountsBytes16(data, n, classes, got.data(), bytes);
+  for (size_t k = 0; k < want.size(); ++k) {
+    ASSERT_EQ(got[k], want[k]) << "bytes kept: n " << n << ", classes " << classes << ", block " << k / 16 << ", class "
+                               << k % 16;
+  }
+  ASSERT_EQ(got[want.size()], 0xBEEF) << "bytes kept: written past the last block";
+  for (size_t i = 0; i < padded + 64; ++i) {
+    const int want_byte = i < n ? compact::ClassOf(data[i]) : i < padded ? 0xFF : 0xAB;
+    ASSERT_EQ(bytes[i], want_byte) << "n " << n << ", byte " << i;
+  }
 }
 
-void ExpectMasks(const uint16_t* data, size_t n, uint32_t classes) {
+// ClassMasks16 of the block, or (of_bytes) ClassMasksOfBytes16 of its class
+// bytes from ClassCountsBytes16.
+void ExpectMasks(const uint16_t* data, size_t n, uint32_t classes, bool of_bytes = false) {
   uint64_t masks[16 * kWords];
   uint32_t before[16 * (kWords + 1)];
-  kernels::ClassMasks16(data, n, classes, masks, before);
+  if (of_bytes) {
+    alignas(64) uint8_t bytes[kBlock];
+    uint16_t counts[16];
+    kernels::ClassCountsBytes16(data, n, 0, counts, bytes);
+    kernels::ClassMasksOfBytes16(bytes, n, classes, masks, before);
+  } else {
+    kernels::ClassMasks16(data, n, classes, masks, before);
+  }
   int slot = 0;
   for (int c = 0; c < 16; ++c) {
     if (!(classes >> c & 1)) continue;
@@ -118,7 +147,10 @@ TEST(ClassKernels, MasksEqualTheReferenceOnEveryTargetSizeAndClassSet) {
       for (size_t offset : {size_t{0}, size_t{1}}) {
         for (size_t n : Sizes()) {
           if (n > kBlock) continue;
-          for (uint32_t classes : sets) ASSERT_NO_FATAL_FAILURE(ExpectMasks(v->data() + offset, n, classes));
+          for (uint32_t classes : sets) {
+            ASSERT_NO_FATAL_FAILURE(ExpectMasks(v->data() + offset, n, classes));
+            ASSERT_NO_FATAL_FAILURE(ExpectMasks(v->data() + offset, n, classes, /*of_bytes=*/true));
+          }
         }
       }
     }
@@ -132,7 +164,10 @@ TEST(ClassKernels, EveryBitPatternIsCountedInItsClass) {
   for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
   testing_bf16::ForEachTarget([&] {
     ASSERT_NO_FATAL_FAILURE(ExpectCounts(all.data(), all.size(), 0xFFFF));
-    for (size_t at = 0; at < all.size(); at += kBlock) ASSERT_NO_FATAL_FAILURE(ExpectMasks(all.data() + at, kBlock, 0xFFFF));
+    for (size_t at = 0; at < all.size(); at += kBlock) {
+      ASSERT_NO_FATAL_FAILURE(ExpectMasks(all.data() + at, kBlock, 0xFFFF));
+      ASSERT_NO_FATAL_FAILURE(ExpectMasks(all.data() + at, kBlock, 0xFFFF, /*of_bytes=*/true));
+    }
   });
 }
 
