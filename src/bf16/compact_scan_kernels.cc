@@ -538,6 +538,11 @@ HWY_INLINE void ClassCounts(const uint16_t* HWY_RESTRICT data, size_t n, uint32_
     const size_t len = std::min(kScanBlock, n - at);
     const size_t groups = len / 32;
     uint8_t* HWY_RESTRICT bytes = kBytes ? out + at : local;
+    // Two blocks ahead: the stream from memory is what bounds this loop.
+    if (at + 3 * kScanBlock <= n) {
+      const auto* ahead = reinterpret_cast<const uint8_t*>(data + at + 2 * kScanBlock);
+      for (size_t b = 0; b < kScanBlock * 2; b += 64) __builtin_prefetch(ahead + b);
+    }
     for (size_t g = 0; g < groups; ++g) {
       _mm256_store_si256(reinterpret_cast<__m256i*>(bytes + 32 * g), ClassBytes32<kBytes>(data + at + 32 * g));
     }
