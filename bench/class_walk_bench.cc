@@ -1,9 +1,12 @@
 // The floor of the compact decoder's O(model) walk (issue 15), on one core:
 // the class-counting pass (kernels::ClassCounts16, chunk by chunk as
-// codec/compact_walk.cc runs it) and the per-block mask pass
-// (kernels::ClassMasks16) over a bf16 buffer far larger than the caches,
-// each against a plain read of the same bytes (a vector sum of the u16
-// lanes), measured in the same run. Prints figures, never pass/fail.
+// codec/compact_walk.cc ran it), the per-block mask pass
+// (kernels::ClassMasks16), and the walk's pair as it runs now
+// (ClassCountsBytes16 per chunk, then ClassMasksOfBytes16 for every block
+// and class: a dense delta's worst case), over a bf16 buffer far larger
+// than the caches, each against a plain read of the same bytes (a vector
+// sum of the u16 lanes), measured in the same run. Prints figures, never
+// pass/fail.
 //
 //   class_walk_bench [--mib 512] [--reps 5] [--classes all|present]
 //
