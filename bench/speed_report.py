@@ -189,8 +189,12 @@ def print_report(raw: dict, threads: list[int]) -> None:
             "{:.2f}")
     row(f"fused compact publish / memcpy ({top} threads)", b["publish_compact_vs_memcpy"], "x", 0.5)
     if "publish_read_floor_vs_memcpy" in b:
-        row(f"  its read floor (fp32 masters + bf16 state) / memcpy", b["publish_read_floor_vs_memcpy"], "x", None)
+        row("  the trainer's read floor (fp32 masters + bf16 state, read only) / memcpy",
+            b["publish_read_floor_vs_memcpy"], "x", None)
+        row("  fused compact publish / that floor", b["publish_compact_vs_floor"], "x", None)
     row(f"gap_delta detect+encode / memcpy ({top} threads)", b["detect_encode_vs_memcpy"], "x", 0.5)
+    if "detect_encode_vs_floor" in b:
+        row("  gap_delta detect+encode / the read floor", b["detect_encode_vs_floor"], "x", None)
     row(f"gap_delta apply / memcpy ({top} threads, bench)", b["apply_vs_memcpy"], "x", 1.0)
     g = raw["gap_apply"]
     row(f"gap_delta apply / memcpy (gap_apply_bench, {g['threads']} threads)", g["apply_vs_memcpy"], "x", 1.0)
