@@ -162,7 +162,7 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
       if (wrong < len) {
         return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
       }
-      kernels::HashTermDiffs(undo_pos + k, h_new, h_old, placed, t.seeds.element_seed, hash);
+      kernels::HashTermDiffsNarrow(undo_pos + k, h_new, h_old, placed, t.seeds.element_seed, hash);
       k += placed;
       continue;
     }
@@ -183,7 +183,7 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
         ++h;
       }
     }
-    kernels::HashTermDiffs(h_index, h_new, h_old, h, t.seeds.element_seed, hash);
+    kernels::HashTermDiffsNarrow(h_index, h_new, h_old, h, t.seeds.element_seed, hash);
   }
   for (int cl = 0; cl < kClasses; ++cl) {
     const uint64_t want = next ? next->g[cl] : end[cl];
