@@ -544,8 +544,7 @@ HWY_INLINE size_t ClassWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* 
   const uint64_t index0 = kApply ? out->index0 : 0;
   uint64_t* HWY_RESTRICT undo_pos = kApply ? out->undo_pos : nullptr;
   uint16_t* HWY_RESTRICT undo_old = kApply ? out->undo_old : nullptr;
-  uint64_t* HWY_RESTRICT h_new = kApply ? out->h_new : nullptr;
-  uint64_t* HWY_RESTRICT h_old = kApply ? out->h_old : nullptr;
+  uint16_t* HWY_RESTRICT h_new = kApply ? out->h_new : nullptr;
   for (int c = 0; c < kScanClasses; ++c) {
     if (!(classes >> c & 1)) continue;
     const uint64_t* mask = masks;
@@ -591,7 +590,6 @@ HWY_INLINE size_t ClassWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* 
         undo_old[h] = o;
         data[i] = v;
         h_new[h] = v;
-        h_old[h] = o;
         ++h;
       } else {
         values[i] = v;

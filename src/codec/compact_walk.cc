@@ -116,6 +116,7 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   uint64_t hit_words[kWords];
   uint16_t block_values[kBlock];
   uint64_t h_index[kBlock], h_new[kBlock], h_old[kBlock];
+  uint16_t h_new16[kBlock];
   uint64_t k = start.out;
   const uint64_t k_end = next ? next->out : t.count;
   // A fused apply (run != nullptr) writes into the base itself. That is
@@ -156,13 +157,16 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
       // Placed, logged and written in class order by the kernel; every
       // change it placed is logged, so the undo covers a failing block too.
       size_t placed = 0;
-      const kernels::ClassApplyOut o{at, undo_pos + k, undo_old + k, h_new, h_old};
+      const kernels::ClassApplyOut o{at, undo_pos + k, undo_old + k, h_new16};
       const size_t wrong = kernels::ClassApply16(m, p, need, target + at, len, streams, cur, o, &placed);
       run->written += placed;
       if (wrong < len) {
         return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
       }
-      kernels::HashTermDiffsNarrow(undo_pos + k, h_new, h_old, placed, t.seeds.element_seed, hash);
+      // The old values straight from the undo log (u16 little-endian, as
+      // HashTermDiffs16 reads them), the new ones from the kernel.
+      kernels::HashTermDiffs16(undo_pos + k, reinterpret_cast<const uint8_t*>(h_new16),
+                               reinterpret_cast<const uint8_t*>(undo_old + k), placed, t.seeds.element_seed, hash);
       k += placed;
       continue;
     }
