@@ -123,11 +123,9 @@ void HashElements64Impl(const uint64_t* data, size_t n, uint64_t base, const uin
   HashElementsT(data, n, base, seed, sums);
 }
 
-// kNarrow: every bits value is below 2^32 (one product less each).
-template <bool kNarrow>
-HWY_INLINE void HashTermDiffsT(const uint64_t* HWY_RESTRICT index, const uint64_t* HWY_RESTRICT new_bits,
-                               const uint64_t* HWY_RESTRICT old_bits, size_t n, const uint64_t seed[2],
-                               uint64_t sums[2]) {
+void HashTermDiffsImpl(const uint64_t* HWY_RESTRICT index, const uint64_t* HWY_RESTRICT new_bits,
+                       const uint64_t* HWY_RESTRICT old_bits, size_t n, const uint64_t seed[2],
+                       uint64_t sums[2]) {
   const D64 d;
   const size_t N = hn::Lanes(d);
   V64 sum[2] = {hn::Zero(d), hn::Zero(d)};
@@ -138,8 +136,8 @@ HWY_INLINE void HashTermDiffsT(const uint64_t* HWY_RESTRICT index, const uint64_
     const V64 ob = hn::LoadU(d, old_bits + i);
     for (int lane = 0; lane < 2; ++lane) {
       const V64 w = hn::Add(hn::Set(d, seed[lane]), MulConst(idx, sh::kIndexStep[lane]));
-      const V64 t_new = Mix13(hn::Xor(w, MulConst<kNarrow>(nb, sh::kBitsMul[lane])));
-      const V64 t_old = Mix13(hn::Xor(w, MulConst<kNarrow>(ob, sh::kBitsMul[lane])));
+      const V64 t_new = Mix13(hn::Xor(w, MulConst(nb, sh::kBitsMul[lane])));
+      const V64 t_old = Mix13(hn::Xor(w, MulConst(ob, sh::kBitsMul[lane])));
       sum[lane] = hn::Add(sum[lane], hn::Sub(t_new, t_old));
     }
   }
@@ -155,17 +153,6 @@ HWY_INLINE void HashTermDiffsT(const uint64_t* HWY_RESTRICT index, const uint64_
     }
     sums[lane] += s;
   }
-}
-
-void HashTermDiffsImpl(const uint64_t* HWY_RESTRICT index, const uint64_t* HWY_RESTRICT new_bits,
-                       const uint64_t* HWY_RESTRICT old_bits, size_t n, const uint64_t seed[2],
-                       uint64_t sums[2]) {
-  HashTermDiffsT<false>(index, new_bits, old_bits, n, seed, sums);
-}
-void HashTermDiffsNarrowImpl(const uint64_t* HWY_RESTRICT index, const uint64_t* HWY_RESTRICT new_bits,
-                             const uint64_t* HWY_RESTRICT old_bits, size_t n, const uint64_t seed[2],
-                             uint64_t sums[2]) {
-  HashTermDiffsT<true>(index, new_bits, old_bits, n, seed, sums);
 }
 
 // HashTermDiffsImpl over 16-bit elements: they are below 2^32, so their
@@ -218,7 +205,6 @@ HWY_EXPORT(HashElements16Impl);
 HWY_EXPORT(HashElements32Impl);
 HWY_EXPORT(HashElements64Impl);
 HWY_EXPORT(HashTermDiffsImpl);
-HWY_EXPORT(HashTermDiffsNarrowImpl);
 HWY_EXPORT(HashTermDiffs16Impl);
 
 void HashElements8(const uint8_t* data, size_t n, uint64_t base, const uint64_t seed[2],
@@ -240,10 +226,6 @@ void HashElements64(const uint64_t* data, size_t n, uint64_t base, const uint64_
 void HashTermDiffs(const uint64_t* index, const uint64_t* new_bits, const uint64_t* old_bits,
                    size_t n, const uint64_t seed[2], uint64_t sums[2]) {
   HWY_DYNAMIC_DISPATCH(HashTermDiffsImpl)(index, new_bits, old_bits, n, seed, sums);
-}
-void HashTermDiffsNarrow(const uint64_t* index, const uint64_t* new_bits, const uint64_t* old_bits, size_t n,
-                         const uint64_t seed[2], uint64_t sums[2]) {
-  HWY_DYNAMIC_DISPATCH(HashTermDiffsNarrowImpl)(index, new_bits, old_bits, n, seed, sums);
 }
 void HashTermDiffs16(const uint64_t* index, const uint8_t* new_bits, const uint8_t* old_bits, size_t n,
                      const uint64_t seed[2], uint64_t sums[2]) {

@@ -85,11 +85,6 @@ void HashElements64(const uint64_t* data, size_t n, uint64_t base, const uint64_
 // old_bits[k]) to sums[lane], for both lanes.
 void HashTermDiffs(const uint64_t* index, const uint64_t* new_bits, const uint64_t* old_bits,
                    size_t n, const uint64_t seed[2], uint64_t sums[2]);
-// HashTermDiffs when every new_bits[i] and old_bits[i] is below 2^32 (bf16,
-// f16 and 32-bit elements widened): one multiply less per term on targets
-// without a 64-bit vector multiply; the same sums.
-void HashTermDiffsNarrow(const uint64_t* index, const uint64_t* new_bits, const uint64_t* old_bits, size_t n,
-                         const uint64_t seed[2], uint64_t sums[2]);
 // The same for 16-bit elements (bf16, f16) read as little-endian bytes,
 // 2 per element, at any alignment: the gap_delta apply passes the patch's
 // values and its undo log as they lie, without widening them to 64 bits.

@@ -162,38 +162,6 @@ TEST(StateHashTest, TermDiffs16MatchesTheDefinitionOnEveryTarget) {
   });
 }
 
-// HashTermDiffsNarrow (bits below 2^32: one product less per term) equals
-// the scalar definition on every target: every tail length, bits up to
-// 2^32 - 1 (every bit of the low half set) and indices past 2^32.
-TEST(StateHashTest, TermDiffsNarrowMatchesTheDefinitionOnEveryTarget) {
-  std::mt19937_64 rng(11);
-  const size_t max_n = 70;
-  std::vector<uint64_t> idx(max_n), new32(max_n), old32(max_n);
-  uint64_t at = (uint64_t{1} << 32) - 20;
-  for (size_t k = 0; k < max_n; ++k) {
-    at += 1 + rng() % 5;
-    idx[k] = at;
-    new32[k] = k % 7 == 0 ? 0xFFFFFFFFu : static_cast<uint32_t>(rng());
-    old32[k] = k % 5 == 0 ? 0xFFFF0000u + k : static_cast<uint32_t>(rng()) >> (k % 17);
-  }
-  const uint64_t seed[2] = {rng(), rng()};
-  ForEachTarget([&] {
-    for (size_t n = 0; n <= max_n; ++n) {
-      uint64_t want[2] = {3, 4};
-      for (size_t k = 0; k < n; ++k) {
-        for (int lane = 0; lane < 2; ++lane) {
-          want[lane] += state_hash::ElementTerm(lane, seed[lane], idx[k], new32[k]) -
-                        state_hash::ElementTerm(lane, seed[lane], idx[k], old32[k]);
-        }
-      }
-      uint64_t got[2] = {3, 4};
-      kernels::HashTermDiffsNarrow(idx.data(), new32.data(), old32.data(), n, seed, got);
-      EXPECT_EQ(got[0], want[0]) << "n=" << n;
-      EXPECT_EQ(got[1], want[1]) << "n=" << n;
-    }
-  });
-}
-
 // Applies detected changes to `state` in place.
 void Apply(WeightState& state, const std::vector<TensorChanges>& changes) {
   for (const TensorChanges& tc : changes) {
