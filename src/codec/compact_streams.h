@@ -173,9 +173,10 @@ class BitReader {
     const uint64_t low_mask = (uint64_t{1} << k) - 1;
     for (; i < e; ++i) {
       // Refilled only when the next code is not wholly in the n bits held
-      // (bits above n are zero, so `ones` stops at n): a refill every
-      // few codes, and the codes between decode from the register alone (a
-      // refill every code would put its load on the loop's chain).
+      // (bits above n are zeros or the stream's next bits: either way a code
+      // whose terminator or low bits lie past n has used > n): a refill
+      // every few codes, and the codes between decode from the register
+      // alone (a refill every code would put its load on the loop's chain).
       int ones = ~acc == 0 ? 64 : __builtin_ctzll(~acc);
       int used = ones + 1 + k;
       if (used > n) [[unlikely]] {
