@@ -79,9 +79,6 @@ if [[ "${DS_WITH_TORCH:-1}" == 1 ]]; then
   step "python example: a torch model trains, a replica process follows bit-exactly"
   .venv/bin/python examples/train_and_follow.py --bucket "$demo_dir/example-bucket"
 
-  step "python benchmark (--quick; publish from torch vs the TRL-style PyTorch path, figures only)"
-  .venv/bin/python bench/python_publish_bench.py --quick
-
   step "real-model benchmark (--quick: all-MiniLM-L6-v2, AdamW, 3 steps from each start; figures only, fails only if a delta does not apply bit-exactly)"
   DELTASYNC_BIN="$PWD/build/deltasync" .venv/bin/python bench/real_model_bench.py --quick
 else
@@ -91,9 +88,17 @@ fi
 step "demo on a reduced model (2 layers, 12 versions)"
 build/deltasync demo --layers 2 --steps 12 --anchor-interval 5 --bucket "$demo_dir/bucket"
 
-step "benchmark (--quick; figures, not pass/fail)"
-build/deltasync bench --quick
-build/deltasync bench --quick --sweep --scales 0.05 --rates 0.005,0.1
+if [[ "${DS_WITH_TORCH:-1}" == 1 ]]; then
+  # Every throughput figure in one run (bench, the sweep, the gap_delta apply
+  # and its floor, diff against dd, publish from torch against the TRL-style
+  # PyTorch path), small models: figures, not pass/fail.
+  step "benchmarks (--quick: bench/speed_report.py; figures, not pass/fail)"
+  .venv/bin/python bench/speed_report.py --quick --threads 2 --s3 off --sweep-scales 0.05 --sweep-rates 0.005,0.1
+else
+  step "benchmark (--quick; figures, not pass/fail)"
+  build/deltasync bench --quick
+  build/deltasync bench --quick --sweep --scales 0.05 --rates 0.005,0.1
+fi
 
 if [[ "${QUICK:-0}" == 1 ]]; then
   echo "QUICK=1: skipping the sanitizer build and the fuzzers"

@@ -128,6 +128,14 @@ struct ClassWalkCursor {
 };
 void ClassCounts16(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts);
 void ClassMasks16(const uint16_t* data, size_t n, uint32_t classes, uint64_t* masks, uint32_t* before);
+//  - ClassCountsBytes16: ClassCounts16, and bytes[i] = element i's class
+//    (compact::ClassOf) for i < n, then 0xFF up to a multiple of 64
+//    (`bytes` 64-byte aligned).
+//  - ClassMasksOfBytes16: ClassMasks16 of the block whose class bytes (n <=
+//    1024 of them, from ClassCountsBytes16, at a multiple of 64) are at
+//    `bytes`: the same masks without reading the elements again.
+void ClassCountsBytes16(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts, uint8_t* bytes);
+void ClassMasksOfBytes16(const uint8_t* bytes, size_t n, uint32_t classes, uint64_t* masks, uint32_t* before);
 size_t ClassSelect16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data,
                      size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur, uint64_t* hits, uint16_t* values);
 //  - ClassApply16: ClassSelect16's walk, but each change's new value is

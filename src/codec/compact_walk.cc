@@ -1,9 +1,10 @@
 // The compact decoder's walk (compact_walk.h): per chunk of 64 Ki elements,
 // one pass over the base counts each class's elements per block of 1024
-// (kernels::ClassCounts16: vector compares and byte sums, nothing stored per
-// word); the chunk's class totals go to the next chunk through a decoupled
-// look-back; then, block by block, only the classes with a change in the
-// block get their per-word masks (kernels::ClassMasks16, the block in cache)
+// and keeps every element's class byte (kernels::ClassCountsBytes16: vector
+// compares and byte sums; 64 KiB of bytes per chunk, reused per thread); the
+// chunk's class totals go to the next chunk through a decoupled look-back;
+// then, block by block, only the classes with a change in the block get
+// their per-word masks (kernels::ClassMasksOfBytes16, from the class bytes)
 // and each change is placed from them (kernels::ClassSelect16 / Apply16),
 // its value checked and its state-hash term summed. A class with no change
 // in a block skips it by its count.
@@ -69,8 +70,14 @@ Status ChunkWalker::Walk(size_t k) {
   // Per thread, reused: fresh memory would cost page faults every chunk.
   thread_local std::vector<uint16_t> block_counts;
   block_counts.resize(std::max(block_counts.size(), blocks * kClasses));
+  // The chunk's class bytes, one per element (64-byte aligned, padded to a
+  // whole word), kept for the masks of its blocks (Place).
+  thread_local std::vector<uint8_t> class_bytes;
+  class_bytes.resize(std::max(class_bytes.size(), blocks * kBlock + 64));
+  uint8_t* const bytes = class_bytes.data() + (-reinterpret_cast<uintptr_t>(class_bytes.data()) & 63);
   const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
-  kernels::ClassCounts16(data + c.begin, static_cast<size_t>(c.end - c.begin), classes, block_counts.data());
+  kernels::ClassCountsBytes16(data + c.begin, static_cast<size_t>(c.end - c.begin), classes, block_counts.data(),
+                              bytes);
   std::array<uint64_t, kClasses> counts{};
   for (size_t b = 0; b < blocks; ++b) {
     for (int cl = 0; cl < kClasses; ++cl) counts[cl] += block_counts[b * kClasses + cl];
@@ -91,7 +98,7 @@ Status ChunkWalker::Walk(size_t k) {
   }
   const WalkStart start = StartAt(t, start_at);
   const WalkStart next = c.last ? WalkStart{} : StartAt(t, end_at);
-  return Place(t, c, blocks, classes, block_counts.data(), start, c.last ? nullptr : &next, hash_[k].data(),
+  return Place(t, c, blocks, classes, block_counts.data(), bytes, start, c.last ? nullptr : &next, hash_[k].data(),
                runs_ ? &runs_[k] : nullptr);
 }
 
@@ -99,7 +106,7 @@ Status ChunkWalker::Walk(size_t k) {
 // the values; `next` is where the next chunk of the tensor starts
 // (nullptr for its last chunk).
 Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, uint32_t classes,
-                          const uint16_t* counts, const WalkStart& start, const WalkStart* next, uint64_t hash[2],
+                          const uint16_t* counts, const uint8_t* bytes, const WalkStart& start, const WalkStart* next, uint64_t hash[2],
                           CompactUndo::Run* run) {
   const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
   kernels::ClassWalkCursor cur;
@@ -119,9 +126,9 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   uint64_t k = start.out;
   const uint64_t k_end = next ? next->out : t.count;
   // A fused apply (run != nullptr) writes into the base itself. That is
-  // safe: the class counts of all this chunk's blocks were taken (Walk)
-  // before anything is placed; a block's masks are built before any of its
-  // changes is placed, from its own elements only; ClassApply16 reads only
+  // safe: the class counts and class bytes of all this chunk's blocks were
+  // taken (Walk) before anything is placed; a block's masks are built from
+  // its own elements' class bytes only; ClassApply16 reads only
   // the elements of the block it places, before it writes them; each element changes at most
   // once (a class's ranks strictly ascend, classes are disjoint); and every
   // other chunk reads and writes only its own elements, sharing with this one
@@ -149,7 +156,7 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
       }
     }
     if (need == 0) continue;
-    kernels::ClassMasks16(data + at, len, need, masks, before);
+    kernels::ClassMasksOfBytes16(bytes + blk * kBlock, len, need, masks, before);
     const uint64_t* m = masks;
     const uint32_t* p = before;
     if (run) {

@@ -76,6 +76,12 @@ TEST(CompactApply, SparseChangesInFewClassesEqualDecodeAndScatter) {
   ExpectEqualsDecodeAndScatterOnEveryTargetThreadCountAndChunkSize(MakeSparseCase());
 }
 
+// Base values at every exponent-class edge, NaN/Inf, subnormals; a block
+// with one class only; a tensor shorter than a vector.
+TEST(CompactApply, BaseValuesAtEveryClassEdgeEqualDecodeAndScatter) {
+  ExpectEqualsDecodeAndScatterOnEveryTargetThreadCountAndChunkSize(MakeEdgeCase());
+}
+
 TEST(CompactApply, RawModeTensorsApplyAndRestore) {
   // An F32 tensor beside a bf16 one: its changes are raw-mode, applied and
   // logged after the walk.

@@ -1,7 +1,8 @@
 // The compact decoder's test case (compact_decode_test.cc,
 // compact_apply_test.cc): tensors whose exponents span every class, a run of
 // changes across many chunk borders, a tensor smaller than a chunk, one class
-// holding nearly every element, and escapes (sign flips, NaN/Inf, large moves).
+// holding nearly every element, and escapes (sign flips, NaN/Inf, large moves);
+// base values at every class edge (MakeEdgeCase).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -146,6 +147,47 @@ inline Case MakeSparseCase() {
     }
   }
   c.changes = {Change(c.state, "sparse", idx, rng)};
+  PatchInfo info;
+  info.model_version = 3;
+  info.base_version = 2;
+  Result<EncodedPatch> e = EncodeCompactDelta(info, c.hash, c.state, c.changes);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  if (e.ok()) c.bytes = Flatten(*e);
+  return c;
+}
+
+// Base values at every class edge (compact::ClassOf): exponents 0 (zeros
+// and subnormals), 1, 111, 112, 113, 126, 127, 128, 254 and 255 (Inf, NaN),
+// both signs, random mantissas. Tensor "edges" (3000 elements): block 0 of
+// those, block 1 all exponent 120 (every other class absent), the partial
+// block 2 of those again; "tiny" (17 elements, shorter than a vector) of
+// those. A change at about one element in five, and at both tensors' last
+// elements.
+inline Case MakeEdgeCase() {
+  std::mt19937_64 rng(7);
+  static constexpr uint16_t kExps[] = {0, 1, 111, 112, 113, 126, 127, 128, 254, 255};
+  std::uniform_int_distribution<size_t> pick(0, std::size(kExps) - 1);
+  std::uniform_int_distribution<uint32_t> mant(0, 0x7F), sign(0, 1);
+  auto edge = [&] { return static_cast<uint16_t>(sign(rng) << 15 | kExps[pick(rng)] << 7 | mant(rng)); };
+  std::vector<uint16_t> edges(3000), tiny(17);
+  for (size_t i = 0; i < edges.size(); ++i) {
+    edges[i] = i >= 1024 && i < 2048 ? static_cast<uint16_t>(sign(rng) << 15 | 120 << 7 | mant(rng)) : edge();
+  }
+  for (uint16_t& x : tiny) x = edge();
+  Model m;
+  m.Add("edges", edges);
+  m.Add("tiny", tiny);
+  Case c{m.State(), {}, {}, {}};
+  c.hash = HashState(c.state, 1);
+  std::bernoulli_distribution p(0.2);
+  std::vector<uint64_t> e_idx, t_idx;
+  for (uint64_t i = 0; i < edges.size(); ++i) {
+    if (p(rng) || i + 1 == edges.size()) e_idx.push_back(i);
+  }
+  for (uint64_t i = 0; i < tiny.size(); ++i) {
+    if (p(rng) || i + 1 == tiny.size()) t_idx.push_back(i);
+  }
+  c.changes = {Change(c.state, "edges", e_idx, rng), Change(c.state, "tiny", t_idx, rng)};
   PatchInfo info;
   info.model_version = 3;
   info.base_version = 2;

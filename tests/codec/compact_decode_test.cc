@@ -60,6 +60,12 @@ TEST(CompactDecode, SparseChangesInFewClassesGiveTheChanges) {
   ExpectDecodesOnEveryTargetThreadCountAndChunkSize(MakeSparseCase());
 }
 
+// Base values at every exponent-class edge, NaN/Inf, subnormals; a block
+// with one class only; a tensor shorter than a vector.
+TEST(CompactDecode, BaseValuesAtEveryClassEdgeGiveTheChanges) {
+  ExpectDecodesOnEveryTargetThreadCountAndChunkSize(MakeEdgeCase());
+}
+
 TEST(CompactDecode, GapsPastTheBaseAreRefusedWhateverTheChunks) {
   const Case c = MakeCase();
   // The same tensors, but "one_class" now holds half as many class-8

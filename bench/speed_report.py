@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""Every throughput figure of the replica-speed work, measured in one run.
+
+    bench/speed_report.py [--quick] [--build DIR] [--python PY] [--s3 {auto,start,off}]
+                          [--sweep-scales 0.25,1,2] [--sweep-rates 0.005,0.03,0.1]
+                          [--json-out FILE]
+
+Runs, one after the other on the same machine, each benchmark with the
+baseline it measures in the same process (docs/benchmarks.md, "One run of
+every figure"):
+
+  - `deltasync bench --json` on 1 and 2 threads (full Qwen3-0.6B shapes,
+    596M parameters; --quick: 2 layers): the replica's whole compact apply,
+    its decode per core, the fused compact publish, gap_delta detect+encode
+    and apply, each against memcpy of the model;
+  - `deltasync bench --sweep --json` on 1 and 2 threads: the replica's
+    compact apply over model sizes x change rates;
+  - `bench/gap_apply_bench`: the gap_delta apply against memcpy and against
+    its scatter floor (read each old value, write each new one);
+  - `bench/diff_bench`: `deltasync diff` against `dd` of both inputs (warm
+    page cache);
+  - `bench/s3_bench`: S3Store downloads against `curl -o /dev/null` on the
+    same object and server (--s3 start: a throwaway Ceph RGW from
+    scripts/start-rgw.sh, stopped at the end; auto: only where
+    AWS_ENDPOINT_URL is set; off);
+  - `bench/python_publish_bench.py`: `Publisher.publish` against the
+    TRL-style PyTorch path (needs torch in --python).
+
+Prints one Markdown table (figure, measured, target, met) and the sweep
+table, and writes every benchmark's raw JSON to --json-out. It prints
+figures and never fails on a ratio; it fails (exit 1) only when a benchmark
+itself fails or prints no result.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def log(msg: str) -> None:
+    print(f"speed_report: [{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], env: dict | None = None) -> str:
+    log(" ".join(cmd))
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    log(f"  {time.monotonic() - t0:.1f} s, exit {proc.returncode}")
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        raise SystemExit(f"speed_report: {cmd[0]} failed (exit {proc.returncode})")
+    return proc.stdout
+
+
+def last_json(out: str, what: str):
+    for line in reversed(out.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{") or line.startswith("["):
+            return json.loads(line)
+    raise SystemExit(f"speed_report: {what} printed no JSON result")
+
+
+def load_average() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def s3_env(mode: str, stack: list) -> dict | None:
+    """The environment for s3_bench, or None to skip it."""
+    if mode == "off":
+        return None
+    if mode == "auto":
+        return dict(os.environ) if os.environ.get("AWS_ENDPOINT_URL") else None
+    env_file = run(["bash", str(ROOT / "scripts/start-rgw.sh")]).strip().splitlines()[-1]
+    env = dict(os.environ)
+    for line in Path(env_file).read_text().splitlines():
+        m = re.match(r"\s*export\s+(\w+)=(.*)", line)
+        if m:
+            env[m.group(1)] = m.group(2).strip().strip("'\"")
+    stack.append(env.get("DS_RGW_DIR", ""))
+    return env
+
+
+def parse_s3(out: str) -> dict:
+    """s3_bench's report lines: what -> (S3Store s, curl s, ratio)."""
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"(.+?)\s+S3Store\s+([\d.]+) s .*\| curl\s+([\d.]+) s .*\| ratio ([\d.]+)", line)
+        if m:
+            rows[m.group(1).strip()] = {"s3store_s": float(m.group(2)), "curl_s": float(m.group(3)),
+                                        "ratio": float(m.group(4))}
+    if not rows:
+        raise SystemExit("speed_report: s3_bench printed no figures")
+    return rows
+
+
+def parse_diff(out: str) -> dict:
+    got = {}
+    for key, pat in (("dd_a_s", r"dd A\s+([\d.]+) s"), ("dd_b_s", r"dd B\s+([\d.]+) s"),
+                     ("diff_s", r"diff A B\s+([\d.]+) s"), ("ratio", r"ratio diff / \(dd A \+ dd B\) = ([\d.]+)")):
+        m = re.search(pat, out)
+        if not m:
+            raise SystemExit("speed_report: diff_bench printed no figures")
+        got[key] = float(m.group(1))
+    return got
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small models everywhere (a smoke run; figures mean little)")
+    ap.add_argument("--build", default=str(ROOT / "build"), help="the CMake build directory (default: build)")
+    ap.add_argument("--python", default=str(ROOT / ".venv/bin/python"), help="a Python with torch and deltasync")
+    ap.add_argument("--s3", choices=["auto", "start", "off"], default="auto")
+    ap.add_argument("--sweep-scales", default=None, help="default 0.25,1,2 (--quick: 0.02)")
+    ap.add_argument("--sweep-rates", default="0.005,0.03,0.1")
+    ap.add_argument("--threads", default="1,2", help="thread counts for bench and the sweep (default 1,2)")
+    ap.add_argument("--json-out", default=None, help="write every benchmark's raw JSON here")
+    args = ap.parse_args()
+    build = Path(args.build)
+    ds = str(build / "deltasync")
+    threads = [int(t) for t in args.threads.split(",")]
+    scales = args.sweep_scales or ("0.02" if args.quick else "0.25,1,2")
+    quick = ["--quick"] if args.quick else []
+    raw: dict = {"load_average_start": load_average(), "cpu": cpu_name(), "nproc": os.cpu_count()}
+
+    for t in threads:
+        raw[f"bench_t{t}"] = last_json(run([ds, "bench", "--json", "--threads", str(t)] + quick), "bench")
+        raw[f"sweep_t{t}"] = last_json(run([ds, "bench", "--sweep", "--json", "--threads", str(t), "--scales", scales,
+                                            "--rates", args.sweep_rates]), "bench --sweep")
+    top = max(threads)
+    gap = [str(build / "bench/gap_apply_bench"), "--threads", str(top), "--reps", "2" if args.quick else "3"]
+    raw["gap_apply"] = last_json(run(gap + (["--scale", "0.05"] if args.quick else [])), "gap_apply_bench")
+    raw["diff"] = parse_diff(run([str(build / "bench/diff_bench"), "--runs", "3"] + quick))
+    rgw: list = []
+    try:
+        env = s3_env(args.s3, rgw)
+        if env is not None:
+            out = run([str(build / "bench/s3_bench"), "--mib", "128" if args.quick else "1024", "--runs", "3"], env)
+            raw["s3"] = parse_s3(out)
+    finally:
+        for d in rgw:
+            subprocess.run(["bash", str(ROOT / "scripts/stop-rgw.sh"), d], cwd=ROOT, capture_output=True)
+    raw["python_publish"] = last_json(run([args.python, str(ROOT / "bench/python_publish_bench.py"), "--json"] + quick),
+                                      "python_publish_bench")
+    raw["load_average_end"] = load_average()
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(raw, indent=1) + "\n")
+    print_report(raw, threads)
+    return 0
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
+def print_report(raw: dict, threads: list[int]) -> None:
+    top = max(threads)
+    b = raw[f"bench_t{top}"]
+    rows = []  # figure, measured, target, met
+
+    def row(figure: str, value: float, unit: str, target: float | None, fmt: str = "{:.3f}") -> None:
+        met = "" if target is None else ("yes" if value >= target else "no")
+        rows.append((figure, fmt.format(value) + unit, "" if target is None else f">= {target:g}{unit}", met))
+
+    print(f"# One run of every replica-speed figure ({raw['cpu']}, {raw['nproc']} cores; load average "
+          f"{raw['load_average_start']} at the start, {raw['load_average_end']} at the end)\n")
+    print(f"Model: {b['model']}, {b['model_bytes'] / 1e9:.2f} GB bf16, {100 * b['changed_fraction']:.1f}% changed; "
+          f"memcpy {b['memcpy_gbps']:.2f} GB/s on {top} threads.\n")
+    row(f"whole compact apply / memcpy ({top} threads)", b["apply_compact_vs_memcpy"], "x", 0.5)
+    for t in threads:
+        bt = raw[f"bench_t{t}"]
+        row(f"compact decode per core ({t} thread{'s' if t > 1 else ''})", bt["decode_compact_gbps_per_core"], " GB/s", 5.0,
+            "{:.2f}")
+    row(f"fused compact publish / memcpy ({top} threads)", b["publish_compact_vs_memcpy"], "x", 0.5)
+    if "publish_read_floor_vs_memcpy" in b:
+        row(f"  its read floor (fp32 masters + bf16 state) / memcpy", b["publish_read_floor_vs_memcpy"], "x", None)
+    row(f"gap_delta detect+encode / memcpy ({top} threads)", b["detect_encode_vs_memcpy"], "x", 0.5)
+    row(f"gap_delta apply / memcpy ({top} threads, bench)", b["apply_vs_memcpy"], "x", 1.0)
+    g = raw["gap_apply"]
+    row(f"gap_delta apply / memcpy (gap_apply_bench, {g['threads']} threads)", g["apply_vs_memcpy"], "x", 1.0)
+    row("  its scatter floor / memcpy", g["scatter_floor_vs_memcpy"], "x", None)
+    d = raw["diff"]
+    rows.append(("`deltasync diff` / (dd A + dd B), warm page cache", f"{d['ratio']:.2f}x "
+                 f"({d['diff_s']:.3f} s vs {d['dd_a_s']:.3f} + {d['dd_b_s']:.3f} s)", "<= 2.5x",
+                 "yes" if d["ratio"] <= 2.5 else "no"))
+    if "s3" in raw:
+        for what, key in (("S3 download, reused pages / curl -o /dev/null", "download (curl->null)"),
+                          ("S3 download, fresh pages / curl -o /dev/null", "first download (fresh pages) vs curl->null"),
+                          ("S3 upload / curl", "upload")):
+            if key in raw["s3"]:
+                s = raw["s3"][key]
+                rows.append((what, f"{s['ratio']:.2f}x ({s['s3store_s']:.2f} s vs {s['curl_s']:.2f} s)",
+                             ">= 1x" if "download" in key and "fresh" not in key else "",
+                             ("yes" if s["ratio"] >= 1.0 else "no") if "download" in key and "fresh" not in key else ""))
+    else:
+        rows.append(("S3 download / curl -o /dev/null", "not run (no S3 endpoint; --s3 start)", ">= 1x", ""))
+    p = raw["python_publish"]
+    rows.append((f"Python publish vs TRL-style PyTorch path, best vs best ({100 * p['changed_fraction']:.1f}% changed)",
+                 f"{p['speedup_best']:.2f}x ({p['deltasync_min_s']:.3f} s vs {p['trl_style_min_s']:.3f} s)", ">= 5x",
+                 "yes" if p["speedup_best"] >= 5.0 else "no"))
+    rows.append(("  the same, median vs median", f"{p['speedup']:.2f}x", "", ""))
+    print("| figure | measured | target | met |\n|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    for t in threads:
+        print(f"\nThe replica's compact apply over model sizes and change rates ({t} thread{'s' if t > 1 else ''}; "
+              "`deltasync bench --sweep`):\n")
+        print("| scale | model GB | changed | delta MB | apply s | apply / memcpy | decode GB/s per core | apply s per GB of model |")
+        print("|---|---|---|---|---|---|---|---|")
+        for s in raw[f"sweep_t{t}"]:
+            gb = s["model_bytes"] / 1e9
+            per = s["apply_compact_s"] / gb
+            print(f"| {s['scale']:g}x | {gb:.2f} | {100 * s['rate']:.1f}% | {s['delta_bytes'] / 1e6:.1f} | "
+                  f"{s['apply_compact_s']:.3f} | {s['apply_compact_vs_memcpy']:.3f}x | "
+                  f"{s['decode_compact_gbps_per_core']:.2f} | {per:.3f} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
