@@ -6,7 +6,7 @@
 //                  (the fused scan), alternating with the base (untimed)
 // each as a ratio to a memcpy of the bf16 model with the same threads.
 //
-//   publish_bench [--quick] [--threads N] [--reps R] [--only detect|publish]
+//   publish_bench [--quick] [--threads N] [--reps R] [--only floor|detect|stages|publish]
 #include <cstdio>
 #include <ctime>
 #include <functional>
@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "bench_apply.h"
+#include "bench_floor.h"
 #include "common/parallel.h"
 #include "bf16/compact_scan.h"
 #include "codec/compact_bf16.h"
@@ -47,6 +48,9 @@ struct Timing {
 };
 Timing Best(int reps, const std::function<void()>& fn, const std::function<void()>& between = {}) {
   Timing t;
+  // Marks where setup ends, for `perf record -p` attached from outside.
+  std::fprintf(stderr, "publish_bench: timing\n");
+  std::fflush(stderr);
   for (int r = 0; r < reps; ++r) {
     const double c0 = CpuSeconds();
     t.wall = std::min(t.wall, cli::Seconds(fn));
@@ -86,7 +90,7 @@ int main(int argc, char** argv) {
     } else if (a == "--only") {
       only = next();
     } else {
-      Die("unknown argument " + a + " (use --quick, --threads N, --reps R, --only detect|publish)");
+      Die("unknown argument " + a + " (use --quick, --threads N, --reps R, --only floor|detect|stages|publish)");
     }
   }
   // As `deltasync bench`: base ~N(0, 0.02), norms 1, masters rounding to a
@@ -116,6 +120,15 @@ int main(int argc, char** argv) {
                 1e3 * t.wall, gb / t.wall, copy.wall / t.wall, 1e3 * t.cpu, copy.cpu / t.cpu, extra);
   };
 
+  if (only.empty() || only == "floor") {
+    // What any detect or publish from the masters must read: the fp32
+    // masters and the bf16 state, nothing else (timed in wall seconds only).
+    Timing floor;
+    const double c0 = CpuSeconds();
+    floor.wall = cli::ReadFloorSeconds(masters, *published, threads, reps);
+    floor.cpu = (CpuSeconds() - c0) / (reps + 1);  // reps + 1 passes (one warm-up)
+    row("read floor (fp32 + bf16)", floor, "(CPU: mean of the passes)");
+  }
   if (only.empty() || only == "detect") {
     PatchInfo info;
     info.model_version = 11;

@@ -39,10 +39,15 @@ struct CompactScan::Worker {
   std::array<Stream<uint8_t>, kClasses> diffs;
   std::array<Stream<uint16_t>, kClasses> escapes;
   Stream<uint16_t> old_values;
+  // The diff bytes this worker's chunks produced, per class: counted after
+  // each span while they are in cache, so that version 3's tables need no
+  // serial pass over every change afterwards.
+  compact::DiffHistogram diff_counts{};
 
   void Clear() {
     for (int c = 0; c < kClasses; ++c) gaps[c].used = diffs[c].used = escapes[c].used = 0;
     old_values.used = 0;
+    for (auto& row : diff_counts) row.fill(0);
   }
 };
 
@@ -160,6 +165,8 @@ Status CompactScan::Run(WeightState& published, std::span<const TensorView> curr
       const size_t done = kernels::ScanCompactSpan(span, r.state);
       for (int k = 0; k < kClasses; ++k) {
         const uint64_t added = r.state.changes[k] - before.changes[k];
+        const uint8_t* d = w.diffs[k].at(r.gap_offset[k] + before.changes[k]);
+        for (uint64_t e = 0; e < added; ++e) w.diff_counts[k][d[e]]++;
         w.gaps[k].used += added;
         w.diffs[k].used += added;
         w.escapes[k].used += r.state.escapes[k] - before.escapes[k];
@@ -244,15 +251,10 @@ class CompactScan::Gaps final : public compact::GapSource {
   uint64_t carry_ = 0;  // class elements since the last change, from earlier chunks
 };
 
-void CompactScan::CountDiffs(size_t i, compact::DiffHistogram& h) const {
-  const TensorRange& t = tensors_[i];
-  for (size_t c = t.first_chunk; c < t.end_chunk; ++c) {
-    const ChunkResult& r = results_[c];
-    const Worker& w = *workers_[r.worker];
+void CompactScan::CountAllDiffs(compact::DiffHistogram& h) const {
+  for (const auto& w : workers_) {
     for (int cl = 0; cl < kClasses; ++cl) {
-      const uint64_t m = r.state.changes[cl];
-      const uint8_t* d = m > 0 ? w.diffs[cl].at(r.gap_offset[cl]) : nullptr;
-      for (uint64_t k = 0; k < m; ++k) h[cl][d[k]]++;
+      for (int d = 0; d < 256; ++d) h[cl][d] += w->diff_counts[cl][d];
     }
   }
 }

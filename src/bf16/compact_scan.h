@@ -118,8 +118,9 @@ class CompactScan {
   // Appends tensor i's compact stream (byte-identical to EncodeCompactDelta's):
   // version 2 without `tables`, else version 3.
   void WriteStream(size_t i, std::vector<uint8_t>& out, const compact::V3Tables* tables = nullptr) const;
-  // Adds tensor i's diff bytes to `h` (for version 3's delta-wide tables).
-  void CountDiffs(size_t i, compact::DiffHistogram& h) const;
+  // Adds the diff bytes of every tensor with changes to `h` (for version
+  // 3's delta-wide tables), counted during Run: no pass over them here.
+  void CountAllDiffs(compact::DiffHistogram& h) const;
   // The bf16 changes the last Run applied, as DetectChanges returns them
   // (indices from the bitmap, values read back from the state). Before Undo.
   std::vector<TensorChanges> AppliedChanges() const;

@@ -202,6 +202,14 @@ HWY_INLINE size_t CompareF32Loop(const uint16_t* HWY_RESTRICT pub, const uint32_
     const size_t len = std::min(kBlock, n - start);
     const uint16_t* HWY_RESTRICT p = pub + start;
     const uint32_t* HWY_RESTRICT c = cur + start;
+    // Two blocks ahead, as the fused scan does (compact_scan_kernels.cc): the
+    // emit pass between the loads lets the hardware prefetcher fall behind.
+    if (start + 3 * kBlock <= n) {
+      const auto* c_ahead = reinterpret_cast<const uint8_t*>(c + 2 * kBlock);
+      for (size_t b = 0; b < kBlock * 4; b += 64) __builtin_prefetch(c_ahead + b);
+      const auto* p_ahead = reinterpret_cast<const uint8_t*>(p + 2 * kBlock);
+      for (size_t b = 0; b < kBlock * 2; b += 64) __builtin_prefetch(p_ahead + b);
+    }
     HWY_ALIGN uint8_t bitmap[kBlock / 8] = {};
     HWY_ALIGN uint16_t rounded[kBlock];
     size_t i = 0;

@@ -37,13 +37,30 @@ HWY_INLINE hn::Vec<D32> RoundToBf16(D32 d32, hn::Vec<D32> u) {
 // and 8-lane mask stores cost a shuffle or a store per 8 elements here.
 
 // RoundFp32ToBf16 of the 16 fp32 at cur, as 16 u16 lanes in element order.
-// The rounded bits sit in the low half of each u32 lane (< 2^16), so the
-// saturating pack keeps them; it packs per 128-bit half, hence the permute.
+// On u16 lanes, 16 at a time: the high halves (hi) and low halves (lo) of
+// the fp32 bits are packed apart (both < 2^16, so the saturating packs keep
+// them), and (bits + 0x7FFF + (hi & 1)) >> 16 is hi + 1 exactly where
+// lo + (hi & 1) > 0x8000, i.e. where lo - 0x8000 > -(hi & 1) as signed
+// 16-bit numbers. NaN needs its own result: when any of the 16 has an
+// all-ones exponent (NaN or Inf, rare), they go the u32 way instead. The
+// packs work per 128-bit half, hence the permute.
 HWY_INLINE __m256i RoundToBf16x16(const uint32_t* HWY_RESTRICT cur) {
-  const hn::Full256<uint32_t> d32;
-  const __m256i a = RoundToBf16(d32, hn::LoadU(d32, cur)).raw;
-  const __m256i b = RoundToBf16(d32, hn::LoadU(d32, cur + 8)).raw;
-  return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cur));
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cur + 8));
+  const __m256i hi = _mm256_packus_epi32(_mm256_srli_epi32(a, 16), _mm256_srli_epi32(b, 16));
+  const __m256i exp = _mm256_set1_epi16(static_cast<short>(0x7F80));
+  const __m256i special = _mm256_cmpeq_epi16(_mm256_and_si256(hi, exp), exp);
+  if (HWY_UNLIKELY(!_mm256_testz_si256(special, special))) {
+    const hn::Full256<uint32_t> d32;
+    const __m256i ra = RoundToBf16(d32, hn::Vec256<uint32_t>{a}).raw;
+    const __m256i rb = RoundToBf16(d32, hn::Vec256<uint32_t>{b}).raw;
+    return _mm256_permute4x64_epi64(_mm256_packus_epi32(ra, rb), 0xD8);
+  }
+  const __m256i low16 = _mm256_set1_epi32(0xFFFF);
+  const __m256i lo = _mm256_packus_epi32(_mm256_and_si256(a, low16), _mm256_and_si256(b, low16));
+  const __m256i minus_odd = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_and_si256(hi, _mm256_set1_epi16(1)));
+  const __m256i up = _mm256_cmpgt_epi16(_mm256_xor_si256(lo, _mm256_set1_epi16(static_cast<short>(0x8000))), minus_odd);
+  return _mm256_permute4x64_epi64(_mm256_sub_epi16(hi, up), 0xD8);
 }
 
 // Bit k set where lane k of (a1:a0) differs from lane k of (b1:b0): the

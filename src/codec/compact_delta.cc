@@ -440,11 +440,10 @@ Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const Stat
   std::vector<Status> errors(items.size());
   std::optional<compact::V3Tables> tables;
   if (stream_version == 3) {
-    // The scan's diff bytes, per class (non-bf16 tensors have none).
+    // The scan's diff bytes, per class (non-bf16 tensors have none),
+    // counted by the scan as it went.
     compact::DiffHistogram sum{};
-    for (const Item& it : items) {
-      if (it.other == nullptr) scan.CountDiffs(it.scanned, sum);
-    }
+    scan.CountAllDiffs(sum);
     tables = compact::V3Tables::Build(sum);
   }
   const compact::V3Tables* tab = tables ? &*tables : nullptr;

@@ -15,7 +15,8 @@ uint64_t RiceBits(uint64_t gap, int k) {
   return q < kUnaryEscape ? q + 1 + static_cast<uint64_t>(k) : kUnaryEscape + 7 + BitWidth(gap);
 }
 
-void PutRice(BitWriter& w, uint64_t gap, int k) {
+template <class Writer>
+void PutRice(Writer& w, uint64_t gap, int k) {
   const uint64_t q = gap >> k;
   if (q < kUnaryEscape) {
     // q ones, a zero, then the k low bits; one write when it fits.
@@ -76,8 +77,11 @@ void PutRiceGaps(BitWriter& w, uint64_t count, GapSource& source) {
     uint64_t best_bits = cost[0];
     if (lo + 1 <= hi && cost[1] < best_bits) best_bits = cost[1], best_k = lo + 1;
     if (cost[2] < best_bits) best_bits = cost[2], best_k = hi;
-    w.Put(static_cast<uint64_t>(best_k), 6);
-    for (size_t i = 0; i < e; ++i) PutRice(w, gaps[i], best_k);
+    // At most kUnaryEscape + 7 + 64 bits a gap (an escape), and the 6 of k.
+    BitWriter::Local l = w.Begin(6 + e * (kUnaryEscape + 7 + 64));
+    l.Put(static_cast<uint64_t>(best_k), 6);
+    for (size_t i = 0; i < e; ++i) PutRice(l, gaps[i], best_k);
+    w.End(l);
   }
 }
 

@@ -109,6 +109,41 @@ class BitWriter {
     acc_ = whole == 8 ? 0 : acc_ >> (8 * whole);
     n_ &= 7;
   }
+  // The writer's state in locals for a hot loop (PutRiceGaps): through the
+  // members every byte store may alias them, so the compiler reloads them
+  // after each one. Begin makes room for `max_bits` more bits; Local::Put is
+  // Put without growing, for at most that many; End hands the state back.
+  struct Local {
+    uint8_t* out;
+    size_t pos;
+    uint64_t acc;
+    int n;
+    void Put(uint64_t value, int bits) {
+      if (bits > 56) {
+        Put(value & 0xFFFFFFFFu, 32);
+        Put(value >> 32, bits - 32);
+        return;
+      }
+      if (bits < 64) value &= (uint64_t{1} << bits) - 1;
+      acc |= value << n;
+      n += bits;
+      std::memcpy(out + pos, &acc, 8);
+      const int whole = n >> 3;
+      pos += static_cast<size_t>(whole);
+      acc = whole == 8 ? 0 : acc >> (8 * whole);
+      n &= 7;
+    }
+  };
+  Local Begin(uint64_t max_bits) {
+    const size_t need = pos_ + static_cast<size_t>(max_bits / 8) + 16;
+    if (out_.size() < need) out_.resize(std::max<size_t>(64, 2 * need));
+    return Local{out_.data(), pos_, acc_, n_};
+  }
+  void End(const Local& l) {
+    pos_ = l.pos;
+    acc_ = l.acc;
+    n_ = l.n;
+  }
   std::vector<uint8_t> Finish() {
     out_.resize(pos_);
     if (n_ > 0) out_.push_back(static_cast<uint8_t>(acc_));

@@ -518,6 +518,54 @@ TEST(CompareKernelTest, AllWidthsMatchScalar) {
   });
 }
 
+// The fp32 compare rounds 16 or 32 elements a step on some targets (u16
+// lanes on AVX2): every rounding edge against the reference, on every
+// target, NaN/Inf passed through (no check). The low halves hit the tie
+// (0x8000) and its neighbours with odd and even high halves, the largest
+// finite values round up to Inf, and NaN, Inf and ordinary lanes share a
+// step (which then goes the exact way) or not.
+TEST(CompareKernelTest, Fp32RoundingEdgesMatchTheReference) {
+  std::mt19937_64 rng(77);
+  const uint32_t lows[] = {0, 1, 0x7FFE, 0x7FFF, 0x8000, 0x8001, 0xFFFE, 0xFFFF};
+  const uint32_t highs[] = {0x0000, 0x0001, 0x3F80, 0x3F81, 0x7F7E, 0x7F7F, 0x7F80, 0x7F81, 0x7FBF,
+                            0x7FC0, 0x7FFF, 0x8000, 0x8001, 0xBF80, 0xFF7F, 0xFF80, 0xFFC1, 0xFFFF};
+  const size_t n = 4 * 1024 + 37;
+  for (int round = 0; round < 4; ++round) {
+    std::vector<uint32_t> cur(n);
+    std::vector<uint16_t> pub(n);
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t hi;
+      if (round == 0) {
+        hi = highs[rng() % std::size(highs)];  // specials in most steps
+      } else {
+        // Specials in one step of 64 at most: most steps take the fast way.
+        hi = (i / 64) % 7 == 3 && i % 64 == 5 ? highs[rng() % std::size(highs)] : static_cast<uint32_t>(rng()) & 0xFFFF;
+        if ((hi & 0x7F80) == 0x7F80 && !((i / 64) % 7 == 3)) hi ^= 0x0100;
+      }
+      const uint32_t lo = rng() % 2 ? lows[rng() % std::size(lows)] : static_cast<uint32_t>(rng()) & 0xFFFF;
+      cur[i] = hi << 16 | lo;
+      const uint16_t want = testing_bf16::ReferenceFp32ToBf16(cur[i]);
+      pub[i] = rng() % 3 == 0 ? static_cast<uint16_t>(rng()) : want;  // changed or not
+    }
+    ForEachTarget([&] {
+      std::vector<uint64_t> idx(n + kernels::kCompareOutputSlack);
+      std::vector<uint16_t> val(n + kernels::kCompareOutputSlack);
+      size_t bad = 0;
+      const size_t got = kernels::CompareF32ToBf16(pub.data(), cur.data(), n, 0, false, idx.data(), val.data(), &bad);
+      size_t k = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t want = testing_bf16::ReferenceFp32ToBf16(cur[i]);
+        if (want == pub[i]) continue;
+        ASSERT_LT(k, got);
+        ASSERT_EQ(idx[k], i);
+        ASSERT_EQ(val[k], want) << "element " << i << std::hex << " fp32 0x" << cur[i];
+        ++k;
+      }
+      EXPECT_EQ(got, k);
+    });
+  }
+}
+
 TEST(CompareKernelTest, FindsFirstNonFiniteAtEveryOffset) {
   ForEachTarget([] {
     for (size_t n : {1u, 31u, 64u, 70u}) {

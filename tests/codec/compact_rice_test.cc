@@ -191,5 +191,32 @@ TEST(CompactRice, TruncatedAndCorruptedStreamsFailAsTheReference) {
   }
 }
 
+// BitWriter::Local (the state in locals, PutRiceGaps' writer) writes the
+// same bits as Put: any widths 0..64, high bits of the values ignored, runs
+// of local puts between plain ones, the writer growing in between.
+TEST(CompactRice, LocalPutsWriteWhatPutWrites) {
+  std::mt19937_64 rng(11);
+  BitWriter plain, local;
+  for (int run = 0; run < 300; ++run) {
+    const int n = static_cast<int>(rng() % 200);
+    std::vector<std::pair<uint64_t, int>> puts(n);
+    uint64_t bits = 0;
+    for (auto& [value, width] : puts) {
+      value = rng();
+      width = static_cast<int>(rng() % 8 == 0 ? rng() % 65 : rng() % 12);
+      bits += static_cast<uint64_t>(width);
+    }
+    for (const auto& [value, width] : puts) plain.Put(value, width);
+    if (run % 3 == 0) {  // plain puts on both between the runs
+      for (const auto& [value, width] : puts) local.Put(value, width);
+      continue;
+    }
+    BitWriter::Local l = local.Begin(bits);
+    for (const auto& [value, width] : puts) l.Put(value, width);
+    local.End(l);
+  }
+  EXPECT_EQ(local.Finish(), plain.Finish());
+}
+
 }  // namespace
 }  // namespace deltasync::compact
