@@ -623,8 +623,10 @@ void ClassCountsBytes16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_
 // its diff byte.
 // ClassSelect16 and (kApply) ClassApply16 in one body: the same walk, the
 // output either the block's hits and values or the values written in place
-// with their undo and hash inputs.
-template <bool kApply>
+// with their undo and hash inputs. kFastPdep: SelectBit's choice made once
+// per call, not per change (the loop then holds neither the test nor the
+// byte loop, and its state stays in registers).
+template <bool kApply, bool kFastPdep>
 HWY_INLINE size_t ClassWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
                             uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur,
                             uint64_t* HWY_RESTRICT hits, uint16_t* HWY_RESTRICT values, const ClassApplyOut* out,
@@ -634,7 +636,13 @@ HWY_INLINE size_t ClassWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* 
   size_t bad = n;
   const uint64_t* HWY_RESTRICT ranks = s.ranks;
   const uint8_t* HWY_RESTRICT diffs = s.diffs;
-  const bool fast_pdep = FastPdep();
+  const uint8_t* HWY_RESTRICT escapes = s.escapes;
+  // The outputs in locals: stores through them cannot change them, so the
+  // loop need not reload them from *out after every store.
+  const uint64_t index0 = kApply ? out->index0 : 0;
+  uint64_t* HWY_RESTRICT undo_pos = kApply ? out->undo_pos : nullptr;
+  uint16_t* HWY_RESTRICT undo_old = kApply ? out->undo_old : nullptr;
+  uint16_t* HWY_RESTRICT h_new = kApply ? out->h_new : nullptr;
   for (int c = 0; c < kScanClasses; ++c) {
     if (!(classes >> c & 1)) continue;
     const uint64_t* mask = masks;
@@ -662,25 +670,24 @@ HWY_INLINE size_t ClassWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* 
       const auto vr = hn::Set(d32, static_cast<int32_t>(r));
       size_t w = kScanWords;
       for (size_t k = 0; k < kScanWords; k += N32) w -= hn::CountTrue(d32, hn::Gt(hn::LoadU(d32, through + k), vr));
-      const unsigned at = SelectBit(mask[w], r - bef[w], fast_pdep);
+      const unsigned at = SelectBit(mask[w], r - bef[w], kFastPdep);
       if constexpr (!kApply) hits[w] |= uint64_t{1} << at;
       const size_t i = 64 * w + at;
       const uint16_t o = bf16::LoadElement(data, i);
       const uint8_t d = diffs[gc];
       uint16_t v;
       if (HWY_UNLIKELY(d == compact::kEscape)) {
-        std::memcpy(&v, s.escapes + 2 * ec++, 2);
+        std::memcpy(&v, escapes + 2 * ec++, 2);
       } else {
         v = static_cast<uint16_t>(o + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));  // unzigzag
       }
       if (HWY_UNLIKELY(compact::DiffByte(o, v) != d)) bad = std::min(bad, i);
       if constexpr (kApply) {
         // Logged before written (the undo covers every change placed).
-        out->undo_pos[h] = out->index0 + i;
-        out->undo_old[h] = o;
+        undo_pos[h] = index0 + i;
+        undo_old[h] = o;
         data[i] = v;
-        out->h_new[h] = v;
-        out->h_old[h] = o;
+        h_new[h] = v;
         ++h;
       } else {
         values[i] = v;
@@ -703,14 +710,16 @@ size_t ClassSelect16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY
                          const uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s,
                          ClassWalkCursor& cur, uint64_t* HWY_RESTRICT hits, uint16_t* HWY_RESTRICT values) {
   // Never written: the select walk only reads data.
-  return ClassWalk<false>(masks, before, classes, const_cast<uint16_t*>(data), n, s, cur, hits, values, nullptr,
-                          nullptr);
+  uint16_t* const d = const_cast<uint16_t*>(data);
+  return FastPdep() ? ClassWalk<false, true>(masks, before, classes, d, n, s, cur, hits, values, nullptr, nullptr)
+                    : ClassWalk<false, false>(masks, before, classes, d, n, s, cur, hits, values, nullptr, nullptr);
 }
 
 size_t ClassApply16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
                         uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur,
                         const ClassApplyOut& out, size_t* placed) {
-  return ClassWalk<true>(masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed);
+  return FastPdep() ? ClassWalk<true, true>(masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed)
+                    : ClassWalk<true, false>(masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed);
 }
 
 

@@ -142,15 +142,14 @@ size_t ClassSelect16(const uint64_t* masks, const uint32_t* before, uint32_t cla
 //    written into data[i] itself (the block's own elements, each at most
 //    once, read before it is written) and, in class order, change h of the
 //    block logs out.undo_pos[h] = out.index0 + i, out.undo_old[h] = the old
-//    value, and out.h_new[h], out.h_old[h] (the hash inputs; undo_pos doubles
-//    as their indices). *placed = the changes placed, every one logged
-//    whether canonical or not. Same return value.
+//    value, and out.h_new[h] = the new value (the hash inputs are undo_pos,
+//    h_new and undo_old: HashTermDiffs16). *placed = the changes placed,
+//    every one logged whether canonical or not. Same return value.
 struct ClassApplyOut {
   uint64_t index0;     // the block's first element in its tensor
   uint64_t* undo_pos;  // n each, at least
   uint16_t* undo_old;
-  uint64_t* h_new;
-  uint64_t* h_old;
+  uint16_t* h_new;
 };
 size_t ClassApply16(const uint64_t* masks, const uint32_t* before, uint32_t classes, uint16_t* data, size_t n,
                     const ClassWalkStreams& s, ClassWalkCursor& cur, const ClassApplyOut& out, size_t* placed);

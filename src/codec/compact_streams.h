@@ -207,24 +207,33 @@ class BitReader {
     const size_t size = bytes_.size();
     const uint64_t low_mask = (uint64_t{1} << k) - 1;
     for (; i < e; ++i) {
-      if (n <= 56 && pos + 8 <= size) {
+      // Refilled only when the next code is not wholly in the n bits held
+      // (bits above n are zeros or the stream's next bits: either way a code
+      // whose terminator or low bits lie past n has used > n): a refill
+      // every few codes, and the codes between decode from the register
+      // alone (a refill every code would put its load on the loop's chain).
+      int ones = ~acc == 0 ? 64 : __builtin_ctzll(~acc);
+      int used = ones + 1 + k;
+      if (used > n) [[unlikely]] {
+        if (n > 56 || pos + 8 > size) break;
         uint64_t w;
         std::memcpy(&w, data + pos, 8);
         acc |= w << n;
         const int take = (63 - n) >> 3;
         pos += static_cast<size_t>(take);
         n += 8 * take;
+        ones = ~acc == 0 ? 64 : __builtin_ctzll(~acc);
+        used = ones + 1 + k;
+        if (used > n) break;
       }
-      const int ones = ~acc == 0 ? 64 : __builtin_ctzll(~acc);
-      const int used = ones + 1 + k;
-      if (ones >= max_unary || used > n) break;
+      if (ones >= max_unary) break;
       const uint64_t gap = (static_cast<uint64_t>(ones) << k) | ((acc >> (ones + 1)) & low_mask);
       if constexpr (std::is_same_v<Ranks, std::nullptr_t>) {
         out[i] = gap;
       } else {
         out[i] = rank->Next(gap);
       }
-      acc = used >= 64 ? 0 : acc >> used;
+      acc = used >= 64 ? 0 : acc >> used;  // used <= n <= 63 here; the test costs nothing off the chain
       n -= used;
     }
     acc_ = acc;

@@ -122,7 +122,7 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   uint32_t before[kClasses * (kWords + 1)];
   uint64_t hit_words[kWords];
   uint16_t block_values[kBlock];
-  uint64_t h_index[kBlock], h_new[kBlock], h_old[kBlock];
+  uint16_t h_new16[kBlock], h_old16[kBlock];
   uint64_t k = start.out;
   const uint64_t k_end = next ? next->out : t.count;
   // A fused apply (run != nullptr) writes into the base itself. That is
@@ -163,13 +163,16 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
       // Placed, logged and written in class order by the kernel; every
       // change it placed is logged, so the undo covers a failing block too.
       size_t placed = 0;
-      const kernels::ClassApplyOut o{at, undo_pos + k, undo_old + k, h_new, h_old};
+      const kernels::ClassApplyOut o{at, undo_pos + k, undo_old + k, h_new16};
       const size_t wrong = kernels::ClassApply16(m, p, need, target + at, len, streams, cur, o, &placed);
       run->written += placed;
       if (wrong < len) {
         return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
       }
-      kernels::HashTermDiffs(undo_pos + k, h_new, h_old, placed, t.seeds.element_seed, hash);
+      // The old values straight from the undo log (u16 little-endian, as
+      // HashTermDiffs16 reads them), the new ones from the kernel.
+      kernels::HashTermDiffs16(undo_pos + k, reinterpret_cast<const uint8_t*>(h_new16),
+                               reinterpret_cast<const uint8_t*>(undo_old + k), placed, t.seeds.element_seed, hash);
       k += placed;
       continue;
     }
@@ -177,20 +180,21 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
     if (wrong < len) {
       return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
     }
-    size_t h = 0;
+    // The hash reads the block's changes from the output itself (indices,
+    // and values as u16 little-endian bytes) and their old values from a
+    // u16 array: one store per change besides the output.
+    const uint64_t k0 = k;
     for (size_t w = 0; w < kWords; ++w) {
       for (uint64_t hits = hit_words[w]; hits != 0; hits &= hits - 1) {
         const size_t i = 64 * w + static_cast<size_t>(__builtin_ctzll(hits));
         indices[k] = at + i;
         std::memcpy(values + 2 * k, &block_values[i], 2);
+        h_old16[k - k0] = data[at + i];
         ++k;
-        h_index[h] = at + i;
-        h_new[h] = block_values[i];
-        h_old[h] = data[at + i];
-        ++h;
       }
     }
-    kernels::HashTermDiffs(h_index, h_new, h_old, h, t.seeds.element_seed, hash);
+    kernels::HashTermDiffs16(indices + k0, values + 2 * k0, reinterpret_cast<const uint8_t*>(h_old16), k - k0,
+                             t.seeds.element_seed, hash);
   }
   for (int cl = 0; cl < kClasses; ++cl) {
     const uint64_t want = next ? next->g[cl] : end[cl];

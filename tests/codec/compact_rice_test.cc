@@ -4,7 +4,11 @@
 // elements, huge gaps (which would wrap a sum) included.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "codec/compact_rice.h"
@@ -49,6 +53,142 @@ TEST(CompactRice, AGapThatWouldWrapTheRankIsPast) {
   BitReader r(coded);
   ASSERT_FALSE(GetRiceGaps(r, 3, got.data(), &ranks));
   EXPECT_TRUE(ranks.past);
+}
+
+// A reference reader of Rice-coded gaps: code by code through BitReader's
+// Get and Unary only (never RiceRun, the fast path), with GetRiceGaps's
+// messages.
+std::optional<std::string> ReferenceGaps(BitReader& r, uint64_t count, uint64_t* out) {
+  for (uint64_t b = 0; b < count; b += kRiceBlock) {
+    std::optional<uint64_t> k = r.Get(6);
+    if (!k) return "truncated Rice parameter";
+    if (*k > kMaxRiceK) return "Rice parameter " + std::to_string(*k) + " above " + std::to_string(kMaxRiceK);
+    const int kk = static_cast<int>(*k);
+    for (uint64_t i = b; i < std::min<uint64_t>(count, b + kRiceBlock); ++i) {
+      std::optional<int> q = r.Unary(kUnaryEscape);
+      if (!q) return "gap " + std::to_string(i) + " is truncated";
+      if (*q < kUnaryEscape) {
+        std::optional<uint64_t> low = r.Get(kk);
+        if (!low) return "gap " + std::to_string(i) + " is truncated";
+        out[i] = (static_cast<uint64_t>(*q) << kk) | *low;
+        continue;
+      }
+      std::optional<uint64_t> width = r.Get(7);
+      std::optional<uint64_t> gap = width && *width <= 64 ? r.Get(static_cast<int>(*width)) : std::nullopt;
+      if (!gap) return "escaped gap " + std::to_string(i) + " is truncated or wider than 64 bits";
+      const int bits = *gap ? 64 - __builtin_clzll(*gap) : 0;
+      if ((*gap >> kk) < kUnaryEscape || bits != static_cast<int>(*width)) {
+        return "escaped gap " + std::to_string(i) + " is not canonical";
+      }
+      out[i] = *gap;
+    }
+  }
+  return std::nullopt;
+}
+
+// Gaps whose blocks pick k from 0 to kMaxRiceK: all zero (k = 0), small,
+// codes of 20-50 bits (each a refill of the 64-bit window or across one),
+// near 2^60 (k = 56, codes longer than the window holds after a refill),
+// escapes among short codes, and long unary parts among short ones.
+std::vector<uint64_t> MixedGaps(std::mt19937_64& rng) {
+  std::vector<uint64_t> gaps;
+  auto block = [&](auto gen) {
+    for (size_t i = 0; i < kRiceBlock; ++i) gaps.push_back(gen());
+  };
+  block([&] { return uint64_t{0}; });
+  block([&] { return rng() % 3 == 0 ? uint64_t{1} : uint64_t{0}; });
+  block([&] { return rng() % 40; });
+  block([&] { return rng() >> (64 - 24 - rng() % 3); });
+  block([&] { return rng() >> (64 - 45 - rng() % 5); });
+  block([&] { return rng() >> 5 | uint64_t{1} << 59; });  // [2^59, 2^60): k = 56, codes of 65-73 bits
+  block([&] { return rng() % 16 == 0 ? rng() >> (rng() % 40) : rng() % 12; });
+  // Unary parts of up to 30 ones (k = 0 or 1) and long ones among short
+  // codes: runs of ones that cross the bits held before a refill.
+  block([&] { return rng() % 10 == 0 ? 20 + rng() % 11 : uint64_t{0}; });
+  block([&] { return rng() % 8 == 0 ? rng() % 100000 : rng() % 20; });
+  for (int i = 0; i < 700; ++i) gaps.push_back(rng() % 9);  // a partial last block
+  return gaps;
+}
+
+TEST(CompactRice, FastReaderEqualsTheReferenceForEveryParameterAndWindow) {
+  std::mt19937_64 rng(21);
+  const std::vector<uint64_t> gaps = MixedGaps(rng);
+  // Two runs back to back: the second starts wherever the fast path left
+  // the reader, so a wrong position shows there.
+  BitWriter w;
+  VectorGaps first(gaps), second(gaps);
+  PutRiceGaps(w, gaps.size(), first);
+  PutRiceGaps(w, gaps.size(), second);
+  const std::vector<uint8_t> coded = w.Finish();
+  // The blocks' parameters cover 0 and kMaxRiceK.
+  std::vector<int> ks;
+  {
+    BitReader r(coded);
+    for (size_t b = 0; b < gaps.size(); b += kRiceBlock) {
+      ks.push_back(static_cast<int>(*r.Get(6)));
+      const uint64_t n = std::min<uint64_t>(kRiceBlock, gaps.size() - b);
+      for (uint64_t i = 0; i < n; ++i) {
+        const int q = *r.Unary(kUnaryEscape);
+        if (q < kUnaryEscape) {
+          r.Get(ks.back());
+        } else {
+          r.Get(static_cast<int>(*r.Get(7)));
+        }
+      }
+    }
+  }
+  EXPECT_EQ(ks.front(), 0);
+  EXPECT_NE(std::find(ks.begin(), ks.end(), kMaxRiceK), ks.end());
+  std::vector<uint64_t> got(2 * gaps.size()), want(2 * gaps.size());
+  BitReader fast(coded), slow(coded);
+  ASSERT_FALSE(GetRiceGaps(fast, gaps.size(), got.data()));
+  ASSERT_FALSE(GetRiceGaps(fast, gaps.size(), got.data() + gaps.size()));
+  ASSERT_FALSE(ReferenceGaps(slow, gaps.size(), want.data()));
+  ASSERT_FALSE(ReferenceGaps(slow, gaps.size(), want.data() + gaps.size()));
+  EXPECT_TRUE(fast.AtPaddedEnd());
+  EXPECT_EQ(got, want);
+  for (size_t i = 0; i < gaps.size(); ++i) {
+    ASSERT_EQ(got[i], gaps[i]) << i;
+    ASSERT_EQ(got[gaps.size() + i], gaps[i]) << i;
+  }
+}
+
+// Every prefix of a coded stream (and the whole with a byte flipped): the
+// fast reader decodes what the reference decodes and refuses with the same
+// message, straight into ranks too.
+TEST(CompactRice, TruncatedAndCorruptedStreamsFailAsTheReference) {
+  std::mt19937_64 rng(5);
+  std::vector<uint64_t> gaps;
+  for (int i = 0; i < 1500; ++i) {
+    const uint64_t kind = rng() % 10;
+    gaps.push_back(kind == 0 ? rng() >> (rng() % 64) : kind < 4 ? rng() % (uint64_t{1} << 30) : rng() % 50);
+  }
+  const std::vector<uint8_t> coded = Coded(gaps);
+  std::vector<std::vector<uint8_t>> inputs;
+  for (size_t len = 0; len <= coded.size(); len += len < 64 ? 1 : 7) inputs.emplace_back(coded.begin(), coded.begin() + len);
+  for (int flip = 0; flip < 60; ++flip) {
+    std::vector<uint8_t> c = coded;
+    c[rng() % c.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+    inputs.push_back(std::move(c));
+  }
+  for (const std::vector<uint8_t>& in : inputs) {
+    std::vector<uint64_t> got(gaps.size(), 0), want(gaps.size(), 0), ranks(gaps.size(), 0);
+    BitReader fast(in), slow(in), ranked(in);
+    const std::optional<std::string> err = GetRiceGaps(fast, gaps.size(), got.data());
+    const std::optional<std::string> want_err = ReferenceGaps(slow, gaps.size(), want.data());
+    GapRanks r;
+    const std::optional<std::string> rank_err = GetRiceGaps(ranked, gaps.size(), ranks.data(), &r);
+    ASSERT_EQ(err, want_err) << in.size() << " bytes";
+    ASSERT_EQ(rank_err, want_err) << in.size() << " bytes";
+    if (!want_err) {
+      ASSERT_EQ(got, want);
+      uint64_t next = 0;
+      for (size_t i = 0; i < gaps.size(); ++i) {
+        ASSERT_EQ(ranks[i], next + want[i]) << i;
+        next = ranks[i] + 1;
+      }
+    }
+  }
 }
 
 // BitWriter::Local (the state in locals, PutRiceGaps' writer) writes the
