@@ -131,7 +131,8 @@ def main() -> int:
     threads = [int(t) for t in args.threads.split(",")]
     scales = args.sweep_scales or ("0.02" if args.quick else "0.25,1,2")
     quick = ["--quick"] if args.quick else []
-    raw: dict = {"load_average_start": load_average(), "cpu": cpu_name(), "nproc": os.cpu_count()}
+    raw: dict = {"load_average_start": load_average(), "cpu": cpu_name(), "nproc": os.cpu_count(),
+                 "free_2mib_blocks_gb_start": free_2mib_blocks_gb()}
 
     for t in threads:
         raw[f"bench_t{t}"] = last_json(run([ds, "bench", "--json", "--threads", str(t)] + quick), "bench")
@@ -159,6 +160,21 @@ def main() -> int:
     return 0
 
 
+def free_2mib_blocks_gb() -> str:
+    """Free memory in blocks of 2 MiB or more (/proc/buddyinfo orders >= 9),
+    in GB: what transparent huge pages can get without compaction. The
+    figures move with it (a fragmented machine gives 4 KiB pages, more TLB
+    misses and page faults: the gap_delta apply measured 2x slower here)."""
+    try:
+        total = 0
+        for line in Path("/proc/buddyinfo").read_text().splitlines():
+            counts = [int(x) for x in line.split()[4:]]
+            total += sum(c << order for order, c in enumerate(counts) if order >= 9)
+        return f"{total * 4096 / 1e9:.1f}"
+    except (OSError, ValueError):
+        return "?"
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -179,7 +195,8 @@ def print_report(raw: dict, threads: list[int]) -> None:
         rows.append((figure, fmt.format(value) + unit, "" if target is None else f">= {target:g}{unit}", met))
 
     print(f"# One run of every replica-speed figure ({raw['cpu']}, {raw['nproc']} cores; load average "
-          f"{raw['load_average_start']} at the start, {raw['load_average_end']} at the end)\n")
+          f"{raw['load_average_start']} at the start, {raw['load_average_end']} at the end; "
+          f"{raw.get('free_2mib_blocks_gb_start', '?')} GB free in blocks of 2 MiB or more at the start)\n")
     print(f"Model: {b['model']}, {b['model_bytes'] / 1e9:.2f} GB bf16, {100 * b['changed_fraction']:.1f}% changed; "
           f"memcpy {b['memcpy_gbps']:.2f} GB/s on {top} threads.\n")
     row(f"whole compact apply / memcpy ({top} threads)", b["apply_compact_vs_memcpy"], "x", 0.5)
