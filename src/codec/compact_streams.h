@@ -93,21 +93,9 @@ class BitWriter {
  public:
   // The low `bits` bits of `value` (bits <= 64).
   void Put(uint64_t value, int bits) {
-    if (bits > 56) {
-      Put(value & 0xFFFFFFFFu, 32);
-      Put(value >> 32, bits - 32);
-      return;
-    }
-    if (bits < 64) value &= (uint64_t{1} << bits) - 1;
-    acc_ |= value << n_;  // n_ < 8, bits <= 56: fits
-    n_ += bits;
-    // Store all 8 accumulator bytes, keep the whole ones.
-    if (out_.size() < pos_ + 8) out_.resize(std::max<size_t>(64, 2 * (pos_ + 8)));
-    std::memcpy(out_.data() + pos_, &acc_, 8);
-    const int whole = n_ >> 3;
-    pos_ += static_cast<size_t>(whole);
-    acc_ = whole == 8 ? 0 : acc_ >> (8 * whole);
-    n_ &= 7;
+    Local l = Begin(static_cast<uint64_t>(bits));
+    l.Put(value, bits);
+    End(l);
   }
   // The writer's state in locals for a hot loop (PutRiceGaps): through the
   // members every byte store may alias them, so the compiler reloads them
@@ -125,8 +113,9 @@ class BitWriter {
         return;
       }
       if (bits < 64) value &= (uint64_t{1} << bits) - 1;
-      acc |= value << n;
+      acc |= value << n;  // n < 8, bits <= 56: fits
       n += bits;
+      // Store all 8 accumulator bytes, keep the whole ones.
       std::memcpy(out + pos, &acc, 8);
       const int whole = n >> 3;
       pos += static_cast<size_t>(whole);

@@ -80,6 +80,16 @@ struct Case {
   std::vector<uint8_t> bytes;
 };
 
+// Encodes c.changes on c.state as a compact delta 2 -> 3 into c.bytes.
+inline void EncodeCase(Case& c) {
+  PatchInfo info;
+  info.model_version = 3;
+  info.base_version = 2;
+  Result<EncodedPatch> e = EncodeCompactDelta(info, c.hash, c.state, c.changes);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  if (e.ok()) c.bytes = Flatten(*e);
+}
+
 inline Case MakeCase() {
   std::mt19937_64 rng(11);
   Model m;
@@ -105,12 +115,7 @@ inline Case MakeCase() {
   for (uint64_t i = 0; i < 2000; ++i) dense[i] = i;
   c.changes = {Change(c.state, "big", big, rng), Change(c.state, "dense", dense, rng),
                Change(c.state, "one_class", one, rng), Change(c.state, "small", small, rng)};
-  PatchInfo info;
-  info.model_version = 3;
-  info.base_version = 2;
-  Result<EncodedPatch> e = EncodeCompactDelta(info, c.hash, c.state, c.changes);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  if (e.ok()) c.bytes = Flatten(*e);
+  EncodeCase(c);
   return c;
 }
 
@@ -147,12 +152,7 @@ inline Case MakeSparseCase() {
     }
   }
   c.changes = {Change(c.state, "sparse", idx, rng)};
-  PatchInfo info;
-  info.model_version = 3;
-  info.base_version = 2;
-  Result<EncodedPatch> e = EncodeCompactDelta(info, c.hash, c.state, c.changes);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  if (e.ok()) c.bytes = Flatten(*e);
+  EncodeCase(c);
   return c;
 }
 
@@ -188,12 +188,7 @@ inline Case MakeEdgeCase() {
     if (p(rng) || i + 1 == tiny.size()) t_idx.push_back(i);
   }
   c.changes = {Change(c.state, "edges", e_idx, rng), Change(c.state, "tiny", t_idx, rng)};
-  PatchInfo info;
-  info.model_version = 3;
-  info.base_version = 2;
-  Result<EncodedPatch> e = EncodeCompactDelta(info, c.hash, c.state, c.changes);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  if (e.ok()) c.bytes = Flatten(*e);
+  EncodeCase(c);
   return c;
 }
 
