@@ -19,6 +19,21 @@ the ULP difference of every changed one:
                 a decoder would need the previous delta's positions
   +both         all three
 
+Those are ideal code lengths with the frequencies known for free: a real
+coder must also send or learn them, which costs most where a context holds
+few elements (small tensors, rare exponents). So each context also gets an
+"adaptive" column: the exact code length of an adaptive arithmetic coder
+that learns every frequency as it goes (a Krichevsky-Trofimov estimator,
+Dirichlet(alpha) prior, per context: the length depends only on the counts,
+not on their order, so it is computed in closed form). Per step the coder
+takes the cheaper of two model layouts (a delta-wide choice a stream could
+signal in one byte): one set of models per tensor, or one set shared by
+every tensor of the delta; the ULP differences use the step's alphabet (the
+distinct differences, charged 16 bits each) and the better of two priors
+(alpha 1/2 and 1/16). An arithmetic coder comes within a few bytes per
+stream of this length, so a column above the codec's target rules the
+context out for any coder, not just an ideal one.
+
   .venv/bin/python bench/real_model_bench.py --lrs 3e-6,1e-5 --steps 5 --keep-states /tmp/states
   .venv/bin/python bench/codec_context_bound.py /tmp/states
 """
@@ -27,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import math
 import os
 import re
 import sys
@@ -52,6 +68,52 @@ def conditional_bits(ctx: np.ndarray, sym: np.ndarray) -> float:
     return float(-(count * np.log2(count / per_ctx[of_ctx])).sum())
 
 
+_LGAMMA = np.vectorize(math.lgamma, otypes=[np.float64])
+
+
+def adaptive_bits(keys: np.ndarray, counts: np.ndarray, alphabet: int, alpha: float) -> float:
+    """Code length in bits of an adaptive coder (Dirichlet(alpha) prior over
+    `alphabet` symbols, one model per context) for the symbols counted as
+    (context << 18 | symbol + 2^17) -> count; independent of their order."""
+    if keys.size == 0:
+        return 0.0
+    ctx, of_ctx = np.unique(keys >> 18, return_inverse=True)
+    per_ctx = np.bincount(of_ctx, weights=counts)
+    a = alphabet * alpha
+    nats = float((_LGAMMA(per_ctx + a) - math.lgamma(a)).sum() - (_LGAMMA(counts + alpha) - math.lgamma(alpha)).sum())
+    return nats / math.log(2)
+
+
+def symbol_counts(ctx: np.ndarray, sym: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    keys, count = np.unique(ctx * (1 << 18) + sym + (1 << 17), return_counts=True)
+    return keys, count.astype(np.float64)
+
+
+def merge_counts(parts: list) -> tuple[np.ndarray, np.ndarray]:
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0)
+    keys = np.concatenate([k for k, _ in parts])
+    counts = np.concatenate([c for _, c in parts])
+    merged, at = np.unique(keys, return_inverse=True)
+    return merged, np.bincount(at, weights=counts)
+
+
+def adaptive_step_bits(flags: list, diffs: list) -> float:
+    """The adaptive coder's bits for one context: `flags` and `diffs` hold per
+    tensor (keys, counts) of the changed flag and of the ULP difference. The
+    cheaper layout (models per tensor, or shared) and prior win."""
+    alphabet = np.unique(np.concatenate([k & ((1 << 18) - 1) for k, _ in diffs])).size if diffs else 0
+    table = 16.0 * alphabet
+    best = math.inf
+    for layout in ("per tensor", "shared"):
+        f = [merge_counts(flags)] if layout == "shared" else flags
+        d = [merge_counts(diffs)] if layout == "shared" else diffs
+        flag_bits = sum(adaptive_bits(k, c, 2, 0.5) for k, c in f)
+        diff_bits = min(sum(adaptive_bits(k, c, alphabet, alpha) for k, c in d) for alpha in (0.5, 1 / 16))
+        best = min(best, flag_bits + diff_bits + table)
+    return best
+
+
 def load_bits(path: str) -> dict:
     import torch
     from safetensors.torch import load_file
@@ -62,8 +124,10 @@ def load_bits(path: str) -> dict:
 
 def step_bits(before: dict | None, old: dict, new: dict) -> tuple[int, float, dict, float]:
     """(changed, order-0 bits, {context: bits}, P(moves | moved in the
-    previous step)) of the step old -> new."""
+    previous step)) of the step old -> new; `bits` holds each context's ideal
+    length and, under "<context> adaptive", the adaptive coder's."""
     changed, h0, bits = 0, 0.0, dict.fromkeys(CONTEXTS, 0.0)
+    counted = {label: ([], []) for label in CONTEXTS}
     moved_before = moved_again = 0
     for name, o in old.items():
         n = new[name]
@@ -87,6 +151,10 @@ def step_bits(before: dict | None, old: dict, new: dict) -> tuple[int, float, di
             # the flags before the difference either way).
             dctx = exp if label in ("exponent", "+density") else exp * 3 + prev
             bits[label] += conditional_bits(ctx, flag) + conditional_bits(dctx[idx], diff)
+            counted[label][0].append(symbol_counts(ctx, flag))
+            counted[label][1].append(symbol_counts(dctx[idx], diff))
+    for label in CONTEXTS:
+        bits[label + " adaptive"] = adaptive_step_bits(*counted[label])
     return changed, h0, bits, moved_again / moved_before if moved_before else float("nan")
 
 
@@ -98,8 +166,9 @@ def main() -> None:
     if not runs:
         sys.exit(f"codec_context_bound: no run folders in '{args.states}' (run bench/real_model_bench.py "
                  "--keep-states there first)")
-    print("| run | step | changed | H0 B/chg | " + " | ".join(f"{c} / H0" for c in CONTEXTS) + " | P(moves if moved) |")
-    print("|---|---|---|---|" + "---|" * (len(CONTEXTS) + 1))
+    columns = [c for label in CONTEXTS for c in (label, label + " adaptive")]
+    print("| run | step | changed | H0 B/chg | " + " | ".join(f"{c} / H0" for c in columns) + " | P(moves if moved) |")
+    print("|---|---|---|---|" + "---|" * (len(columns) + 1))
     for run in runs:
         paths = sorted(glob.glob(os.path.join(run, "step-*.safetensors")),
                        key=lambda p: int(re.search(r"step-(\d+)", p).group(1)))
@@ -108,7 +177,7 @@ def main() -> None:
             changed, h0, bits, again = step_bits(states[s - 2] if s >= 2 else None, states[s - 1], states[s])
             if changed == 0:
                 continue
-            cells = " | ".join(f"{bits[c] / h0:.3f}" for c in CONTEXTS)
+            cells = " | ".join(f"{bits[c] / h0:.3f}" for c in columns)
             print(f"| {os.path.basename(run)} | {s} | {changed} | {h0 / 8 / changed:.3f} | {cells} | {again:.3f} |", flush=True)
 
 

@@ -48,7 +48,41 @@ def test_a_deciding_exponent_costs_nothing(tmp_path):
     assert again == 1.0
     out = subprocess.run([sys.executable, os.path.join(BENCH, "codec_context_bound.py"), str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
-    assert "| run | 2 | " in out and "| 0.000 | 0.000 | 0.000 | 0.000 | 1.000 |" in out
+    header = next(line for line in out.splitlines() if line.startswith("| run | step"))
+    row = next(line for line in out.splitlines() if line.startswith("| run | 2 | "))
+    cells = dict(zip([c.strip() for c in header.split("|")[1:-1]], [c.strip() for c in row.split("|")[1:-1]]))
+    for label in ccb.CONTEXTS:
+        assert cells[f"{label} / H0"] == "0.000"
+        # Learning the frequencies costs something, and less than order 0.
+        assert 0.0 < float(cells[f"{label} adaptive / H0"]) < 1.0
+    assert cells["P(moves if moved)"] == "1.000"
+
+
+def test_adaptive_bits_is_the_sequential_adaptive_code_length():
+    """The closed form equals coding the symbols one by one, each with the
+    probability (count so far + alpha) / (context's count so far + K alpha),
+    in any order."""
+    rng = np.random.default_rng(7)
+    ctx = rng.integers(0, 3, size=500)
+    sym = np.where(rng.random(500) < 0.8, 1, rng.integers(-3, 4, size=500))
+    alphabet, alpha = 7, 1 / 16
+    for order in (np.arange(500), rng.permutation(500)):
+        seen: dict = {}
+        bits = 0.0
+        for i in order:
+            c, s = int(ctx[i]), int(sym[i])
+            in_ctx = sum(n for (cc, _), n in seen.items() if cc == c)
+            bits -= np.log2((seen.get((c, s), 0) + alpha) / (in_ctx + alphabet * alpha))
+            seen[(c, s)] = seen.get((c, s), 0) + 1
+        keys, counts = ccb.symbol_counts(ctx, sym)
+        assert ccb.adaptive_bits(keys, counts, alphabet, alpha) == pytest.approx(bits, rel=1e-9)
+    # A shared layout pools the tensors' counts.
+    flags = [ccb.symbol_counts(np.zeros(4, np.int64), np.array([0, 1, 0, 1]))] * 2
+    diffs = [ccb.symbol_counts(np.zeros(2, np.int64), np.array([1, 1]))] * 2
+    pooled = ccb.adaptive_bits(*ccb.merge_counts(flags), 2, 0.5) + \
+        min(ccb.adaptive_bits(*ccb.merge_counts(diffs), 1, a) for a in (0.5, 1 / 16)) + 16
+    assert ccb.adaptive_step_bits(flags, diffs) == pytest.approx(min(pooled, 2 * (
+        ccb.adaptive_bits(*flags[0], 2, 0.5)) + min(2 * ccb.adaptive_bits(*diffs[0], 1, a) for a in (0.5, 1 / 16)) + 16))
 
 
 def test_no_runs_is_a_clear_error(tmp_path):
