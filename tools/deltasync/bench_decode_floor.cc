@@ -162,7 +162,7 @@ Result<DecodeFloorFigures> MeasureDecodeFloor(WeightState& state, const StateHas
       idx[k] = 3 * k;
       val[k] = static_cast<uint16_t>(k);
     }
-    sink.fetch_add(idx[n / 2] + val[n / 3], std::memory_order_relaxed);
+    if (n > 0) sink.fetch_add(idx[n / 2] + val[n / 3], std::memory_order_relaxed);
   };
   output();
   f.output_s = BestThreadSeconds(reps, output);

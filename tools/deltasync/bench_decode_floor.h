@@ -9,7 +9,8 @@
 // scatter of the changed values (alone, and within the read while each
 // block is in cache), and the object's digest. Their sums bound the decode
 // per core and the whole apply on N threads from below. Figures,
-// never pass/fail (docs/benchmarks.md, "What bounds the compact decode").
+// never pass/fail (docs/benchmarks.md, "What bounds the compact decode and
+// apply").
 #pragma once
 
 #include <cstdint>
