@@ -12,7 +12,9 @@ every figure"):
   - `deltasync bench --json` on 1 and 2 threads (full Qwen3-0.6B shapes,
     596M parameters; --quick: 2 layers): the replica's whole compact apply,
     its decode per core, the fused compact publish, gap_delta detect+encode
-    and apply, each against memcpy of the model;
+    and apply, each against memcpy of the model; and the floor of the
+    compact decode and apply (the same delta's read, parse, output, hash,
+    scatter and digest, each timed alone: what bounds them);
   - `deltasync bench --sweep --json` on 1 and 2 threads: the replica's
     compact apply over model sizes x change rates;
   - `bench/gap_apply_bench`: the gap_delta apply against memcpy and against
@@ -204,6 +206,16 @@ def print_report(raw: dict, threads: list[int]) -> None:
         bt = raw[f"bench_t{t}"]
         row(f"compact decode per core ({t} thread{'s' if t > 1 else ''})", bt["decode_compact_gbps_per_core"], " GB/s", 5.0,
             "{:.2f}")
+    if "apply_floor_vs_memcpy" in b:
+        # The same delta's required stages, each timed alone (bench_decode_floor.h): what bounds the two above.
+        row(f"  its floor: {top}-thread read with the scatter + (digest + parse + hash) / {top}, / memcpy",
+            b["apply_floor_vs_memcpy"], "x", None)
+        row("  compact decode floor per core: read + parse + output (bounds the decode per core)",
+            b["decode_floor_gbps_per_core"], " GB/s", None, "{:.2f}")
+        stages = ", ".join(f"{k} {b[f'floor_{k}_ns_per_change']:.2f}" for k in
+                           ("read", "parse", "output", "hash", "scatter", "read_scatter", "digest", "decode_library"))
+        rows.append(("  the floor's stages, ns per change (1 thread)", stages + f"; {100 * b['floor_blocks_with_change']:.1f}% "
+                     f"of 1024-blocks, {100 * b['floor_words_with_change']:.1f}% of 64-words hold a change", "", ""))
     row(f"fused compact publish / memcpy ({top} threads)", b["publish_compact_vs_memcpy"], "x", 0.5)
     if "publish_read_floor_vs_memcpy" in b:
         row("  the trainer's read floor (fp32 masters + bf16 state, read only) / memcpy",
@@ -242,14 +254,16 @@ def print_report(raw: dict, threads: list[int]) -> None:
     for t in threads:
         print(f"\nThe replica's compact apply over model sizes and change rates ({t} thread{'s' if t > 1 else ''}; "
               "`deltasync bench --sweep`):\n")
-        print("| scale | model GB | changed | delta MB | apply s | apply / memcpy | decode GB/s per core | apply s per GB of model |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| scale | model GB | changed | delta MB | apply s | apply / memcpy | decode GB/s per core | apply s per GB of model "
+              "| decode floor GB/s per core | apply floor / memcpy |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for s in raw[f"sweep_t{t}"]:
             gb = s["model_bytes"] / 1e9
             per = s["apply_compact_s"] / gb
             print(f"| {s['scale']:g}x | {gb:.2f} | {100 * s['rate']:.1f}% | {s['delta_bytes'] / 1e6:.1f} | "
                   f"{s['apply_compact_s']:.3f} | {s['apply_compact_vs_memcpy']:.3f}x | "
-                  f"{s['decode_compact_gbps_per_core']:.2f} | {per:.3f} |")
+                  f"{s['decode_compact_gbps_per_core']:.2f} | {per:.3f} | "
+                  f"{s.get('decode_floor_gbps_per_core', float('nan')):.2f} | {s.get('apply_floor_vs_memcpy', float('nan')):.3f}x |")
 
 
 if __name__ == "__main__":

@@ -25,8 +25,10 @@
 // Thread safety: all functions are reentrant.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -156,6 +158,36 @@ struct CompactStreamSizes {
   std::vector<Tensor> changed_tensors;
 };
 Result<CompactStreamSizes> MeasureCompactDelta(const SafetensorsFile& file);
+
+// The compact decoder's first step alone: every stream's entropy decode
+// (gaps into ranks, diff bytes, escapes), exactly as DecodeCompactDelta reads
+// them, without the walk over the base that turns ranks into positions. For
+// measuring that step by itself (`deltasync bench`'s decode floor) and
+// testing it; it decodes nothing a replica can apply.
+struct CompactParse {
+  struct Tensor {
+    std::string name;  // the base tensor's
+    bool bf16 = false;  // bf16 mode; else raw mode, decoded into `raw`
+    // bf16 mode, per exponent class cl (the 16 classes of docs/format.md):
+    // changes [class_begin[cl], class_begin[cl + 1]) in class order.
+    std::array<uint64_t, 17> class_begin{};
+    std::vector<uint64_t> ranks;    // per change: its rank among the base tensor's elements of its class
+    std::vector<uint8_t> diffs;     // per change: zigzag ULP difference, or 0xFF (escape)
+    std::vector<uint64_t> escaped;  // the escaped changes (class order)
+    std::vector<uint8_t> escapes;   // their raw new values, u16 little-endian each
+    TensorChanges raw;              // raw mode: the tensor's changes
+  };
+  std::vector<Tensor> tensors;  // stream name order; their buffers are reused by the next parse
+  uint64_t changes() const;
+};
+
+// Parses every stream of `file` (tensors on up to `threads` threads) into
+// `out`, against the base's tensors `base` (their element counts and dtypes:
+// the data is not read). kCorruption for any violation the decoder's first
+// step finds; the metadata's other fields (versions, base hash, totals) are
+// not checked: DecodeCompactDelta does that.
+Status ParseCompactDelta(const SafetensorsFile& file, std::span<const TensorView> base, int threads,
+                         CompactParse& out);
 
 // A compressed anchor of `tensors` (written in name order; names unique) for
 // `model_version`. Deterministic. The result owns all its bytes.

@@ -55,6 +55,15 @@ StateHash HashDelta(const TensorView& before, const TensorChanges& changes);
 StateHash HashChanges(const WeightState& state, std::span<const TensorChanges> changes, int threads = 0);
 // The same over views of the state's tensors (found by name).
 StateHash HashChanges(std::span<const TensorView> tensors, std::span<const TensorChanges> changes, int threads = 0);
+// The change to a state's hash when elements `indices` of the 16-bit tensor
+// (name, dtype, shape) go from `old_values` to `new_values` (u16
+// little-endian each, any alignment), summed by the kernel the compact
+// decoder's walk sums its changes with (no gather, no widening): what
+// `deltasync bench` times as the decode's hash terms. Equals HashDelta of
+// the same changes. kInvalidArgument unless dtype is 2 bytes wide and each
+// value span holds 2 bytes per index (indices are not range-checked).
+Result<StateHash> HashChanges16(std::string_view name, DType dtype, std::span<const uint64_t> shape,
+                                std::span<const uint64_t> indices, ByteSpan old_values, ByteSpan new_values);
 
 // Parts (docs/format.md, "Parts"): a version's hash is the descriptor terms
 // of its tensors plus the element terms of every block of every part, each

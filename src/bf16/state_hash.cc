@@ -208,6 +208,23 @@ StateHash HashDelta(const TensorView& before, const TensorChanges& changes) {
   return HashDeltaRange(before, changes, 0, SIZE_MAX);
 }
 
+Result<StateHash> HashChanges16(std::string_view name, DType dtype, std::span<const uint64_t> shape,
+                                std::span<const uint64_t> indices, ByteSpan old_values, ByteSpan new_values) {
+  if (DTypeSize(dtype) != 2) {
+    return Status::InvalidArgument("HashChanges16: dtype " + std::string(DTypeName(dtype)) + " is not 2 bytes wide");
+  }
+  if (old_values.size() != 2 * indices.size() || new_values.size() != 2 * indices.size()) {
+    return Status::InvalidArgument("HashChanges16: " + std::to_string(indices.size()) + " indices but " +
+                                   std::to_string(old_values.size()) + " old and " +
+                                   std::to_string(new_values.size()) + " new value bytes");
+  }
+  const state_hash::TensorSeeds seeds = state_hash::SeedsFor(name, dtype, shape);
+  uint64_t sums[2] = {0, 0};
+  kernels::HashTermDiffs16(indices.data(), new_values.data(), old_values.data(), indices.size(), seeds.element_seed,
+                           sums);
+  return StateHash{sums[0], sums[1]};
+}
+
 StateHash HashChanges(const WeightState& state, std::span<const TensorChanges> changes, int threads) {
   const std::vector<TensorView> views = state.views();
   return HashChanges(views, changes, threads);

@@ -409,6 +409,11 @@ Result<CompactDelta> ApplyCompactDeltaToViews(const SafetensorsFile& file, std::
   return DecodeOrApply(file, base, base_hash, threads, kDecodeChunkElements, &fused);
 }
 
+Status ReadCompactStream(const std::string& label, const TensorView& stream, const TensorView& base,
+                         const V3Tables* tables, TensorChanges& c, Bf16Tensor& bf) {
+  return ReadTensor(label, stream, base, tables, /*fused=*/true, c, bf);
+}
+
 }  // namespace compact
 
 Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, std::span<const TensorView> base,

@@ -162,6 +162,39 @@ TEST(StateHashTest, TermDiffs16MatchesTheDefinitionOnEveryTarget) {
   });
 }
 
+// HashChanges16 (the compact decoder's hash kernel behind a public call,
+// for `deltasync bench`'s decode floor) is HashDelta of the same changes,
+// for bf16 and f16 tensors of any shape; other widths and mismatched value
+// sizes are refused.
+TEST(StateHashTest, HashChanges16EqualsHashDelta) {
+  std::mt19937_64 rng(8);
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    const OwnedTensor t = RandomTensor(rng, "layer.w", dtype, {37, 29});
+    TensorChanges c{t.name, dtype, {}, {}};
+    std::vector<uint8_t> old;
+    for (uint64_t i = 0; i < t.elements(); ++i) {
+      if (rng() % 3 != 0) continue;
+      c.indices.push_back(i);
+      const uint16_t v = static_cast<uint16_t>(rng());
+      c.values.push_back(static_cast<uint8_t>(v));
+      c.values.push_back(static_cast<uint8_t>(v >> 8));
+      old.push_back(t.data[2 * i]);
+      old.push_back(t.data[2 * i + 1]);
+    }
+    ASSERT_GT(c.count(), 100u);
+    ForEachTarget([&] {
+      Result<StateHash> h = HashChanges16(t.name, dtype, t.shape, c.indices, old, c.values);
+      ASSERT_TRUE(h.ok()) << h.status().ToString();
+      EXPECT_EQ(*h, HashDelta(t.view(), c));
+      EXPECT_NE(*h, StateHash{});
+    });
+  }
+  const std::vector<uint64_t> idx = {1, 2}, shape = {4};
+  const std::vector<uint8_t> four(4), eight(8);
+  EXPECT_EQ(HashChanges16("w", DType::kF32, shape, idx, eight, eight).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(HashChanges16("w", DType::kBF16, shape, idx, four, eight).status().code(), ErrorCode::kInvalidArgument);
+}
+
 // Applies detected changes to `state` in place.
 void Apply(WeightState& state, const std::vector<TensorChanges>& changes) {
   for (const TensorChanges& tc : changes) {

@@ -1,5 +1,6 @@
 """`deltasync bench --sweep`: one JSON object per (scale, rate) with the
-replica's compact apply figures, and the changed fraction it was asked for."""
+replica's compact apply figures and their floor, and the changed fraction
+it was asked for."""
 import json
 
 import pytest
@@ -15,6 +16,14 @@ def test_sweep_reports_every_size_and_rate(run):
         assert x["changed"] / (x["model_bytes"] / 2) == pytest.approx(x["rate"], rel=0.1)
         for key in ("apply_compact_gbps", "apply_compact_vs_memcpy", "decode_compact_gbps_per_core", "memcpy_gbps"):
             assert x[key] > 0
+        # The same delta's floor (bench_decode_floor.h): every stage timed, the sums reported.
+        for key in ("decode_floor_gbps_per_core", "apply_floor_vs_memcpy", "decode_compact_cpu_gbps_per_core"):
+            assert x[key] > 0
+        for stage in ("read", "read_threads", "parse", "output", "hash", "scatter", "read_scatter",
+                      "read_scatter_threads", "digest", "decode_library"):
+            assert x[f"floor_{stage}_ns_per_change"] > 0 and x[f"floor_{stage}_s_per_gb"] > 0
+        # A word with a change lies in a block with one.
+        assert 0 < x["floor_words_with_change"] <= x["floor_blocks_with_change"] <= 1
     # A bigger model is bigger; a higher rate makes a bigger delta.
     assert rows[2]["model_bytes"] > rows[0]["model_bytes"]
     assert rows[1]["delta_bytes"] > rows[0]["delta_bytes"]

@@ -163,6 +163,7 @@ Result<CompactApplyFigures> MeasureCompactApply(WeightState& state, const std::v
     if (Result<CompactDelta> d = decode(1); !d.ok() && failure.ok()) failure = d.status();
   });
   DS_RETURN_IF_ERROR(failure);
+  DS_ASSIGN_OR_RETURN(f.floor, MeasureDecodeFloor(state, hash, blob, changes, undo, threads, reps));
   if (HashState(state, threads) != hash) return Status::Internal("bench: the state was not restored");
   return f;
 }
@@ -170,9 +171,9 @@ Result<CompactApplyFigures> MeasureCompactApply(WeightState& state, const std::v
 Result<std::vector<CompactApplyFigures>> RunSweep(const SweepArgs& args) {
   std::vector<CompactApplyFigures> out;
   std::printf("| scale | model MB | changed | delta MB | B/changed | apply ms | apply GB/s | apply / memcpy | "
-              "decode ms (%d thr) | decode GB/s/core (1 thr) |\n",
+              "decode ms (%d thr) | decode GB/s/core (1 thr) | decode floor GB/s/core | apply floor / memcpy |\n",
               args.threads);
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (double scale : args.scales) {
     DS_ASSIGN_OR_RETURN(WeightState state, GenerateState(scale, args.threads));
     for (double rate : args.rates) {
@@ -180,10 +181,11 @@ Result<std::vector<CompactApplyFigures>> RunSweep(const SweepArgs& args) {
       DS_ASSIGN_OR_RETURN(CompactApplyFigures f, MeasureCompactApply(state, changes, args.threads, args.reps));
       f.memcpy_s = MemcpySeconds(f.model_bytes, args.threads, args.reps);
       const double gb = static_cast<double>(f.model_bytes) / 1e9;
-      std::printf("| %.2fx | %.0f | %.2f%% | %.2f | %.3f | %.1f | %.2f | %.2f | %.1f | %.2f |\n", scale,
+      std::printf("| %.2fx | %.0f | %.2f%% | %.2f | %.3f | %.1f | %.2f | %.2f | %.1f | %.2f | %.2f | %.2f |\n", scale,
                   f.model_bytes / 1e6, 100.0 * f.changed / (f.model_bytes / 2.0), f.delta_bytes / 1e6,
                   static_cast<double>(f.delta_bytes) / static_cast<double>(std::max<uint64_t>(1, f.changed)),
-                  1e3 * f.apply_s, gb / f.apply_s, f.memcpy_s / f.apply_s, 1e3 * f.decode_s, gb / f.decode_1thread_s);
+                  1e3 * f.apply_s, gb / f.apply_s, f.memcpy_s / f.apply_s, 1e3 * f.decode_s, gb / f.decode_1thread_s,
+                  gb / f.floor.DecodeSeconds(), f.memcpy_s / f.floor.ApplySeconds());
       std::fflush(stdout);
       out.push_back(f);
     }

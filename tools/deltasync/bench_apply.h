@@ -10,6 +10,7 @@
 #include "deltasync/changes.h"
 #include "deltasync/status.h"
 #include "deltasync/weight_state.h"
+#include "bench_decode_floor.h"
 
 namespace deltasync::cli {
 
@@ -21,11 +22,13 @@ struct CompactApplyFigures {
   double decode_s = 0;        // DecodeCompactDelta alone, same threads
   double decode_1thread_s = 0;
   double memcpy_s = 0;        // memcpy of the model, same threads (set by the sweep)
+  DecodeFloorFigures floor;   // the same delta's stages alone (bench_decode_floor.h)
 };
 
 // Encodes `changes` (of `state`) as a compact delta, then times the whole
 // apply on `threads` threads, restoring `state` (untimed) after each run.
 // `state` is left as it was. memcpy_s is left for the caller (its baseline).
+// Then the floor of the same delta's decode and apply (MeasureDecodeFloor).
 Result<CompactApplyFigures> MeasureCompactApply(WeightState& state, const std::vector<TensorChanges>& changes,
                                                 int threads, int reps);
 

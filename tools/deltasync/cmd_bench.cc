@@ -22,6 +22,7 @@
 #include "deltasync/state_hash.h"
 #include "deltasync/weight_state.h"
 #include "bench_apply.h"
+#include "bench_decode_floor.h"
 #include "bench_floor.h"
 #include "codec_stats.h"
 #include "synthetic_model.h"
@@ -32,6 +33,36 @@ namespace {
 
 // The demo model's change rate at step 10 (measured with `deltasync demo`).
 constexpr double kChangedFraction = 0.034;
+
+// The floor's keys into `out` (bench_decode_floor.h; docs/benchmarks.md,
+// "What bounds the compact decode and apply"): each stage in ns per change
+// and s per GB of model, decode_floor_gbps_per_core, apply_floor_vs_memcpy
+// (against `memcpy_s`, same threads), and the library's decode (1 thread)
+// and the measured apply (`apply_s`) as fractions of them.
+void AddDecodeFloorJson(const DecodeFloorFigures& f, double memcpy_s, double apply_s, nlohmann::ordered_json& out) {
+  const double gb = static_cast<double>(f.model_bytes) / 1e9;
+  const double per_change = 1e9 / static_cast<double>(std::max<uint64_t>(1, f.changed));
+  out["floor_blocks_with_change"] = f.blocks_with_change;
+  out["floor_words_with_change"] = f.words_with_change;
+  out["floor_read_bytes"] = f.read_bytes;
+  for (const auto& [name, s] :
+       {std::pair{"read", f.read_s}, std::pair{"read_threads", f.read_threads_s}, std::pair{"parse", f.parse_s},
+        std::pair{"output", f.output_s}, std::pair{"hash", f.hash_s}, std::pair{"scatter", f.scatter_s},
+        std::pair{"read_scatter", f.read_scatter_s}, std::pair{"read_scatter_threads", f.read_scatter_threads_s},
+        std::pair{"digest", f.digest_s}, std::pair{"decode_library", f.decode_s}}) {
+    const std::string k = name;
+    out["floor_" + k + "_ns_per_change"] = s * per_change;
+    out["floor_" + k + "_s_per_gb"] = s / gb;
+  }
+  out["floor_read_gbps"] = static_cast<double>(f.read_bytes) / 1e9 / f.read_s;
+  out["floor_read_threads_gbps"] = static_cast<double>(f.read_bytes) / 1e9 / f.read_threads_s;
+  out["decode_floor_gbps_per_core"] = gb / f.DecodeSeconds();
+  out["decode_compact_cpu_gbps_per_core"] = gb / f.decode_s;
+  out["decode_compact_vs_floor"] = f.DecodeSeconds() / f.decode_s;
+  out["apply_floor_gbps"] = gb / f.ApplySeconds();
+  out["apply_floor_vs_memcpy"] = memcpy_s / f.ApplySeconds();
+  out["apply_compact_vs_floor"] = f.ApplySeconds() / apply_s;
+}
 
 }  // namespace
 
@@ -50,6 +81,7 @@ Status RunBench(const BenchArgs& args) {
                        {"apply_compact_gbps", gb / f.apply_s}, {"apply_compact_vs_memcpy", f.memcpy_s / f.apply_s},
                        {"decode_compact_s", f.decode_s}, {"decode_compact_gbps_per_core", gb / f.decode_1thread_s},
                        {"memcpy_gbps", gb / f.memcpy_s}});
+        AddDecodeFloorJson(f.floor, f.memcpy_s, f.apply_s, out.back());
       }
     }
     std::printf("%s\n", out.dump().c_str());
@@ -168,6 +200,7 @@ Status RunBench(const BenchArgs& args) {
   out["decode_compact_gbps"] = gb / compact_apply.decode_s;
   out["decode_compact_gbps_per_core"] = gb / compact_apply.decode_1thread_s;
   out["compact_delta_bytes"] = compact_apply.delta_bytes;
+  AddDecodeFloorJson(compact_apply.floor, memcpy_s, compact_apply.apply_s, out);
   out["publish_compact_gbps"] = gb / fused_s;
   out["publish_compact_vs_memcpy"] = memcpy_s / fused_s;
   out["publish_read_floor_gbps"] = gb / floor_s;
@@ -228,6 +261,7 @@ Status RunBench(const BenchArgs& args) {
                 "(%d threads), %.2f GB/s per core (1 thread)\n",
                 gb / compact_apply.apply_s, memcpy_s / compact_apply.apply_s, gb / compact_apply.decode_s, threads,
                 gb / compact_apply.decode_1thread_s);
+    PrintDecodeFloor(compact_apply.floor, memcpy_s, compact_apply.apply_s);
     std::printf("publish compact (fp32 in, fused pass, local bucket): %.2f GB/s = %.2f x memcpy; "
                 "%.2f x the unfused detect, encode, hash, apply (%.2f GB/s)\n",
                 gb / fused_s, memcpy_s / fused_s, unfused_s / fused_s, gb / unfused_s);

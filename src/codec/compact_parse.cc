@@ -1,0 +1,75 @@
+// ParseCompactDelta (deltasync/compact.h): the compact decoder's step 1
+// (every stream's entropy decode) alone, through the decoder's own read
+// (compact_parse.h).
+#include "codec/compact_parse.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "common/parallel.h"
+#include "deltasync/compact.h"
+
+namespace deltasync {
+
+uint64_t CompactParse::changes() const {
+  uint64_t n = 0;
+  for (const Tensor& t : tensors) n += t.bf16 ? t.ranks.size() : t.raw.indices.size();
+  return n;
+}
+
+Status ParseCompactDelta(const SafetensorsFile& file, std::span<const TensorView> base, int threads,
+                         CompactParse& out) {
+  const std::string& label = file.label();
+  constexpr std::string_view kSuffix = ".cmp";
+  std::vector<const TensorView*> streams;
+  for (const TensorView& t : file.tensors()) streams.push_back(&t);
+  std::sort(streams.begin(), streams.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  std::vector<const TensorView*> bases;
+  for (const TensorView* s : streams) {
+    const std::string& name = s->name;
+    if (name.size() <= kSuffix.size() || name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0) {
+      return compact::CorruptTensor(label, name, "name does not end in '.cmp'");
+    }
+    if (s->dtype != DType::kU8 || s->shape.size() != 1) return compact::CorruptTensor(label, name, "not a 1-D U8 tensor");
+    const std::string_view param = std::string_view(name).substr(0, name.size() - kSuffix.size());
+    auto found = std::find_if(base.begin(), base.end(), [&](const TensorView& v) { return v.name == param; });
+    if (found == base.end()) return compact::CorruptTensor(label, name, "names a tensor the base does not have");
+    bases.push_back(&*found);
+  }
+  std::optional<compact::V3Tables> tables;
+  DS_RETURN_IF_ERROR(compact::ParseDeltaTables(file, tables));
+  const compact::V3Tables* t = tables ? &*tables : nullptr;
+  out.tensors.resize(streams.size());
+  std::vector<Status> errors(streams.size());
+  ParallelFor(streams.size(), threads, [&](size_t i) {
+    CompactParse::Tensor& o = out.tensors[i];
+    // The decoder's per-tensor state over this call's reused buffers.
+    compact::Bf16Tensor bf;
+    bf.ranks.swap(o.ranks);
+    bf.diffs.swap(o.diffs);
+    bf.escapes.swap(o.escapes);
+    bf.escaped.swap(o.escaped);
+    bf.escaped.clear();
+    o.raw.indices.clear();
+    o.raw.values.clear();
+    errors[i] = compact::ReadCompactStream(label, *streams[i], *bases[i], t, o.raw, bf);
+    o.name = bases[i]->name;
+    o.bf16 = bf.base != nullptr;
+    o.class_begin = bf.class_begin;
+    o.ranks.swap(bf.ranks);
+    o.diffs.swap(bf.diffs);
+    o.escapes.swap(bf.escapes);
+    o.escaped.swap(bf.escaped);
+    if (!o.bf16) {
+      o.ranks.clear();
+      o.diffs.clear();
+      o.escapes.clear();
+      o.escaped.clear();
+      o.class_begin = {};
+    }
+  });
+  for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
+  return Status::OK();
+}
+
+}  // namespace deltasync

@@ -1,0 +1,176 @@
+// ParseCompactDelta (the compact decoder's first step alone, for `deltasync
+// bench`'s decode floor): on the compact test deltas, in stream versions 2
+// and 3, its ranks, diffs and escapes, placed by a plain walk of the base,
+// are exactly the changes DecodeCompactDelta produces; raw-mode tensors are
+// decoded whole; a stream naming no base tensor, or of an unknown version,
+// is refused.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "codec/compact_bf16.h"
+#include "codec/compact_case_util.h"
+#include "codec/compact_streams.h"
+#include "codec/patch_test_util.h"
+#include "deltasync/compact.h"
+
+namespace deltasync {
+namespace {
+
+using testing::Flatten;
+using testing::ParseBytes;
+using namespace testing_compact;
+
+std::vector<uint8_t> Encode(const WeightState& state, const StateHash& hash, const std::vector<TensorChanges>& changes,
+                            int version) {
+  PatchInfo info;
+  info.model_version = 3;
+  info.base_version = 2;
+  Result<EncodedPatch> e = EncodeCompactDelta(info, hash, state, changes, 1, version);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return e.ok() ? Flatten(*e) : std::vector<uint8_t>{};
+}
+
+// The changes a parsed bf16 tensor holds, placed by walking the base: the
+// change of class cl at rank r is the base's r-th element of class cl; its
+// value the old one moved by the zigzag diff, or the next escape.
+TensorChanges Place(const CompactParse::Tensor& p, const WeightState::Tensor& base) {
+  std::vector<std::vector<uint64_t>> of_class(compact::kClasses);
+  const uint64_t n = base.num_elements();
+  std::vector<uint16_t> bits(n);
+  std::memcpy(bits.data(), base.data.data(), 2 * n);
+  for (uint64_t i = 0; i < n; ++i) of_class[compact::ClassOf(bits[i])].push_back(i);
+  std::vector<std::pair<uint64_t, uint16_t>> placed;
+  size_t escape = 0;
+  for (int cl = 0; cl < compact::kClasses; ++cl) {
+    for (uint64_t j = p.class_begin[cl]; j < p.class_begin[cl + 1]; ++j) {
+      EXPECT_LT(p.ranks[j], of_class[cl].size()) << p.name << " change " << j;
+      if (p.ranks[j] >= of_class[cl].size()) continue;
+      const uint64_t at = of_class[cl][p.ranks[j]];
+      uint16_t v;
+      if (p.diffs[j] == compact::kEscape) {
+        EXPECT_LT(escape, p.escaped.size());
+        EXPECT_EQ(p.escaped[escape], j);
+        std::memcpy(&v, p.escapes.data() + 2 * escape++, 2);
+      } else {
+        v = static_cast<uint16_t>(bits[at] + compact::UnZigZag(p.diffs[j]));
+      }
+      placed.push_back({at, v});
+    }
+  }
+  EXPECT_EQ(escape, p.escaped.size());
+  EXPECT_EQ(2 * escape, p.escapes.size());
+  std::sort(placed.begin(), placed.end());
+  TensorChanges c{p.name, DType::kBF16, {}, {}};
+  for (const auto& [at, v] : placed) {
+    c.indices.push_back(at);
+    c.values.push_back(static_cast<uint8_t>(v));
+    c.values.push_back(static_cast<uint8_t>(v >> 8));
+  }
+  return c;
+}
+
+void ExpectParseEqualsDecode(const WeightState& state, const StateHash& hash, const std::vector<TensorChanges>& changes) {
+  for (int version : {2, 3}) {
+    for (int threads : {1, 3}) {
+      SCOPED_TRACE("stream version " + std::to_string(version) + ", threads " + std::to_string(threads));
+      const std::vector<uint8_t> bytes = Encode(state, hash, changes, version);
+      ASSERT_FALSE(bytes.empty());
+      Result<SafetensorsFile> f = ParseBytes(bytes);
+      ASSERT_TRUE(f.ok()) << f.status().ToString();
+      Result<CompactDelta> d = DecodeCompactDelta(*f, state, hash, 1);
+      ASSERT_TRUE(d.ok()) << d.status().ToString();
+      const std::vector<TensorView> views = state.views();
+      CompactParse parsed;
+      for (int round = 0; round < 2; ++round) {  // the second reuses the first's buffers
+        ASSERT_TRUE(ParseCompactDelta(*f, views, threads, parsed).ok());
+        ASSERT_EQ(parsed.tensors.size(), d->changes.size());
+        uint64_t total = 0;
+        for (const TensorChanges& c : d->changes) total += c.count();
+        EXPECT_EQ(parsed.changes(), total);
+        for (size_t i = 0; i < parsed.tensors.size(); ++i) {
+          const CompactParse::Tensor& p = parsed.tensors[i];
+          const TensorChanges& want = d->changes[i];
+          ASSERT_EQ(p.name, want.name);
+          const WeightState::Tensor* base = state.Find(p.name);
+          ASSERT_NE(base, nullptr);
+          if (!p.bf16) {
+            EXPECT_NE(base->dtype, DType::kBF16);
+            EXPECT_EQ(p.raw.indices, want.indices);
+            EXPECT_EQ(p.raw.values, want.values);
+            continue;
+          }
+          EXPECT_EQ(p.class_begin[compact::kClasses], want.count());
+          EXPECT_EQ(p.ranks.size(), want.count());
+          EXPECT_EQ(p.diffs.size(), want.count());
+          const TensorChanges placed = Place(p, *base);
+          EXPECT_EQ(placed.indices, want.indices) << p.name;
+          EXPECT_EQ(placed.values, want.values) << p.name;
+        }
+      }
+    }
+  }
+}
+
+TEST(CompactParse, EqualsTheDecodeOnTheCompactTestDeltas) {
+  for (Case (*make)() : {MakeCase, MakeSparseCase, MakeEdgeCase}) {
+    const Case c = make();
+    ExpectParseEqualsDecode(c.state, c.hash, c.changes);
+  }
+}
+
+TEST(CompactParse, RawModeTensorsAreDecodedWhole) {
+  std::vector<float> f(300);
+  for (size_t i = 0; i < f.size(); ++i) f[i] = 0.5f + static_cast<float>(i);
+  std::vector<uint8_t> fbytes(f.size() * 4);
+  std::memcpy(fbytes.data(), f.data(), fbytes.size());
+  std::mt19937_64 rng(5);
+  std::vector<uint16_t> w = Spread(rng, 700);
+  std::vector<uint8_t> wbytes(w.size() * 2);
+  std::memcpy(wbytes.data(), w.data(), wbytes.size());
+  const std::vector<TensorView> views = {{"a.f32", DType::kF32, {f.size()}, fbytes},
+                                         {"b.bf16", DType::kBF16, {w.size()}, wbytes}};
+  const WeightState base = std::move(WeightState::FromViews(views)).value();
+  TensorChanges fc{"a.f32", DType::kF32, {3, 4, 200}, {}};
+  for (uint64_t i : fc.indices) {
+    const float v = -f[i];
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(&v);
+    fc.values.insert(fc.values.end(), b, b + 4);
+  }
+  ExpectParseEqualsDecode(base, HashState(base, 1),
+                          {fc, Change(base, "b.bf16", {0, 1, 2, 63, 64, 500, 699}, rng)});
+}
+
+TEST(CompactParse, RefusesAStreamOfNoBaseTensorOrOfAnUnknownVersion) {
+  const Case c = MakeCase();
+  Result<SafetensorsFile> f = ParseBytes(c.bytes);
+  ASSERT_TRUE(f.ok());
+  CompactParse parsed;
+  std::vector<TensorView> views = c.state.views();
+  views.erase(std::find_if(views.begin(), views.end(), [](const TensorView& v) { return v.name == "dense"; }));
+  Status s = ParseCompactDelta(*f, views, 1, parsed);
+  EXPECT_EQ(s.code(), ErrorCode::kCorruption) << s.ToString();
+  EXPECT_NE(s.ToString().find("dense.cmp"), std::string::npos) << s.ToString();
+
+  // A stream of an unknown version: the decoder's own check refuses it,
+  // as the decode does.
+  for (int version : {2, 3}) {
+    std::vector<uint8_t> bytes = Encode(c.state, c.hash, c.changes, version);
+    Result<SafetensorsFile> whole = ParseBytes(bytes);
+    ASSERT_TRUE(whole.ok());
+    const TensorView* big = whole->Find("big.cmp");
+    ASSERT_NE(big, nullptr);
+    bytes[static_cast<size_t>(big->data.data() - whole->blob().bytes().data())] = 9;
+    Result<SafetensorsFile> bad = ParseBytes(bytes);
+    ASSERT_TRUE(bad.ok());
+    s = ParseCompactDelta(*bad, c.state.views(), 1, parsed);
+    EXPECT_EQ(s.code(), ErrorCode::kCorruption) << s.ToString();
+    EXPECT_NE(s.ToString().find("unknown stream version 9"), std::string::npos) << s.ToString();
+    EXPECT_EQ(DecodeCompactDelta(*bad, c.state, c.hash, 1).status().code(), ErrorCode::kCorruption);
+  }
+}
+
+}  // namespace
+}  // namespace deltasync
