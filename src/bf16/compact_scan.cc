@@ -41,13 +41,17 @@ struct CompactScan::Worker {
   Stream<uint16_t> old_values;
   // The diff bytes this worker's chunks produced, per class: counted after
   // each span while they are in cache, so that version 3's tables need no
-  // serial pass over every change afterwards.
-  compact::DiffHistogram diff_counts{};
+  // serial pass over every change afterwards. Four tables taken in turn: a
+  // class's diff bytes are mostly a few values (one-ULP steps), and one table
+  // would chain each count's increment on the last one's store.
+  std::array<compact::DiffHistogram, 4> diff_counts{};
 
   void Clear() {
     for (int c = 0; c < kClasses; ++c) gaps[c].used = diffs[c].used = escapes[c].used = 0;
     old_values.used = 0;
-    for (auto& row : diff_counts) row.fill(0);
+    for (auto& table : diff_counts) {
+      for (auto& row : table) row.fill(0);
+    }
   }
 };
 
@@ -166,7 +170,14 @@ Status CompactScan::Run(WeightState& published, std::span<const TensorView> curr
       for (int k = 0; k < kClasses; ++k) {
         const uint64_t added = r.state.changes[k] - before.changes[k];
         const uint8_t* d = w.diffs[k].at(r.gap_offset[k] + before.changes[k]);
-        for (uint64_t e = 0; e < added; ++e) w.diff_counts[k][d[e]]++;
+        uint64_t e = 0;
+        for (; e + 4 <= added; e += 4) {
+          w.diff_counts[0][k][d[e]]++;
+          w.diff_counts[1][k][d[e + 1]]++;
+          w.diff_counts[2][k][d[e + 2]]++;
+          w.diff_counts[3][k][d[e + 3]]++;
+        }
+        for (; e < added; ++e) w.diff_counts[0][k][d[e]]++;
         w.gaps[k].used += added;
         w.diffs[k].used += added;
         w.escapes[k].used += r.state.escapes[k] - before.escapes[k];
@@ -254,7 +265,9 @@ class CompactScan::Gaps final : public compact::GapSource {
 void CompactScan::CountAllDiffs(compact::DiffHistogram& h) const {
   for (const auto& w : workers_) {
     for (int cl = 0; cl < kClasses; ++cl) {
-      for (int d = 0; d < 256; ++d) h[cl][d] += w->diff_counts[cl][d];
+      for (int d = 0; d < 256; ++d) {
+        for (const compact::DiffHistogram& table : w->diff_counts) h[cl][d] += table[cl][d];
+      }
     }
   }
 }

@@ -263,7 +263,12 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
   HWY_ALIGN uint16_t fresh[kScanBlock];
   HWY_ALIGN uint8_t cls[kScanBlock];
   HWY_ALIGN uint64_t words[kScanWords];
-  HWY_ALIGN uint64_t h_index[kScanBlock], h_new[kScanBlock], h_old[kScanBlock];
+  // The hash inputs of the block's changes: bf16 bits as u16 (HashTermDiffs16
+  // multiplies them in one step less than u64 bits, and stores a quarter);
+  // the old bits are the block's run of old_values.
+  HWY_ALIGN uint64_t h_index[kScanBlock];
+  HWY_ALIGN uint16_t h_new[kScanBlock];
+  const uint64_t index0 = s.index0;
   uint64_t seen[kScanClasses], next[kScanClasses], count[kScanClasses], escapes[kScanClasses];
   uint32_t* gaps[kScanClasses];
   uint8_t* diffs[kScanClasses];
@@ -315,6 +320,7 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
       }
     }
     size_t h = 0;
+    const uint16_t* const h_old = old_out + n_old;
     const size_t n_words = (len + 63) / 64;
     for (size_t w = 0; w < n_words; ++w) {
       uint64_t mask[kScanClasses];
@@ -353,8 +359,7 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
         if (HWY_UNLIKELY(d == compact::kEscape)) escaped[c][escapes[c]++] = new_bits;
         old_out[n_old++] = old_bits;
         pub[e] = new_bits;
-        h_index[h] = s.index0 + start + e;
-        h_old[h] = old_bits;
+        h_index[h] = index0 + start + e;
         h_new[h] = new_bits;
         ++h;
       }
@@ -364,7 +369,10 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
       for (int c = 0; c < kScanClasses; ++c) seen[c] += static_cast<uint64_t>(__builtin_popcountll(mask[c]));
 #endif
     }
-    if (h > 0) HashTermDiffs(h_index, h_new, h_old, h, s.seed, st.hash);
+    if (h > 0) {
+      HashTermDiffs16(h_index, reinterpret_cast<const uint8_t*>(h_new), reinterpret_cast<const uint8_t*>(h_old), h,
+                      s.seed, st.hash);
+    }
   }
   for (int c = 0; c < kScanClasses; ++c) {
     st.seen[c] = seen[c];

@@ -35,20 +35,31 @@ void PutRice(Writer& w, uint64_t gap, int k) {
   }
 }
 
-// The sum of RiceBits(gaps[i], k) over n gaps whose largest is max_gap. A
-// gap takes (gap >> k) + 1 + k bits unless escaped; the sum of shifts is a
-// loop the compiler vectorises, and escapes (rare) are corrected one by one
-// (mod 2^64: the corrections undo any wrap of the plain sum).
-uint64_t RiceCost(const uint64_t* gaps, size_t n, int k, uint64_t max_gap) {
-  uint64_t q = 0;
-  for (size_t i = 0; i < n; ++i) q += gaps[i] >> k;
-  uint64_t bits = q + n * static_cast<uint64_t>(1 + k);
-  if ((max_gap >> k) >= kUnaryEscape) {
-    for (size_t i = 0; i < n; ++i) {
-      if ((gaps[i] >> k) >= kUnaryEscape) bits += RiceBits(gaps[i], k) - ((gaps[i] >> k) + 1 + static_cast<uint64_t>(k));
-    }
+// The sums of RiceBits(gaps[i], k[j]) over n gaps whose largest is max_gap,
+// for the three parameters k[0..2] in one pass. A gap takes (gap >> k) + 1 +
+// k bits unless escaped; the sums of shifts are a loop the compiler
+// vectorises, and escapes (rare) are corrected one by one (mod 2^64: the
+// corrections undo any wrap of the plain sum).
+void RiceCosts3(const uint64_t* gaps, size_t n, const int k[3], uint64_t max_gap, uint64_t cost[3]) {
+  uint64_t q0 = 0, q1 = 0, q2 = 0;
+  const int k0 = k[0], k1 = k[1], k2 = k[2];
+  for (size_t i = 0; i < n; ++i) {
+    q0 += gaps[i] >> k0;
+    q1 += gaps[i] >> k1;
+    q2 += gaps[i] >> k2;
   }
-  return bits;
+  const uint64_t q[3] = {q0, q1, q2};
+  for (int j = 0; j < 3; ++j) {
+    uint64_t bits = q[j] + n * static_cast<uint64_t>(1 + k[j]);
+    if ((max_gap >> k[j]) >= kUnaryEscape) {
+      for (size_t i = 0; i < n; ++i) {
+        if ((gaps[i] >> k[j]) >= kUnaryEscape) {
+          bits += RiceBits(gaps[i], k[j]) - ((gaps[i] >> k[j]) + 1 + static_cast<uint64_t>(k[j]));
+        }
+      }
+    }
+    cost[j] = bits;
+  }
 }
 
 }  // namespace
@@ -59,11 +70,19 @@ void PutRiceGaps(BitWriter& w, uint64_t count, GapSource& source) {
     const size_t e = source.Next(gaps, static_cast<size_t>(std::min<uint64_t>(kRiceBlock, count - done)));
     if (e == 0) break;  // a source shorter than its count (never, for the two encoders' sources)
     done += e;
-    double sum = 0;
-    uint64_t max_gap = 0;
+    uint64_t int_sum = 0, max_gap = 0;
     for (size_t i = 0; i < e; ++i) {
-      sum += static_cast<double>(gaps[i]);
+      int_sum += gaps[i];
       max_gap = std::max(max_gap, gaps[i]);
+    }
+    // The mean as the format has always taken it: a sum of doubles in gap
+    // order. Below 2^42 a gap (2^52 all 1024 together), every partial sum
+    // is an integer a double holds exactly, so the integer sum is that sum;
+    // above, the doubles round, and are summed as they always were.
+    double sum = static_cast<double>(int_sum);
+    if (max_gap >= uint64_t{1} << 42) {
+      sum = 0;
+      for (size_t i = 0; i < e; ++i) sum += static_cast<double>(gaps[i]);
     }
     // A geometric source's best k is about log2(mean x ln 2); the exact cost
     // decides among it and its neighbours.
@@ -71,8 +90,9 @@ void PutRiceGaps(BitWriter& w, uint64_t count, GapSource& source) {
     const int guess = scaled >= 1 ? std::min(kMaxRiceK, static_cast<int>(std::log2(scaled))) : 0;
     // The three candidates' costs in one pass (k = guess - 1 only when >= 0).
     const int lo = std::max(0, guess - 1), hi = std::min(kMaxRiceK, guess + 1);
-    const uint64_t cost[3] = {RiceCost(gaps, e, lo, max_gap), RiceCost(gaps, e, lo + 1 <= hi ? lo + 1 : lo, max_gap),
-                              RiceCost(gaps, e, hi, max_gap)};
+    const int ks[3] = {lo, lo + 1 <= hi ? lo + 1 : lo, hi};
+    uint64_t cost[3];
+    RiceCosts3(gaps, e, ks, max_gap, cost);
     int best_k = lo;
     uint64_t best_bits = cost[0];
     if (lo + 1 <= hi && cost[1] < best_bits) best_bits = cost[1], best_k = lo + 1;

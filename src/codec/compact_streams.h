@@ -133,6 +133,16 @@ class BitWriter {
     acc_ = l.acc;
     n_ = l.n;
   }
+  // Appends the stream to `dst` (as Finish would return it) and starts a
+  // new one, keeping this writer's buffer: a writer reused for stream after
+  // stream touches no fresh memory once its buffer has grown.
+  void FinishAppend(std::vector<uint8_t>& dst) {
+    dst.insert(dst.end(), out_.data(), out_.data() + pos_);
+    if (n_ > 0) dst.push_back(static_cast<uint8_t>(acc_));
+    acc_ = 0;
+    n_ = 0;
+    pos_ = 0;
+  }
   std::vector<uint8_t> Finish() {
     out_.resize(pos_);
     if (n_ > 0) out_.push_back(static_cast<uint8_t>(acc_));

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <memory>
+#include <mutex>
 
 #include "codec/compact_rice.h"
 
@@ -30,6 +32,50 @@ Span ClassPart(const std::array<uint64_t, kClasses + 1>& begin, int cl, uint64_t
 }
 
 constexpr char kHex[] = "0123456789abcdef";
+
+// WriteBf16StreamV3's working buffers, kept from call to call in a pool
+// (one per writer running at once; the encoders' threads are new on every
+// call, so thread_local ones would not outlive them): fresh ones would cost
+// a page fault per 4 KiB on every publish. They hold one tensor's diff
+// bytes and coded pieces (about 2 bytes per change of the largest tensor
+// written, per thread).
+struct WriterScratch {
+  std::vector<uint8_t> diffs;  // the tensor's diff bytes, class order
+  std::vector<uint8_t> body;   // the coded pieces, one after another
+  std::vector<uint8_t> buf;    // one piece's rANS bytes, written backwards
+  BitWriter bits;
+
+  class Lease {
+   public:
+    Lease() {
+      std::lock_guard<std::mutex> hold(mutex());
+      if (!pool().empty()) {
+        s_ = std::move(pool().back());
+        pool().pop_back();
+      } else {
+        s_ = std::make_unique<WriterScratch>();
+      }
+    }
+    ~Lease() {
+      std::lock_guard<std::mutex> hold(mutex());
+      pool().push_back(std::move(s_));
+    }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    WriterScratch& operator*() { return *s_; }
+
+   private:
+    static std::mutex& mutex() {
+      static std::mutex m;
+      return m;
+    }
+    static std::vector<std::unique_ptr<WriterScratch>>& pool() {
+      static auto* p = new std::vector<std::unique_ptr<WriterScratch>>();  // never destroyed: no exit-order race
+      return *p;
+    }
+    std::unique_ptr<WriterScratch> s_;
+  };
+};
 
 int HexDigit(char ch) {
   if (ch >= '0' && ch <= '9') return ch - '0';
@@ -163,7 +209,13 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
   for (int cl = 0; cl < kClasses; ++cl) {
     if (s.counts[cl] > 0) PutVarint(out, s.counts[cl]);
   }
-  std::vector<uint8_t> diffs;
+  WriterScratch::Lease lease;
+  WriterScratch& scratch = *lease;
+  std::vector<uint8_t>& diffs = scratch.diffs;
+  std::vector<uint8_t>& body = scratch.body;
+  std::vector<uint8_t>& buf = scratch.buf;
+  diffs.clear();
+  body.clear();
   diffs.reserve(count);
   for (int cl = 0; cl < kClasses; ++cl) {
     for (ByteSpan p : s.diffs[cl]) diffs.insert(diffs.end(), p.begin(), p.end());
@@ -189,16 +241,18 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
     }
   }
   const uint64_t pieces = (count + kV3Piece - 1) / kV3Piece;
-  std::vector<std::vector<uint8_t>> gap_parts(pieces), rans_parts(pieces);
-  std::vector<uint8_t> buf;
+  // Per piece: its gap bytes and rANS bytes (the directory's entries).
+  std::vector<std::pair<uint64_t, uint64_t>> lens(pieces);
   for (uint64_t p = 0; p < pieces; ++p) {
     const uint64_t lo = p * kV3Piece, hi = std::min(count, lo + kV3Piece);
-    BitWriter w;
+    BitWriter& w = scratch.bits;
     for (int cl = 0; cl < kClasses; ++cl) {
       const Span part = ClassPart(begin, cl, lo, hi);
       if (part.a < part.b) PutRiceGaps(w, part.b - part.a, *s.gaps[cl]);
     }
-    gap_parts[p] = w.Finish();
+    const size_t gaps_at = body.size();
+    w.FinishAppend(body);
+    lens[p].first = body.size() - gaps_at;
     // rANS, last symbol first, into the end of buf (at most 2 bytes a
     // symbol with 12-bit frequencies, plus the final states); two states
     // taking turns from a piece of kRansTwoStates changes on.
@@ -228,16 +282,19 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
       ptr -= 4;
       for (int k = 0; k < 4; ++k) ptr[k] = static_cast<uint8_t>(xs[j] >> (8 * k));
     }
-    rans_parts[p].assign(ptr, end);
+    body.insert(body.end(), ptr, end);
+    lens[p].second = static_cast<uint64_t>(end - ptr);
   }
+  // Room for all of it at once (the escape block is at most its raw bytes
+  // and a 21-byte header): no growth copies of a stream of megabytes.
+  size_t escape_bytes = 0;
+  for (ByteSpan p : s.escapes) escape_bytes += p.size();
+  out.reserve(out.size() + 20 * pieces + body.size() + escape_bytes + 32);
   for (uint64_t p = 0; p < pieces; ++p) {
-    PutVarint(out, gap_parts[p].size());
-    PutVarint(out, rans_parts[p].size());
+    PutVarint(out, lens[p].first);
+    PutVarint(out, lens[p].second);
   }
-  for (uint64_t p = 0; p < pieces; ++p) {
-    out.insert(out.end(), gap_parts[p].begin(), gap_parts[p].end());
-    out.insert(out.end(), rans_parts[p].begin(), rans_parts[p].end());
-  }
+  out.insert(out.end(), body.begin(), body.end());
   // The escape block, only when there are escapes (the diffs say how many).
   std::vector<uint8_t> escapes;
   for (ByteSpan p : s.escapes) escapes.insert(escapes.end(), p.begin(), p.end());

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include <optional>
 #include <random>
@@ -216,6 +217,81 @@ TEST(CompactRice, LocalPutsWriteWhatPutWrites) {
     local.End(l);
   }
   EXPECT_EQ(local.Finish(), plain.Finish());
+}
+
+// The Rice writer as it was first written (plain BitWriter::Put, the mean
+// as a sum of doubles in gap order, each candidate k's cost in its own pass):
+// PutRiceGaps's faster passes must choose the same k and write the same bits.
+void ReferencePutRice(BitWriter& w, uint64_t gap, int k) {
+  const int width = gap ? 64 - __builtin_clzll(gap) : 0;
+  if ((gap >> k) < static_cast<uint64_t>(kUnaryEscape)) {
+    const int q = static_cast<int>(gap >> k);
+    for (int i = 0; i < q; ++i) w.Put(1, 1);
+    w.Put(0, 1);
+    w.Put(gap, k);
+  } else {
+    w.Put((uint64_t{1} << kUnaryEscape) - 1, kUnaryEscape);
+    w.Put(static_cast<uint64_t>(width), 7);
+    w.Put(gap, width);
+  }
+}
+
+uint64_t ReferenceCost(const std::vector<uint64_t>& gaps, size_t b, size_t e, int k) {
+  uint64_t bits = 0;
+  for (size_t i = b; i < e; ++i) {
+    const int width = gaps[i] ? 64 - __builtin_clzll(gaps[i]) : 0;
+    bits += (gaps[i] >> k) < static_cast<uint64_t>(kUnaryEscape) ? (gaps[i] >> k) + 1 + static_cast<uint64_t>(k)
+                                                                   : kUnaryEscape + 7 + static_cast<uint64_t>(width);
+  }
+  return bits;
+}
+
+std::vector<uint8_t> ReferenceCoded(const std::vector<uint64_t>& gaps) {
+  BitWriter w;
+  for (size_t b = 0; b < gaps.size(); b += kRiceBlock) {
+    const size_t e = std::min(gaps.size(), b + kRiceBlock);
+    double sum = 0;
+    for (size_t i = b; i < e; ++i) sum += static_cast<double>(gaps[i]);
+    const double scaled = sum / static_cast<double>(e - b) * 0.6931471805599453;
+    const int guess = scaled >= 1 ? std::min(kMaxRiceK, static_cast<int>(std::log2(scaled))) : 0;
+    const int lo = std::max(0, guess - 1), hi = std::min(kMaxRiceK, guess + 1);
+    int best_k = lo;
+    uint64_t best = ReferenceCost(gaps, b, e, lo);
+    for (int k = lo + 1; k <= hi; ++k) {
+      const uint64_t c = ReferenceCost(gaps, b, e, k);
+      if (c < best) best = c, best_k = k;
+    }
+    w.Put(static_cast<uint64_t>(best_k), 6);
+    for (size_t i = b; i < e; ++i) ReferencePutRice(w, gaps[i], best_k);
+  }
+  return w.Finish();
+}
+
+// Short and long runs, all zeros, geometric gaps of many means, escapes,
+// gaps just below and above 2^42 (where the mean's sum leaves the integer
+// path) and near 2^64 (an integer sum of them would wrap; the doubles round).
+TEST(CompactRice, WriterEqualsTheReferenceWriter) {
+  std::mt19937_64 rng(11);
+  std::vector<std::vector<uint64_t>> cases = {{0}, {7}, std::vector<uint64_t>(1025, 0), std::vector<uint64_t>(3000, 1)};
+  for (double mean : {0.3, 3.0, 29.0, 500.0, 1e5, 1e9}) {
+    std::geometric_distribution<uint64_t> geo(1.0 / (1.0 + mean));
+    std::vector<uint64_t> g(2500);
+    for (uint64_t& x : g) x = geo(rng);
+    g[100] = 1u << 20;  // an escape among them
+    cases.push_back(g);
+  }
+  for (uint64_t top : {uint64_t{1} << 41, uint64_t{1} << 42, uint64_t{1} << 52, uint64_t{1} << 62,
+                       uint64_t{1} << 63, ~uint64_t{0}}) {
+    std::vector<uint64_t> g(1100);
+    for (uint64_t& x : g) x = top - rng() % (top / 4 + 1);
+    cases.push_back(g);
+    g.resize(1024);
+    for (size_t i = 0; i < g.size(); i += 2) g[i] = rng() % 16;  // half tiny, half huge
+    cases.push_back(g);
+  }
+  for (size_t c = 0; c < cases.size(); ++c) {
+    EXPECT_EQ(Coded(cases[c]), ReferenceCoded(cases[c])) << "case " << c;
+  }
 }
 
 }  // namespace
