@@ -19,7 +19,7 @@ namespace deltasync::compact {
 namespace {
 
 constexpr uint64_t kNone = ~uint64_t{0};
-constexpr uint64_t kBlock = 1024;  // ClassCounts16's and ClassMasks16's block
+constexpr uint64_t kBlock = 1024;  // ClassCountsBytes16's and ClassMasksOfBytes16's block
 constexpr size_t kWords = kBlock / 64;
 
 }  // namespace
