@@ -1,7 +1,6 @@
 // The floor of the compact decoder's O(model) walk (issue 15), on one core:
-// the class-counting pass (kernels::ClassCounts16, chunk by chunk as
-// codec/compact_walk.cc ran it), the per-block mask pass
-// (kernels::ClassMasks16), and the walk's pair as it runs now
+// the class-counting pass (kernels::ClassCountsBytes16, chunk by chunk as
+// codec/compact_walk.cc runs it, class bytes kept), and the walk's pair
 // (ClassCountsBytes16 per chunk, then ClassMasksOfBytes16 for every block
 // and class: a dense delta's worst case), over a bf16 buffer far larger
 // than the caches, each against a plain read of the same bytes (a vector
@@ -117,39 +116,29 @@ int main(int argc, char** argv) {
   const double t_read = BestSeconds(reps, [&] { sink = sink + Sum(data.data(), n); });
 
   // The counting pass as the walk runs it: chunks of 64 Ki elements, the
-  // counts of their 64 blocks into one reused buffer.
+  // counts of their 64 blocks and their class bytes into reused buffers.
   constexpr size_t kChunk = size_t{1} << 16, kBlock = 1024;
   std::vector<uint16_t> counts(kChunk / kBlock * 16);
+  std::vector<uint8_t> bytes_buf(kChunk + 64);
+  uint8_t* const bytes = bytes_buf.data() + (-reinterpret_cast<uintptr_t>(bytes_buf.data()) & 63);
   uint64_t total = 0;
   const double t_count = BestSeconds(reps, [&] {
     total = 0;
     for (size_t at = 0; at < n; at += kChunk) {
       const size_t len = std::min(kChunk, n - at);
-      kernels::ClassCounts16(data.data() + at, len, classes, counts.data());
+      kernels::ClassCountsBytes16(data.data() + at, len, classes, counts.data(), bytes);
       for (size_t b = 0; b < (len + kBlock - 1) / kBlock; ++b) {
         for (int c = 0; c < 16; ++c) total += counts[16 * b + c];
       }
     }
   });
 
-  // The mask pass over every block, for the same classes.
-  uint64_t masks[16 * 16];
-  uint32_t before[16 * 17];
-  uint64_t mask_total = 0;
-  const int k = __builtin_popcount(classes);
-  const double t_masks = BestSeconds(reps, [&] {
-    mask_total = 0;
-    for (size_t at = 0; at < n; at += kBlock) {
-      kernels::ClassMasks16(data.data() + at, std::min(kBlock, n - at), classes, masks, before);
-      for (int s = 0; s < k; ++s) mask_total += before[17 * s + 16];
-    }
-  });
-
   // The walk as compact_walk.cc runs it when every block needs every
   // class's masks (a dense delta): per chunk, counts and class bytes, then
   // per block the masks from those bytes.
-  std::vector<uint8_t> bytes_buf(kChunk + 64);
-  uint8_t* const bytes = bytes_buf.data() + (-reinterpret_cast<uintptr_t>(bytes_buf.data()) & 63);
+  uint64_t masks[16 * 16];
+  uint32_t before[16 * 17];
+  const int k = __builtin_popcount(classes);
   uint64_t walk_total = 0;
   const double t_walk = BestSeconds(reps, [&] {
     walk_total = 0;
@@ -166,13 +155,12 @@ int main(int argc, char** argv) {
   std::printf("class walk floor, 1 thread, target %s: %.0f MiB of bf16, %d classes counted (%s), best of %d\n",
               kernels::ActiveTargetName().c_str(), static_cast<double>(mib), k, which.c_str(), reps);
   std::printf("  read (u16 sum)        %6.2f GB/s\n", gb / t_read);
-  std::printf("  ClassCounts16 pass    %6.2f GB/s  (%.3f x read)\n", gb / t_count, t_read / t_count);
-  std::printf("  ClassMasks16 pass     %6.2f GB/s  (%.3f x read)\n", gb / t_masks, t_read / t_masks);
+  std::printf("  ClassCountsBytes16 pass  %6.2f GB/s  (%.3f x read)\n", gb / t_count, t_read / t_count);
   std::printf("  counts + bytes, then masks of the bytes, every block  %6.2f GB/s  (%.3f x read)\n", gb / t_walk,
               t_read / t_walk);
-  if (which == "all" && (total != n || mask_total != n || walk_total != n)) {
+  if (which == "all" && (total != n || walk_total != n)) {
     std::fprintf(stderr, "class_walk_bench: counted %llu / %llu of %zu elements\n",
-                 static_cast<unsigned long long>(total), static_cast<unsigned long long>(mask_total), n);
+                 static_cast<unsigned long long>(total), static_cast<unsigned long long>(walk_total), n);
     return 1;
   }
   return 0;

@@ -194,6 +194,7 @@ int main(int argc, char** argv) {
   // The walk's first pass alone: class counts per block of 1024 over every
   // bf16 tensor with changes, for the classes with changes (as the walk).
   std::vector<uint16_t> block_counts;
+  std::vector<uint8_t> class_bytes;
   const double counts_s = Best(reps, [&] {
     for (const Stream& s : streams) {
       uint32_t classes = 0;
@@ -204,7 +205,9 @@ int main(int argc, char** argv) {
       for (uint64_t at = 0; at < s.elements; at += compact::kDecodeChunkElements) {
         const uint64_t len = std::min<uint64_t>(compact::kDecodeChunkElements, s.elements - at);
         block_counts.resize((len + 1023) / 1024 * compact::kClasses);
-        kernels::ClassCounts16(data + at, len, classes, block_counts.data());
+        class_bytes.resize((len + 1023) / 1024 * 1024 + 64);
+        uint8_t* const bytes = class_bytes.data() + (-reinterpret_cast<uintptr_t>(class_bytes.data()) & 63);
+        kernels::ClassCountsBytes16(data + at, len, classes, block_counts.data(), bytes);
       }
     }
   });

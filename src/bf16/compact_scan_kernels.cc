@@ -423,16 +423,15 @@ HWY_INLINE unsigned SelectBit(uint64_t x, uint64_t r, bool fast_pdep) {
 // The class bytes (compact::ClassOf) of the 32 elements at p, all in one
 // register: the exponent byte is the high byte of bits << 1 (the sign
 // shifted out), packed 32 to a vector, then min(exponent -sat 112, 15) on
-// bytes. kOrdered: byte k is element k's; else the pack's order (elements
-// 0-7, 16-23, 8-15, 24-31), which is all a count needs. The AVX-512
-// targets run the same 256-bit code.
-template <bool kOrdered>
+// bytes, byte k element k's (the pack's order, elements 0-7, 16-23, 8-15,
+// 24-31, put back by one permute). The AVX-512 targets run the same 256-bit
+// code.
 HWY_INLINE __m256i ClassBytes32(const uint16_t* HWY_RESTRICT p) {
   const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
-  __m256i e = _mm256_packus_epi16(_mm256_srli_epi16(_mm256_slli_epi16(a, 1), 8),
-                                  _mm256_srli_epi16(_mm256_slli_epi16(b, 1), 8));
-  if constexpr (kOrdered) e = _mm256_permute4x64_epi64(e, 0xD8);
+  const __m256i e = _mm256_permute4x64_epi64(_mm256_packus_epi16(_mm256_srli_epi16(_mm256_slli_epi16(a, 1), 8),
+                                                                  _mm256_srli_epi16(_mm256_slli_epi16(b, 1), 8)),
+                                             0xD8);
   return _mm256_min_epu8(_mm256_subs_epu8(e, _mm256_set1_epi8(112)), _mm256_set1_epi8(15));
 }
 #endif
@@ -443,7 +442,7 @@ HWY_INLINE __m256i ClassBytes32(const uint16_t* HWY_RESTRICT p) {
 HWY_INLINE void ClassBytes16(const uint16_t* HWY_RESTRICT data, size_t n, uint8_t* HWY_RESTRICT cls) {
 #if HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86_64
   size_t j = 0;
-  for (; j + 32 <= n; j += 32) _mm256_store_si256(reinterpret_cast<__m256i*>(cls + j), ClassBytes32<true>(data + j));
+  for (; j + 32 <= n; j += 32) _mm256_store_si256(reinterpret_cast<__m256i*>(cls + j), ClassBytes32(data + j));
   for (; j < n; ++j) cls[j] = static_cast<uint8_t>(compact::ClassOf(bf16::LoadElement(data, j)));
   std::memset(cls + n, kNoClass, (n + 63) / 64 * 64 - n);
 #else
@@ -513,14 +512,6 @@ HWY_INLINE void MasksOfBytes(const uint8_t* HWY_RESTRICT cls, size_t n, uint32_t
   }
 }
 
-void ClassMasks16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes, uint64_t* HWY_RESTRICT masks,
-                      uint32_t* HWY_RESTRICT before) {
-  alignas(64) uint8_t cls[kScanBlock];
-  n = std::min(n, kScanBlock);
-  ClassBytes16(data, n, cls);
-  MasksOfBytes(cls, n, classes, masks, before);
-}
-
 void ClassMasksOfBytes16Impl(const uint8_t* HWY_RESTRICT bytes, size_t n, uint32_t classes,
                              uint64_t* HWY_RESTRICT masks, uint32_t* HWY_RESTRICT before) {
   MasksOfBytes(bytes, std::min(n, kScanBlock), classes, masks, before);
@@ -529,30 +520,26 @@ void ClassMasksOfBytes16Impl(const uint8_t* HWY_RESTRICT bytes, size_t n, uint32
 // Per block of kScanBlock elements, per class in `classes`: its elements
 // (others' counts 0). Per class a vector compare and subtract into byte
 // lanes (at most kScanBlock / lanes each, below 256 from 8 lanes up), summed
-// once per block.
-// ClassCounts16 and (kBytes) ClassCountsBytes16 in one body: the latter
-// also keeps every element's class byte, in element order, in `out`.
-template <bool kBytes>
+// once per block. Also keeps every element's class byte, in element
+// order, in `out` (ClassCountsBytes16).
 HWY_INLINE void ClassCounts(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes, uint16_t* HWY_RESTRICT counts,
                             uint8_t* HWY_RESTRICT out) {
 #if HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86_64
-  // AVX2: the block's class bytes (ClassBytes32; unless kept, in the
-  // pack's order), 32 a store; per class a compare and subtract per 32 into
-  // byte lanes (at most kScanBlock / 32 = 32 each), summed by one SAD per
-  // block.
-  alignas(32) uint8_t local[kScanBlock];
+  // AVX2: the block's class bytes (ClassBytes32), 32 a store; per class a
+  // compare and subtract per 32 into byte lanes (at most kScanBlock / 32 =
+  // 32 each), summed by one SAD per block.
   const __m256i zero = _mm256_setzero_si256();
   for (size_t at = 0; at < n; at += kScanBlock, counts += kScanClasses) {
     const size_t len = std::min(kScanBlock, n - at);
     const size_t groups = len / 32;
-    uint8_t* HWY_RESTRICT bytes = kBytes ? out + at : local;
+    uint8_t* HWY_RESTRICT bytes = out + at;
     // Two blocks ahead: the stream from memory is what bounds this loop.
     if (at + 3 * kScanBlock <= n) {
       const auto* ahead = reinterpret_cast<const uint8_t*>(data + at + 2 * kScanBlock);
       for (size_t b = 0; b < kScanBlock * 2; b += 64) __builtin_prefetch(ahead + b);
     }
     for (size_t g = 0; g < groups; ++g) {
-      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes + 32 * g), ClassBytes32<kBytes>(data + at + 32 * g));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes + 32 * g), ClassBytes32(data + at + 32 * g));
     }
     for (int c = 0; c < kScanClasses; ++c) counts[c] = 0;
     for (uint32_t left = classes; left != 0; left &= left - 1) {
@@ -577,18 +564,17 @@ HWY_INLINE void ClassCounts(const uint16_t* HWY_RESTRICT data, size_t n, uint32_
     for (size_t i = groups * 32; i < len; ++i) {
       const int c = compact::ClassOf(bf16::LoadElement(data + at, i));
       counts[c] = static_cast<uint16_t>(counts[c] + (classes >> c & 1));
-      if constexpr (kBytes) bytes[i] = static_cast<uint8_t>(c);
+      bytes[i] = static_cast<uint8_t>(c);
     }
-    if constexpr (kBytes) std::memset(bytes + len, kNoClass, (len + 63) / 64 * 64 - len);
+    std::memset(bytes + len, kNoClass, (len + 63) / 64 * 64 - len);
   }
 #else
   const hn::ScalableTag<uint8_t> d8;
   const hn::Repartition<uint64_t, decltype(d8)> d64;
   const size_t N8 = hn::Lanes(d8);
-  alignas(64) uint8_t local[kScanBlock];
   for (size_t at = 0; at < n; at += kScanBlock, counts += kScanClasses) {
     const size_t len = std::min(kScanBlock, n - at);
-    uint8_t* HWY_RESTRICT cls = kBytes ? out + at : local;
+    uint8_t* HWY_RESTRICT cls = out + at;
     ClassBytes16(data + at, len, cls);  // kNoClass up to a whole word
     const size_t padded = (len + 63) / 64 * 64;
     for (int c = 0; c < kScanClasses; ++c) counts[c] = 0;
@@ -616,13 +602,9 @@ HWY_INLINE void ClassCounts(const uint16_t* HWY_RESTRICT data, size_t n, uint32_
 #endif
 }
 
-void ClassCounts16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes, uint16_t* HWY_RESTRICT counts) {
-  ClassCounts<false>(data, n, classes, counts, nullptr);
-}
-
 void ClassCountsBytes16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes,
                             uint16_t* HWY_RESTRICT counts, uint8_t* HWY_RESTRICT bytes) {
-  ClassCounts<true>(data, n, classes, counts, bytes);
+  ClassCounts(data, n, classes, counts, bytes);
 }
 
 // Each change inside the block in a few branch-free steps, independent of
@@ -742,20 +724,10 @@ HWY_AFTER_NAMESPACE();
 namespace deltasync::kernels {
 
 HWY_EXPORT(ScanCompactSpanImpl);
-HWY_EXPORT(ClassMasks16Impl);
-HWY_EXPORT(ClassCounts16Impl);
 HWY_EXPORT(ClassCountsBytes16Impl);
 HWY_EXPORT(ClassMasksOfBytes16Impl);
 HWY_EXPORT(ClassSelect16Impl);
 HWY_EXPORT(ClassApply16Impl);
-
-void ClassMasks16(const uint16_t* data, size_t n, uint32_t classes, uint64_t* masks, uint32_t* before) {
-  HWY_DYNAMIC_DISPATCH(ClassMasks16Impl)(data, n, classes, masks, before);
-}
-
-void ClassCounts16(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts) {
-  HWY_DYNAMIC_DISPATCH(ClassCounts16Impl)(data, n, classes, counts);
-}
 
 void ClassCountsBytes16(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts, uint8_t* bytes) {
   HWY_DYNAMIC_DISPATCH(ClassCountsBytes16Impl)(data, n, classes, counts, bytes);

@@ -96,15 +96,18 @@ void HashTermDiffs16(const uint64_t* index, const uint8_t* new_bits, const uint8
 // The compact decoder's walk (codec/compact_walk.cc): a chunk's class counts
 // first, then per block of n <= 1024 base elements holding changes, the
 // masks of only the classes with a change in it, then the changes placed:
-//  - ClassCounts16: per block b of 1024 of the n elements (the last may be
-//    shorter), counts[16 b + c] = the block's elements of exponent class c
-//    (compact::ClassOf) for each c whose bit is set in `classes`, 0 for the
-//    others.
-//  - ClassMasks16: for each exponent class c (compact::ClassOf) whose bit
-//    is set in `classes`, in ascending order, slot by slot: masks[16 s + w]
-//    = which of the elements of word w (64 elements; past n none) are of
-//    class c, and before[17 s + w] = the class's elements in words [0, w),
-//    for w in [0, 16] (so before[17 s + 16] is the block's total).
+//  - ClassCountsBytes16: per block b of 1024 of the n elements (the last
+//    may be shorter), counts[16 b + c] = the block's elements of exponent
+//    class c (compact::ClassOf) for each c whose bit is set in `classes`, 0
+//    for the others; and bytes[i] = element i's class for i < n, then 0xFF
+//    up to a multiple of 64 (`bytes` 64-byte aligned).
+//  - ClassMasksOfBytes16: for the block whose class bytes (n <= 1024 of
+//    them, from ClassCountsBytes16, at a multiple of 64) are at `bytes`, for
+//    each exponent class c whose bit is set in `classes`, in ascending
+//    order, slot by slot: masks[16 s + w] = which of the elements of word w
+//    (64 elements; past n none) are of class c, and before[17 s + w] = the
+//    class's elements in words [0, w), for w in [0, 16] (so
+//    before[17 s + 16] is the block's total).
 //  - ClassSelect16: from those, per class c in `classes`: cur.rem[c]
 //    class-c elements are skipped before change cur.g[c]; that change's
 //    element (offset i in the block) gets its bit in hits (16 words, all
@@ -126,14 +129,6 @@ struct ClassWalkStreams {
 struct ClassWalkCursor {
   uint64_t rem[16], g[16], e[16];
 };
-void ClassCounts16(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts);
-void ClassMasks16(const uint16_t* data, size_t n, uint32_t classes, uint64_t* masks, uint32_t* before);
-//  - ClassCountsBytes16: ClassCounts16, and bytes[i] = element i's class
-//    (compact::ClassOf) for i < n, then 0xFF up to a multiple of 64
-//    (`bytes` 64-byte aligned).
-//  - ClassMasksOfBytes16: ClassMasks16 of the block whose class bytes (n <=
-//    1024 of them, from ClassCountsBytes16, at a multiple of 64) are at
-//    `bytes`: the same masks without reading the elements again.
 void ClassCountsBytes16(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts, uint8_t* bytes);
 void ClassMasksOfBytes16(const uint8_t* bytes, size_t n, uint32_t classes, uint64_t* masks, uint32_t* before);
 size_t ClassSelect16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data,

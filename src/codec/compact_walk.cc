@@ -19,7 +19,7 @@ namespace deltasync::compact {
 namespace {
 
 constexpr uint64_t kNone = ~uint64_t{0};
-constexpr uint64_t kBlock = 1024;  // ClassCounts16's and ClassMasks16's block
+constexpr uint64_t kBlock = 1024;  // ClassCountsBytes16's and ClassMasksOfBytes16's block
 constexpr size_t kWords = kBlock / 64;
 
 }  // namespace
@@ -122,9 +122,16 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   uint32_t before[kClasses * (kWords + 1)];
   uint64_t hit_words[kWords];
   uint16_t block_values[kBlock];
-  uint16_t h_new16[kBlock], h_old16[kBlock];
   uint64_t k = start.out;
+  const uint64_t k0 = k;
   const uint64_t k_end = next ? next->out : t.count;
+  // The hash's side values of the chunk's changes (a fused apply's new
+  // ones, a decode's old ones), hashed once per chunk: per block, a few
+  // changes each, most would fall in the hash kernel's scalar tail. At most
+  // one change per element (per thread, reused).
+  thread_local std::vector<uint16_t> side;
+  side.resize(std::max<size_t>(side.size(), static_cast<size_t>(chunk.end - chunk.begin)));
+  uint16_t* const side16 = side.data();
   // A fused apply (run != nullptr) writes into the base itself. That is
   // safe: the class counts and class bytes of all this chunk's blocks were
   // taken (Walk) before anything is placed; a block's masks are built from
@@ -156,6 +163,14 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
       }
     }
     if (need == 0) continue;
+    // The next block's base and class bytes into L1 while this one is
+    // placed: they are in L2 (the counting pass read them), and the walk's
+    // loads of them otherwise wait on L2 about once per change.
+    if (blk + 1 < blocks) {
+      const auto* next_base = reinterpret_cast<const uint8_t*>(data + at + kBlock);
+      for (size_t b = 0; b < 2 * kBlock; b += 64) __builtin_prefetch(next_base + b);
+      for (size_t b = 0; b < kBlock; b += 64) __builtin_prefetch(bytes + (blk + 1) * kBlock + b);
+    }
     kernels::ClassMasksOfBytes16(bytes + blk * kBlock, len, need, masks, before);
     const uint64_t* m = masks;
     const uint32_t* p = before;
@@ -163,16 +178,12 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
       // Placed, logged and written in class order by the kernel; every
       // change it placed is logged, so the undo covers a failing block too.
       size_t placed = 0;
-      const kernels::ClassApplyOut o{at, undo_pos + k, undo_old + k, h_new16};
+      const kernels::ClassApplyOut o{at, undo_pos + k, undo_old + k, side16 + (k - k0)};
       const size_t wrong = kernels::ClassApply16(m, p, need, target + at, len, streams, cur, o, &placed);
       run->written += placed;
       if (wrong < len) {
         return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
       }
-      // The old values straight from the undo log (u16 little-endian, as
-      // HashTermDiffs16 reads them), the new ones from the kernel.
-      kernels::HashTermDiffs16(undo_pos + k, reinterpret_cast<const uint8_t*>(h_new16),
-                               reinterpret_cast<const uint8_t*>(undo_old + k), placed, t.seeds.element_seed, hash);
       k += placed;
       continue;
     }
@@ -180,20 +191,26 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
     if (wrong < len) {
       return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
     }
-    // The hash reads the block's changes from the output itself (indices,
-    // and values as u16 little-endian bytes) and their old values from a
-    // u16 array: one store per change besides the output.
-    const uint64_t k0 = k;
     for (size_t w = 0; w < kWords; ++w) {
       for (uint64_t hits = hit_words[w]; hits != 0; hits &= hits - 1) {
         const size_t i = 64 * w + static_cast<size_t>(__builtin_ctzll(hits));
         indices[k] = at + i;
         std::memcpy(values + 2 * k, &block_values[i], 2);
-        h_old16[k - k0] = data[at + i];
+        side16[k - k0] = data[at + i];
         ++k;
       }
     }
-    kernels::HashTermDiffs16(indices + k0, values + 2 * k0, reinterpret_cast<const uint8_t*>(h_old16), k - k0,
+  }
+  // The chunk's hash change in one call. A fused apply's old values come
+  // straight from the undo log (u16 little-endian, as HashTermDiffs16 reads
+  // them), its new ones from the kernel; a decode's changes from its output
+  // itself (indices, and values as u16 little-endian bytes), their old values
+  // from `side`: one store per change besides the output.
+  if (run) {
+    kernels::HashTermDiffs16(undo_pos + k0, reinterpret_cast<const uint8_t*>(side16),
+                             reinterpret_cast<const uint8_t*>(undo_old + k0), k - k0, t.seeds.element_seed, hash);
+  } else {
+    kernels::HashTermDiffs16(indices + k0, values + 2 * k0, reinterpret_cast<const uint8_t*>(side16), k - k0,
                              t.seeds.element_seed, hash);
   }
   for (int cl = 0; cl < kClasses; ++cl) {

@@ -1,5 +1,5 @@
-// The compact decoder's walk kernels (kernels::ClassCounts16, ClassMasks16,
-// ClassCountsBytes16, ClassMasksOfBytes16)
+// The compact decoder's walk kernels (kernels::ClassCountsBytes16,
+// ClassMasksOfBytes16)
 // against a one-element-at-a-time reference (compact::ClassOf), on every
 // SIMD target: tails shorter than a vector (1..31 elements past the last
 // 32), partial last blocks, unaligned data, classes asked for but absent,
@@ -53,43 +53,32 @@ void ExpectCounts(const uint16_t* data, size_t n, uint32_t classes) {
     const int c = compact::ClassOf(data[i]);
     if (classes >> c & 1) ++want[i / kBlock * 16 + c];
   }
-  kernels::ClassCounts16(data, n, classes, got.data());
-  for (size_t k = 0; k < want.size(); ++k) {
-    ASSERT_EQ(got[k], want[k]) << "n " << n << ", classes " << classes << ", block " << k / 16 << ", class " << k % 16;
-  }
-  ASSERT_EQ(got[want.size()], 0xBEEF) << "written past the last block";
-  // The same counts with the class bytes kept: one per element, then 0xFF
-  // up to a whole word, nothing after.
+  // The counts, and the class bytes: one per element, then 0xFF up to a
+  // whole word, nothing after.
   const size_t padded = (n + 63) / 64 * 64;
   alignas(64) static uint8_t bytes[65536 + 256];
   ASSERT_LE(padded + 64, sizeof(bytes));
   std::memset(bytes, 0xAB, padded + 64);
-  std::fill(got.begin(), got.end(), 0xBEEF);
   kernels::ClassCountsBytes16(data, n, classes, got.data(), bytes);
   for (size_t k = 0; k < want.size(); ++k) {
-    ASSERT_EQ(got[k], want[k]) << "bytes kept: n " << n << ", classes " << classes << ", block " << k / 16 << ", class "
-                               << k % 16;
+    ASSERT_EQ(got[k], want[k]) << "n " << n << ", classes " << classes << ", block " << k / 16 << ", class " << k % 16;
   }
-  ASSERT_EQ(got[want.size()], 0xBEEF) << "bytes kept: written past the last block";
+  ASSERT_EQ(got[want.size()], 0xBEEF) << "written past the last block";
   for (size_t i = 0; i < padded + 64; ++i) {
     const int want_byte = i < n ? compact::ClassOf(data[i]) : i < padded ? 0xFF : 0xAB;
     ASSERT_EQ(bytes[i], want_byte) << "n " << n << ", byte " << i;
   }
 }
 
-// ClassMasks16 of the block, or (of_bytes) ClassMasksOfBytes16 of its class
-// bytes from ClassCountsBytes16.
-void ExpectMasks(const uint16_t* data, size_t n, uint32_t classes, bool of_bytes = false) {
+// ClassMasksOfBytes16 of the block's class bytes from ClassCountsBytes16
+// (counting the classes asked for, or (count_none) none).
+void ExpectMasks(const uint16_t* data, size_t n, uint32_t classes, bool count_none = false) {
   uint64_t masks[16 * kWords];
   uint32_t before[16 * (kWords + 1)];
-  if (of_bytes) {
-    alignas(64) uint8_t bytes[kBlock];
-    uint16_t counts[16];
-    kernels::ClassCountsBytes16(data, n, 0, counts, bytes);
-    kernels::ClassMasksOfBytes16(bytes, n, classes, masks, before);
-  } else {
-    kernels::ClassMasks16(data, n, classes, masks, before);
-  }
+  alignas(64) uint8_t bytes[kBlock];
+  uint16_t counts[16];
+  kernels::ClassCountsBytes16(data, n, count_none ? 0 : classes, counts, bytes);
+  kernels::ClassMasksOfBytes16(bytes, n, classes, masks, before);
   int slot = 0;
   for (int c = 0; c < 16; ++c) {
     if (!(classes >> c & 1)) continue;
@@ -149,7 +138,7 @@ TEST(ClassKernels, MasksEqualTheReferenceOnEveryTargetSizeAndClassSet) {
           if (n > kBlock) continue;
           for (uint32_t classes : sets) {
             ASSERT_NO_FATAL_FAILURE(ExpectMasks(v->data() + offset, n, classes));
-            ASSERT_NO_FATAL_FAILURE(ExpectMasks(v->data() + offset, n, classes, /*of_bytes=*/true));
+            ASSERT_NO_FATAL_FAILURE(ExpectMasks(v->data() + offset, n, classes, /*count_none=*/true));
           }
         }
       }
@@ -166,7 +155,7 @@ TEST(ClassKernels, EveryBitPatternIsCountedInItsClass) {
     ASSERT_NO_FATAL_FAILURE(ExpectCounts(all.data(), all.size(), 0xFFFF));
     for (size_t at = 0; at < all.size(); at += kBlock) {
       ASSERT_NO_FATAL_FAILURE(ExpectMasks(all.data() + at, kBlock, 0xFFFF));
-      ASSERT_NO_FATAL_FAILURE(ExpectMasks(all.data() + at, kBlock, 0xFFFF, /*of_bytes=*/true));
+      ASSERT_NO_FATAL_FAILURE(ExpectMasks(all.data() + at, kBlock, 0xFFFF, /*count_none=*/true));
     }
   });
 }
