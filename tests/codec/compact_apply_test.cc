@@ -85,23 +85,9 @@ TEST(CompactApply, BaseValuesAtEveryClassEdgeEqualDecodeAndScatter) {
 TEST(CompactApply, RawModeTensorsApplyAndRestore) {
   // An F32 tensor beside a bf16 one: its changes are raw-mode, applied and
   // logged after the walk.
-  std::vector<float> f(300);
-  for (size_t i = 0; i < f.size(); ++i) f[i] = 0.5f + static_cast<float>(i);
-  std::vector<uint8_t> fbytes(f.size() * 4);
-  std::memcpy(fbytes.data(), f.data(), fbytes.size());
-  std::mt19937_64 rng(5);
-  std::vector<uint16_t> w = Spread(rng, 700);
-  std::vector<uint8_t> wbytes(w.size() * 2);
-  std::memcpy(wbytes.data(), w.data(), wbytes.size());
-  const std::vector<TensorView> views = {{"a.f32", DType::kF32, {f.size()}, fbytes}, {"b.bf16", DType::kBF16, {w.size()}, wbytes}};
-  WeightState base = std::move(WeightState::FromViews(views)).value();
-  TensorChanges fc{"a.f32", DType::kF32, {3, 4, 200}, {}};
-  for (uint64_t i : fc.indices) {
-    const float v = -f[i];
-    const uint8_t* b = reinterpret_cast<const uint8_t*>(&v);
-    fc.values.insert(fc.values.end(), b, b + 4);
-  }
-  const std::vector<TensorChanges> changes = {fc, Change(base, "b.bf16", {0, 1, 2, 63, 64, 500, 699}, rng)};
+  MixedCase m = MakeMixedCase();
+  WeightState& base = m.state;
+  const std::vector<TensorChanges>& changes = m.changes;
   const StateHash hash = HashState(base, 1);
   PatchInfo info;
   info.model_version = 2;

@@ -73,6 +73,36 @@ inline TensorChanges Change(const WeightState& s, const std::string& name, const
   return c;
 }
 
+// An F32 tensor "a.f32" (300 elements) beside a bf16 one "b.bf16" (700):
+// the F32 one's changes (3 elements negated) are coded in raw mode, the
+// bf16 one's (7, at block and word edges) as usual.
+struct MixedCase {
+  WeightState state;
+  std::vector<TensorChanges> changes;
+};
+
+inline MixedCase MakeMixedCase() {
+  std::vector<float> f(300);
+  for (size_t i = 0; i < f.size(); ++i) f[i] = 0.5f + static_cast<float>(i);
+  std::vector<uint8_t> fbytes(f.size() * 4);
+  std::memcpy(fbytes.data(), f.data(), fbytes.size());
+  std::mt19937_64 rng(5);
+  std::vector<uint16_t> w = Spread(rng, 700);
+  std::vector<uint8_t> wbytes(w.size() * 2);
+  std::memcpy(wbytes.data(), w.data(), wbytes.size());
+  const std::vector<TensorView> views = {{"a.f32", DType::kF32, {f.size()}, fbytes},
+                                         {"b.bf16", DType::kBF16, {w.size()}, wbytes}};
+  MixedCase m{std::move(WeightState::FromViews(views)).value(), {}};
+  TensorChanges fc{"a.f32", DType::kF32, {3, 4, 200}, {}};
+  for (uint64_t i : fc.indices) {
+    const float v = -f[i];
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(&v);
+    fc.values.insert(fc.values.end(), b, b + 4);
+  }
+  m.changes = {fc, Change(m.state, "b.bf16", {0, 1, 2, 63, 64, 500, 699}, rng)};
+  return m;
+}
+
 struct Case {
   WeightState state;
   StateHash hash;

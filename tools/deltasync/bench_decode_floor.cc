@@ -12,30 +12,11 @@
 #include "deltasync/manifest.h"
 #include "deltasync/safetensors.h"
 #include "deltasync/state_hash.h"
+#include "bench_floor.h"
 #include "timing.h"
 
 namespace deltasync::cli {
 namespace {
-
-// The sum of every 8-byte word of [p, p + bytes) (and the tail's bytes), on
-// four independent accumulators: two loads a cycle, far more than one
-// core's share of the memory's bandwidth, so it runs at the speed of the
-// reads. The simplest exact read of the base; any decoder that must look at
-// every element's exponent reads at least this.
-uint64_t SumWords(const uint8_t* p, size_t bytes) {
-  uint64_t a = 0, b = 0, c = 0, d = 0;
-  size_t i = 0;
-  for (; i + 32 <= bytes; i += 32) {
-    uint64_t w[4];
-    std::memcpy(w, p + i, 32);
-    a += w[0];
-    b += w[1];
-    c += w[2];
-    d += w[3];
-  }
-  for (; i < bytes; ++i) a += p[i];
-  return a + b + c + d;
-}
 
 // A piece of a bf16 tensor with changes: `elements` elements from element
 // `first`, and the changes among them (indices in the tensor, u16 values).
@@ -55,7 +36,7 @@ uint64_t ReadScatter(const Piece& p) {
   size_t k = 0;
   for (uint64_t at = 0; at < p.elements; at += 1024) {
     const uint64_t len = std::min<uint64_t>(1024, p.elements - at);
-    x += SumWords(p.data + 2 * at, 2 * len);
+    x += ReadFold(p.data + 2 * at, 2 * len);
     const uint64_t end = p.first + at + len;
     for (; k < p.changes && p.index[k] < end; ++k) std::memcpy(p.data + 2 * (p.index[k] - p.first), p.values + 2 * k, 2);
   }
@@ -125,7 +106,7 @@ Result<DecodeFloorFigures> MeasureDecodeFloor(WeightState& state, const StateHas
   f.blocks_with_change = blocks ? static_cast<double>(hit_blocks) / static_cast<double>(blocks) : 0;
   f.words_with_change = words ? static_cast<double>(hit_words) / static_cast<double>(words) : 0;
   std::atomic<uint64_t> sink{0};
-  auto sum = [](const Piece& p) { return SumWords(p.data, 2 * p.elements); };
+  auto sum = [](const Piece& p) { return ReadFold(p.data, 2 * p.elements); };
 
   // The read, and the read with the scatter, on one thread (CPU time) and
   // on `threads` threads (wall clock, as memcpy is timed).

@@ -32,7 +32,7 @@ struct DecodeFloorFigures {
   double words_with_change = 0;     // fraction of their 64-element words holding a change
   int threads = 1;
   // Seconds, one thread (this thread's CPU time) unless named otherwise.
-  double read_s = 0;            // a sum of every 8-byte word of those tensors
+  double read_s = 0;            // an XOR of every 8-byte word of those tensors (ReadFold)
   double read_threads_s = 0;    // the same on `threads` threads, wall clock
   double parse_s = 0;           // ParseCompactDelta: gaps into ranks, diffs, escapes
   double output_s = 0;          // storing the decode's output: u64 index + u16 value per change

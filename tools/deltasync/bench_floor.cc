@@ -12,13 +12,12 @@
 #include "timing.h"
 
 namespace deltasync::cli {
-namespace {
 
 // XOR of every 8-byte word of [p, p + bytes) (and the tail's bytes), with
 // four independent accumulators: a load-bound loop, far faster than memory
 // on one core (two 8-byte loads a cycle), so the pass runs at the memory's
 // speed as any SIMD read would.
-uint64_t Fold(const uint8_t* p, size_t bytes) {
+uint64_t ReadFold(const uint8_t* p, size_t bytes) {
   uint64_t a = 0, b = 0, c = 0, d = 0;
   size_t i = 0;
   for (; i + 32 <= bytes; i += 32) {
@@ -32,6 +31,8 @@ uint64_t Fold(const uint8_t* p, size_t bytes) {
   for (; i < bytes; ++i) a ^= p[i];
   return a ^ b ^ c ^ d;
 }
+
+namespace {
 
 // Fold of fp32 masters and bf16 published elements side by side, 16
 // elements a step (64 bytes of one, 32 of the other), as a detect reads them.
@@ -47,7 +48,7 @@ uint64_t Fold2(const uint8_t* m, const uint8_t* p, size_t n) {
     c ^= w[2] ^ w[6] ^ v[2];
     d ^= w[3] ^ w[7] ^ v[3];
   }
-  return a ^ b ^ c ^ d ^ Fold(m + 4 * i, 4 * (n - i)) ^ Fold(p + 2 * i, 2 * (n - i));
+  return a ^ b ^ c ^ d ^ ReadFold(m + 4 * i, 4 * (n - i)) ^ ReadFold(p + 2 * i, 2 * (n - i));
 }
 
 }  // namespace
@@ -82,8 +83,8 @@ double ReadFloorSeconds(std::span<const TensorView> masters, const WeightState& 
         if (q.pub != nullptr && q.master_bytes == 2 * q.pub_bytes) {
           x ^= Fold2(q.master, q.pub, q.pub_bytes / 2);
         } else {
-          x ^= Fold(q.master, q.master_bytes);
-          if (q.pub != nullptr) x ^= Fold(q.pub, q.pub_bytes);
+          x ^= ReadFold(q.master, q.master_bytes);
+          if (q.pub != nullptr) x ^= ReadFold(q.pub, q.pub_bytes);
         }
       }
       sink.fetch_xor(x, std::memory_order_relaxed);
