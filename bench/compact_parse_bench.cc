@@ -9,7 +9,6 @@
 //   compact_parse_bench [--scale 0.1] [--rate 0.03] [--reps 5]
 // (the parts best of 10 x reps: they take milliseconds, and the machine may be shared)
 #include <algorithm>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "bench_apply.h"
+#include "timing.h"
 #include "bf16/simd_kernels.h"
 #include "codec/compact_rice.h"
 #include "codec/compact_v3.h"
@@ -27,26 +27,9 @@
 namespace {
 
 using namespace deltasync;
-
-// This thread's CPU seconds: every part runs on the calling thread (the
-// decodes on 1 thread too), and on a machine shared with other work the
-// CPU time leaves out the time slices given to others.
-double ThreadSeconds() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
-template <typename F>
-double Best(int reps, F&& f) {
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const double t0 = ThreadSeconds();
-    f();
-    best = std::min(best, ThreadSeconds() - t0);
-  }
-  return best;
-}
+// Every part runs on the calling thread (the decodes on 1 thread too), timed
+// in its CPU time: on a shared machine that leaves out others' time slices.
+using cli::BestThreadSeconds;
 
 void Check(const Status& s) {
   if (!s.ok()) {
@@ -105,7 +88,7 @@ int main(int argc, char** argv) {
     streams.push_back({t.data.subspan(in.position()), *count, base->num_elements(), base, {}});
   }
   uint64_t parsed_changes = 0;
-  const double parse_s = Best(10 * reps, [&] {
+  const double parse_s = BestThreadSeconds(10 * reps, [&] {
     parsed_changes = 0;
     for (Stream& s : streams) {
       compact::Reader in(s.body);
@@ -144,7 +127,7 @@ int main(int argc, char** argv) {
     rice_parts.push_back(std::move(parts));
   }
   std::vector<uint64_t> ranks;
-  const double rice_s = Best(10 * reps, [&] {
+  const double rice_s = BestThreadSeconds(10 * reps, [&] {
     for (size_t i = 0; i < streams.size(); ++i) {
       compact::BitReader bits(rice[i]);
       ranks.resize(streams[i].count);
@@ -177,14 +160,14 @@ int main(int argc, char** argv) {
   }
   const uint64_t seeds[2] = {1, 2};
   uint64_t sums[2] = {0, 0};
-  const double hash_s = Best(10 * reps, [&] {
+  const double hash_s = BestThreadSeconds(10 * reps, [&] {
     for (size_t i = 0; i < index.size(); i += 32) {
       const size_t n = std::min<size_t>(32, index.size() - i);
       kernels::HashTermDiffs16(index.data() + i, reinterpret_cast<const uint8_t*>(new16.data() + i),
                                reinterpret_cast<const uint8_t*>(old16.data() + i), n, seeds, sums);
     }
   });
-  const double hash64_s = Best(10 * reps, [&] {
+  const double hash64_s = BestThreadSeconds(10 * reps, [&] {
     for (size_t i = 0; i < index.size(); i += 32) {
       const size_t n = std::min<size_t>(32, index.size() - i);
       kernels::HashTermDiffs(index.data() + i, new_bits.data() + i, old_bits.data() + i, n, seeds, sums);
@@ -195,7 +178,7 @@ int main(int argc, char** argv) {
   // bf16 tensor with changes, for the classes with changes (as the walk).
   std::vector<uint16_t> block_counts;
   std::vector<uint8_t> class_bytes;
-  const double counts_s = Best(reps, [&] {
+  const double counts_s = BestThreadSeconds(reps, [&] {
     for (const Stream& s : streams) {
       uint32_t classes = 0;
       for (int cl = 0; cl < compact::kClasses; ++cl) {
@@ -212,13 +195,13 @@ int main(int argc, char** argv) {
     }
   });
 
-  const double decode_s = Best(reps, [&] {
+  const double decode_s = BestThreadSeconds(reps, [&] {
     Result<SafetensorsFile> f = SafetensorsFile::Parse(blob, "bench");
     Check(f.status());
     Check(DecodeCompactDelta(*f, state, hash, 1).status());
   });
   CompactUndo undo;
-  const double apply_s = Best(reps, [&] {
+  const double apply_s = BestThreadSeconds(reps, [&] {
     Result<SafetensorsFile> f = SafetensorsFile::Parse(blob, "bench");
     Check(f.status());
     Check(ApplyCompactDelta(*f, state, hash, 1, undo).status());
