@@ -3,10 +3,9 @@
 // (compact_parse.h).
 #include "codec/compact_parse.h"
 
-#include "codec/compact_container.h"
-
 #include <optional>
 
+#include "codec/compact_container.h"
 #include "common/parallel.h"
 #include "deltasync/compact.h"
 
