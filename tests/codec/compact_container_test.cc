@@ -89,6 +89,7 @@ TEST(CompactContainer, BothContainersDecodeParseAndApplyAlike) {
       ASSERT_TRUE(r1.ok() && r2.ok());
       ASSERT_EQ(r1->streams.size(), r2->streams.size());
       for (size_t i = 0; i < r1->streams.size(); ++i) {
+        ASSERT_LT(r2->streams[i].index, c.state.tensors().size());
         EXPECT_EQ(c.state.tensors()[r2->streams[i].index].name, r1->streams[i].param);
         EXPECT_TRUE(std::ranges::equal(r1->streams[i].bytes, r2->streams[i].bytes)) << r1->streams[i].param;
       }
