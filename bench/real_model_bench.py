@@ -100,7 +100,11 @@ class Cli:
     def __init__(self, binary: str):
         self.binary = binary
         help_text = self.run(["diff", "--help"], json_out=False)
-        self.stream_versions = [2, 3] if "--stream-version" in help_text else [None]
+        svs = [2, 3] if "--stream-version" in help_text else [None]
+        # (stream version, container): container 1 (a tensor per changed
+        # parameter) beside container 2 (one tensor) when the CLI has both.
+        containers = [1, 2] if "--container" in help_text else [None]
+        self.stream_versions = [(sv, c) for c in containers for sv in svs]
 
     def run(self, args: list[str], json_out: bool = True):
         p = subprocess.run([self.binary, *args], capture_output=True, text=True)
@@ -108,10 +112,13 @@ class Cli:
             fail(f"deltasync {' '.join(args)} failed ({p.returncode}): {p.stderr.strip()}")
         return json.loads(p.stdout.strip().splitlines()[-1]) if json_out else p.stdout
 
-    def diff(self, old: str, new: str, out: str, encoding: str, version: int, stream_version=None) -> dict:
+    def diff(self, old: str, new: str, out: str, encoding: str, version: int, variant=(None, None)) -> dict:
         args = ["diff", old, new, "-o", out, "--encoding", encoding, "--version", str(version), "--json"]
+        stream_version, container = variant
         if stream_version is not None:
             args += ["--stream-version", str(stream_version)]
+        if container is not None:
+            args += ["--container", str(container)]
         return self.run(args)
 
 
@@ -128,8 +135,9 @@ def check_applies(cli: Cli, base: str, delta: str, want: dict, out: str, what: s
     os.remove(out)
 
 
-def compact_label(v) -> str:
-    return "compact" if v is None else f"compact_v{v}"
+def compact_label(variant) -> str:
+    sv, container = variant
+    return "compact" + ("" if sv is None else f"_v{sv}") + ("_c1" if container == 1 else "")
 
 
 def zstd3_size(path: str) -> int:

@@ -9,9 +9,11 @@
 //                       raw values where that does not fit (escapes); the
 //                       differences rANS-coded with delta-wide per-class
 //                       tables (stream version 3; version 2, Huffman-coded
-//                       per tensor and class, is still read). One U8
-//                       tensor `{name}.cmp` per changed parameter. Metadata
-//                       encoding="compact".
+//                       per tensor and class, is still read). All streams
+//                       in one U8 tensor `streams` after a directory
+//                       (container 2; container 1, one U8 tensor
+//                       `{name}.cmp` per changed parameter, is still read
+//                       and written on request). Metadata encoding="compact".
 //   compressed anchor:  a full snapshot with each bf16 element split into an
 //                       exponent byte plane (zstd, i.e. Huffman-coded) and a
 //                       sign+mantissa byte plane (stored), in chunks of up to
@@ -27,6 +29,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -55,6 +58,17 @@ inline constexpr std::string_view kBaseStateHashKey = "deltasync_base_state_hash
 inline constexpr int kCompactStreamAuto = 0;
 inline constexpr int kDefaultCompactStreamVersion = kCompactStreamAuto;
 
+// The container new compact deltas are written in (docs/format.md,
+// "Containers"): 1, one U8 tensor `{P}.cmp` per changed parameter P; 2,
+// every stream back to back in one U8 tensor `streams` after a directory of
+// (base tensor index, length), which saves the ~100-byte safetensors header
+// entry per changed parameter; or kCompactContainerAuto (the default):
+// container 2 unless container 1 is strictly smaller (a delta of at most a
+// changed tensor or so), so never larger than either. The streams are the
+// same bytes in both; both are read.
+inline constexpr int kCompactContainerAuto = 0;
+inline constexpr int kDefaultCompactContainer = kCompactContainerAuto;
+
 // A compact delta for info.model_version against `base` (whose hash is
 // `base_hash`, version *info.base_version). REQUIRES of the caller, checked
 // (kInvalidArgument): info.base_version set and < info.model_version; every
@@ -64,15 +78,18 @@ inline constexpr int kDefaultCompactStreamVersion = kCompactStreamAuto;
 // (total_elements = base.total_elements()). Deterministic: the same input
 // gives the same bytes. Tensors encoded in parallel on up to `threads`
 // threads (0 = hardware concurrency), in `stream_version` (2, 3 or
-// kCompactStreamAuto, else kInvalidArgument). The result owns all its bytes.
+// kCompactStreamAuto, else kInvalidArgument) and `container` (1, 2 or
+// kCompactContainerAuto, else kInvalidArgument). The result owns all its bytes.
 Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                         const WeightState& base, std::span<const TensorChanges> changes,
-                                        int threads = 0, int stream_version = kDefaultCompactStreamVersion);
+                                        int threads = 0, int stream_version = kDefaultCompactStreamVersion,
+                                        int container = kDefaultCompactContainer);
 // The same against a base given as views (any order; names unique), e.g. a
 // PublishedViews' tensors: no copy of the base.
 Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                         std::span<const TensorView> base, std::span<const TensorChanges> changes,
-                                        int threads = 0, int stream_version = kDefaultCompactStreamVersion);
+                                        int threads = 0, int stream_version = kDefaultCompactStreamVersion,
+                                        int container = kDefaultCompactContainer);
 
 // A decoded compact delta. `changes` sorted by name, indices strictly
 // ascending and in range for the base it was decoded against, values in the
@@ -142,18 +159,22 @@ Result<CompactDelta> ApplyCompactDelta(const SafetensorsFile& file, WeightState&
 struct CompactStreamSizes {
   uint64_t tensors = 0;
   uint64_t changed = 0;        // changed elements
-  uint64_t header_bytes = 0;   // safetensors header + per-tensor stream headers
+  uint64_t header_bytes = 0;   // safetensors header + container 2 directory + per-tensor stream headers
   uint64_t gap_bytes = 0;      // positions
   uint64_t diff_bytes = 0;     // bf16 ULP differences
   uint64_t escape_bytes = 0;   // raw bf16 values (sign flips, NaN/Inf, big moves)
   uint64_t value_bytes = 0;    // raw values of other dtypes
-  // Each model tensor the delta changes, in file order: its name (without
-  // the stream's '.cmp'), whether its stream is bf16 (otherwise the dtype is
-  // the base's) and its changed elements.
+  int container = 1;            // 1 or 2 (see kDefaultCompactContainer)
+  // Each model tensor the delta changes, in name order: its name (without
+  // the stream's '.cmp'; container 2 names no tensor, so empty there),
+  // container 2's index of the tensor in the base's name order, whether its
+  // stream is bf16 (otherwise the dtype is the base's) and its changed
+  // elements.
   struct Tensor {
     std::string name;
     bool bf16 = false;
     uint64_t changed = 0;
+    std::optional<uint64_t> base_index;
   };
   std::vector<Tensor> changed_tensors;
 };

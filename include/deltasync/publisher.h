@@ -77,6 +77,9 @@ struct PublisherOptions {
   // Stream version of compact deltas (2, 3 or kCompactStreamAuto, the
   // default; replicas read both; tests and benchmarks compare).
   int compact_stream_version = kDefaultCompactStreamVersion;
+  // Container of compact deltas (1, 2 or kCompactContainerAuto, the
+  // default: 2 unless 1 is smaller; replicas read both).
+  int compact_container = kDefaultCompactContainer;
   // F32 tensors whose names end with one of these are published as F32
   // (bitwise) rather than rounded to bf16: inference engines keep MoE
   // router score-correction biases in fp32.

@@ -89,13 +89,16 @@ Status EncodeTensorStream(const TensorChanges& changes, const TensorView& base, 
                           const V3Tables* tables = nullptr);
 
 // The compact delta file from per-tensor streams: `names[i]`'s stream is
-// `streams[i]` (names sorted, each a tensor of the base), `changed` changed
-// elements in all; `tables` (version 3) go into the metadata.
+// `streams[i]` (names sorted, each a tensor of the base, indices[i] its index
+// in the base's name order), `changed` changed elements in all; `tables`
+// (version 3) go into the metadata. `container` 1, 2 or kCompactContainerAuto
+// (compact_container.h).
 // REQUIRES info.base_version (checked: kInvalidArgument).
 Result<EncodedPatch> AssembleCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                           uint64_t base_total_elements, std::span<const std::string> names,
+                                          std::span<const uint64_t> indices,
                                           std::vector<std::vector<uint8_t>> streams, uint64_t changed,
-                                          const V3Tables* tables = nullptr);
+                                          const V3Tables* tables, int container);
 
 // kCorruption "<label>: tensor '<tensor>': <msg>", the decoders' one shape
 // of error for a tensor's stream.
@@ -149,6 +152,7 @@ namespace deltasync {
 Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                                const WeightState& base, const bf16::CompactScan& scan,
                                                std::span<const TensorChanges> others, int threads,
-                                               int stream_version = kDefaultCompactStreamVersion);
+                                               int stream_version = kDefaultCompactStreamVersion,
+                                               int container = kDefaultCompactContainer);
 
 }  // namespace deltasync

@@ -14,6 +14,7 @@
 #include "bf16/hash_term.h"
 #include "bf16/simd_kernels.h"
 #include "codec/compact_bf16.h"
+#include "codec/compact_container.h"
 #include "codec/compact_rice.h"
 #include "codec/compact_streams.h"
 #include "codec/compact_v3.h"
@@ -40,7 +41,6 @@ using compact::Chunk;
 using compact::ChunkWalker;
 using compact::Reader;
 
-constexpr std::string_view kSuffix = ".cmp";
 // Below this many stream bytes (or base elements to walk) in total, work
 // stays on one thread.
 constexpr uint64_t kParallelMin = uint64_t{1} << 16;
@@ -264,28 +264,18 @@ Result<CompactDelta> DecodeOrApply(const SafetensorsFile& file, std::span<const 
                std::to_string(base_elements));
   }
 
-  // Tensors, in name order; each `{param}.cmp` of a base tensor, U8, 1-D.
-  std::vector<const TensorView*> streams;
-  for (const TensorView& t : file.tensors()) streams.push_back(&t);
-  std::sort(streams.begin(), streams.end(), [](auto* a, auto* b) { return a->name < b->name; });
-  if (streams.size() != out.info.num_changed_params) {
+  // The streams, in name order, each tied to its base tensor (either container).
+  DS_ASSIGN_OR_RETURN(const std::vector<compact::Stream> listed, compact::ListStreams(file, base));
+  if (listed.size() != out.info.num_changed_params) {
     return bad("num_changed_params " + std::to_string(out.info.num_changed_params) + " but " +
-               std::to_string(streams.size()) + " tensors");
+               std::to_string(listed.size()) + " streams");
   }
-  std::vector<const TensorView*> bases;
+  std::vector<const TensorView*> streams, bases;
   uint64_t stream_bytes = 0;
-  for (const TensorView* s : streams) {
-    const std::string& name = s->name;
-    if (name.size() <= kSuffix.size() || name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0) {
-      return CorruptTensor(label, name, "name does not end in '.cmp'");
-    }
-    if (s->dtype != DType::kU8 || s->shape.size() != 1) return CorruptTensor(label, name, "not a 1-D U8 tensor");
-    const std::string_view param = std::string_view(name).substr(0, name.size() - kSuffix.size());
-    auto found = std::find_if(base.begin(), base.end(), [&](const TensorView& v) { return v.name == param; });
-    const TensorView* t = found == base.end() ? nullptr : &*found;
-    if (!t) return CorruptTensor(label, name, "names a tensor the base does not have");
-    bases.push_back(t);
-    stream_bytes += s->data.size();
+  for (const compact::Stream& s : listed) {
+    streams.push_back(&s.stream);
+    bases.push_back(&base[s.base]);
+    stream_bytes += s.stream.data.size();
   }
 
   // Step 1.

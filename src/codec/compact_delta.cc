@@ -19,6 +19,7 @@
 #include "bf16/compact_scan.h"
 #include "bf16/simd_kernels.h"
 #include "codec/compact_bf16.h"
+#include "codec/compact_container.h"
 #include "codec/compact_rice.h"
 #include "codec/compact_v3.h"
 #include "codec/compact_streams.h"
@@ -43,7 +44,7 @@ using compact::kModeBf16;
 using compact::kModeRaw;
 using compact::kStreamVersion;
 
-constexpr std::string_view kSuffix = ".cmp";
+using compact::kStreamSuffix;
 constexpr int kZstdLevel = 3;  // raw values of non-bf16 tensors
 // Below this many changed elements in total, work stays on one thread.
 constexpr uint64_t kParallelMin = uint64_t{1} << 16;
@@ -195,6 +196,21 @@ Status EncodeTensorStream(const TensorChanges& c, const TensorView& base, std::v
 
 namespace {
 
+Status CheckContainer(int container) {
+  if (container == kCompactContainerAuto || container == 1 || container == 2) return Status::OK();
+  return Status::InvalidArgument("compact container " + std::to_string(container) + " is not 1, 2 or auto (0)");
+}
+
+// Each of `names` (sorted, each in `base_names`) as its index in
+// `base_names` (sorted): container 2's tensor indices.
+std::vector<uint64_t> BaseIndices(std::span<const std::string> names, std::span<const std::string_view> base_names) {
+  std::vector<uint64_t> out;
+  out.reserve(names.size());
+  for (const std::string& n : names) {
+    out.push_back(static_cast<uint64_t>(std::lower_bound(base_names.begin(), base_names.end(), n) - base_names.begin()));
+  }
+  return out;
+}
 
 Metadata BuildMetadata(const PatchInfo& info, const StateHash& base_hash, uint64_t params, uint64_t changed,
                        uint64_t total) {
@@ -221,18 +237,21 @@ bool IsCompactDelta(const SafetensorsFile& file) {
 }
 
 Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& base_hash, const WeightState& base,
-                                        std::span<const TensorChanges> changes, int threads, int stream_version) {
+                                        std::span<const TensorChanges> changes, int threads, int stream_version,
+                                        int container) {
   const std::vector<TensorView> views = base.views();
-  return EncodeCompactDelta(info, base_hash, std::span<const TensorView>(views), changes, threads, stream_version);
+  return EncodeCompactDelta(info, base_hash, std::span<const TensorView>(views), changes, threads, stream_version,
+                            container);
 }
 
 Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                         std::span<const TensorView> base, std::span<const TensorChanges> changes,
-                                        int threads, int stream_version) {
+                                        int threads, int stream_version, int container) {
   if (!info.base_version) return Status::InvalidArgument("a compact delta needs info.base_version");
   if (stream_version != kCompactStreamAuto && stream_version != 2 && stream_version != 3) {
     return Status::InvalidArgument("compact stream version " + std::to_string(stream_version) + " is not 2 or 3");
   }
+  DS_RETURN_IF_ERROR(CheckContainer(container));
   const bool automatic = stream_version == kCompactStreamAuto;
   if (automatic) stream_version = 3;
   if (*info.base_version >= info.model_version) {
@@ -287,11 +306,16 @@ Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& 
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
   std::vector<std::string> names;
   for (const TensorChanges* c : order) names.push_back(c->name);
-  DS_ASSIGN_OR_RETURN(EncodedPatch out, compact::AssembleCompactDelta(info, base_hash, total_elements, names,
-                                                                      std::move(streams), changed, t));
+  std::vector<std::string_view> base_names;
+  for (const TensorView& v : base) base_names.push_back(v.name);
+  std::sort(base_names.begin(), base_names.end());
+  DS_ASSIGN_OR_RETURN(EncodedPatch out,
+                      compact::AssembleCompactDelta(info, base_hash, total_elements, names,
+                                                    BaseIndices(names, base_names), std::move(streams), changed, t,
+                                                    container));
   if (automatic && changed < kSmallDelta) {
     // The tables' fixed cost can exceed what they save on a tiny delta.
-    DS_ASSIGN_OR_RETURN(EncodedPatch v2, EncodeCompactDelta(info, base_hash, base, changes, 1, 2));
+    DS_ASSIGN_OR_RETURN(EncodedPatch v2, EncodeCompactDelta(info, base_hash, base, changes, 1, 2, container));
     if (v2.size < out.size) return v2;
   }
   return out;
@@ -299,25 +323,51 @@ Result<EncodedPatch> EncodeCompactDelta(const PatchInfo& info, const StateHash& 
 
 Result<EncodedPatch> compact::AssembleCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                                    uint64_t base_total_elements, std::span<const std::string> names,
+                                                   std::span<const uint64_t> indices,
                                                    std::vector<std::vector<uint8_t>> streams, uint64_t changed,
-                                                   const V3Tables* tables) {
+                                                   const V3Tables* tables, int container) {
   if (!info.base_version) return Status::InvalidArgument("a compact delta needs info.base_version");
-  EncodedPatch out;
-  out.owned.reserve(1 + streams.size());
-  out.owned.emplace_back();
-  for (std::vector<uint8_t>& s : streams) out.owned.push_back(std::move(s));
-  std::vector<TensorView> views;
-  for (size_t i = 0; i < names.size(); ++i) {
-    views.push_back({names[i] + std::string(kSuffix), DType::kU8, {out.owned[1 + i].size()}, out.owned[1 + i]});
-  }
+  DS_RETURN_IF_ERROR(CheckContainer(container));
   Metadata metadata = BuildMetadata(info, base_hash, names.size(), changed, base_total_elements);
   if (tables) metadata.emplace(std::string(kTablesKey), tables->SerializeHex());
-  DS_ASSIGN_OR_RETURN(out.owned[0], EncodeSafetensorsHeader(metadata, views));
-  for (const std::vector<uint8_t>& part : out.owned) {
-    if (part.empty()) continue;
-    out.parts.push_back(part);
-    out.size += part.size();
+  // Container 1's header: a tensor `{P}.cmp` per stream.
+  std::vector<TensorView> views1;
+  for (size_t i = 0; i < names.size(); ++i) {
+    views1.push_back({names[i] + std::string(kStreamSuffix), DType::kU8, {streams[i].size()}, streams[i]});
   }
+  auto finish = [](EncodedPatch& out) {
+    for (const std::vector<uint8_t>& part : out.owned) {
+      if (part.empty()) continue;
+      out.parts.push_back(part);
+      out.size += part.size();
+    }
+  };
+  EncodedPatch out;
+  if (container != 1) {
+    // One tensor: the directory, then the streams back to back.
+    out.owned.resize(2);
+    out.owned[1] = WriteContainer2(indices, streams);
+    const TensorView one{std::string(compact::kContainerTensor), DType::kU8, {out.owned[1].size()}, out.owned[1]};
+    Metadata metadata2 = metadata;
+    metadata2.emplace(std::string(compact::kContainerKey), std::string(compact::kContainer2Value));
+    DS_ASSIGN_OR_RETURN(out.owned[0], EncodeSafetensorsHeader(metadata2, std::span<const TensorView>(&one, 1)));
+    finish(out);
+    if (container == 2) return out;
+  }
+  DS_ASSIGN_OR_RETURN(std::vector<uint8_t> header1, EncodeSafetensorsHeader(metadata, views1));
+  if (container == kCompactContainerAuto) {
+    // Container 2 unless container 1 is strictly smaller (a delta of none
+    // or one changed tensor: the container key and the directory cost more
+    // than the header entries they save).
+    uint64_t size1 = header1.size();
+    for (const std::vector<uint8_t>& s : streams) size1 += s.size();
+    if (size1 >= out.size) return out;
+  }
+  out = EncodedPatch{};
+  out.owned.reserve(1 + streams.size());
+  out.owned.push_back(std::move(header1));
+  for (std::vector<uint8_t>& s : streams) out.owned.push_back(std::move(s));
+  finish(out);
   return out;
 }
 
@@ -339,14 +389,18 @@ Result<CompactStreamSizes> MeasureCompactDelta(const SafetensorsFile& file) {
   out.header_bytes = file.blob().size();
   std::optional<compact::V3Tables> tables;
   DS_RETURN_IF_ERROR(compact::ParseDeltaTables(file, tables));
-  for (const TensorView& t : file.tensors()) {
+  DS_ASSIGN_OR_RETURN(const compact::RawStreams raw, compact::ReadContainer(file));
+  out.container = raw.container;
+  for (const compact::RawStream& r : raw.streams) {
+    // Container 2 names no tensor: its streams are named by base index.
+    const std::string param = raw.container == 1 ? r.param : "#" + std::to_string(r.index);
+    const std::optional<uint64_t> index = raw.container == 1 ? std::nullopt : std::optional<uint64_t>(r.index);
+    const TensorView t{param + std::string(kStreamSuffix), DType::kU8, {r.bytes.size()}, r.bytes};
     auto bad = [&](const std::string& msg) { return CorruptTensor(file.label(), t.name, msg); };
     Reader in(t.data);
     std::optional<uint8_t> version = in.Byte(), mode = in.Byte();
     std::optional<uint64_t> count = in.Varint();
     if (!version || !mode || !count) return bad("truncated stream header");
-    std::string_view param = t.name;
-    if (param.ends_with(kSuffix)) param.remove_suffix(kSuffix.size());
     if (*version == compact::kStreamVersion3 && *mode == kModeBf16) {
       // Version 3 is measured by decoding its entropy-coded parts.
       compact::ParsedBf16 parsed;
@@ -355,7 +409,7 @@ Result<CompactStreamSizes> MeasureCompactDelta(const SafetensorsFile& file) {
       if (auto err = compact::ParseBf16StreamV3(in, *count, tables ? &*tables : nullptr, parsed, &sizes)) return bad(*err);
       out.tensors++;
       out.changed += *count;
-      out.changed_tensors.push_back({std::string(param), true, *count});
+      out.changed_tensors.push_back({raw.container == 1 ? param : "", true, *count, index});
       out.gap_bytes += sizes.gaps;
       out.diff_bytes += sizes.diffs;
       out.escape_bytes += sizes.escapes;
@@ -387,7 +441,7 @@ Result<CompactStreamSizes> MeasureCompactDelta(const SafetensorsFile& file) {
     if (!gaps || !second || !third) return bad("truncated or malformed block");
     out.tensors++;
     out.changed += *count;
-    out.changed_tensors.push_back({std::string(param), *mode == kModeBf16, *count});
+    out.changed_tensors.push_back({raw.container == 1 ? param : "", *mode == kModeBf16, *count, index});
     out.gap_bytes += *gaps;
     if (*mode == kModeBf16) {
       out.diff_bytes += *second;
@@ -407,7 +461,7 @@ namespace deltasync {
 Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                                const WeightState& base, const bf16::CompactScan& scan,
                                                std::span<const TensorChanges> others, int threads,
-                                               int stream_version) {
+                                               int stream_version, int container) {
   if (!info.base_version || *info.base_version >= info.model_version) {
     return Status::InvalidArgument("a compact delta needs a base version older than model_version " +
                                    std::to_string(info.model_version));
@@ -415,6 +469,7 @@ Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const Stat
   if (stream_version != kCompactStreamAuto && stream_version != 2 && stream_version != 3) {
     return Status::InvalidArgument("compact stream version " + std::to_string(stream_version) + " is not 2 or 3");
   }
+  DS_RETURN_IF_ERROR(CheckContainer(container));
   const bool automatic = stream_version == kCompactStreamAuto;
   if (automatic) stream_version = 3;
   // Both lists are in name order (the base's): merge them.
@@ -460,10 +515,15 @@ Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const Stat
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
   std::vector<std::string> names;
   for (const Item& it : items) names.push_back(*it.name);
-  DS_ASSIGN_OR_RETURN(EncodedPatch out, compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names,
-                                                                      std::move(streams), changed, tab));
+  std::vector<std::string_view> base_names;  // WeightState keeps its tensors in name order
+  for (const WeightState::Tensor& t : base.tensors()) base_names.push_back(t.name);
+  DS_ASSIGN_OR_RETURN(EncodedPatch out,
+                      compact::AssembleCompactDelta(info, base_hash, base.total_elements(), names,
+                                                    BaseIndices(names, base_names), std::move(streams), changed, tab,
+                                                    container));
   if (automatic && changed < kSmallDelta) {  // as EncodeCompactDelta
-    DS_ASSIGN_OR_RETURN(EncodedPatch v2, EncodeScannedCompactDelta(info, base_hash, base, scan, others, 1, 2));
+    DS_ASSIGN_OR_RETURN(EncodedPatch v2,
+                        EncodeScannedCompactDelta(info, base_hash, base, scan, others, 1, 2, container));
     if (v2.size < out.size) return v2;
   }
   return out;

@@ -3,9 +3,9 @@
 // (compact_parse.h).
 #include "codec/compact_parse.h"
 
-#include <algorithm>
 #include <optional>
 
+#include "codec/compact_container.h"
 #include "common/parallel.h"
 #include "deltasync/compact.h"
 
@@ -20,21 +20,11 @@ uint64_t CompactParse::changes() const {
 Status ParseCompactDelta(const SafetensorsFile& file, std::span<const TensorView> base, int threads,
                          CompactParse& out) {
   const std::string& label = file.label();
-  constexpr std::string_view kSuffix = ".cmp";
-  std::vector<const TensorView*> streams;
-  for (const TensorView& t : file.tensors()) streams.push_back(&t);
-  std::sort(streams.begin(), streams.end(), [](auto* a, auto* b) { return a->name < b->name; });
-  std::vector<const TensorView*> bases;
-  for (const TensorView* s : streams) {
-    const std::string& name = s->name;
-    if (name.size() <= kSuffix.size() || name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0) {
-      return compact::CorruptTensor(label, name, "name does not end in '.cmp'");
-    }
-    if (s->dtype != DType::kU8 || s->shape.size() != 1) return compact::CorruptTensor(label, name, "not a 1-D U8 tensor");
-    const std::string_view param = std::string_view(name).substr(0, name.size() - kSuffix.size());
-    auto found = std::find_if(base.begin(), base.end(), [&](const TensorView& v) { return v.name == param; });
-    if (found == base.end()) return compact::CorruptTensor(label, name, "names a tensor the base does not have");
-    bases.push_back(&*found);
+  DS_ASSIGN_OR_RETURN(const std::vector<compact::Stream> listed, compact::ListStreams(file, base));
+  std::vector<const TensorView*> streams, bases;
+  for (const compact::Stream& s : listed) {
+    streams.push_back(&s.stream);
+    bases.push_back(&base[s.base]);
   }
   std::optional<compact::V3Tables> tables;
   DS_RETURN_IF_ERROR(compact::ParseDeltaTables(file, tables));

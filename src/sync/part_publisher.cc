@@ -212,7 +212,8 @@ Result<PartReceipt> PartPublisher::PublishDelta(uint64_t version, std::span<cons
   info.model_version = version;
   info.base_version = latest_;
   Result<EncodedPatch> delta =
-      EncodeScannedCompactDelta(info, hash_, state_, *scan_, others, threads, options_.compact_stream_version);
+      EncodeScannedCompactDelta(info, hash_, state_, *scan_, others, threads, options_.compact_stream_version,
+                                options_.compact_container);
   if (!delta.ok()) {
     scan_->Undo(threads);
     return delta.status();

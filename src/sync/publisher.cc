@@ -262,7 +262,8 @@ Result<Publisher::Prepared> Publisher::PrepareScanned(uint64_t version, std::spa
   info.base_version = latest_version();
   Prepared p;
   Result<EncodedPatch> delta = EncodeScannedCompactDelta(info, state_hash_, state_, *scan_, others, threads,
-                                                             options_.compact_stream_version);
+                                                             options_.compact_stream_version,
+                                                             options_.compact_container);
   if (options_.measure_gap_delta && delta.ok()) {
     std::vector<TensorChanges> all = scan_->AppliedChanges();
     all.insert(all.end(), others.begin(), others.end());
@@ -372,7 +373,8 @@ Result<EncodedPatch> Publisher::EncodeDeltaFrom(uint64_t version, uint64_t base_
   info.base_version = base_version;
   info.total_elements = base.total_elements();
   if (settings_.encoding == IndexEncoding::kCompact) {
-    return EncodeCompactDelta(info, base_hash, base, changes, options_.threads, options_.compact_stream_version);
+    return EncodeCompactDelta(info, base_hash, base, changes, options_.threads, options_.compact_stream_version,
+                              options_.compact_container);
   }
   return EncodeDelta(info, changes);
 }

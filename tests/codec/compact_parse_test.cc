@@ -12,6 +12,7 @@
 
 #include "codec/compact_bf16.h"
 #include "codec/compact_case_util.h"
+#include "codec/compact_container.h"
 #include "codec/compact_streams.h"
 #include "codec/patch_test_util.h"
 #include "deltasync/compact.h"
@@ -24,11 +25,11 @@ using testing::ParseBytes;
 using namespace testing_compact;
 
 std::vector<uint8_t> Encode(const WeightState& state, const StateHash& hash, const std::vector<TensorChanges>& changes,
-                            int version) {
+                            int version, int container = kDefaultCompactContainer) {
   PatchInfo info;
   info.model_version = 3;
   info.base_version = 2;
-  Result<EncodedPatch> e = EncodeCompactDelta(info, hash, state, changes, 1, version);
+  Result<EncodedPatch> e = EncodeCompactDelta(info, hash, state, changes, 1, version, container);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   return e.ok() ? Flatten(*e) : std::vector<uint8_t>{};
 }
@@ -73,10 +74,12 @@ TensorChanges Place(const CompactParse::Tensor& p, const WeightState::Tensor& ba
 }
 
 void ExpectParseEqualsDecode(const WeightState& state, const StateHash& hash, const std::vector<TensorChanges>& changes) {
-  for (int version : {2, 3}) {
+  for (int k = 0; k < 4; ++k) {
+    const int version = 2 + k % 2, container = 1 + k / 2;
     for (int threads : {1, 3}) {
-      SCOPED_TRACE("stream version " + std::to_string(version) + ", threads " + std::to_string(threads));
-      const std::vector<uint8_t> bytes = Encode(state, hash, changes, version);
+      SCOPED_TRACE("stream version " + std::to_string(version) + ", container " + std::to_string(container) +
+                   ", threads " + std::to_string(threads));
+      const std::vector<uint8_t> bytes = Encode(state, hash, changes, version, container);
       ASSERT_FALSE(bytes.empty());
       Result<SafetensorsFile> f = ParseBytes(bytes);
       ASSERT_TRUE(f.ok()) << f.status().ToString();
@@ -128,24 +131,34 @@ TEST(CompactParse, RawModeTensorsAreDecodedWhole) {
 
 TEST(CompactParse, RefusesAStreamOfNoBaseTensorOrOfAnUnknownVersion) {
   const Case c = MakeCase();
-  Result<SafetensorsFile> f = ParseBytes(c.bytes);
-  ASSERT_TRUE(f.ok());
   CompactParse parsed;
   std::vector<TensorView> views = c.state.views();
   views.erase(std::find_if(views.begin(), views.end(), [](const TensorView& v) { return v.name == "dense"; }));
-  Status s = ParseCompactDelta(*f, views, 1, parsed);
-  EXPECT_EQ(s.code(), ErrorCode::kCorruption) << s.ToString();
-  EXPECT_NE(s.ToString().find("dense.cmp"), std::string::npos) << s.ToString();
+  // Container 1 names the missing tensor; container 2's last index (3) is
+  // past the three tensors left.
+  for (int container : {1, 2}) {
+    Result<SafetensorsFile> f = ParseBytes(Encode(c.state, c.hash, c.changes, 3, container));
+    ASSERT_TRUE(f.ok());
+    Status s = ParseCompactDelta(*f, views, 1, parsed);
+    EXPECT_EQ(s.code(), ErrorCode::kCorruption) << s.ToString();
+    EXPECT_NE(s.ToString().find(container == 1 ? "tensor 'dense.cmp': names a tensor the base does not have"
+                                               : "tensor index 3 is out of range (the base has 3 tensors)"),
+              std::string::npos)
+        << s.ToString();
+  }
 
   // A stream of an unknown version: the decoder's own check refuses it,
   // as the decode does.
-  for (int version : {2, 3}) {
-    std::vector<uint8_t> bytes = Encode(c.state, c.hash, c.changes, version);
+  Status s;
+  for (int k = 0; k < 4; ++k) {
+    const int version = 2 + k % 2, container = 1 + k / 2;
+    std::vector<uint8_t> bytes = Encode(c.state, c.hash, c.changes, version, container);
     Result<SafetensorsFile> whole = ParseBytes(bytes);
     ASSERT_TRUE(whole.ok());
-    const TensorView* big = whole->Find("big.cmp");
-    ASSERT_NE(big, nullptr);
-    bytes[static_cast<size_t>(big->data.data() - whole->blob().bytes().data())] = 9;
+    Result<std::vector<compact::Stream>> listed = compact::ListStreams(*whole, c.state.views());
+    ASSERT_TRUE(listed.ok());
+    ASSERT_EQ((*listed)[0].stream.name, "big.cmp");
+    bytes[static_cast<size_t>((*listed)[0].stream.data.data() - whole->blob().bytes().data())] = 9;
     Result<SafetensorsFile> bad = ParseBytes(bytes);
     ASSERT_TRUE(bad.ok());
     s = ParseCompactDelta(*bad, c.state.views(), 1, parsed);

@@ -68,8 +68,10 @@ PatchInfo Info() {
   return info;
 }
 
-std::vector<uint8_t> Encode(const Base& b, const std::vector<TensorChanges>& changes) {
-  Result<EncodedPatch> e = EncodeCompactDelta(Info(), b.hash, b.state, changes);
+std::vector<uint8_t> Encode(const Base& b, const std::vector<TensorChanges>& changes,
+                            int stream_version = kDefaultCompactStreamVersion,
+                            int container = kDefaultCompactContainer) {
+  Result<EncodedPatch> e = EncodeCompactDelta(Info(), b.hash, b.state, changes, 0, stream_version, container);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   return e.ok() ? Flatten(*e) : std::vector<uint8_t>();
 }
@@ -79,8 +81,9 @@ Result<CompactDelta> DecodeBytes(std::vector<uint8_t> bytes, const Base& b, int 
   return DecodeCompactDelta(f, b.state, b.hash, threads);
 }
 
-void ExpectRoundTrip(const Base& b, std::vector<TensorChanges> changes) {
-  std::vector<uint8_t> bytes = Encode(b, changes);
+void ExpectRoundTripIn(const Base& b, std::vector<TensorChanges> changes, int stream_version, int container) {
+  SCOPED_TRACE("stream version " + std::to_string(stream_version) + ", container " + std::to_string(container));
+  std::vector<uint8_t> bytes = Encode(b, changes, stream_version, container);
   Result<CompactDelta> d = DecodeBytes(bytes, b);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   std::sort(changes.begin(), changes.end(), [](auto& x, auto& y) { return x.name < y.name; });
@@ -101,7 +104,45 @@ void ExpectRoundTrip(const Base& b, std::vector<TensorChanges> changes) {
   EXPECT_EQ(d->hash_delta, HashChanges(b.state, changes, 1));  // bf16 and other dtypes
   EXPECT_TRUE(ValidateChanges(b.state, d->changes).ok());
   // Deterministic.
-  EXPECT_EQ(Encode(b, changes), bytes);
+  EXPECT_EQ(Encode(b, changes, stream_version, container), bytes);
+  // The file says which container it is; its streams are the same in both.
+  Result<SafetensorsFile> f = ParseBytes(bytes, "compact.safetensors");
+  ASSERT_TRUE(f.ok());
+  const int written = f->metadata().contains("deltasync_compact_container") ? 2 : 1;
+  if (container != kCompactContainerAuto) EXPECT_EQ(written, container);
+  container = written;
+  EXPECT_EQ(f->tensors().size(), container == 2 ? 1u : changes.size());
+  Result<CompactStreamSizes> sizes = MeasureCompactDelta(*f);
+  ASSERT_TRUE(sizes.ok()) << sizes.status().ToString();
+  EXPECT_EQ(sizes->container, container);
+  EXPECT_EQ(sizes->changed, total);
+  ASSERT_EQ(sizes->changed_tensors.size(), changes.size());
+  for (size_t i = 0; i < changes.size(); ++i) {
+    const CompactStreamSizes::Tensor& t = sizes->changed_tensors[i];
+    EXPECT_EQ(t.changed, changes[i].count());
+    if (container == 1) {
+      EXPECT_EQ(t.name, changes[i].name);
+      EXPECT_FALSE(t.base_index);
+    } else {
+      EXPECT_EQ(t.name, "");
+      ASSERT_TRUE(t.base_index);
+      ASSERT_LT(*t.base_index, b.state.tensors().size());
+      EXPECT_EQ(b.state.tensors()[*t.base_index].name, changes[i].name);
+    }
+  }
+}
+
+// Every stream version in both containers: the same changes decode from
+// each, and the automatic container is the smaller one.
+void ExpectRoundTrip(const Base& b, std::vector<TensorChanges> changes) {
+  for (int stream_version : {2, 3}) {
+    ExpectRoundTripIn(b, changes, stream_version, 1);
+    ExpectRoundTripIn(b, changes, stream_version, 2);
+    ExpectRoundTripIn(b, changes, stream_version, kCompactContainerAuto);
+    EXPECT_EQ(Encode(b, changes, stream_version, kCompactContainerAuto).size(),
+              std::min(Encode(b, changes, stream_version, 1).size(), Encode(b, changes, stream_version, 2).size()));
+  }
+  ExpectRoundTripIn(b, changes, kCompactStreamAuto, kDefaultCompactContainer);
 }
 
 TEST(CompactDelta, PlusMinusOneUlp) {
@@ -342,13 +383,18 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> CompactSeeds() {
   PatchInfo info;
   info.model_version = 2;
   info.base_version = 1;
-  // Each delta in stream version 3 (the default) and, as "v2_<name>", in
-  // version 2 (still read).
+  // Each delta in stream version 3 and, as "v2_<name>", in version 2 (still
+  // read); in container 1 and, as "c2_<name>", in container 2.
   auto delta = [&](std::string name, std::vector<TensorChanges> changes) {
-    for (int version : {3, 2}) {
-      Result<EncodedPatch> e = EncodeCompactDelta(info, base.hash, base.state, changes, 1, version);
-      EXPECT_TRUE(e.ok()) << name << ": " << e.status().ToString();
-      if (e.ok()) seeds.emplace_back((version == 2 ? "v2_" : "") + name, Flatten(*e));
+    for (int container : {1, 2}) {
+      for (int version : {3, 2}) {
+        Result<EncodedPatch> e = EncodeCompactDelta(info, base.hash, base.state, changes, 1, version, container);
+        EXPECT_TRUE(e.ok()) << name << ": " << e.status().ToString();
+        if (e.ok()) {
+          seeds.emplace_back(std::string(container == 2 ? "c2_" : "") + (version == 2 ? "v2_" : "") + name,
+                             Flatten(*e));
+        }
+      }
     }
   };
   auto bf16 = [](std::vector<uint16_t> v) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "codec/compact_container.h"
 #include "codec/compact_v3.h"
 #include "codec/patch_test_util.h"
 #include "deltasync/compact.h"
@@ -62,12 +63,15 @@ Result<CompactDelta> Decode(std::vector<uint8_t> bytes, const Base& b, int threa
   return DecodeCompactDelta(f, b.state, b.hash, threads);
 }
 
-// The stream version byte of every tensor of an encoded delta.
+// The stream version byte of every stream of an encoded delta (either
+// container).
 std::vector<int> Versions(const std::vector<uint8_t>& bytes) {
   Result<SafetensorsFile> f = ParseBytes(bytes, "x");
+  Result<compact::RawStreams> raw = f.ok() ? compact::ReadContainer(*f) : f.status();
+  EXPECT_TRUE(raw.ok()) << raw.status().ToString();
   std::vector<int> out;
-  if (f.ok()) {
-    for (const TensorView& t : f->tensors()) out.push_back(t.data.empty() ? -1 : t.data[0]);
+  if (raw.ok()) {
+    for (const compact::RawStream& s : raw->streams) out.push_back(s.bytes.empty() ? -1 : s.bytes[0]);
   }
   return out;
 }

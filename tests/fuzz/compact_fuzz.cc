@@ -1,9 +1,9 @@
 // Fuzz target for the compact decoders. Properties, per input:
 //   1. arbitrary bytes never crash SafetensorsFile::Parse + DecodeCompactDelta
 //      (against a small fixed base) or DecodeCompressedAnchor;
-//   2. a delta that decodes (stream version 2 or 3) is valid for the base
-//      (ValidateChanges), and re-encodes in both versions to patches that
-//      decode to the same changes;
+//   2. a delta that decodes (stream version 2 or 3, container 1 or 2) is
+//      valid for the base (ValidateChanges), and re-encodes in both versions
+//      and both containers to patches that decode to the same changes;
 //   3. an anchor that decodes re-encodes and decodes to the same tensors;
 //   4. the fused ApplyCompactDelta on a copy of the base succeeds exactly
 //      when the decoder does, then leaves the copy as ApplyChanges would
@@ -77,9 +77,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (!d.ok()) return 0;
   if (!ValidateChanges(base->state, d->changes).ok()) std::abort();
-  // Both stream versions (2 and 3) re-encode it to the same changes.
-  for (int version : {2, 3}) {
-    Result<EncodedPatch> e = EncodeCompactDelta(d->info, base->hash, base->state, d->changes, 1, version);
+  // Both stream versions (2 and 3) in both containers re-encode it to the
+  // same changes.
+  for (int k = 0; k < 4; ++k) {
+    const int version = 2 + k % 2, container = 1 + k / 2;
+    Result<EncodedPatch> e = EncodeCompactDelta(d->info, base->hash, base->state, d->changes, 1, version, container);
     if (!e.ok()) std::abort();
     Result<SafetensorsFile> f2 = SafetensorsFile::Parse(Blob::FromVector(Flatten(*e)), "re.safetensors");
     if (!f2.ok()) std::abort();

@@ -15,33 +15,78 @@ from safetensors.numpy import load_file, save_file
 from test_safetensors_interop import make_weights, nudge, to_bf16_bits
 
 
-def diff_compact(run, tmp_path, old, new, out="d.safetensors", version=8):
+def diff_compact(run, tmp_path, old, new, out="d.safetensors", version=8, *extra):
     save_file(old, tmp_path / "old.safetensors")
     save_file(new, tmp_path / "new.safetensors")
     return run("diff", tmp_path / "old.safetensors", tmp_path / "new.safetensors", "-o", tmp_path / out,
-               "--encoding", "compact", "--version", version)
+               "--encoding", "compact", "--version", version, *extra)
+
+
+def varint(buf, pos):
+    value, shift = 0, 0
+    while True:
+        b = int(buf[pos])
+        value |= (b & 0x7F) << shift
+        pos += 1
+        if b < 0x80:
+            return value, pos
+        shift += 7
+
+
+def compact_streams(f, base_names):
+    """{parameter: stream bytes} of an open compact delta in either container
+    (docs/format.md, "Containers"), read with the official package only."""
+    if f.metadata().get("deltasync_compact_container") == "2":
+        assert list(f.keys()) == ["streams"]
+        t = f.get_tensor("streams")
+        assert t.dtype == np.uint8 and t.ndim == 1
+        buf = t.tobytes()
+        n, pos = varint(buf, 0)
+        entries, index = [], -1
+        for _ in range(n):
+            gap, pos = varint(buf, pos)
+            length, pos = varint(buf, pos)
+            index += 1 + gap
+            entries.append((sorted(base_names)[index], length))
+        out = {}
+        for name, length in entries:
+            out[name] = buf[pos:pos + length]
+            pos += length
+        assert pos == len(buf)  # the lengths fill the tensor exactly
+        return out
+    assert "deltasync_compact_container" not in f.metadata()
+    assert all(k.endswith(".cmp") and f.get_tensor(k).dtype == np.uint8 for k in f.keys())
+    return {k[:-len(".cmp")]: f.get_tensor(k).tobytes() for k in f.keys()}
 
 
 def test_compact_delta_is_a_safetensors_file_and_round_trips(tmp_path, run):
     old, new = make_weights(21), nudge(make_weights(21), 0.05, 22)
-    diff_compact(run, tmp_path, old, new)
-    with safe_open(tmp_path / "d.safetensors", framework="np") as f:
-        meta = f.metadata()
-        assert meta["format"] == "sparse_weight_patch"
-        assert meta["encoding"] == "compact"
-        assert meta["model_version"] == "8"
-        assert meta["deltasync_base_version"] == "7"
-        assert len(meta["deltasync_base_state_hash"]) == 32
-        keys = list(f.keys())
-        assert keys and all(k.endswith(".cmp") for k in keys)
-        assert all(f.get_tensor(k).dtype == np.uint8 for k in keys)
-
-
     save_file({k: v.astype(ml_dtypes.bfloat16) for k, v in old.items()}, tmp_path / "base_bf16.safetensors")
-    run("apply", tmp_path / "base_bf16.safetensors", tmp_path / "d.safetensors", "-o", tmp_path / "out.safetensors")
-    out = load_file(tmp_path / "out.safetensors")
-    for name, w in new.items():
-        np.testing.assert_array_equal(out[name].view(np.uint16), to_bf16_bits(w), err_msg=name)
+    streams = {}
+    for container in (None, "1", "2"):
+        extra = () if container is None else ("--container", container)
+        diff_compact(run, tmp_path, old, new, "d.safetensors", 8, *extra)
+        with safe_open(tmp_path / "d.safetensors", framework="np") as f:
+            meta = f.metadata()
+            assert meta["format"] == "sparse_weight_patch"
+            assert meta["encoding"] == "compact"
+            assert meta["model_version"] == "8"
+            assert meta["deltasync_base_version"] == "7"
+            assert len(meta["deltasync_base_state_hash"]) == 32
+            # The default is container 2 (one tensor) on a delta of many tensors.
+            assert meta.get("deltasync_compact_container") == ("2" if container != "1" else None)
+            streams[container] = compact_streams(f, old)
+            assert streams[container] and set(streams[container]) <= set(old)
+            assert int(meta["num_changed_params"]) == len(streams[container])
+        run("apply", tmp_path / "base_bf16.safetensors", tmp_path / "d.safetensors", "-o", tmp_path / "out.safetensors")
+        out = load_file(tmp_path / "out.safetensors")
+        for name, w in new.items():
+            np.testing.assert_array_equal(out[name].view(np.uint16), to_bf16_bits(w), err_msg=name)
+    # The same stream bytes in both containers.
+    assert streams[None] == streams["1"] == streams["2"]
+    proc = run("diff", tmp_path / "old.safetensors", tmp_path / "new.safetensors", "-o", tmp_path / "x.safetensors",
+               "--container", 2, check=False)
+    assert proc.returncode != 0 and "--container applies only to --encoding compact" in proc.stderr
 
 
 def test_compact_delta_refuses_any_other_base(tmp_path, run):
@@ -145,7 +190,7 @@ def test_diff_stream_versions_2_and_3_apply_alike(tmp_path, run):
             "--stream-version", version)
         with safe_open(patch, framework="np") as f:
             assert ("deltasync_compact_tables" in f.metadata()) == (version == 3)
-            assert {int(f.get_tensor(k)[0]) for k in f.keys()} == {version}  # each stream's version byte
+            assert {s[0] for s in compact_streams(f, old).values()} == {version}  # each stream's version byte
         info = json.loads(run("inspect", patch, "--json").stdout)
         assert sum(s["bytes"] for s in info["streams"].values()) == info["size_bytes"]
         out = tmp_path / f"out{version}.safetensors"

@@ -205,13 +205,24 @@ def test_inspect_lists_what_a_user_needs(run, bucket, tmp_path):
     anchor = os.path.join(bucket, "ds", "anchors", "step_000001.safetensors")
     delta = os.path.join(bucket, "ds", "deltas", "step_000002.safetensors")
 
-    d = json.loads(run("inspect", delta, "--json").stdout)
-    assert d["kind"] == "delta"
+    # A compact delta in one tensor (container 2) lists the changed tensors
+    # by index in the base's name order; --base names them.
+    base = tmp_path / "v1.safetensors"
+    d = json.loads(run("inspect", delta, "--json", "--base", base).stdout)
+    assert d["kind"] == "delta" and d["container"] == 2
     names = {t["name"] for t in d["changed_tensors"]}
     assert names and names <= set(w1) and not any(n.endswith(".cmp") for n in names)
+    assert all(sorted(w1)[t["base_index"]] == t["name"] for t in d["changed_tensors"])
     assert sum(t["changed"] for t in d["changed_tensors"]) == d["changed_elements"]
-    text = run("inspect", delta).stdout
+    text = run("inspect", delta, "--base", base).stdout
     assert "changed tensors (" in text and "model.layers.0.mlp.up_proj.weight" in text
+    bare = json.loads(run("inspect", delta, "--json").stdout)
+    assert [t["name"] for t in bare["changed_tensors"]] == [None] * len(d["changed_tensors"])
+    assert [t["base_index"] for t in bare["changed_tensors"]] == [t["base_index"] for t in d["changed_tensors"]]
+    assert "(name it with --base)" in run("inspect", delta).stdout
+    # A base other than the delta's is refused, not used to name tensors.
+    wrong = run("inspect", delta, "--base", tmp_path / "v2.safetensors", check=False)
+    assert wrong.returncode == 1 and "not the delta's base state hash" in wrong.stderr
 
     a = json.loads(run("inspect", anchor, "--json").stdout)
     assert {t["name"] for t in a["tensors"]} == set(w1)

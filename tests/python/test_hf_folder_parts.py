@@ -104,10 +104,17 @@ def test_sharded_folder_published_one_part_per_file(tmp_path, bucket, run):
                                        "full_shape": list(shape)} for n, (shape, _) in sorted(SHARDS[1].items())]
     assert info["total_elements"] == 48 * 16 + 16 * 16
     assert 0 < info["changed_elements"] < info["total_elements"]
+    # A part delta in one tensor (container 2) names its tensors by index in
+    # the part's blocks, which the listed layout names.
+    blocks = [b["name"] for b in info["part"]["blocks"]]
+    assert info["container"] == 2 and info["changed_tensors"]
+    assert all(t["name"] == blocks[t["base_index"]] for t in info["changed_tensors"])
     assert "part 1 of 3" in run("inspect", key).stdout
     shutil.copy(key, tmp_path / key.name)  # out of its bucket: part and parts from the name only
-    alone = json.loads(run("inspect", tmp_path / key.name, "--json").stdout)["part"]
+    out_of_bucket = json.loads(run("inspect", tmp_path / key.name, "--json").stdout)
+    alone = out_of_bucket["part"]
     assert alone == {"part": 1, "parts": 3, "layout": None, "listed": False, "blocks": None}
+    assert [t["name"] for t in out_of_bucket["changed_tensors"]] == [None] * len(info["changed_tensors"])
     assert json.loads(run("inspect", tmp_path / "pulled-4.safetensors", "--json").stdout)["part"] is None
 
     # The folder comes back with its sharding and the side file of version 3.

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <random>
 
+#include "codec/compact_container.h"
 #include "deltasync/compact.h"
 #include "deltasync/manifest.h"
 #include "deltasync/publisher.h"
@@ -98,20 +99,22 @@ TEST(PublishFollowTest, BitExactOverManyVersionsWithGapsAndRandomAnchors) {
   }
 }
 
-// PublisherOptions::compact_stream_version: deltas in stream version 2 and 3
-// in one bucket (a publisher restarted with another setting), and a replica
-// follows across them bit-exactly.
+// PublisherOptions::compact_stream_version and compact_container: deltas in
+// stream version 2 and 3, container 1 and 2, in one bucket (a publisher
+// restarted with another setting), and a replica follows across them
+// bit-exactly.
 TEST(PublishFollowTest, CompactStreamVersionsTwoAndThreeMix) {
   TempDir dir;
   auto store = OpenDirStore(dir.path());
   RandomModel model(9);
   auto follower = Replica::Create(store);
   uint64_t version = 0;
-  for (int stream_version : {2, 3, 2}) {
+  for (auto [stream_version, container] : {std::pair{2, 1}, {3, 2}, {2, 2}, {3, 1}}) {
     PublisherOptions options;
     options.anchor_interval = 100;
     options.encoding = IndexEncoding::kCompact;
     options.compact_stream_version = stream_version;
+    options.compact_container = container;
     auto publisher = Publisher::Open(store, options);
     ASSERT_TRUE(publisher.ok()) << publisher.status().ToString();
     for (int i = 0; i < 3; ++i) {
@@ -128,7 +131,11 @@ TEST(PublishFollowTest, CompactStreamVersionsTwoAndThreeMix) {
       auto file = SafetensorsFile::Parse(*blob, key);
       ASSERT_TRUE(file.ok());
       ASSERT_FALSE(file->tensors().empty());
-      for (const TensorView& t : file->tensors()) EXPECT_EQ(t.data[0], stream_version) << key << " " << t.name;
+      Result<compact::RawStreams> streams = compact::ReadContainer(*file);
+      ASSERT_TRUE(streams.ok()) << streams.status().ToString();
+      EXPECT_EQ(streams->container, container) << key;
+      ASSERT_FALSE(streams->streams.empty());
+      for (const compact::RawStream& t : streams->streams) EXPECT_EQ(t.bytes[0], stream_version) << key << " " << t.index;
     }
   }
 }

@@ -1,4 +1,5 @@
 // diff, apply, inspect: commands on local safetensors files.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -30,6 +31,36 @@ std::optional<uint64_t> ParseU64(const Metadata& m, const std::string& key) {
   return v;
 }
 
+
+// The Publisher's default fp32 policy: what `diff` and `inspect --base` read.
+DetectOptions PublishedPolicy(bool allow_nonfinite) {
+  return DetectOptions{allow_nonfinite, 0, [](std::string_view name) {
+                         for (const std::string& suffix : PublisherOptions{}.keep_fp32_suffixes) {
+                           if (name.ends_with(suffix)) return true;
+                         }
+                         return false;
+                       }};
+}
+
+// A container-2 compact delta's changed tensors are named by their index in
+// the base's name order: their names from `base_path`, whose state (as
+// published) must hash to the delta's base state hash.
+Result<std::vector<std::string>> BaseNames(const std::string& base_path, const Metadata& delta_metadata) {
+  DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(base_path));
+  Result<PublishedViews> base = ViewAsPublished(file.tensors(), PublishedPolicy(false));
+  if (!base.ok()) return base.status().WithContext(base_path);
+  const std::string hash = HashTensors(base->tensors).Hex();
+  auto want = delta_metadata.find(std::string(kBaseStateHashKey));
+  if (want == delta_metadata.end() || want->second != hash) {
+    return Status::FailedPrecondition(base_path + " hashes to " + hash + ", not the delta's base state hash " +
+                                      (want == delta_metadata.end() ? "(none)" : want->second));
+  }
+  std::vector<std::string> names;
+  for (const TensorView& t : base->tensors) names.push_back(t.name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 }  // namespace
 
 Status RunDiff(const DiffArgs& args) {
@@ -37,15 +68,13 @@ Status RunDiff(const DiffArgs& args) {
   if (args.stream_version && encoding != IndexEncoding::kCompact) {
     return Status::InvalidArgument("--stream-version applies only to --encoding compact");
   }
+  if (args.container && encoding != IndexEncoding::kCompact) {
+    return Status::InvalidArgument("--container applies only to --encoding compact");
+  }
   DS_ASSIGN_OR_RETURN(SafetensorsFile old_file, SafetensorsFile::Open(args.old_path));
   DS_ASSIGN_OR_RETURN(SafetensorsFile new_file, SafetensorsFile::Open(args.new_path));
   // The same fp32 policy as the Publisher's default.
-  DetectOptions options{args.allow_nonfinite, 0, [](std::string_view name) {
-                          for (const std::string& suffix : PublisherOptions{}.keep_fp32_suffixes) {
-                            if (name.ends_with(suffix)) return true;
-                          }
-                          return false;
-                        }};
+  const DetectOptions options = PublishedPolicy(args.allow_nonfinite);
   // Both files are read where they are mapped: only OLD's f32 tensors that
   // round to bf16 are copied.
   Result<PublishedViews> base = ViewAsPublished(old_file.tensors(), options);
@@ -67,7 +96,9 @@ Status RunDiff(const DiffArgs& args) {
                                      " must be below --version " + std::to_string(args.version));
     }
     const int stream_version = static_cast<int>(args.stream_version.value_or(kDefaultCompactStreamVersion));
-    DS_ASSIGN_OR_RETURN(patch, EncodeCompactDelta(info, HashTensors(base_views), base_views, *changes, 0, stream_version));
+    const int container = static_cast<int>(args.container.value_or(kDefaultCompactContainer));
+    DS_ASSIGN_OR_RETURN(patch, EncodeCompactDelta(info, HashTensors(base_views), base_views, *changes, 0, stream_version,
+                                                  container));
   } else {
     DS_ASSIGN_OR_RETURN(patch, EncodeDelta(info, *changes));
   }
@@ -184,10 +215,30 @@ Status RunInspect(const InspectArgs& args) {
     changed = sizes.changed;
     params = sizes.tensors;
     total = ParseU64(m, "total_elements").value_or(0);
+    out["container"] = sizes.container;
+    // Container 2 lists tensors by index in the base's name order: named
+    // from --base, or from the part's blocks when the manifest lists them.
+    std::optional<std::vector<std::string>> names;
+    if (!args.base_path.empty()) {
+      DS_ASSIGN_OR_RETURN(names, BaseNames(args.base_path, m));
+    } else if (sizes.container == 2 && part.is_object() && part["blocks"].is_array()) {
+      names.emplace();
+      for (const auto& b : part["blocks"]) names->push_back(b["name"].get<std::string>());
+    }
     nlohmann::ordered_json changed_tensors = nlohmann::ordered_json::array();
     for (const CompactStreamSizes::Tensor& t : sizes.changed_tensors) {
+      nlohmann::ordered_json name = t.name;
+      if (t.base_index) {
+        if (names && *t.base_index >= names->size()) {
+          return Status::Corruption(args.path + ": tensor index " + std::to_string(*t.base_index) +
+                                    " is past the base's " + std::to_string(names->size()) + " tensors");
+        }
+        name = names ? nlohmann::ordered_json((*names)[*t.base_index]) : nlohmann::ordered_json();
+      }
       // A non-bf16 stream carries the base's dtype, which the delta does not name.
-      changed_tensors.push_back({{"name", t.name},
+      changed_tensors.push_back({{"name", name},
+                                 {"base_index", t.base_index ? nlohmann::ordered_json(*t.base_index)
+                                                             : nlohmann::ordered_json()},
                                  {"dtype", t.bf16 ? nlohmann::ordered_json("BF16") : nlohmann::ordered_json()},
                                  {"changed", t.changed}});
     }
@@ -310,7 +361,10 @@ Status RunInspect(const InspectArgs& args) {
   if (out.contains("changed_tensors")) {
     std::printf("  changed tensors (%zu):\n", out["changed_tensors"].size());
     for (const auto& t : out["changed_tensors"]) {
-      std::printf("    %-60s %-5s %llu changed\n", t["name"].get<std::string>().c_str(),
+      const std::string name = t["name"].is_string() ? t["name"].get<std::string>()
+                                                     : "#" + std::to_string(t["base_index"].get<uint64_t>()) +
+                                                           " (name it with --base)";
+      std::printf("    %-60s %-5s %llu changed\n", name.c_str(),
                   t["dtype"].is_null() ? "-" : t["dtype"].get<std::string>().c_str(),
                   static_cast<unsigned long long>(t["changed"].get<uint64_t>()));
     }

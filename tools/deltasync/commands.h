@@ -18,6 +18,7 @@ struct DiffArgs {
   uint64_t version = 1;
   std::optional<uint64_t> base_version;  // compact only; default version - 1
   std::optional<uint64_t> stream_version;  // compact only; default kCompactStreamAuto
+  std::optional<uint64_t> container;       // compact only; default kDefaultCompactContainer
   bool allow_nonfinite = false;
   bool json = false;
 };
@@ -32,6 +33,7 @@ Status RunApply(const ApplyArgs& args);
 
 struct InspectArgs {
   std::string path;
+  std::string base_path;  // compact container 2: names the changed tensors
   bool json = false;
 };
 Status RunInspect(const InspectArgs& args);

@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
                        "compact: stream version 2 or 3 (default 3, or 2 for a delta of < 4096 changes where that "
                        "is smaller; replicas read both)")
       ->check(WholeNumber(2, 3));
+  diff_cmd->add_option("--container", diff.container,
+                       "compact: container 1 (one tensor per changed parameter) or 2 (all streams in one tensor; "
+                       "default 2, or 1 where that is smaller; replicas read both)")
+      ->check(WholeNumber(1, 2));
   diff_cmd->add_flag("--allow-nonfinite", diff.allow_nonfinite, "Pass NaN/Inf bit patterns through");
   diff_cmd->add_flag("--json", diff.json, "Print one JSON object (sizes and the delta's entropy) instead of the line");
   diff_cmd->footer("Example:\n  deltasync diff step-99.safetensors step-100.safetensors -o step-100.delta.safetensors "
@@ -87,6 +91,10 @@ int main(int argc, char** argv) {
   auto* inspect_cmd = app.add_subcommand("inspect", "Describe a safetensors file or patch");
   inspect_cmd->add_option("file", inspect.path, "A safetensors file: a checkpoint, an anchor or a delta")->required();
   inspect_cmd->add_flag("--json", inspect.json, "One JSON object (keys in docs/cli.md)");
+  inspect_cmd->add_option("--base", inspect.base_path,
+                          "A compact delta's base weights (bf16 or fp32), to name its changed tensors: a compact "
+                          "delta in one-tensor form (container 2) lists them by index; refused unless its state hash "
+                          "is the delta's base");
   inspect_cmd->footer("Example:\n  deltasync inspect ./bucket/deltas/00000000000000000002.safetensors --json");
 
   PublishArgs publish;
