@@ -22,8 +22,6 @@ using testing::Flatten;
 using testing::ParseBytes;
 using namespace testing_compact;
 
-WeightState Copy(const WeightState& s) { return std::move(WeightState::FromViews(s.views())).value(); }
-
 bool SameBytes(const WeightState& a, const WeightState& b) {
   if (a.tensors().size() != b.tensors().size()) return false;
   for (size_t i = 0; i < a.tensors().size(); ++i) {

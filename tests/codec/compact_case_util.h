@@ -238,4 +238,20 @@ inline WeightState ShortOfClass8(const Case& c) {
   return m.State();
 }
 
+// A copy of `s` that owns its bytes (a replica's state to apply onto).
+inline WeightState Copy(const WeightState& s) { return std::move(WeightState::FromViews(s.views())).value(); }
+
+// The flat bytes of a compact delta (model version 3 on base version 2) in
+// stream `version` and `container`; empty, with a test failure, on an error.
+inline std::vector<uint8_t> EncodeBytes(const WeightState& state, const StateHash& hash,
+                                        const std::vector<TensorChanges>& changes, int version,
+                                        int container = kDefaultCompactContainer) {
+  PatchInfo info;
+  info.model_version = 3;
+  info.base_version = 2;
+  Result<EncodedPatch> e = EncodeCompactDelta(info, hash, state, changes, 1, version, container);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return e.ok() ? Flatten(*e) : std::vector<uint8_t>{};
+}
+
 }  // namespace deltasync::testing_compact

@@ -27,18 +27,6 @@ using testing::Flatten;
 using testing::ParseBytes;
 using namespace testing_compact;
 
-std::vector<uint8_t> Encode(const WeightState& state, const StateHash& hash, const std::vector<TensorChanges>& changes,
-                            int version, int container) {
-  PatchInfo info;
-  info.model_version = 3;
-  info.base_version = 2;
-  Result<EncodedPatch> e = EncodeCompactDelta(info, hash, state, changes, 1, version, container);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  return e.ok() ? Flatten(*e) : std::vector<uint8_t>{};
-}
-
-WeightState Copy(const WeightState& s) { return std::move(WeightState::FromViews(s.views())).value(); }
-
 struct Named {
   std::string name;
   Case c;
@@ -71,9 +59,9 @@ TEST(CompactContainer, BothContainersDecodeParseAndApplyAlike) {
     for (int version : {2, 3}) {
       SCOPED_TRACE(n.name + ", stream version " + std::to_string(version));
       const Case& c = n.c;
-      const std::vector<uint8_t> one = Encode(c.state, c.hash, c.changes, version, 1);
-      const std::vector<uint8_t> two = Encode(c.state, c.hash, c.changes, version, 2);
-      const std::vector<uint8_t> best = Encode(c.state, c.hash, c.changes, version, kCompactContainerAuto);
+      const std::vector<uint8_t> one = EncodeBytes(c.state, c.hash, c.changes, version, 1);
+      const std::vector<uint8_t> two = EncodeBytes(c.state, c.hash, c.changes, version, 2);
+      const std::vector<uint8_t> best = EncodeBytes(c.state, c.hash, c.changes, version, kCompactContainerAuto);
       EXPECT_EQ(best.size(), std::min(one.size(), two.size()));
       if (c.changes.size() >= 2) EXPECT_LT(two.size(), one.size());
       Result<SafetensorsFile> f1 = ParseBytes(one, "one"), f2 = ParseBytes(two, "two");
@@ -169,7 +157,7 @@ std::vector<uint8_t> File(const Metadata& m, std::vector<uint8_t> tensor, std::s
 
 TEST(CompactContainer, Container2RefusesEveryNonCanonicalDirectory) {
   Case c = MakeCase();  // four bf16 tensors, all changed
-  const std::vector<uint8_t> good = Encode(c.state, c.hash, c.changes, 3, 2);
+  const std::vector<uint8_t> good = EncodeBytes(c.state, c.hash, c.changes, 3, 2);
   const Parts p = Split(good);
   ASSERT_EQ(p.indices, (std::vector<uint64_t>{0, 1, 2, 3}));
   auto expect = [&](const std::vector<uint8_t>& bytes, const std::string& want) {
@@ -272,7 +260,7 @@ TEST(CompactContainer, Container2RefusesEveryNonCanonicalDirectory) {
   no_key.erase("deltasync_compact_container");
   expect(File(no_key, compact::WriteContainer2(p.indices, p.streams)), "tensor 'streams': name does not end in '.cmp'");
   // With the key, a container-1 file is refused: it is not one `streams` tensor.
-  Result<SafetensorsFile> f1 = ParseBytes(Encode(c.state, c.hash, c.changes, 3, 1));
+  Result<SafetensorsFile> f1 = ParseBytes(EncodeBytes(c.state, c.hash, c.changes, 3, 1));
   ASSERT_TRUE(f1.ok());
   Metadata keyed = f1->metadata();
   keyed["deltasync_compact_container"] = "2";
@@ -291,10 +279,10 @@ TEST(CompactContainer, EmptyAndOneTensorDeltasKeepTheSmallerContainer) {
   Case c = MakeCase();
   // No changes: container 1 (no tensors) is smaller than a `streams` tensor
   // plus the key; both decode to nothing.
-  const std::vector<uint8_t> one = Encode(c.state, c.hash, {}, 3, 1);
-  const std::vector<uint8_t> two = Encode(c.state, c.hash, {}, 3, 2);
+  const std::vector<uint8_t> one = EncodeBytes(c.state, c.hash, {}, 3, 1);
+  const std::vector<uint8_t> two = EncodeBytes(c.state, c.hash, {}, 3, 2);
   EXPECT_LT(one.size(), two.size());
-  EXPECT_EQ(Encode(c.state, c.hash, {}, 3, kCompactContainerAuto), one);
+  EXPECT_EQ(EncodeBytes(c.state, c.hash, {}, 3, kCompactContainerAuto), one);
   for (const std::vector<uint8_t>* b : {&one, &two}) {
     Result<SafetensorsFile> f = ParseBytes(*b);
     ASSERT_TRUE(f.ok());

@@ -24,16 +24,6 @@ using testing::Flatten;
 using testing::ParseBytes;
 using namespace testing_compact;
 
-std::vector<uint8_t> Encode(const WeightState& state, const StateHash& hash, const std::vector<TensorChanges>& changes,
-                            int version, int container = kDefaultCompactContainer) {
-  PatchInfo info;
-  info.model_version = 3;
-  info.base_version = 2;
-  Result<EncodedPatch> e = EncodeCompactDelta(info, hash, state, changes, 1, version, container);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  return e.ok() ? Flatten(*e) : std::vector<uint8_t>{};
-}
-
 // The changes a parsed bf16 tensor holds, placed by walking the base: the
 // change of class cl at rank r is the base's r-th element of class cl; its
 // value the old one moved by the zigzag diff, or the next escape.
@@ -79,7 +69,7 @@ void ExpectParseEqualsDecode(const WeightState& state, const StateHash& hash, co
     for (int threads : {1, 3}) {
       SCOPED_TRACE("stream version " + std::to_string(version) + ", container " + std::to_string(container) +
                    ", threads " + std::to_string(threads));
-      const std::vector<uint8_t> bytes = Encode(state, hash, changes, version, container);
+      const std::vector<uint8_t> bytes = EncodeBytes(state, hash, changes, version, container);
       ASSERT_FALSE(bytes.empty());
       Result<SafetensorsFile> f = ParseBytes(bytes);
       ASSERT_TRUE(f.ok()) << f.status().ToString();
@@ -137,7 +127,7 @@ TEST(CompactParse, RefusesAStreamOfNoBaseTensorOrOfAnUnknownVersion) {
   // Container 1 names the missing tensor; container 2's last index (3) is
   // past the three tensors left.
   for (int container : {1, 2}) {
-    Result<SafetensorsFile> f = ParseBytes(Encode(c.state, c.hash, c.changes, 3, container));
+    Result<SafetensorsFile> f = ParseBytes(EncodeBytes(c.state, c.hash, c.changes, 3, container));
     ASSERT_TRUE(f.ok());
     Status s = ParseCompactDelta(*f, views, 1, parsed);
     EXPECT_EQ(s.code(), ErrorCode::kCorruption) << s.ToString();
@@ -152,7 +142,7 @@ TEST(CompactParse, RefusesAStreamOfNoBaseTensorOrOfAnUnknownVersion) {
   Status s;
   for (int k = 0; k < 4; ++k) {
     const int version = 2 + k % 2, container = 1 + k / 2;
-    std::vector<uint8_t> bytes = Encode(c.state, c.hash, c.changes, version, container);
+    std::vector<uint8_t> bytes = EncodeBytes(c.state, c.hash, c.changes, version, container);
     Result<SafetensorsFile> whole = ParseBytes(bytes);
     ASSERT_TRUE(whole.ok());
     Result<std::vector<compact::Stream>> listed = compact::ListStreams(*whole, c.state.views());
