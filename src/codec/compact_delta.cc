@@ -330,11 +330,6 @@ Result<EncodedPatch> compact::AssembleCompactDelta(const PatchInfo& info, const 
   DS_RETURN_IF_ERROR(CheckContainer(container));
   Metadata metadata = BuildMetadata(info, base_hash, names.size(), changed, base_total_elements);
   if (tables) metadata.emplace(std::string(kTablesKey), tables->SerializeHex());
-  // Container 1's header: a tensor `{P}.cmp` per stream.
-  std::vector<TensorView> views1;
-  for (size_t i = 0; i < names.size(); ++i) {
-    views1.push_back({names[i] + std::string(kStreamSuffix), DType::kU8, {streams[i].size()}, streams[i]});
-  }
   auto finish = [](EncodedPatch& out) {
     for (const std::vector<uint8_t>& part : out.owned) {
       if (part.empty()) continue;
@@ -353,6 +348,11 @@ Result<EncodedPatch> compact::AssembleCompactDelta(const PatchInfo& info, const 
     DS_ASSIGN_OR_RETURN(out.owned[0], EncodeSafetensorsHeader(metadata2, std::span<const TensorView>(&one, 1)));
     finish(out);
     if (container == 2) return out;
+  }
+  // Container 1's header: a tensor `{P}.cmp` per stream.
+  std::vector<TensorView> views1;
+  for (size_t i = 0; i < names.size(); ++i) {
+    views1.push_back({names[i] + std::string(kStreamSuffix), DType::kU8, {streams[i].size()}, streams[i]});
   }
   DS_ASSIGN_OR_RETURN(std::vector<uint8_t> header1, EncodeSafetensorsHeader(metadata, views1));
   if (container == kCompactContainerAuto) {
