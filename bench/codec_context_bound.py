@@ -18,6 +18,11 @@ the ULP difference of every changed one:
   +previous     and the element's move in the previous step (down, none, up):
                 a decoder would need the previous delta's positions
   +both         all three
+  +rows         (ideal only) the exponent, with a flag per row of a matrix
+                (its last dimension) saying whether the row holds a change,
+                sent at its own entropy: rows without one cost nothing more;
+                per tensor the cheaper of this and the exponent alone (the
+                choice is one bit per tensor, not counted)
 
 Those are ideal code lengths with the frequencies known for free: a real
 coder must also send or learn them, which costs most where a context holds
@@ -54,6 +59,7 @@ from real_model_bench import tensor_entropy_bits  # noqa: E402
 
 WINDOW = 32
 CONTEXTS = ("exponent", "+density", "+previous", "+both")
+ROWS = "+rows"
 
 
 def conditional_bits(ctx: np.ndarray, sym: np.ndarray) -> float:
@@ -114,19 +120,45 @@ def adaptive_step_bits(flags: list, diffs: list) -> float:
     return best
 
 
-def load_bits(path: str) -> dict:
+def load_bits(path: str, row_len: dict | None = None) -> dict:
+    """Every bf16 tensor's bits, flattened; `row_len`, if given, gets each
+    matrix's row length (its last dimension)."""
     import torch
     from safetensors.torch import load_file
 
-    return {k: v.reshape(-1).view(torch.int16).numpy().view(np.uint16).astype(np.int64)
-            for k, v in load_file(path).items() if v.dtype == torch.bfloat16}
+    out = {}
+    for k, v in load_file(path).items():
+        if v.dtype != torch.bfloat16:
+            continue
+        out[k] = v.reshape(-1).view(torch.int16).numpy().view(np.uint16).astype(np.int64)
+        if row_len is not None and v.dim() >= 2 and v.numel() > 0:
+            row_len[k] = int(v.shape[-1])
+    return out
 
 
-def step_bits(before: dict | None, old: dict, new: dict) -> tuple[int, float, dict, float]:
+def binary_bits(ones: int, n: int) -> float:
+    """n flags, `ones` of them set, at their order-0 entropy."""
+    if ones in (0, n):
+        return 0.0
+    p = ones / n
+    return -n * (p * math.log2(p) + (1 - p) * math.log2(1 - p))
+
+
+def row_flag_bits(exp: np.ndarray, flag: np.ndarray, row_len: int) -> float:
+    """The changed flags coded as a flag per row (any change in it?) and,
+    in the rows with one, each element's flag in its exponent's context."""
+    rows = flag.reshape(-1, row_len).any(axis=1)
+    inside = np.repeat(rows, row_len)
+    return binary_bits(int(rows.sum()), rows.size) + conditional_bits(exp[inside], flag[inside])
+
+
+def step_bits(before: dict | None, old: dict, new: dict, row_len: dict | None = None) -> tuple[int, float, dict, float]:
     """(changed, order-0 bits, {context: bits}, P(moves | moved in the
     previous step)) of the step old -> new; `bits` holds each context's ideal
-    length and, under "<context> adaptive", the adaptive coder's."""
-    changed, h0, bits = 0, 0.0, dict.fromkeys(CONTEXTS, 0.0)
+    length and, under "<context> adaptive", the adaptive coder's. `row_len`
+    (from load_bits) gives the matrices' rows for the "+rows" column; a
+    tensor without one there gets the exponent's length."""
+    changed, h0, bits = 0, 0.0, dict.fromkeys(CONTEXTS + (ROWS,), 0.0)
     counted = {label: ([], []) for label in CONTEXTS}
     moved_before = moved_again = 0
     for name, o in old.items():
@@ -153,6 +185,9 @@ def step_bits(before: dict | None, old: dict, new: dict) -> tuple[int, float, di
             bits[label] += conditional_bits(ctx, flag) + conditional_bits(dctx[idx], diff)
             counted[label][0].append(symbol_counts(ctx, flag))
             counted[label][1].append(symbol_counts(dctx[idx], diff))
+        exp_flags = conditional_bits(exp, flag)
+        rows = row_flag_bits(exp, flag, row_len[name]) if row_len and name in row_len else exp_flags
+        bits[ROWS] += min(exp_flags, rows) + conditional_bits(exp[idx], diff)
     for label in CONTEXTS:
         bits[label + " adaptive"] = adaptive_step_bits(*counted[label])
     return changed, h0, bits, moved_again / moved_before if moved_before else float("nan")
@@ -166,15 +201,16 @@ def main() -> None:
     if not runs:
         sys.exit(f"codec_context_bound: no run folders in '{args.states}' (run bench/real_model_bench.py "
                  "--keep-states there first)")
-    columns = [c for label in CONTEXTS for c in (label, label + " adaptive")]
+    columns = [c for label in CONTEXTS for c in (label, label + " adaptive")] + [ROWS]
     print("| run | step | changed | H0 B/chg | " + " | ".join(f"{c} / H0" for c in columns) + " | P(moves if moved) |")
     print("|---|---|---|---|" + "---|" * (len(columns) + 1))
     for run in runs:
         paths = sorted(glob.glob(os.path.join(run, "step-*.safetensors")),
                        key=lambda p: int(re.search(r"step-(\d+)", p).group(1)))
-        states = [load_bits(p) for p in paths]
+        row_len: dict = {}
+        states = [load_bits(p, row_len) for p in paths]
         for s in range(1, len(states)):
-            changed, h0, bits, again = step_bits(states[s - 2] if s >= 2 else None, states[s - 1], states[s])
+            changed, h0, bits, again = step_bits(states[s - 2] if s >= 2 else None, states[s - 1], states[s], row_len)
             if changed == 0:
                 continue
             cells = " | ".join(f"{bits[c] / h0:.3f}" for c in columns)

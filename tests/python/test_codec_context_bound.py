@@ -89,3 +89,35 @@ def test_no_runs_is_a_clear_error(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(BENCH, "codec_context_bound.py"), str(tmp_path)],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "--keep-states" in r.stderr
+
+
+def test_row_flags_pay_where_changes_keep_to_rows():
+    """Changes only in 4 of 64 rows, at random inside them: the row flags
+    (64 flags, 4 set) plus the flags inside those rows cost less than every
+    element's flag in its exponent's context; spread over every row, the
+    rows cannot win and the column falls back to the exponent's length."""
+    rng = np.random.default_rng(3)
+    rows, cols = 64, 128
+    old = ((rng.choice([119, 120], size=(rows, cols)) << 7) | rng.integers(0, 100, size=(rows, cols))).astype(np.int64)
+    for hot in (rng.choice(rows, size=4, replace=False), np.arange(rows)):
+        mask = np.zeros((rows, cols), bool)
+        mask[hot] = rng.random((hot.size, cols)) < 0.5
+        new = old + mask
+        flag = mask.reshape(-1).astype(np.int64)
+        exp = (old.reshape(-1) >> 7) & 0xFF
+        exp_bits = ccb.conditional_bits(exp, flag)
+        want = ccb.binary_bits(int(mask.any(axis=1).sum()), rows) + ccb.conditional_bits(
+            exp[np.repeat(mask.any(axis=1), cols)], flag[np.repeat(mask.any(axis=1), cols)])
+        assert ccb.row_flag_bits(exp, flag, cols) == pytest.approx(want)
+        _, _, bits, _ = ccb.step_bits(None, {"m": old.reshape(-1)}, {"m": new.reshape(-1)}, {"m": cols})
+        idx = np.flatnonzero(flag)
+        diff_bits = ccb.conditional_bits(exp[idx], np.ones(idx.size, np.int64))
+        assert bits[ccb.ROWS] == pytest.approx(min(exp_bits, want) + diff_bits)
+        if hot.size == 4:
+            assert bits[ccb.ROWS] < 0.5 * bits["exponent"]
+        else:
+            assert bits[ccb.ROWS] == pytest.approx(bits["exponent"])
+        # Without the rows the column is the exponent's.
+        _, _, flat, _ = ccb.step_bits(None, {"m": old.reshape(-1)}, {"m": new.reshape(-1)})
+        assert flat[ccb.ROWS] == pytest.approx(flat["exponent"])
+    assert ccb.binary_bits(0, 10) == 0.0 and ccb.binary_bits(5, 10) == pytest.approx(10.0)
