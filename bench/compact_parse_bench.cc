@@ -18,6 +18,7 @@
 #include "bench_apply.h"
 #include "timing.h"
 #include "bf16/simd_kernels.h"
+#include "codec/compact_container.h"
 #include "codec/compact_rice.h"
 #include "codec/compact_v3.h"
 #include "deltasync/compact.h"
@@ -77,15 +78,23 @@ int main(int argc, char** argv) {
     compact::ParsedBf16 parsed;
   };
   std::vector<Stream> streams;
-  for (const TensorView& t : file->tensors()) {
-    compact::Reader in(t.data);
+  // Both containers, through the decoder's own listing (container 2, the
+  // default, holds every stream in one tensor).
+  const std::vector<TensorView> base_views = state.views();
+  Result<std::vector<compact::Stream>> listed = compact::ListStreams(*file, base_views);
+  Check(listed.status());
+  for (const compact::Stream& ls : *listed) {
+    compact::Reader in(ls.stream.data);
     const std::optional<uint8_t> version = in.Byte(), mode = in.Byte();
     const std::optional<uint64_t> count = in.Varint();
     if (!version || *version != compact::kStreamVersion3 || !count) continue;
-    const std::string param = t.name.substr(0, t.name.size() - 4);
-    const WeightState::Tensor* base = state.Find(param);
+    const WeightState::Tensor* base = state.Find(base_views[ls.base].name);
     if (!base || base->dtype != DType::kBF16) continue;
-    streams.push_back({t.data.subspan(in.position()), *count, base->num_elements(), base, {}});
+    streams.push_back({ls.stream.data.subspan(in.position()), *count, base->num_elements(), base, {}});
+  }
+  if (streams.empty()) {
+    std::fprintf(stderr, "compact_parse_bench: no version-3 bf16 stream found in the delta\n");
+    return 1;
   }
   uint64_t parsed_changes = 0;
   const double parse_s = BestThreadSeconds(10 * reps, [&] {
