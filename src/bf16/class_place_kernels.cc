@@ -2,10 +2,9 @@
 // per-block select (codec/compact_walk.cc), ClassSelect16's and
 // ClassApply16's contracts, in a tighter loop per change:
 //  - a change's canonical check without branches: a diff byte d != kEscape
-//    gives new = old + UnZigZag(d), whose DiffByte is d exactly unless the
-//    two differ in sign or either is non-finite (a 16-bit wrap-around
-//    changes the sign or starts from NaN), so the check is one test of bit
-//    15 of (old ^ new) | ((old & 0x7F80) + 0x80) | ((new & 0x7F80) + 0x80);
+//    gives new = old + UnZigZag(d) (mod 2^16), whose DiffByte is d exactly
+//    unless either is non-finite, so the check is one test of bit 15 of
+//    ((old & 0x7F80) + 0x80) | ((new & 0x7F80) + 0x80) (NotCanonical);
 //    escapes (rare) keep compact::DiffByte;
 //  - the class's ranks and diff bytes walked by pointer against the block's
 //    last rank (off + total), so the loop's state stays in registers;
@@ -97,12 +96,20 @@ HWY_INLINE unsigned PlaceSelectBit(uint64_t x, uint64_t r, bool fast_pdep) {
   }
 }
 
-// Bit 15 set where old -> new, new = old + UnZigZag(d) for a diff byte d
-// != kEscape, is not what d codes (compact::DiffByte(old, new) != d): a
-// sign change or a non-finite value on either side (exponent bits all set:
-// adding 0x80 to them carries into bit 15).
+// Bit 15 set where old -> new, new = old + UnZigZag(d) mod 2^16 for a diff
+// byte d != kEscape (|UnZigZag(d)| <= 127), is not what d codes
+// (compact::DiffByte(old, new) != d): exactly where old or new is
+// non-finite (exponent bits all set: adding 0x80 to them carries into bit
+// 15). Otherwise both are finite and DiffByte gives d back, since a move of
+// at most 127 that changes the sign bit passes through a non-finite
+// value: from +0..126 down it wraps to 0xFF81..0xFFFF (NaN), from
+// 0x8000..0x807F down it lands in 0x7F81..0x7FFF (NaN), and a finite
+// positive value (<= 0x7F7F) cannot reach 0x8000 (nor a finite negative one
+// 0x10000). So DiffByte's sign test adds nothing here
+// (tests/bf16/class_place_test.cc checks every diff byte from the bases
+// around both sign boundaries).
 HWY_INLINE uint32_t NotCanonical(uint32_t o, uint32_t v) {
-  return (o ^ v) | ((o & 0x7F80u) + 0x80u) | ((v & 0x7F80u) + 0x80u);
+  return ((o & 0x7F80u) + 0x80u) | ((v & 0x7F80u) + 0x80u);
 }
 
 template <bool kApply, bool kFastPdep>

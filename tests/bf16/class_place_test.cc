@@ -259,11 +259,16 @@ TEST(ClassPlace, NonCanonicalCodesAreFoundOnEveryTarget) {
   }
 }
 
-// Every (base, diff byte) pair's check against compact::DiffByte, one
-// change per block at element 0 of a one-element block.
+// Every diff byte's check against compact::DiffByte from bases spread over
+// the range and every base near +-0, the sign change at 0x7FFF/0x8000 and
+// the non-finite values: one change, in a one-element block.
 TEST(ClassPlace, EveryDiffByteFromEveryBaseIsCheckedAsDiffByte) {
   std::vector<uint16_t> bases;
   for (uint32_t b = 0; b < 0x10000; b += 0x3F) bases.push_back(static_cast<uint16_t>(b));
+  // Every base within a diff's reach of a sign change or a non-finite value.
+  for (uint32_t b = 0x7E00; b < 0x8200; ++b) bases.push_back(static_cast<uint16_t>(b));
+  for (uint32_t b = 0; b < 0x100; ++b) bases.push_back(static_cast<uint16_t>(b));
+  for (uint32_t b = 0xFE00; b < 0x10000; ++b) bases.push_back(static_cast<uint16_t>(b));
   for (uint16_t b : {0x0000, 0x0001, 0x007E, 0x007F, 0x7F7F, 0x7F80, 0x7F81, 0x7FFF, 0x8000, 0x8001, 0xFF7F, 0xFF80,
                      0xFF81, 0xFFFF}) {
     bases.push_back(b);
