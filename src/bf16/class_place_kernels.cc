@@ -157,12 +157,26 @@ HWY_INLINE size_t PlaceWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* 
     const uint64_t off = *rp - r;
     const uint64_t lim = off + total;
     const int32_t* HWY_RESTRICT through = reinterpret_cast<const int32_t*>(bef + 1);
+#if HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86_64
+    // The 16 running counts (<= 1024) as i16 lanes in one register, in the
+    // packs' order (only how many exceed the rank matters).
+    const __m256i through16 =
+        _mm256_packs_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(through)),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(through + 8)));
+#endif
     uint64_t rk = *rp;
     for (;;) {
       const uint64_t rr = rk - off;
+#if HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86_64
+      (void)N32;
+      const uint32_t above = static_cast<uint32_t>(
+          _mm256_movemask_epi8(_mm256_cmpgt_epi16(through16, _mm256_set1_epi16(static_cast<int16_t>(rr)))));
+      const size_t w = kPlaceWords - static_cast<size_t>(__builtin_popcount(above)) / 2;
+#else
       const auto vr = hn::Set(d32, static_cast<int32_t>(rr));
       size_t w = kPlaceWords;
       for (size_t k = 0; k < kPlaceWords; k += N32) w -= hn::CountTrue(d32, hn::Gt(hn::LoadU(d32, through + k), vr));
+#endif
       const unsigned at = PlaceSelectBit(mask[w], rr - bef[w], kFastPdep);
       if constexpr (!kApply) hits[w] |= uint64_t{1} << at;
       const size_t i = 64 * w + at;
