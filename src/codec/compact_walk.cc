@@ -5,7 +5,7 @@
 // chunk's class totals go to the next chunk through a decoupled look-back;
 // then, block by block, only the classes with a change in the block get
 // their per-word masks (kernels::ClassMasksOfBytes16, from the class bytes)
-// and each change is placed from them (kernels::ClassSelect16 / Apply16),
+// and each change is placed from them (kernels::ClassPlace16 / PlaceApply16),
 // its value checked and its state-hash term summed. A class with no change
 // in a block skips it by its count.
 #include "codec/compact_walk.h"
