@@ -148,6 +148,14 @@ struct ClassApplyOut {
 };
 size_t ClassApply16(const uint64_t* masks, const uint32_t* before, uint32_t classes, uint16_t* data, size_t n,
                     const ClassWalkStreams& s, ClassWalkCursor& cur, const ClassApplyOut& out, size_t* placed);
+//  - ClassPlace16, ClassPlaceApply16 (class_place_kernels.cc): the same
+//    contracts as ClassSelect16 and ClassApply16 (equal outputs, cursors
+//    and return value on every target), in the tighter per-change loop the
+//    decoder's walk uses.
+size_t ClassPlace16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data, size_t n,
+                    const ClassWalkStreams& s, ClassWalkCursor& cur, uint64_t* hits, uint16_t* values);
+size_t ClassPlaceApply16(const uint64_t* masks, const uint32_t* before, uint32_t classes, uint16_t* data, size_t n,
+                         const ClassWalkStreams& s, ClassWalkCursor& cur, const ClassApplyOut& out, size_t* placed);
 
 // --- targets (tests and benchmarks) ----------------------------------------
 

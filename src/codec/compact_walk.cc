@@ -5,7 +5,7 @@
 // chunk's class totals go to the next chunk through a decoupled look-back;
 // then, block by block, only the classes with a change in the block get
 // their per-word masks (kernels::ClassMasksOfBytes16, from the class bytes)
-// and each change is placed from them (kernels::ClassSelect16 / Apply16),
+// and each change is placed from them (kernels::ClassPlace16 / PlaceApply16),
 // its value checked and its state-hash term summed. A class with no change
 // in a block skips it by its count.
 #include "codec/compact_walk.h"
@@ -179,7 +179,7 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
       // change it placed is logged, so the undo covers a failing block too.
       size_t placed = 0;
       const kernels::ClassApplyOut o{at, undo_pos + k, undo_old + k, side16 + (k - k0)};
-      const size_t wrong = kernels::ClassApply16(m, p, need, target + at, len, streams, cur, o, &placed);
+      const size_t wrong = kernels::ClassPlaceApply16(m, p, need, target + at, len, streams, cur, o, &placed);
       run->written += placed;
       if (wrong < len) {
         return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
@@ -187,7 +187,7 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
       k += placed;
       continue;
     }
-    const size_t wrong = kernels::ClassSelect16(m, p, need, data + at, len, streams, cur, hit_words, block_values);
+    const size_t wrong = kernels::ClassPlace16(m, p, need, data + at, len, streams, cur, hit_words, block_values);
     if (wrong < len) {
       return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
     }

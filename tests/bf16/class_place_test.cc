@@ -1,0 +1,307 @@
+// The compact decoder's per-block select (kernels::ClassPlace16,
+// ClassPlaceApply16; src/bf16/class_place_kernels.cc) against a
+// one-change-at-a-time reference of their contract (simd_kernels.h,
+// ClassSelect16 / ClassApply16), on every SIMD target, block after block
+// with the cursors carried over: bases at every class edge (zeros,
+// subnormals, NaN, Inf, both signs), classes with every element changed,
+// none, or a few; change codes that are canonical, escapes, and
+// non-canonical ones of every kind (a diff into the other sign, a diff
+// from or to a non-finite value, a diff wrapping around 16 bits, an escape
+// where a diff fits), whose smallest offset both must return.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bf16/bf16_test_util.h"
+#include "bf16/simd_kernels.h"
+#include "codec/compact_bf16.h"
+
+namespace deltasync {
+namespace {
+
+constexpr size_t kBlock = 1024, kWords = 16;
+constexpr uint64_t kNone = ~uint64_t{0};
+
+struct Streams {
+  std::vector<uint64_t> ranks;
+  std::vector<uint8_t> diffs;
+  std::vector<uint8_t> escapes;  // u16 LE each
+  std::array<uint64_t, 16> begin{}, end{}, first_escape{};
+};
+
+// The base: values around every class edge and anywhere, a run of one
+// class, specials.
+std::vector<uint16_t> Base(std::mt19937_64& rng, size_t n) {
+  static constexpr uint16_t kExps[] = {0, 1, 111, 112, 113, 114, 118, 120, 122, 125, 126, 127, 128, 200, 254, 255};
+  std::uniform_int_distribution<size_t> pick(0, std::size(kExps) - 1);
+  std::uniform_int_distribution<uint32_t> any(0, 0xFFFF), mant(0, 0x7F), kind(0, 7);
+  std::vector<uint16_t> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (i >= 1500 && i < 1800) {
+      v[i] = static_cast<uint16_t>(120 << 7 | mant(rng));  // class 8 only
+    } else if (i < 8) {
+      static constexpr uint16_t kEnds[] = {0x0000, 0x0001, 0x007E, 0xFFFF, 0xFF81, 0x7FFF, 0x7F80, 0x8000};
+      v[i] = kEnds[i];
+    } else {
+      v[i] = kind(rng) == 0 ? static_cast<uint16_t>(any(rng))
+                            : static_cast<uint16_t>((any(rng) & 0x8000) | kExps[pick(rng)] << 7 | mant(rng));
+    }
+  }
+  return v;
+}
+
+uint8_t ZigZag(int32_t d) { return static_cast<uint8_t>((static_cast<uint32_t>(d) << 1) ^ static_cast<uint32_t>(d >> 31)); }
+
+// Per class a change rate (class 3 none, class 8 every element), each
+// change's code: mostly canonical (+-1..3 ULP, or an escape where it must
+// be one), one in `bad_one_in` non-canonical (when > 0).
+Streams MakeStreams(std::mt19937_64& rng, const std::vector<uint16_t>& base, int bad_one_in) {
+  std::array<std::vector<uint64_t>, 16> of_class;
+  for (size_t i = 0; i < base.size(); ++i) of_class[compact::ClassOf(base[i])].push_back(i);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::uniform_int_distribution<uint32_t> any(0, 0xFFFF), small(1, 3), byte(0, 254);
+  Streams s;
+  for (int c = 0; c < 16; ++c) {
+    const double rate = c == 3 ? 0.0 : c == 8 ? 1.0 : c == 0 ? 0.5 : c % 4 == 1 ? 0.002 : 0.05;
+    s.begin[c] = s.ranks.size();
+    s.first_escape[c] = s.escapes.size() / 2;
+    for (uint64_t r = 0; r < of_class[c].size(); ++r) {
+      if (u(rng) >= rate) continue;
+      const uint16_t o = base[of_class[c][r]];
+      uint8_t d;
+      uint16_t raw = 0;
+      bool escape = false;
+      if (bad_one_in > 0 && any(rng) % static_cast<uint32_t>(bad_one_in) == 0) {
+        switch (any(rng) % 3) {
+          case 0:  // any diff byte: into the other sign, from/to NaN or Inf, wrapping, or canonical
+            d = static_cast<uint8_t>(byte(rng));
+            break;
+          case 1:  // a diff that wraps or crosses the sign from the ends of the range
+            d = ZigZag(o & 0x8000 ? 127 : -127);
+            break;
+          default:  // an escape where a diff fits (or a canonical one)
+            escape = true;
+            raw = static_cast<uint16_t>(o + small(rng));
+            d = compact::kEscape;
+            break;
+        }
+      } else {
+        const uint16_t v = static_cast<uint16_t>(u(rng) < 0.05 ? any(rng) : o + (any(rng) & 1 ? small(rng) : -small(rng)));
+        d = compact::DiffByte(o, v);
+        escape = d == compact::kEscape;
+        raw = v;
+      }
+      s.ranks.push_back(r);
+      s.diffs.push_back(d);
+      if (escape) {
+        s.escapes.push_back(static_cast<uint8_t>(raw));
+        s.escapes.push_back(static_cast<uint8_t>(raw >> 8));
+      }
+    }
+    s.end[c] = s.ranks.size();
+  }
+  return s;
+}
+
+kernels::ClassWalkCursor StartCursor(const Streams& s) {
+  kernels::ClassWalkCursor cur{};
+  for (int c = 0; c < 16; ++c) {
+    cur.g[c] = s.begin[c];
+    cur.e[c] = s.first_escape[c];
+    cur.rem[c] = s.begin[c] < s.end[c] ? s.ranks[s.begin[c]] : kNone;
+  }
+  return cur;
+}
+
+struct BlockOut {
+  std::vector<uint64_t> hits = std::vector<uint64_t>(kWords);
+  std::vector<uint16_t> values = std::vector<uint16_t>(kBlock);  // at the hits only
+  std::vector<uint16_t> data;                                    // the apply's block after
+  std::vector<uint64_t> undo_pos;
+  std::vector<uint16_t> undo_old, h_new;
+  size_t bad = 0;
+};
+
+// The contract, one change at a time, in class order.
+BlockOut Reference(const uint16_t* data, size_t n, uint64_t index0, uint32_t classes, const Streams& s,
+                   kernels::ClassWalkCursor& cur) {
+  BlockOut o;
+  o.data.assign(data, data + n);
+  o.bad = n;
+  for (int c = 0; c < 16; ++c) {
+    if (!(classes >> c & 1)) continue;
+    std::vector<size_t> pos;
+    for (size_t i = 0; i < n; ++i) {
+      if (compact::ClassOf(data[i]) == c) pos.push_back(i);
+    }
+    uint64_t r = cur.rem[c];
+    while (r != kNone && r < pos.size()) {
+      const size_t i = pos[r];
+      const uint16_t old = data[i];
+      const uint8_t d = s.diffs[cur.g[c]];
+      uint16_t v;
+      if (d == compact::kEscape) {
+        std::memcpy(&v, s.escapes.data() + 2 * cur.e[c]++, 2);
+      } else {
+        v = static_cast<uint16_t>(old + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));
+      }
+      if (compact::DiffByte(old, v) != d) o.bad = std::min(o.bad, i);
+      o.hits[i / 64] |= uint64_t{1} << (i % 64);
+      o.values[i] = v;
+      o.data[i] = v;
+      o.undo_pos.push_back(index0 + i);
+      o.undo_old.push_back(old);
+      o.h_new.push_back(v);
+      const uint64_t g = cur.g[c]++;
+      r = cur.g[c] >= s.end[c] ? kNone : r + (s.ranks[g + 1] - s.ranks[g]);
+    }
+    cur.rem[c] = r == kNone ? kNone : r - pos.size();
+  }
+  return o;
+}
+
+void ExpectCursorsEqual(const kernels::ClassWalkCursor& a, const kernels::ClassWalkCursor& b, size_t at) {
+  for (int c = 0; c < 16; ++c) {
+    ASSERT_EQ(a.rem[c], b.rem[c]) << "block at " << at << ", class " << c;
+    ASSERT_EQ(a.g[c], b.g[c]) << "block at " << at << ", class " << c;
+    ASSERT_EQ(a.e[c], b.e[c]) << "block at " << at << ", class " << c;
+  }
+}
+
+// Every block of `base` in turn (the last partial), both kernels against
+// the reference, the cursors carried over.
+void ExpectPlaces(const std::vector<uint16_t>& base, const Streams& s, uint32_t classes) {
+  const kernels::ClassWalkStreams streams{s.ranks.data(), s.end.data(), s.diffs.data(), s.escapes.data()};
+  kernels::ClassWalkCursor want = StartCursor(s), select = want, apply = want;
+  alignas(64) uint8_t bytes[kBlock];
+  uint16_t counts[16];
+  uint64_t masks[16 * kWords];
+  uint32_t before[16 * (kWords + 1)];
+  size_t bad_blocks = 0;
+  for (size_t at = 0; at < base.size(); at += kBlock) {
+    const size_t n = std::min(kBlock, base.size() - at);
+    kernels::ClassCountsBytes16(base.data() + at, n, classes, counts, bytes);
+    kernels::ClassMasksOfBytes16(bytes, n, classes, masks, before);
+    const BlockOut ref = Reference(base.data() + at, n, at, classes, s, want);
+    bad_blocks += ref.bad < n;
+
+    std::vector<uint64_t> hits(kWords, ~uint64_t{0});
+    std::vector<uint16_t> values(kBlock, 0);
+    const size_t bad = kernels::ClassPlace16(masks, before, classes, base.data() + at, n, streams, select, hits.data(),
+                                             values.data());
+    ASSERT_EQ(bad, ref.bad) << "select, block at " << at;
+    ASSERT_EQ(hits, ref.hits) << "block at " << at;
+    for (size_t i = 0; i < n; ++i) {
+      if (ref.hits[i / 64] >> (i % 64) & 1) ASSERT_EQ(values[i], ref.values[i]) << "element " << at + i;
+    }
+    ExpectCursorsEqual(select, want, at);
+
+    std::vector<uint16_t> data(base.begin() + static_cast<ptrdiff_t>(at), base.begin() + static_cast<ptrdiff_t>(at + n));
+    std::vector<uint64_t> undo_pos(n + 1, 0);
+    std::vector<uint16_t> undo_old(n + 1, 0), h_new(n + 1, 0);
+    size_t placed = 0;
+    const kernels::ClassApplyOut out{at, undo_pos.data(), undo_old.data(), h_new.data()};
+    const size_t bad_apply =
+        kernels::ClassPlaceApply16(masks, before, classes, data.data(), n, streams, apply, out, &placed);
+    ASSERT_EQ(bad_apply, ref.bad) << "apply, block at " << at;
+    ASSERT_EQ(placed, ref.undo_pos.size()) << "block at " << at;
+    ASSERT_EQ(data, ref.data) << "block at " << at;
+    undo_pos.resize(placed);
+    undo_old.resize(placed);
+    h_new.resize(placed);
+    ASSERT_EQ(undo_pos, ref.undo_pos) << "block at " << at;
+    ASSERT_EQ(undo_old, ref.undo_old) << "block at " << at;
+    ASSERT_EQ(h_new, ref.h_new) << "block at " << at;
+    ExpectCursorsEqual(apply, want, at);
+  }
+  for (int c = 0; c < 16; ++c) {
+    if (classes >> c & 1) ASSERT_EQ(want.g[c], s.end[c]) << "class " << c << ": the case's changes were not all placed";
+  }
+  (void)bad_blocks;
+}
+
+TEST(ClassPlace, CanonicalChangesEqualTheReferenceOnEveryTarget) {
+  std::mt19937_64 rng(26);
+  const std::vector<uint16_t> base = Base(rng, 5 * kBlock + 300);
+  const Streams s = MakeStreams(rng, base, 0);
+  uint32_t classes = 0;
+  for (int c = 0; c < 16; ++c) classes |= uint32_t{s.end[c] > s.begin[c]} << c;
+  testing_bf16::ForEachTarget([&] { ExpectPlaces(base, s, classes); });
+}
+
+// Non-canonical codes of every kind: the smallest offset of one in each
+// block, from both kernels; everything placed as the reference places it.
+TEST(ClassPlace, NonCanonicalCodesAreFoundOnEveryTarget) {
+  for (int seed = 0; seed < 6; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(100 + seed);
+    const std::vector<uint16_t> base = Base(rng, 4 * kBlock + 77);
+    const Streams s = MakeStreams(rng, base, seed < 3 ? 3 : 40);
+    uint32_t classes = 0;
+    for (int c = 0; c < 16; ++c) classes |= uint32_t{s.end[c] > s.begin[c]} << c;
+    // The case holds non-canonical codes (so a check that passes everything fails here).
+    size_t bad = 0;
+    {
+      kernels::ClassWalkCursor cur = StartCursor(s);
+      for (size_t at = 0; at < base.size(); at += kBlock) {
+        const size_t n = std::min(kBlock, base.size() - at);
+        bad += Reference(base.data() + at, n, at, classes, s, cur).bad < n;
+      }
+    }
+    ASSERT_GT(bad, 0u);
+    testing_bf16::ForEachTarget([&] { ExpectPlaces(base, s, classes); });
+  }
+}
+
+// Every diff byte's check against compact::DiffByte from bases spread over
+// the range and every base near +-0, the sign change at 0x7FFF/0x8000 and
+// the non-finite values: one change, in a one-element block.
+TEST(ClassPlace, EveryDiffByteFromEveryBaseIsCheckedAsDiffByte) {
+  std::vector<uint16_t> bases;
+  for (uint32_t b = 0; b < 0x10000; b += 0x3F) bases.push_back(static_cast<uint16_t>(b));
+  // Every base within a diff's reach of a sign change or a non-finite value.
+  for (uint32_t b = 0x7E00; b < 0x8200; ++b) bases.push_back(static_cast<uint16_t>(b));
+  for (uint32_t b = 0; b < 0x100; ++b) bases.push_back(static_cast<uint16_t>(b));
+  for (uint32_t b = 0xFE00; b < 0x10000; ++b) bases.push_back(static_cast<uint16_t>(b));
+  for (uint16_t b : {0x0000, 0x0001, 0x007E, 0x007F, 0x7F7F, 0x7F80, 0x7F81, 0x7FFF, 0x8000, 0x8001, 0xFF7F, 0xFF80,
+                     0xFF81, 0xFFFF}) {
+    bases.push_back(b);
+  }
+  testing_bf16::ForEachTarget([&] {
+    for (uint16_t b : bases) {
+      const int c = compact::ClassOf(b);
+      alignas(64) uint8_t bytes[64];
+      uint16_t counts[16];
+      uint64_t masks[kWords];
+      uint32_t before[kWords + 1];
+      kernels::ClassCountsBytes16(&b, 1, 1u << c, counts, bytes);
+      kernels::ClassMasksOfBytes16(bytes, 1, 1u << c, masks, before);
+      for (int d = 0; d < 255; ++d) {
+        const uint64_t rank = 0;
+        std::array<uint64_t, 16> end{};
+        end[c] = 1;
+        const uint8_t diff = static_cast<uint8_t>(d);
+        const kernels::ClassWalkStreams streams{&rank, end.data(), &diff, nullptr};
+        kernels::ClassWalkCursor cur{};
+        cur.rem[c] = 0;
+        uint64_t hits[kWords];
+        uint16_t values[kBlock];
+        const uint16_t v = static_cast<uint16_t>(b + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));
+        const size_t want = compact::DiffByte(b, v) == diff ? 1 : 0;
+        ASSERT_EQ(kernels::ClassPlace16(masks, before, 1u << c, &b, 1, streams, cur, hits, values), want)
+            << "base " << b << ", diff byte " << d;
+        ASSERT_EQ(values[0], v);
+        ASSERT_EQ(cur.rem[c], kNone);
+      }
+    }
+  });
+}
+
+}  // namespace
+}  // namespace deltasync
