@@ -1,6 +1,8 @@
 // ClassPlace16 and ClassPlaceApply16 (simd_kernels.h): the compact decoder's
-// per-block select (codec/compact_walk.cc), ClassSelect16's and
-// ClassApply16's contracts, in a tighter loop per change:
+// per-block select (codec/compact_walk.cc), in a tight loop per change
+// (session 26 replaced session 23's ClassSelect16 / ClassApply16 with
+// these: select 1.21-1.26x, apply 1.01-1.22x faster per change;
+// docs/benchmarks.md):
 //  - a change's canonical check without branches: a diff byte d != kEscape
 //    gives new = old + UnZigZag(d) (mod 2^16), whose DiffByte is d exactly
 //    unless either is non-finite, so the check is one test of bit 15 of
@@ -32,7 +34,7 @@ namespace deltasync::kernels {
 namespace {
 // Whether PDEP is one fast instruction: on every x86-64 CPU with BMI2 but
 // AMD's (and Hygon's) before Zen 3 (family 0x19), where it is microcoded
-// (as compact_scan_kernels.cc decides it).
+// (Zen 1/2 take up to hundreds of cycles).
 bool PlaceFastPdep() {
 #if defined(__x86_64__)
   static const bool fast = [] {

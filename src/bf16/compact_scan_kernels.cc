@@ -15,38 +15,12 @@
 #include <cstring>
 
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
 #include "bf16/compact_scan.h"
 #include "bf16/round.h"
 #include "bf16/simd_kernels.h"
-
-#ifndef DELTASYNC_COMPACT_SCAN_FAST_PDEP
-#define DELTASYNC_COMPACT_SCAN_FAST_PDEP
-namespace deltasync::kernels {
-// Whether PDEP is one fast instruction: on every x86-64 CPU with BMI2 but
-// AMD's (and Hygon's) before Zen 3 (family 0x19), where it is microcoded and
-// takes up to hundreds of cycles.
-inline bool FastPdep() {
-#if defined(__x86_64__)
-  static const bool fast = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
-    const bool amd = (b == 0x68747541 && d == 0x69746E65 && c == 0x444D4163) ||  // AuthenticAMD
-                     (b == 0x6F677948 && d == 0x6E65476E && c == 0x656E6975);    // HygonGenuine
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
-    const unsigned family = ((a >> 8) & 0xF) == 0xF ? 0xF + ((a >> 20) & 0xFF) : (a >> 8) & 0xF;
-    return !amd || family >= 0x19;
-  }();
-  return fast;
-#else
-  return false;
-#endif
-}
-}  // namespace deltasync::kernels
-#endif
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "bf16/compact_scan_kernels.cc"
@@ -384,41 +358,6 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
   return result;
 }
 
-// Position of the r-th (0-based) set bit of x, r < popcount(x). AVX-512
-// CPUs (Skylake-X and later, Zen 4) have a fast PDEP; elsewhere PDEP may be
-// microcoded (Zen 1/2), so whole bytes are skipped by their popcount and a
-// table selects within the byte.
-HWY_INLINE unsigned SelectBit(uint64_t x, uint64_t r, bool fast_pdep) {
-#if HWY_TARGET <= HWY_AVX3 && !defined(HWY_DISABLE_BMI2_FMA) && (HWY_ARCH_X86_64)
-  (void)fast_pdep;
-  return static_cast<unsigned>(__builtin_ctzll(_pdep_u64(uint64_t{1} << r, x)));
-#elif HWY_TARGET == HWY_AVX2 && !defined(HWY_DISABLE_BMI2_FMA) && (HWY_ARCH_X86_64)
-  // The AVX2 target implies BMI2; Zen 3 and Intel's have a fast PDEP (the
-  // byte loop below mispredicts its exit about once per change).
-  if (fast_pdep) return static_cast<unsigned>(__builtin_ctzll(_pdep_u64(uint64_t{1} << r, x)));
-#else
-  (void)fast_pdep;
-#endif
-  static constexpr auto kInByte = [] {
-    std::array<std::array<uint8_t, 8>, 256> t{};
-    for (int v = 0; v < 256; ++v) {
-      int k = 0;
-      for (int b = 0; b < 8; ++b) {
-        if (v >> b & 1) t[v][k++] = static_cast<uint8_t>(b);
-      }
-    }
-    return t;
-  }();
-  unsigned pos = 0;
-  for (;;) {
-    const uint64_t in_byte = static_cast<uint64_t>(__builtin_popcountll(x & 0xFF));
-    if (r < in_byte) return pos + kInByte[x & 0xFF][r];
-    r -= in_byte;
-    x >>= 8;
-    pos += 8;
-  }
-}
-
 #if HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86_64
 // The class bytes (compact::ClassOf) of the 32 elements at p, all in one
 // register: the exponent byte is the high byte of bits << 1 (the sign
@@ -607,111 +546,6 @@ void ClassCountsBytes16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_
   ClassCounts(data, n, classes, counts, bytes);
 }
 
-// Each change inside the block in a few branch-free steps, independent of
-// the other changes': its word by comparing its rank with all the running
-// counts at once, its bit by SelectBit, its value from
-// its diff byte.
-// ClassSelect16 and (kApply) ClassApply16 in one body: the same walk, the
-// output either the block's hits and values or the values written in place
-// with their undo and hash inputs. kFastPdep: SelectBit's choice made once
-// per call, not per change (the loop then holds neither the test nor the
-// byte loop, and its state stays in registers).
-template <bool kApply, bool kFastPdep>
-HWY_INLINE size_t ClassWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
-                            uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur,
-                            uint64_t* HWY_RESTRICT hits, uint16_t* HWY_RESTRICT values, const ClassApplyOut* out,
-                            size_t* placed) {
-  if constexpr (!kApply) std::memset(hits, 0, kScanWords * sizeof(uint64_t));
-  size_t h = 0;
-  size_t bad = n;
-  const uint64_t* HWY_RESTRICT ranks = s.ranks;
-  const uint8_t* HWY_RESTRICT diffs = s.diffs;
-  const uint8_t* HWY_RESTRICT escapes = s.escapes;
-  // The outputs in locals: stores through them cannot change them, so the
-  // loop need not reload them from *out after every store.
-  const uint64_t index0 = kApply ? out->index0 : 0;
-  uint64_t* HWY_RESTRICT undo_pos = kApply ? out->undo_pos : nullptr;
-  uint16_t* HWY_RESTRICT undo_old = kApply ? out->undo_old : nullptr;
-  uint16_t* HWY_RESTRICT h_new = kApply ? out->h_new : nullptr;
-  for (int c = 0; c < kScanClasses; ++c) {
-    if (!(classes >> c & 1)) continue;
-    const uint64_t* mask = masks;
-    const uint32_t* bef = before;
-    masks += kScanWords;
-    before += kScanWords + 1;
-    const uint64_t total = bef[kScanWords];
-    uint64_t r = cur.rem[c];
-    if (r >= total) {
-      if (r != ~uint64_t{0}) cur.rem[c] = r - total;
-      continue;
-    }
-    uint64_t gc = cur.g[c], ec = cur.e[c];
-    const uint64_t end = s.end[c];
-    // Change gc's rank within the block is ranks[gc] - off, so each change's
-    // work depends on no other's (no chain through r): its word is the
-    // number of words whose running count through them is <= r (vector
-    // compares of the counts), its bit by SelectBit.
-    const uint64_t off = ranks[gc] - r;
-    // (Counts are at most kScanBlock: signed compares, which every target has.)
-    const hn::CappedTag<int32_t, kScanWords> d32;
-    const size_t N32 = hn::Lanes(d32);
-    const int32_t* HWY_RESTRICT through = reinterpret_cast<const int32_t*>(bef + 1);
-    while (r < total) {
-      const auto vr = hn::Set(d32, static_cast<int32_t>(r));
-      size_t w = kScanWords;
-      for (size_t k = 0; k < kScanWords; k += N32) w -= hn::CountTrue(d32, hn::Gt(hn::LoadU(d32, through + k), vr));
-      const unsigned at = SelectBit(mask[w], r - bef[w], kFastPdep);
-      if constexpr (!kApply) hits[w] |= uint64_t{1} << at;
-      const size_t i = 64 * w + at;
-      const uint16_t o = bf16::LoadElement(data, i);
-      const uint8_t d = diffs[gc];
-      uint16_t v;
-      if (HWY_UNLIKELY(d == compact::kEscape)) {
-        std::memcpy(&v, escapes + 2 * ec++, 2);
-      } else {
-        v = static_cast<uint16_t>(o + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));  // unzigzag
-      }
-      if (HWY_UNLIKELY(compact::DiffByte(o, v) != d)) bad = std::min(bad, i);
-      if constexpr (kApply) {
-        // Logged before written (the undo covers every change placed).
-        undo_pos[h] = index0 + i;
-        undo_old[h] = o;
-        data[i] = v;
-        h_new[h] = v;
-        ++h;
-      } else {
-        values[i] = v;
-      }
-      if (++gc >= end) {
-        r = ~uint64_t{0};
-        break;
-      }
-      r = ranks[gc] - off;  // ranks ascend, so r does: r + 1 + the change's gap
-    }
-    cur.g[c] = gc;
-    cur.e[c] = ec;
-    cur.rem[c] = r == ~uint64_t{0} ? r : r - total;
-  }
-  if (placed) *placed = h;
-  return bad;
-}
-
-size_t ClassSelect16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
-                         const uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s,
-                         ClassWalkCursor& cur, uint64_t* HWY_RESTRICT hits, uint16_t* HWY_RESTRICT values) {
-  // Never written: the select walk only reads data.
-  uint16_t* const d = const_cast<uint16_t*>(data);
-  return FastPdep() ? ClassWalk<false, true>(masks, before, classes, d, n, s, cur, hits, values, nullptr, nullptr)
-                    : ClassWalk<false, false>(masks, before, classes, d, n, s, cur, hits, values, nullptr, nullptr);
-}
-
-size_t ClassApply16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
-                        uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur,
-                        const ClassApplyOut& out, size_t* placed) {
-  return FastPdep() ? ClassWalk<true, true>(masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed)
-                    : ClassWalk<true, false>(masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed);
-}
-
 
 size_t ScanCompactSpanImpl(const CompactScanSpan& span, CompactScanState& state) {
   return span.f32 ? ScanLoop<true>(span, state) : ScanLoop<false>(span, state);
@@ -726,8 +560,6 @@ namespace deltasync::kernels {
 HWY_EXPORT(ScanCompactSpanImpl);
 HWY_EXPORT(ClassCountsBytes16Impl);
 HWY_EXPORT(ClassMasksOfBytes16Impl);
-HWY_EXPORT(ClassSelect16Impl);
-HWY_EXPORT(ClassApply16Impl);
 
 void ClassCountsBytes16(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts, uint8_t* bytes) {
   HWY_DYNAMIC_DISPATCH(ClassCountsBytes16Impl)(data, n, classes, counts, bytes);
@@ -735,16 +567,6 @@ void ClassCountsBytes16(const uint16_t* data, size_t n, uint32_t classes, uint16
 
 void ClassMasksOfBytes16(const uint8_t* bytes, size_t n, uint32_t classes, uint64_t* masks, uint32_t* before) {
   HWY_DYNAMIC_DISPATCH(ClassMasksOfBytes16Impl)(bytes, n, classes, masks, before);
-}
-
-size_t ClassSelect16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data,
-                     size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur, uint64_t* hits, uint16_t* values) {
-  return HWY_DYNAMIC_DISPATCH(ClassSelect16Impl)(masks, before, classes, data, n, s, cur, hits, values);
-}
-
-size_t ClassApply16(const uint64_t* masks, const uint32_t* before, uint32_t classes, uint16_t* data, size_t n,
-                    const ClassWalkStreams& s, ClassWalkCursor& cur, const ClassApplyOut& out, size_t* placed) {
-  return HWY_DYNAMIC_DISPATCH(ClassApply16Impl)(masks, before, classes, data, n, s, cur, out, placed);
 }
 
 size_t ScanCompactSpan(const CompactScanSpan& span, CompactScanState& state) {

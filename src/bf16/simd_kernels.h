@@ -108,7 +108,7 @@ void HashTermDiffs16(const uint64_t* index, const uint8_t* new_bits, const uint8
 //    (64 elements; past n none) are of class c, and before[17 s + w] = the
 //    class's elements in words [0, w), for w in [0, 16] (so
 //    before[17 s + 16] is the block's total).
-//  - ClassSelect16: from those, per class c in `classes`: cur.rem[c]
+//  - ClassPlace16 (class_place_kernels.cc): from those, per class c in `classes`: cur.rem[c]
 //    class-c elements are skipped before change cur.g[c]; that change's
 //    element (offset i in the block) gets its bit in hits (16 words, all
 //    written) and its new value in values[i]: base + UnZigZag(diff) for
@@ -131,9 +131,9 @@ struct ClassWalkCursor {
 };
 void ClassCountsBytes16(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts, uint8_t* bytes);
 void ClassMasksOfBytes16(const uint8_t* bytes, size_t n, uint32_t classes, uint64_t* masks, uint32_t* before);
-size_t ClassSelect16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data,
-                     size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur, uint64_t* hits, uint16_t* values);
-//  - ClassApply16: ClassSelect16's walk, but each change's new value is
+size_t ClassPlace16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data, size_t n,
+                    const ClassWalkStreams& s, ClassWalkCursor& cur, uint64_t* hits, uint16_t* values);
+//  - ClassPlaceApply16: ClassPlace16's walk, but each change's new value is
 //    written into data[i] itself (the block's own elements, each at most
 //    once, read before it is written) and, in class order, change h of the
 //    block logs out.undo_pos[h] = out.index0 + i, out.undo_old[h] = the old
@@ -146,14 +146,6 @@ struct ClassApplyOut {
   uint16_t* undo_old;
   uint16_t* h_new;
 };
-size_t ClassApply16(const uint64_t* masks, const uint32_t* before, uint32_t classes, uint16_t* data, size_t n,
-                    const ClassWalkStreams& s, ClassWalkCursor& cur, const ClassApplyOut& out, size_t* placed);
-//  - ClassPlace16, ClassPlaceApply16 (class_place_kernels.cc): the same
-//    contracts as ClassSelect16 and ClassApply16 (equal outputs, cursors
-//    and return value on every target), in the tighter per-change loop the
-//    decoder's walk uses.
-size_t ClassPlace16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data, size_t n,
-                    const ClassWalkStreams& s, ClassWalkCursor& cur, uint64_t* hits, uint16_t* values);
 size_t ClassPlaceApply16(const uint64_t* masks, const uint32_t* before, uint32_t classes, uint16_t* data, size_t n,
                          const ClassWalkStreams& s, ClassWalkCursor& cur, const ClassApplyOut& out, size_t* placed);
 

@@ -135,12 +135,12 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   // A fused apply (run != nullptr) writes into the base itself. That is
   // safe: the class counts and class bytes of all this chunk's blocks were
   // taken (Walk) before anything is placed; a block's masks are built from
-  // its own elements' class bytes only; ClassApply16 reads only
+  // its own elements' class bytes only; ClassPlaceApply16 reads only
   // the elements of the block it places, before it writes them; each element changes at most
   // once (a class's ranks strictly ascend, classes are disjoint); and every
   // other chunk reads and writes only its own elements, sharing with this one
   // only class counts. So every read sees the base's value. run->written
-  // counts every value written (ClassApply16 logs each before writing it).
+  // counts every value written (ClassPlaceApply16 logs each before writing it).
   uint16_t* const target = t.target;
   uint64_t* const undo_pos = t.undo_pos;
   uint16_t* const undo_old = t.undo_old;

@@ -1,7 +1,6 @@
 // The compact decoder's per-block select (kernels::ClassPlace16,
 // ClassPlaceApply16; src/bf16/class_place_kernels.cc) against a
-// one-change-at-a-time reference of their contract (simd_kernels.h,
-// ClassSelect16 / ClassApply16), on every SIMD target, block after block
+// one-change-at-a-time reference of their contract (simd_kernels.h), on every SIMD target, block after block
 // with the cursors carried over: bases at every class edge (zeros,
 // subnormals, NaN, Inf, both signs), classes with every element changed,
 // none, or a few; change codes that are canonical, escapes, and
