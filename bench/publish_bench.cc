@@ -30,6 +30,7 @@
 #include "common/parallel.h"
 #include "bf16/compact_scan.h"
 #include "codec/compact_bf16.h"
+#include "codec/stream_buffers.h"
 #include "deltasync/changes.h"
 #include "deltasync/patch.h"
 #include "deltasync/publisher.h"
@@ -169,8 +170,14 @@ int main(int argc, char** argv) {
     const Timing run = Best(reps, [&] { Check(scan.Run(*published, masters, detect)); }, [&] { scan.Undo(threads); });
     Check(scan.Run(*published, masters, detect));
     const uint64_t changes = scan.bf16_changed();
+    // As a Publisher writes them: into the last delta's buffers, given back
+    // once written (codec/stream_buffers.h).
+    compact::StreamBuffers buffers;
     const Timing write = Best(reps, [&] {
-      Check(EncodeScannedCompactDelta(info, StateHash{}, *published, scan, {}, threads, kCompactStreamAuto).status());
+      Result<EncodedPatch> p = EncodeScannedCompactDelta(info, StateHash{}, *published, scan, {}, threads,
+                                                         kCompactStreamAuto, kDefaultCompactContainer, &buffers);
+      Check(p.status());
+      buffers.Give(std::move(p->owned), p->size);
     });
     scan.Undo(threads);
     const double elements = static_cast<double>(published->total_elements());

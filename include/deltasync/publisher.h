@@ -25,6 +25,9 @@ namespace deltasync {
 
 class Notifier;  // src/sync/notifier.h
 class Stopwatch;  // src/common/clock.h
+namespace compact {
+class StreamBuffers;  // src/codec/stream_buffers.h
+}
 namespace bf16 {
 class CompactScan;  // src/bf16/compact_scan.h
 }
@@ -200,6 +203,9 @@ class Publisher {
   // and what the next version does; empty otherwise.
   const std::string& degraded_reason() const { return degraded_reason_; }
   const Manifest& manifest() const { return manifest_; }
+  // Frees the buffers kept from the last compact delta for the next one
+  // (bounded to about 4x that delta's size; see docs/api.md).
+  void ReleaseBuffers();
 
  private:
   Publisher(std::shared_ptr<Store> store, PublisherOptions options);
@@ -217,6 +223,7 @@ class Publisher {
     uint64_t gap_delta_bytes = 0;  // with measure_gap_delta
     StateHash next_hash;
     std::function<void()> rollback;  // puts state_ back as it was
+    bool recycle = false;            // delta.owned goes back to buffers_ once written
   };
   // From a change list (any encoding).
   Result<Prepared> PrepareChanges(uint64_t version, std::vector<TensorChanges> changes);
@@ -252,6 +259,10 @@ class Publisher {
   StateHash anchor_hash_;
   // The fused compact pass, kept between versions so its buffers are reused.
   std::unique_ptr<bf16::CompactScan> scan_;
+  // The last compact delta's stream buffers, written into by the next one
+  // (no page faults, no munmap): at most 4x that delta's bytes + 4 MiB.
+  // ReleaseBuffers frees them.
+  std::unique_ptr<compact::StreamBuffers> buffers_;
   // Non-empty while the newest state is unknown (Open could not rebuild it).
   std::string degraded_reason_;
 };

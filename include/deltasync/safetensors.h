@@ -61,6 +61,24 @@ class SafetensorsFile {
 Result<std::vector<uint8_t>> EncodeSafetensorsHeader(const Metadata& metadata,
                                                      std::span<const TensorView> tensors);
 
+// A tensor's header entry without its bytes: what the header needs to say
+// about it (name, dtype, shape) and the byte length its data will have.
+// Lets a writer emit the header of data it sends as several parts (no copy
+// into one buffer to make a TensorView of it). Views into the caller's name
+// and shape, which must outlive it.
+struct TensorLayout {
+  std::string_view name;
+  DType dtype = DType::kU8;
+  std::span<const uint64_t> shape;
+  uint64_t bytes = 0;
+};
+
+// EncodeSafetensorsHeader with each tensor's byte length in place of its
+// data: the same bytes as the view-based overload for views of those
+// lengths, and the same checks and errors (byte length vs shape x dtype).
+Result<std::vector<uint8_t>> EncodeSafetensorsHeader(const Metadata& metadata,
+                                                     std::span<const TensorLayout> tensors);
+
 // Header followed by every tensor's bytes, as one buffer (for small files).
 Result<std::vector<uint8_t>> SerializeSafetensors(const Metadata& metadata,
                                                   std::span<const TensorView> tensors);

@@ -141,6 +141,9 @@ Result<CompactDelta> ApplyCompactDeltaToViews(const SafetensorsFile& file, std::
 namespace deltasync::bf16 {
 class CompactScan;  // bf16/compact_scan.h
 }
+namespace deltasync::compact {
+class StreamBuffers;  // codec/stream_buffers.h
+}
 
 namespace deltasync {
 
@@ -148,11 +151,14 @@ namespace deltasync {
 // `base`, whose hash before that Run was `base_hash`) plus `others`: the
 // changes of `base`'s non-bf16 tensors (scan.other_changes(), not yet
 // applied to `base`). Byte-identical to EncodeCompactDelta of the same
-// changes against the base before the Run. Streams written in parallel.
+// changes against the base before the Run. Streams written in parallel,
+// into buffers taken from `buffers` when given (the caller gives the
+// patch's `owned` back to it once written; codec/stream_buffers.h).
 Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                                const WeightState& base, const bf16::CompactScan& scan,
                                                std::span<const TensorChanges> others, int threads,
                                                int stream_version = kDefaultCompactStreamVersion,
-                                               int container = kDefaultCompactContainer);
+                                               int container = kDefaultCompactContainer,
+                                               compact::StreamBuffers* buffers = nullptr);
 
 }  // namespace deltasync

@@ -123,11 +123,10 @@ Result<std::vector<Stream>> ListStreams(const SafetensorsFile& file, std::span<c
   return out;
 }
 
-std::vector<uint8_t> WriteContainer2(std::span<const uint64_t> indices, std::span<const std::vector<uint8_t>> streams) {
+std::vector<uint8_t> WriteContainer2Directory(std::span<const uint64_t> indices,
+                                              std::span<const std::vector<uint8_t>> streams) {
   std::vector<uint8_t> out;
-  size_t total = 0;
-  for (const std::vector<uint8_t>& s : streams) total += s.size();
-  out.reserve(total + 10 + 20 * streams.size());
+  out.reserve(10 + 20 * streams.size());
   PutVarint(out, streams.size());
   uint64_t next = 0;
   for (size_t k = 0; k < streams.size(); ++k) {
@@ -135,6 +134,14 @@ std::vector<uint8_t> WriteContainer2(std::span<const uint64_t> indices, std::spa
     next = indices[k] + 1;
     PutVarint(out, streams[k].size());
   }
+  return out;
+}
+
+std::vector<uint8_t> WriteContainer2(std::span<const uint64_t> indices, std::span<const std::vector<uint8_t>> streams) {
+  std::vector<uint8_t> out = WriteContainer2Directory(indices, streams);
+  size_t total = out.size();
+  for (const std::vector<uint8_t>& s : streams) total += s.size();
+  out.reserve(total);
   for (const std::vector<uint8_t>& s : streams) out.insert(out.end(), s.begin(), s.end());
   return out;
 }

@@ -67,4 +67,10 @@ Result<std::vector<Stream>> ListStreams(const SafetensorsFile& file, std::span<c
 // ascending) and the streams' lengths, then the streams back to back.
 std::vector<uint8_t> WriteContainer2(std::span<const uint64_t> indices, std::span<const std::vector<uint8_t>> streams);
 
+// The directory alone (the start of container 2's tensor): what precedes
+// the streams, so that a writer can send it and the streams as separate
+// parts without copying them into one buffer.
+std::vector<uint8_t> WriteContainer2Directory(std::span<const uint64_t> indices,
+                                              std::span<const std::vector<uint8_t>> streams);
+
 }  // namespace deltasync::compact

@@ -23,6 +23,7 @@
 #include "codec/compact_rice.h"
 #include "codec/compact_v3.h"
 #include "codec/compact_streams.h"
+#include "codec/stream_buffers.h"
 #include "codec/patch_metadata.h"
 #include "common/parallel.h"
 #include "deltasync/compact.h"
@@ -330,44 +331,56 @@ Result<EncodedPatch> compact::AssembleCompactDelta(const PatchInfo& info, const 
   DS_RETURN_IF_ERROR(CheckContainer(container));
   Metadata metadata = BuildMetadata(info, base_hash, names.size(), changed, base_total_elements);
   if (tables) metadata.emplace(std::string(kTablesKey), tables->SerializeHex());
-  auto finish = [](EncodedPatch& out) {
-    for (const std::vector<uint8_t>& part : out.owned) {
-      if (part.empty()) continue;
-      out.parts.push_back(part);
-      out.size += part.size();
-    }
-  };
-  EncodedPatch out;
+  // Container 2: one tensor, the directory then the streams back to back,
+  // sent as separate parts (the header only needs the tensor's length, so
+  // the streams are never copied into one buffer).
+  std::vector<uint8_t> header2, directory;
+  uint64_t streams_bytes = 0;
+  for (const std::vector<uint8_t>& s : streams) streams_bytes += s.size();
   if (container != 1) {
-    // One tensor: the directory, then the streams back to back.
-    out.owned.resize(2);
-    out.owned[1] = WriteContainer2(indices, streams);
-    const TensorView one{std::string(compact::kContainerTensor), DType::kU8, {out.owned[1].size()}, out.owned[1]};
+    directory = WriteContainer2Directory(indices, streams);
+    const uint64_t tensor_bytes = directory.size() + streams_bytes;
+    const uint64_t shape[1] = {tensor_bytes};
+    const TensorLayout one{compact::kContainerTensor, DType::kU8, shape, tensor_bytes};
     Metadata metadata2 = metadata;
     metadata2.emplace(std::string(compact::kContainerKey), std::string(compact::kContainer2Value));
-    DS_ASSIGN_OR_RETURN(out.owned[0], EncodeSafetensorsHeader(metadata2, std::span<const TensorView>(&one, 1)));
-    finish(out);
-    if (container == 2) return out;
+    DS_ASSIGN_OR_RETURN(header2, EncodeSafetensorsHeader(metadata2, std::span<const TensorLayout>(&one, 1)));
   }
-  // Container 1's header: a tensor `{P}.cmp` per stream.
-  std::vector<TensorView> views1;
-  for (size_t i = 0; i < names.size(); ++i) {
-    views1.push_back({names[i] + std::string(kStreamSuffix), DType::kU8, {streams[i].size()}, streams[i]});
+  bool use2 = container == 2;
+  std::vector<uint8_t> header1;
+  if (container != 2) {
+    // Container 1's header: a tensor `{P}.cmp` per stream.
+    std::vector<std::string> names1;
+    names1.reserve(names.size());
+    for (const std::string& n : names) names1.push_back(n + std::string(kStreamSuffix));
+    std::vector<std::array<uint64_t, 1>> shapes(names.size());
+    std::vector<TensorLayout> layouts1;
+    layouts1.reserve(names.size());
+    for (size_t i = 0; i < names.size(); ++i) {
+      shapes[i][0] = streams[i].size();
+      layouts1.push_back({names1[i], DType::kU8, shapes[i], streams[i].size()});
+    }
+    DS_ASSIGN_OR_RETURN(header1, EncodeSafetensorsHeader(metadata, std::span<const TensorLayout>(layouts1)));
+    // Auto: container 2 unless container 1 is strictly smaller (a delta of
+    // none or one changed tensor: the container key and the directory cost
+    // more than the header entries they save).
+    use2 = container == kCompactContainerAuto &&
+           header1.size() + streams_bytes >= header2.size() + directory.size() + streams_bytes;
   }
-  DS_ASSIGN_OR_RETURN(std::vector<uint8_t> header1, EncodeSafetensorsHeader(metadata, views1));
-  if (container == kCompactContainerAuto) {
-    // Container 2 unless container 1 is strictly smaller (a delta of none
-    // or one changed tensor: the container key and the directory cost more
-    // than the header entries they save).
-    uint64_t size1 = header1.size();
-    for (const std::vector<uint8_t>& s : streams) size1 += s.size();
-    if (size1 >= out.size) return out;
+  EncodedPatch out;
+  out.owned.reserve(2 + streams.size());
+  if (use2) {
+    out.owned.push_back(std::move(header2));
+    out.owned.push_back(std::move(directory));
+  } else {
+    out.owned.push_back(std::move(header1));
   }
-  out = EncodedPatch{};
-  out.owned.reserve(1 + streams.size());
-  out.owned.push_back(std::move(header1));
   for (std::vector<uint8_t>& s : streams) out.owned.push_back(std::move(s));
-  finish(out);
+  for (const std::vector<uint8_t>& part : out.owned) {
+    if (part.empty()) continue;
+    out.parts.push_back(part);
+    out.size += part.size();
+  }
   return out;
 }
 
@@ -461,7 +474,8 @@ namespace deltasync {
 Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const StateHash& base_hash,
                                                const WeightState& base, const bf16::CompactScan& scan,
                                                std::span<const TensorChanges> others, int threads,
-                                               int stream_version, int container) {
+                                               int stream_version, int container,
+                                               compact::StreamBuffers* buffers) {
   if (!info.base_version || *info.base_version >= info.model_version) {
     return Status::InvalidArgument("a compact delta needs a base version older than model_version " +
                                    std::to_string(info.model_version));
@@ -492,6 +506,10 @@ Result<EncodedPatch> EncodeScannedCompactDelta(const PatchInfo& info, const Stat
   uint64_t changed = 0;
   for (const Item& it : items) changed += it.changed;
   std::vector<std::vector<uint8_t>> streams(items.size());
+  if (buffers) {
+    // Largest kept buffer to the tensor with the most changes, and so on.
+    for (size_t k = 0; k < order.size(); ++k) streams[order[k]] = buffers->Take();
+  }
   std::vector<Status> errors(items.size());
   std::optional<compact::V3Tables> tables;
   if (stream_version == 3) {

@@ -45,7 +45,7 @@ std::string ErrnoText(int err) { return std::strerror(err); }
 
 // Sets `out` to the header JSON (unpadded) for `tensors`, after checking
 // every input rule.
-Status BuildHeaderJson(const Metadata& metadata, std::span<const TensorView> tensors,
+Status BuildHeaderJson(const Metadata& metadata, std::span<const TensorLayout> tensors,
                        std::string* out) {
   std::string& j = *out;
   j = "{";
@@ -68,7 +68,7 @@ Status BuildHeaderJson(const Metadata& metadata, std::span<const TensorView> ten
 
   std::unordered_set<std::string_view> seen;
   uint64_t offset = 0;
-  for (const TensorView& t : tensors) {
+  for (const TensorLayout& t : tensors) {
     if (t.name.empty()) return Status::InvalidArgument("tensor with an empty name");
     if (t.name == "__metadata__") {
       return Status::InvalidArgument("tensor name '__metadata__' is reserved for the metadata");
@@ -76,7 +76,7 @@ Status BuildHeaderJson(const Metadata& metadata, std::span<const TensorView> ten
     if (!seen.insert(t.name).second) {
       return Status::InvalidArgument("duplicate tensor name " + Quote(t.name));
     }
-    std::optional<std::string> name = JsonString(t.name);
+    std::optional<std::string> name = JsonString(std::string(t.name));
     if (!name) return Status::InvalidArgument("tensor name " + Quote(t.name) + " is not valid UTF-8");
 
     const std::string prefix = "tensor " + Quote(t.name);
@@ -86,8 +86,8 @@ Status BuildHeaderJson(const Metadata& metadata, std::span<const TensorView> ten
     if (!count || __builtin_mul_overflow(*count, DTypeSize(t.dtype), &need)) {
       return Status::InvalidArgument(prefix + ": shape " + shape_text + " byte size overflows 64 bits");
     }
-    if (t.data.size() != need) {
-      return Status::InvalidArgument(prefix + ": data is " + std::to_string(t.data.size()) +
+    if (t.bytes != need) {
+      return Status::InvalidArgument(prefix + ": data is " + std::to_string(t.bytes) +
                                      " bytes but shape " + shape_text + " x " +
                                      std::string(DTypeName(t.dtype)) + " needs " +
                                      std::to_string(need));
@@ -127,6 +127,14 @@ Status SyncParentDir(const std::string& target) {
 
 Result<std::vector<uint8_t>> EncodeSafetensorsHeader(const Metadata& metadata,
                                                      std::span<const TensorView> tensors) {
+  std::vector<TensorLayout> layouts;
+  layouts.reserve(tensors.size());
+  for (const TensorView& t : tensors) layouts.push_back({t.name, t.dtype, t.shape, t.data.size()});
+  return EncodeSafetensorsHeader(metadata, std::span<const TensorLayout>(layouts));
+}
+
+Result<std::vector<uint8_t>> EncodeSafetensorsHeader(const Metadata& metadata,
+                                                     std::span<const TensorLayout> tensors) {
   std::string text;
   DS_RETURN_IF_ERROR(BuildHeaderJson(metadata, tensors, &text));
   // Pad with spaces (valid JSON whitespace) so the data section starts at a

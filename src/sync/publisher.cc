@@ -10,10 +10,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "bf16/compact_scan.h"
 #include "codec/compact_bf16.h"
+#include "codec/stream_buffers.h"
 #include "common/clock.h"
+#include "common/parallel.h"
 #include "deltasync/compact.h"
 #include "deltasync/replica.h"
 #include "deltasync/side_files.h"
@@ -261,9 +264,10 @@ Result<Publisher::Prepared> Publisher::PrepareScanned(uint64_t version, std::spa
   info.model_version = version;
   info.base_version = latest_version();
   Prepared p;
+  if (!buffers_) buffers_ = std::make_unique<compact::StreamBuffers>();
   Result<EncodedPatch> delta = EncodeScannedCompactDelta(info, state_hash_, state_, *scan_, others, threads,
                                                              options_.compact_stream_version,
-                                                             options_.compact_container);
+                                                             options_.compact_container, buffers_.get());
   if (options_.measure_gap_delta && delta.ok()) {
     std::vector<TensorChanges> all = scan_->AppliedChanges();
     all.insert(all.end(), others.begin(), others.end());
@@ -277,6 +281,7 @@ Result<Publisher::Prepared> Publisher::PrepareScanned(uint64_t version, std::spa
     return delta.status();
   }
   p.delta = std::move(*delta);
+  p.recycle = true;
   p.changed = scan_->bf16_changed() + CountChanged(others);
   p.next_hash = state_hash_ + scan_->bf16_hash_delta() + HashChanges(state_, others, threads);
   std::function<void()> undo_others = ApplyWithUndo(std::move(others));
@@ -379,6 +384,11 @@ Result<EncodedPatch> Publisher::EncodeDeltaFrom(uint64_t version, uint64_t base_
   return EncodeDelta(info, changes);
 }
 
+namespace {
+// Objects at least this large are checksummed while they are written.
+constexpr uint64_t kOverlapChecksumBytes = uint64_t{1} << 20;
+}  // namespace
+
 Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightState> first_state, Prepared prepared,
                                        const Stopwatch& clock, std::optional<FileSet> files) {
   const uint64_t previous = latest_version();
@@ -466,11 +476,24 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
   auto upload = [&](PatchKind kind, const std::string& key, const EncodedPatch& patch,
                     std::optional<uint64_t> base) -> Status {
     if (options_.progress) options_.progress(uploaded_bytes, upload_total);
-    DS_RETURN_IF_ERROR(store_->Put(key, patch.parts));
+    // The object's checksum on a second thread while this one writes it
+    // (both only read the parts): the write and its fsync otherwise run
+    // alone, then the checksum alone.
+    std::string checksum;
+    Status put;
+    if (patch.size >= kOverlapChecksumBytes && ResolveThreads(options_.threads) > 1) {
+      std::thread hasher([&] { checksum = Xxh3Hex(patch.parts); });
+      put = store_->Put(key, patch.parts);
+      hasher.join();
+    } else {
+      put = store_->Put(key, patch.parts);
+      if (put.ok()) checksum = Xxh3Hex(patch.parts);
+    }
+    DS_RETURN_IF_ERROR(put);
     uploaded_bytes += patch.size;
     if (options_.progress) options_.progress(uploaded_bytes, upload_total);
     IndexEncoding encoding = kind == PatchKind::kAnchor && !compact ? IndexEncoding::kRaw : settings_.encoding;
-    entry.objects.push_back(ObjectEntry{kind, key, encoding, patch.size, Xxh3Hex(patch.parts), base});
+    entry.objects.push_back(ObjectEntry{kind, key, encoding, patch.size, std::move(checksum), base});
     return Status::OK();
   };
   Status uploaded = Status::OK();
@@ -514,9 +537,17 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
     versions_since_anchor_++;
   }
   stats.state_hash = next_hash;
+  if (prepared.recycle && buffers_) {
+    buffers_->Give(std::move(delta.owned), delta.size);
+    delta = EncodedPatch{};
+  }
   // Committed: wake replica daemons (fire and forget, never fails the publish).
   NotifyAfterCommit(notifier_, options_, version);
   return stats;
+}
+
+void Publisher::ReleaseBuffers() {
+  if (buffers_) buffers_->Release();
 }
 
 void Publisher::RememberAnchor() {

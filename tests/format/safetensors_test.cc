@@ -180,6 +180,31 @@ TEST(SafetensorsWriter, KeepsGivenOrderAndIsDeterministic) {
   EXPECT_EQ(*again, *first);
 }
 
+// The header from (name, dtype, shape, byte length) is the view-based
+// header byte for byte, and refuses what it refuses with the same message.
+TEST(SafetensorsWriter, HeaderFromLayoutsEqualsHeaderFromViews) {
+  std::vector<uint8_t> a = Pattern(12, 1), b = Pattern(6, 2), c = Pattern(0, 3);
+  std::vector<TensorView> views = {
+      {"z.weight", DType::kF32, {3}, a}, {"a", DType::kBF16, {1, 3}, b}, {"empty", DType::kU8, {0}, c}};
+  const Metadata m = {{"format", "pt"}, {"k", "v\"x"}};
+  for (size_t n = 0; n <= views.size(); ++n) {
+    std::vector<TensorLayout> layouts;
+    for (size_t i = 0; i < n; ++i) layouts.push_back({views[i].name, views[i].dtype, views[i].shape, views[i].data.size()});
+    auto from_views = EncodeSafetensorsHeader(m, std::span<const TensorView>(views.data(), n));
+    auto from_layouts = EncodeSafetensorsHeader(m, std::span<const TensorLayout>(layouts));
+    ASSERT_TRUE(from_views.ok()) << from_views.status().ToString();
+    ASSERT_TRUE(from_layouts.ok()) << from_layouts.status().ToString();
+    EXPECT_EQ(*from_layouts, *from_views) << n << " tensors";
+  }
+  // A length that disagrees with shape x dtype: the same error.
+  std::vector<TensorLayout> bad = {{"a", DType::kBF16, views[1].shape, 5}};
+  std::vector<TensorView> bad_view = {{"a", DType::kBF16, {1, 3}, ByteSpan(b.data(), 5)}};
+  Status s1 = EncodeSafetensorsHeader(m, std::span<const TensorLayout>(bad)).status();
+  Status s2 = EncodeSafetensorsHeader(m, std::span<const TensorView>(bad_view)).status();
+  EXPECT_ERROR(s1, ErrorCode::kInvalidArgument, "data is 5 bytes but shape [1, 3] x BF16 needs 6");
+  EXPECT_EQ(s1.ToString(), s2.ToString());
+}
+
 TEST(SafetensorsWriter, EscapesNames) {
   std::vector<uint8_t> d = {1};
   std::vector<TensorView> views = {{"quote\" back\\ nl\n \xc3\xa9", DType::kU8, {1}, d}};
