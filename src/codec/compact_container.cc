@@ -137,13 +137,4 @@ std::vector<uint8_t> WriteContainer2Directory(std::span<const uint64_t> indices,
   return out;
 }
 
-std::vector<uint8_t> WriteContainer2(std::span<const uint64_t> indices, std::span<const std::vector<uint8_t>> streams) {
-  std::vector<uint8_t> out = WriteContainer2Directory(indices, streams);
-  size_t total = out.size();
-  for (const std::vector<uint8_t>& s : streams) total += s.size();
-  out.reserve(total);
-  for (const std::vector<uint8_t>& s : streams) out.insert(out.end(), s.begin(), s.end());
-  return out;
-}
-
 }  // namespace deltasync::compact

@@ -63,13 +63,10 @@ struct Stream {
 // order.
 Result<std::vector<Stream>> ListStreams(const SafetensorsFile& file, std::span<const TensorView> base);
 
-// Container 2's tensor bytes: the directory for `indices` (strictly
-// ascending) and the streams' lengths, then the streams back to back.
-std::vector<uint8_t> WriteContainer2(std::span<const uint64_t> indices, std::span<const std::vector<uint8_t>> streams);
-
-// The directory alone (the start of container 2's tensor): what precedes
-// the streams, so that a writer can send it and the streams as separate
-// parts without copying them into one buffer.
+// Container 2's directory for `indices` (strictly ascending) and the
+// streams' lengths: the start of its one tensor, which the streams follow
+// back to back (a writer sends the directory and each stream as separate
+// parts, never copied into one buffer).
 std::vector<uint8_t> WriteContainer2Directory(std::span<const uint64_t> indices,
                                               std::span<const std::vector<uint8_t>> streams);
 

@@ -146,6 +146,14 @@ Parts Split(const std::vector<uint8_t>& bytes) {
   return p;
 }
 
+// Container 2's tensor bytes: the directory, then the streams back to back
+// (the writer sends them as separate parts; the tests build whole tensors).
+std::vector<uint8_t> Container2(std::span<const uint64_t> indices, std::span<const std::vector<uint8_t>> streams) {
+  std::vector<uint8_t> out = compact::WriteContainer2Directory(indices, streams);
+  for (const std::vector<uint8_t>& st : streams) out.insert(out.end(), st.begin(), st.end());
+  return out;
+}
+
 std::vector<uint8_t> File(const Metadata& m, std::vector<uint8_t> tensor, std::string name = "streams",
                           DType dtype = DType::kU8) {
   const uint64_t n = tensor.size() / DTypeSize(dtype);
@@ -174,7 +182,7 @@ TEST(CompactContainer, Container2RefusesEveryNonCanonicalDirectory) {
     EXPECT_EQ(s.ok(), metadata_only) << s.ToString();  // ParseCompactDelta checks streams, not totals
   };
   // Sanity: the rebuilt file is the original.
-  EXPECT_EQ(File(p.metadata, compact::WriteContainer2(p.indices, p.streams)), good);
+  EXPECT_EQ(File(p.metadata, Container2(p.indices, p.streams)), good);
 
   // Directory by hand: varint n, then per entry (index gap, length).
   auto directory = [&](std::vector<uint64_t> gaps, std::vector<uint64_t> lengths, size_t count) {
@@ -242,23 +250,23 @@ TEST(CompactContainer, Container2RefusesEveryNonCanonicalDirectory) {
   // num_changed_params must equal the directory's entries.
   Metadata wrong = p.metadata;
   wrong["num_changed_params"] = "5";
-  expect(File(wrong, compact::WriteContainer2(p.indices, p.streams)), "num_changed_params 5 but 4 streams");
+  expect(File(wrong, Container2(p.indices, p.streams)), "num_changed_params 5 but 4 streams");
   // total_changed_elements as before.
   wrong = p.metadata;
   wrong["total_changed_elements"] = "1";
-  expect(File(wrong, compact::WriteContainer2(p.indices, p.streams)), "total_changed_elements 1 but");
+  expect(File(wrong, Container2(p.indices, p.streams)), "total_changed_elements 1 but");
 
   // The container key: any value but "2" (container 1 has no key).
   for (std::string v : {"3", "1", "", "02"}) {
     Metadata m = p.metadata;
     m["deltasync_compact_container"] = v;
-    expect(File(m, compact::WriteContainer2(p.indices, p.streams)),
+    expect(File(m, Container2(p.indices, p.streams)),
            "__metadata__ 'deltasync_compact_container' is '" + v + "', expected '2'");
   }
   // Without the key, the `streams` tensor is read as container 1 (and refused).
   Metadata no_key = p.metadata;
   no_key.erase("deltasync_compact_container");
-  expect(File(no_key, compact::WriteContainer2(p.indices, p.streams)), "tensor 'streams': name does not end in '.cmp'");
+  expect(File(no_key, Container2(p.indices, p.streams)), "tensor 'streams': name does not end in '.cmp'");
   // With the key, a container-1 file is refused: it is not one `streams` tensor.
   Result<SafetensorsFile> f1 = ParseBytes(EncodeBytes(c.state, c.hash, c.changes, 3, 1));
   ASSERT_TRUE(f1.ok());
@@ -268,9 +276,9 @@ TEST(CompactContainer, Container2RefusesEveryNonCanonicalDirectory) {
   ASSERT_TRUE(mislabelled.ok());
   expect(*mislabelled, "container 2 holds exactly one tensor 'streams', this file has 4 tensors");
   // The one tensor under another name, or not U8.
-  expect(File(p.metadata, compact::WriteContainer2(p.indices, p.streams), "stream"),
+  expect(File(p.metadata, Container2(p.indices, p.streams), "stream"),
          "holds exactly one tensor 'streams', this file has 1 tensors, the first 'stream'");
-  std::vector<uint8_t> even = compact::WriteContainer2(p.indices, p.streams);
+  std::vector<uint8_t> even = Container2(p.indices, p.streams);
   if (even.size() % 2) even.push_back(0);
   expect(File(p.metadata, even, "streams", DType::kI16), "tensor 'streams': not a 1-D U8 tensor");
 }
