@@ -205,6 +205,12 @@ class BitReader {
     const uint8_t* data = bytes_.data();
     const size_t size = bytes_.size();
     const uint64_t low_mask = (uint64_t{1} << k) - 1;
+    // The ranks' state in a local too: through the pointer, every store to
+    // out[] may alias it (both uint64_t), so the compiler would reload and
+    // store it at each code, a store-to-load forward on the loop's chain.
+    constexpr bool kRanks = !std::is_same_v<Ranks, std::nullptr_t>;
+    std::conditional_t<kRanks, std::remove_pointer_t<Ranks>, char> local{};
+    if constexpr (kRanks) local = *rank;
     for (; i < e; ++i) {
       // Refilled only when the next code is not wholly in the n bits held
       // (bits above n are zeros or the stream's next bits: either way a code
@@ -227,14 +233,15 @@ class BitReader {
       }
       if (ones >= max_unary) break;
       const uint64_t gap = (static_cast<uint64_t>(ones) << k) | ((acc >> (ones + 1)) & low_mask);
-      if constexpr (std::is_same_v<Ranks, std::nullptr_t>) {
-        out[i] = gap;
+      if constexpr (kRanks) {
+        out[i] = local.Next(gap);
       } else {
-        out[i] = rank->Next(gap);
+        out[i] = gap;
       }
       acc = used >= 64 ? 0 : acc >> used;  // used <= n <= 63 here; the test costs nothing off the chain
       n -= used;
     }
+    if constexpr (kRanks) *rank = local;
     acc_ = acc;
     n_ = n;
     pos_ = pos;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 
+#include "codec/compact_rans.h"
 #include "codec/compact_rice.h"
 
 namespace deltasync::compact {
@@ -269,11 +270,16 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
         uint32_t& x = xs[two ? (r - lo) & 1 : 0];
         const uint8_t sym = diffs[r];
         const uint32_t f = t.freq[sym];
+        // Bytes out while x >= x_max = 2^19 f: n <= 2 (x < 2^31, x_max >=
+        // 2^19), without a branch on them (data: it mispredicts). The two
+        // low bytes are stored always, low byte at ptr - 1 (the decoder
+        // reads it last); below the new ptr a store is overwritten later.
         const uint32_t x_max = ((kRansLow >> kRansScaleBits) << 8) * f;
-        while (x >= x_max) {
-          *--ptr = static_cast<uint8_t>(x);
-          x >>= 8;
-        }
+        const uint32_t n = static_cast<uint32_t>(x >= x_max) + static_cast<uint32_t>(uint64_t{x} >= uint64_t{x_max} << 8);
+        const uint16_t low2 = __builtin_bswap16(static_cast<uint16_t>(x));
+        std::memcpy(ptr - 2, &low2, 2);  // ptr - 2 >= buf + 8: at most 2 bytes a symbol before
+        ptr -= n;
+        x >>= 8 * n;
         const uint32_t q = static_cast<uint32_t>((uint64_t{x} * div[sym].rcp) >> div[sym].shift);  // x / f
         x = (q << kRansScaleBits) + (x - q * f) + t.start[sym];
       }
@@ -356,53 +362,7 @@ std::optional<std::string> ParseBf16StreamV3(Reader& in, uint64_t count, const V
     }
     if (!bits.AtPaddedEnd()) return where + "trailing bits after the gaps";
     const ByteSpan rans = *in.Take(lens[p].second);
-    const bool two = hi - lo >= kRansTwoStates;
-    const size_t state_bytes = two ? 8 : 4;
-    if (rans.size() < state_bytes) return where + "rANS bytes shorter than the initial states";
-    uint32_t x0, x1 = kRansLow;
-    std::memcpy(&x0, rans.data(), 4);  // little-endian hosts only (as the whole codec)
-    if (two) std::memcpy(&x1, rans.data() + 4, 4);
-    for (uint32_t x : {x0, x1}) {
-      if (x < kRansLow || x >= (uint32_t{1} << 31)) return where + "rANS state out of range";
-    }
-    const uint8_t* ptr = rans.data() + state_bytes;
-    const uint8_t* const end = rans.data() + rans.size();
-    uint8_t* const d = out.diffs.data();
-    // One symbol on state x; false when the bytes end early.
-    auto step = [&](uint32_t& x, const uint32_t* slots, uint64_t r) {
-      const uint32_t e = slots[x & (kRansTotal - 1)];
-      x = ((e >> 20) + 1) * (x >> kRansScaleBits) + ((e >> 8) & (kRansTotal - 1));
-      d[r] = static_cast<uint8_t>(e);
-      if (x < kRansLow) {
-        if (end - ptr >= 2) {  // x >= 2^11 here: two bytes always suffice
-          x = (x << 8) | *ptr++;
-          if (x < kRansLow) x = (x << 8) | *ptr++;
-        } else {
-          while (x < kRansLow) {
-            if (ptr == end) return false;
-            x = (x << 8) | *ptr++;
-          }
-        }
-      }
-      return true;
-    };
-    for (int cl = 0; cl < kClasses; ++cl) {
-      const Span part = ClassPart(begin, cl, lo, hi);
-      if (part.a >= part.b) continue;
-      const uint32_t* slots = tables->classes[cl].slots.data();
-      uint64_t r = part.a;
-      bool ok = true;
-      if (!two) {
-        for (; ok && r < part.b; ++r) ok = step(x0, slots, r);
-      } else {
-        if ((r - lo) & 1) ok = step(x1, slots, r++);
-        for (; ok && r + 1 < part.b; r += 2) ok = step(x0, slots, r) && step(x1, slots, r + 1);
-        if (ok && r < part.b) ok = step(x0, slots, r++);
-      }
-      if (!ok) return where + "rANS bytes end early, in class " + std::to_string(cl);
-    }
-    if (x0 != kRansLow || x1 != kRansLow) return where + "rANS final states are not the initial ones";
-    if (ptr != end) return where + std::to_string(end - ptr) + " trailing rANS bytes";
+    if (auto err = DecodeRansPiece(rans, begin, lo, hi, *tables, out.diffs.data())) return where + *err;
     if (sizes) {
       sizes->gaps += lens[p].first;
       sizes->diffs += lens[p].second;

@@ -1,0 +1,196 @@
+// The rANS decoder of version 3's pieces (codec/compact_rans.h) against a
+// reference written here from docs/format.md alone: an encoder with plain
+// division and a decoder that reads its renormalisation bytes one at a time.
+// Both must give the same diff bytes, or the same message, on valid pieces
+// (1-symbol and 256-symbol tables, a symbol of frequency 1, pieces of 1, 63,
+// 64, 65 and 65,536 changes, class borders at odd and even changes) and on
+// truncated, over-long and corrupted ones.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codec/compact_rans.h"
+
+namespace deltasync::compact {
+namespace {
+
+// The piece's rANS bytes for diffs d[lo, hi) as docs/format.md states them:
+// last change first, change r on state (r - lo) & 1 when the piece has at
+// least kRansTwoStates changes (else all on state 0); before a symbol of
+// frequency f, bytes (low first, so the decoder reads them high first)
+// while x >= 2^19 * f; then x = (x / f) * 4096 + x % f + start. The final
+// states lead, state 0 first, little-endian.
+std::vector<uint8_t> ReferenceEncode(const std::vector<uint8_t>& d, uint64_t lo, uint64_t hi,
+                                     const std::array<uint64_t, kClasses + 1>& begin, const V3Tables& t) {
+  const bool two = hi - lo >= kRansTwoStates;
+  uint32_t xs[2] = {kRansLow, kRansLow};
+  std::vector<uint8_t> rev;  // bytes in the order written (reversed at the end)
+  for (uint64_t r = hi; r-- > lo;) {
+    int cl = 0;
+    while (begin[cl + 1] <= r) ++cl;
+    uint32_t& x = xs[two ? (r - lo) & 1 : 0];
+    const uint32_t f = t.classes[cl].freq[d[r]];
+    while (x >= (kRansLow >> kRansScaleBits << 8) * f) {
+      rev.push_back(static_cast<uint8_t>(x));
+      x >>= 8;
+    }
+    x = (x / f) * kRansTotal + x % f + t.classes[cl].start[d[r]];
+  }
+  for (int j = two ? 1 : 0; j >= 0; --j) {
+    for (int k = 3; k >= 0; --k) rev.push_back(static_cast<uint8_t>(xs[j] >> (8 * k)));
+  }
+  return {rev.rbegin(), rev.rend()};
+}
+
+// The decoder the format describes, a byte at a time, with
+// DecodeRansPiece's messages.
+std::optional<std::string> ReferenceDecode(ByteSpan rans, const std::array<uint64_t, kClasses + 1>& begin,
+                                           uint64_t lo, uint64_t hi, const V3Tables& t, uint8_t* d) {
+  const bool two = hi - lo >= kRansTwoStates;
+  const size_t state_bytes = two ? 8 : 4;
+  if (rans.size() < state_bytes) return "rANS bytes shorter than the initial states";
+  uint32_t xs[2] = {kRansLow, kRansLow};
+  for (size_t j = 0; j < state_bytes / 4; ++j) {
+    xs[j] = 0;
+    for (int k = 0; k < 4; ++k) xs[j] |= static_cast<uint32_t>(rans[4 * j + k]) << (8 * k);
+  }
+  for (uint32_t x : xs) {
+    if (x < kRansLow || x >= (uint32_t{1} << 31)) return "rANS state out of range";
+  }
+  size_t pos = state_bytes;
+  for (uint64_t r = lo; r < hi; ++r) {
+    int cl = 0;
+    while (begin[cl + 1] <= r) ++cl;
+    uint32_t& x = xs[two ? (r - lo) & 1 : 0];
+    const V3Tables::Class& c = t.classes[cl];
+    const uint32_t slot = x % kRansTotal;
+    int sym = 0;
+    while (!(c.freq[sym] > 0 && c.start[sym] <= slot && slot < c.start[sym] + c.freq[sym])) ++sym;
+    d[r] = static_cast<uint8_t>(sym);
+    x = c.freq[sym] * (x / kRansTotal) + slot - c.start[sym];
+    while (x < kRansLow) {
+      if (pos == rans.size()) return "rANS bytes end early, in class " + std::to_string(cl);
+      x = x << 8 | rans[pos++];
+    }
+  }
+  if (xs[0] != kRansLow || xs[1] != kRansLow) return "rANS final states are not the initial ones";
+  if (pos != rans.size()) return std::to_string(rans.size() - pos) + " trailing rANS bytes";
+  return std::nullopt;
+}
+
+struct Case {
+  V3Tables tables;
+  std::array<uint64_t, kClasses + 1> begin{};
+  std::vector<uint8_t> diffs;
+};
+
+// `count` changes over the classes in `sizes` (class order), each class's
+// diffs drawn from its own histogram kind: 0 one symbol only, 1 all 256
+// symbols equally, 2 a +-1 ULP mix with a rare symbol (frequency 1), 3 a
+// random sparse set of symbols.
+Case MakeCase(std::mt19937_64& rng, const std::vector<std::pair<int, uint64_t>>& sizes, const std::vector<int>& kinds) {
+  Case c;
+  DiffHistogram h{};
+  std::array<std::vector<int>, kClasses> alphabet;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int cl = sizes[i].first;
+    std::vector<int>& a = alphabet[cl];
+    switch (kinds[i % kinds.size()]) {
+      case 0: a = {static_cast<int>(rng() % 256)}; break;
+      case 1: for (int s = 0; s < 256; ++s) a.push_back(s); break;
+      case 2: a = {1, 2, 3, 4, 255}; break;
+      default: for (int s = 0; s < 256; ++s) if (rng() % 9 == 0) a.push_back(s); if (a.empty()) a.push_back(7);
+    }
+  }
+  for (int cl = 0; cl < kClasses; ++cl) {
+    uint64_t m = 0;
+    for (const auto& [k, n] : sizes) m += k == cl ? n : 0;
+    c.begin[cl + 1] = c.begin[cl] + m;
+    for (uint64_t j = 0; j < m; ++j) {
+      const std::vector<int>& a = alphabet[cl];
+      int s = a[rng() % a.size()];
+      if (a.size() == 5) s = rng() % 1000 == 0 ? 255 : a[rng() % 2];  // 255 rare: frequency 1 in its table
+      c.diffs.push_back(static_cast<uint8_t>(s));
+      h[cl][s]++;
+    }
+    if (m > 0 && alphabet[cl].size() == 5) h[cl][255] = std::max<uint64_t>(h[cl][255], 1);
+  }
+  c.tables = V3Tables::Build(h);
+  return c;
+}
+
+// Every piece of `c` (kV3Piece changes each) through both decoders, on the
+// valid bytes and on broken ones; returns the number of pieces checked.
+void CheckPieces(const Case& c, std::mt19937_64& rng, bool broken) {
+  const uint64_t count = c.diffs.size();
+  for (uint64_t lo = 0; lo < count; lo += kV3Piece) {
+    const uint64_t hi = std::min(count, lo + kV3Piece);
+    const std::vector<uint8_t> coded = ReferenceEncode(c.diffs, lo, hi, c.begin, c.tables);
+    std::vector<std::vector<uint8_t>> inputs{coded};
+    if (broken) {
+      for (size_t cut = 1; cut <= std::min<size_t>(coded.size(), 12); ++cut) {
+        inputs.emplace_back(coded.begin(), coded.end() - cut);  // truncated, near the end (the careful path)
+      }
+      inputs.emplace_back(coded.begin(), coded.begin() + coded.size() / 2);
+      inputs.emplace_back(coded.begin(), coded.begin() + std::min<size_t>(coded.size(), 9));
+      for (int extra = 1; extra <= 3; ++extra) {
+        std::vector<uint8_t> longer = coded;
+        longer.insert(longer.end(), extra, static_cast<uint8_t>(rng()));  // over-long
+        inputs.push_back(std::move(longer));
+      }
+      for (int flip = 0; flip < 24; ++flip) {
+        std::vector<uint8_t> f = coded;
+        f[flip < 8 ? flip : rng() % f.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));  // states too
+        inputs.push_back(std::move(f));
+      }
+    }
+    for (const std::vector<uint8_t>& in : inputs) {
+      std::vector<uint8_t> got(count, 0), want(count, 0);
+      const std::optional<std::string> err = DecodeRansPiece(in, c.begin, lo, hi, c.tables, got.data());
+      const std::optional<std::string> want_err = ReferenceDecode(in, c.begin, lo, hi, c.tables, want.data());
+      ASSERT_EQ(err, want_err) << "piece at " << lo << ", " << in.size() << " of " << coded.size() << " bytes";
+      if (!want_err) {
+        ASSERT_TRUE(std::equal(got.begin() + lo, got.begin() + hi, want.begin() + lo)) << lo;
+      }
+      if (&in == &inputs.front()) {
+        ASSERT_FALSE(err) << *err;
+        ASSERT_TRUE(std::equal(got.begin() + lo, got.begin() + hi, c.diffs.begin() + lo)) << lo;
+      }
+    }
+  }
+}
+
+TEST(CompactRans, FastDecoderEqualsTheReferenceOnValidPieces) {
+  std::mt19937_64 rng(3);
+  for (uint64_t n : {1, 2, 3, 63, 64, 65, 200, 1000}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      SCOPED_TRACE(std::to_string(n) + " changes, kind " + std::to_string(kind));
+      CheckPieces(MakeCase(rng, {{5, n}}, {kind}), rng, false);
+      // Three classes, borders at odd and even changes.
+      CheckPieces(MakeCase(rng, {{0, n}, {7, n / 2 + 1}, {15, n / 3 + 2}}, {kind, 1, 2}), rng, false);
+    }
+  }
+  // Whole pieces of 65,536 changes and a partial last one.
+  CheckPieces(MakeCase(rng, {{2, 70001}, {3, 61071}}, {2, 3}), rng, false);
+  CheckPieces(MakeCase(rng, {{9, kV3Piece}}, {1}), rng, false);
+  CheckPieces(MakeCase(rng, {{9, kV3Piece}}, {0}), rng, false);  // one symbol: no bytes but the states
+}
+
+TEST(CompactRans, TruncatedOverLongAndCorruptedPiecesFailAsTheReference) {
+  std::mt19937_64 rng(8);
+  for (uint64_t n : {1, 63, 64, 65, 300}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      SCOPED_TRACE(std::to_string(n) + " changes, kind " + std::to_string(kind));
+      CheckPieces(MakeCase(rng, {{1, n}, {4, n / 2 + 1}}, {kind, 2}), rng, true);
+    }
+  }
+  CheckPieces(MakeCase(rng, {{2, 5000}, {3, 3001}}, {2, 1}), rng, true);
+}
+
+}  // namespace
+}  // namespace deltasync::compact
