@@ -22,8 +22,8 @@ void PutRice(Writer& w, uint64_t gap, int k) {
     // q ones, a zero, then the k low bits; one write when it fits.
     const uint64_t unary = (uint64_t{1} << q) - 1;
     if (q + 1 + k <= 56) {
-      const uint64_t low = k == 0 ? 0 : gap & ((uint64_t{1} << k) - 1);
-      w.Put(unary | (low << (q + 1)), static_cast<int>(q) + 1 + k);
+      const uint64_t low = gap & ((uint64_t{1} << k) - 1);  // k <= 56: 0 for k = 0
+      w.PutFitting(unary | (low << (q + 1)), static_cast<int>(q) + 1 + k);
     } else {
       w.Put(unary, static_cast<int>(q) + 1);
       w.Put(gap, k);

@@ -122,6 +122,16 @@ class BitWriter {
       acc = whole == 8 ? 0 : acc >> (8 * whole);
       n &= 7;
     }
+    // Put for a value known to fit: bits <= 56 and value < 2^bits (no
+    // mask, no split; n + bits <= 63, so at most 7 whole bytes leave).
+    void PutFitting(uint64_t value, int bits) {
+      acc |= value << n;
+      n += bits;
+      std::memcpy(out + pos, &acc, 8);
+      pos += static_cast<size_t>(n >> 3);
+      acc >>= (n & ~7);
+      n &= 7;
+    }
   };
   Local Begin(uint64_t max_bits) {
     const size_t need = pos_ + static_cast<size_t>(max_bits / 8) + 16;
