@@ -147,7 +147,7 @@ void CheckPieces(const Case& c, std::mt19937_64& rng, bool broken) {
       }
       for (int flip = 0; flip < 24; ++flip) {
         std::vector<uint8_t> f = coded;
-        f[flip < 8 ? flip : rng() % f.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));  // states too
+        f[flip < 8 ? flip % f.size() : rng() % f.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));  // states too
         inputs.push_back(std::move(f));
       }
     }
