@@ -127,7 +127,7 @@ Case MakeCase(std::mt19937_64& rng, const std::vector<std::pair<int, uint64_t>>&
 }
 
 // Every piece of `c` (kV3Piece changes each) through both decoders, on the
-// valid bytes and on broken ones; returns the number of pieces checked.
+// valid bytes and, with `broken`, on truncated, over-long and flipped ones.
 void CheckPieces(const Case& c, std::mt19937_64& rng, bool broken) {
   const uint64_t count = c.diffs.size();
   for (uint64_t lo = 0; lo < count; lo += kV3Piece) {
