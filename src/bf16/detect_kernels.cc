@@ -121,14 +121,14 @@ HWY_INLINE size_t EmitFullWord(uint64_t bits, uint64_t index0, const uint16_t* H
     // Once bits runs out, bit 63 stands in: ctz stays defined, reads stay in range.
     const size_t t = static_cast<size_t>(__builtin_ctzll(bits | (uint64_t{1} << 63)));
     idx_out[count + k] = index0 + t;
-    packed[k / 4] |= uint64_t{values[t]} << (16 * (k % 4));
+    packed[k / 4] |= uint64_t{bf16::LoadElement(values, t)} << (16 * (k % 4));
     bits &= bits - 1;
   }
   std::memcpy(val_out + count, packed, sizeof(packed));
   for (size_t k = kEmitPerWord; bits != 0; ++k) {  // dense words only
     const size_t t = static_cast<size_t>(__builtin_ctzll(bits));
     idx_out[count + k] = index0 + t;
-    val_out[count + k] = values[t];
+    val_out[count + k] = bf16::LoadElement(values, t);
     bits &= bits - 1;
   }
   return count + total;
