@@ -156,7 +156,16 @@ int main(int argc, char** argv) {
       bytes = p->size;
     });
     Check(failure);
-    row("detect+encode (gap_delta)", t, ("(" + std::to_string(bytes) + " bytes)").c_str());
+    row("detect+encode (gap_delta)", t, ("(" + std::to_string(bytes) + " bytes; fresh results)").c_str());
+    // As a training loop calls them: into the last call's changes and patch.
+    std::vector<TensorChanges> changes;
+    EncodedPatch patch;
+    const Timing reused = Best(reps, [&] {
+      if (failure.ok()) failure = DetectChanges(*published, masters, DetectOptions{false, threads, nullptr}, changes);
+      if (failure.ok()) failure = EncodeDelta(info, changes, patch);
+    });
+    Check(failure);
+    row("detect+encode, reused", reused, ("(" + std::to_string(patch.size) + " bytes; into the last call's)").c_str());
   }
   if (only.empty() || only == "stages") {
     // The fused publish's two stages alone: the scan (detect, code, hash,

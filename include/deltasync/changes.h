@@ -64,6 +64,19 @@ Result<std::vector<TensorChanges>> DetectChanges(const WeightState& published,
                                                  std::span<const TensorView> current,
                                                  const DetectOptions& options = {});
 
+// The same, into `out`, for a caller that detects again and again (a
+// training loop): on success `out` holds exactly what the call above
+// returns; on an error (the same errors) it is empty. Entry k of `out`
+// reuses the memory of the entry k it held before (its name, indices and
+// values keep their capacity and only grow), so repeated calls whose
+// changes are about as many as the last touch no fresh pages: ~10 bytes per
+// change (a 64-bit index and a bf16 value), ~200 MB for 3.4% of a 0.6B
+// model, which the call above maps, faults, zero-fills and unmaps every
+// time. The memory held is the caller's: what `out` holds, as large as the
+// largest result entry k has had; clear or destroy `out` to free it.
+Status DetectChanges(const WeightState& published, std::span<const TensorView> current, const DetectOptions& options,
+                     std::vector<TensorChanges>& out);
+
 // How the tensor names of `current` differ from those of `base`, in one
 // wording for publish, diff and the Python package; empty when the sets are
 // equal. "all 3 tensors missing, 3 new; they differ by the prefix 'module.'"

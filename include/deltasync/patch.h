@@ -66,6 +66,16 @@ Result<EncodedPatch> EncodeAnchor(uint64_t model_version, std::span<const Tensor
 // info.total_elements must be the element count of the whole state; the
 // changed counts are computed here. Deterministic.
 Result<EncodedPatch> EncodeDelta(const PatchInfo& info, std::span<const TensorChanges> changes);
+// The same delta into `out`, for a caller that encodes again and again (a
+// training loop): on success `out` holds exactly the patch the call above
+// returns (the same bytes); on an error (the same errors) it holds none
+// (`parts` empty, `size` 0). The buffers `out` owned before are written over
+// in place, by position (owned[1 + 2i] and owned[2 + 2i]: the i-th changed
+// tensor's index and value bytes, in name order), so a delta about as large
+// as the last touches no fresh pages. Whatever `out` held before is
+// overwritten: its parts must no longer be in use. The memory held is what
+// `out` owns, as large as its largest patch so far; destroy `out` to free it.
+Status EncodeDelta(const PatchInfo& info, std::span<const TensorChanges> changes, EncodedPatch& out);
 
 // One tensor's gap_delta changes as the file holds them, not decoded: the
 // replica applies them straight from these bytes (ApplyGapChanges), without

@@ -18,6 +18,9 @@ Result<std::vector<TensorChanges>> DetectChangesChunked(const WeightState& publi
                                                         std::span<const TensorView> current,
                                                         const DetectOptions& options,
                                                         uint64_t chunk_elements);
+Status DetectChangesChunked(const WeightState& published, std::span<const TensorView> current,
+                            const DetectOptions& options, uint64_t chunk_elements,
+                            std::vector<TensorChanges>& out);
 Result<WeightState> ToPublishedStateChunked(std::span<const TensorView> current,
                                             const DetectOptions& options, uint64_t chunk_elements);
 Result<std::vector<TensorChanges>> DetectChangesChunked(std::span<const TensorView> published,

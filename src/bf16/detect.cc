@@ -216,8 +216,26 @@ Result<std::vector<TensorChanges>> DetectChangesChunked(const WeightState& publi
   return DetectJobs(jobs, options, chunk_elements);
 }
 
+Status DetectChangesChunked(const WeightState& published, std::span<const TensorView> current,
+                            const DetectOptions& options, uint64_t chunk_elements,
+                            std::vector<TensorChanges>& out) {
+  Result<std::vector<ScanJob>> jobs = PlanDetect(published, current, options);
+  if (!jobs.ok()) {
+    out.clear();
+    return jobs.status();
+  }
+  return DetectJobs(*jobs, options, chunk_elements, out);
+}
+
 Result<std::vector<TensorChanges>> DetectJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options,
                                               uint64_t chunk_elements) {
+  std::vector<TensorChanges> changes;
+  DS_RETURN_IF_ERROR(DetectJobs(jobs, options, chunk_elements, changes));
+  return changes;
+}
+
+Status DetectJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options, uint64_t chunk_elements,
+                  std::vector<TensorChanges>& changes) {
   const std::vector<Chunk> chunks = SplitIntoChunks(ElementCounts(jobs), chunk_elements);
   std::vector<ChunkResult> results(chunks.size());
   std::vector<std::unique_ptr<WorkerScratch>> scratch =
@@ -235,6 +253,7 @@ Result<std::vector<TensorChanges>> DetectJobs(const std::vector<ScanJob>& jobs, 
   // The first failure in chunk order is the first in (tensor, index) order.
   for (size_t c = 0; c < chunks.size(); ++c) {
     const ScanJob& job = jobs[chunks[c].tensor];
+    if (results[c].failed()) changes.clear();
     if (results[c].first_bad != kNoError) return NonFiniteError(job, results[c].first_bad);
     if (results[c].out_of_memory) {
       return Status::Internal(Quoted(job.name) + ": out of memory while collecting changes");
@@ -257,18 +276,33 @@ Result<std::vector<TensorChanges>> DetectJobs(const std::vector<ScanJob>& jobs, 
     c = o.end_chunk;
     if (o.count > 0) outputs.push_back(o);
   }
-  std::vector<TensorChanges> changes(outputs.size());
+  // Entry k reuses the memory of the caller's entry k (DetectChanges into
+  // `out`): across a training loop's calls the same tensors change at about
+  // the same rates, so the copies below land on pages already mapped rather
+  // than on fresh ones, each a fault and a kernel zero-fill.
+  changes.resize(outputs.size());
   ParallelFor(outputs.size(), options.threads, [&](size_t k) {
     const Output& o = outputs[k];
     const ScanJob& job = jobs[o.job];
     const size_t value_size = DTypeSize(job.published_dtype);
     TensorChanges& tc = changes[k];
-    tc.name = std::string(job.name);
+    tc.name.assign(job.name);
     tc.dtype = job.published_dtype;
-    tc.indices.reserve(o.count);
-    tc.values.reserve(o.count * value_size);
-    AdviseHugePages(tc.indices.data(), o.count * sizeof(uint64_t));
-    AdviseHugePages(tc.values.data(), o.count * value_size);
+    tc.indices.clear();
+    tc.values.clear();
+    // A fresh or reused entry too small for this call gets room for 1/8
+    // more, so that slowly growing counts do not reallocate every call.
+    const size_t room = o.count + (tc.indices.capacity() > 0 ? o.count / 8 : 0);
+    if (tc.indices.capacity() < o.count) {
+      tc.indices = std::vector<uint64_t>();
+      tc.indices.reserve(room);
+      AdviseHugePages(tc.indices.data(), room * sizeof(uint64_t));
+    }
+    if (tc.values.capacity() < o.count * value_size) {
+      tc.values = std::vector<uint8_t>();
+      tc.values.reserve(room * value_size);
+      AdviseHugePages(tc.values.data(), room * value_size);
+    }
     for (size_t c = o.first_chunk; c < o.end_chunk; ++c) {
       const ChunkResult& r = results[c];
       WorkerScratch& w = *scratch[r.worker];
@@ -278,7 +312,7 @@ Result<std::vector<TensorChanges>> DetectJobs(const std::vector<ScanJob>& jobs, 
       tc.values.insert(tc.values.end(), val, val + r.count * value_size);
     }
   });
-  return changes;
+  return Status::OK();
 }
 
 }  // namespace deltasync::bf16
@@ -289,6 +323,11 @@ Result<std::vector<TensorChanges>> DetectChanges(const WeightState& published,
                                                  std::span<const TensorView> current,
                                                  const DetectOptions& options) {
   return bf16::DetectChangesChunked(published, current, options, bf16::kDefaultChunkElements);
+}
+
+Status DetectChanges(const WeightState& published, std::span<const TensorView> current, const DetectOptions& options,
+                     std::vector<TensorChanges>& out) {
+  return bf16::DetectChangesChunked(published, current, options, bf16::kDefaultChunkElements, out);
 }
 
 }  // namespace deltasync

@@ -63,9 +63,12 @@ Result<std::vector<ScanJob>> PlanDetect(std::span<const TensorView> published, s
 Result<std::vector<ScanJob>> PlanDetect(const WeightState& published, std::span<const TensorView> current,
                                         const DetectOptions& options);
 
-// DetectChanges over the given jobs only (chunks of `chunk_elements`).
+// DetectChanges over the given jobs only (chunks of `chunk_elements`); the
+// second into `out`, reusing its entries' memory (DetectChanges into `out`).
 Result<std::vector<TensorChanges>> DetectJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options,
                                               uint64_t chunk_elements);
+Status DetectJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options, uint64_t chunk_elements,
+                  std::vector<TensorChanges>& out);
 
 // ToPublishedState's pass over `jobs` (chunks of `chunk_elements`): rounds
 // each f32_to_bf16 job's current into its `converted`, and checks every job

@@ -1,7 +1,8 @@
 // Applying a gap_delta delta straight from its encoded bytes (patch.h,
 // EncodedChanges): per chunk of changes, one pass decodes the gaps into a
 // small stack block, gathers the old values (into the undo log), scatters the
-// new ones and adds the state-hash terms. No 64-bit index vector is built and
+// new ones and adds the state-hash terms, the terms of one block computed
+// while the next block's state elements are prefetched. No 64-bit index vector is built and
 // the state is walked once. Chunks are independent (their first index comes
 // from the chunk starts computed when decoding), so they run in parallel
 // across and within tensors; their hash sums add mod 2^64 in any order.
@@ -23,6 +24,8 @@ namespace {
 constexpr size_t kChunk = EncodedChanges::kGapChunk;
 // Changes decoded at once: the kernel's input arrays stay in L1.
 constexpr size_t kBlock = 512;
+// Changes hashed between two rounds of prefetches (ApplyTask).
+constexpr size_t kHashStep = 64;
 
 struct Task {
   WeightState::Tensor* tensor;
@@ -57,38 +60,66 @@ uint64_t PrevOf(const EncodedChanges& c, size_t begin) {
 // One chunk's worth runs faster here than a thread starts.
 int ThreadsFor(const std::vector<Task>& tasks, int threads) { return tasks.size() <= 1 ? 1 : threads; }
 
+// Adds block `cur`'s state-hash terms in steps of kHashStep changes and,
+// before each step, prefetches the state elements of the same changes of
+// the next block (`next`, n_next of them; written next, so for writing).
+// Without this the hash arithmetic and the next block's cache misses take
+// turns; with it the misses are in flight while the terms are computed.
+template <typename T>
+void HashBlockPrefetchingNext(const uint64_t* cur, const uint8_t* in, const uint8_t* log,
+                              [[maybe_unused]] const uint64_t* new_bits, [[maybe_unused]] const uint64_t* old_bits,
+                              size_t n, const T* state, const uint64_t* next, size_t n_next, const uint64_t seed[2],
+                              uint64_t sums[2]) {
+  for (size_t s = 0; s < n; s += kHashStep) {
+    const size_t m = std::min(kHashStep, n - s);
+    for (size_t j = s; j < std::min(s + m, n_next); ++j) __builtin_prefetch(state + next[j], 1, 3);
+    // bf16 (16-bit) terms from the values where they lie, the new ones in
+    // the patch and the old ones just logged: no 64-bit copies, and products
+    // of values below 2^32 take one multiply less.
+    if constexpr (sizeof(T) == 2) {
+      kernels::HashTermDiffs16(cur + s, in + 2 * s, log + 2 * s, m, seed, sums);
+    } else {
+      kernels::HashTermDiffs(cur + s, new_bits + s, old_bits + s, m, seed, sums);
+    }
+  }
+  for (size_t j = n; j < n_next; ++j) __builtin_prefetch(state + next[j], 1, 3);
+}
+
+// One task's changes in blocks of kBlock, software-pipelined: block b's
+// values are logged and scattered, block b+1's gaps decoded, then block b's
+// hash terms summed while block b+1's state elements are prefetched.
 template <typename T>
 void ApplyTask(const Task& task, const uint64_t seed[2], uint8_t* undo, uint64_t sums[2]) {
   const EncodedChanges& c = *task.changes;
   T* state = reinterpret_cast<T*>(task.tensor->data.data());
   const uint8_t* values = c.values.data();
-  uint64_t index[kBlock];
+  uint64_t index[2][kBlock];
   [[maybe_unused]] uint64_t new_bits[kBlock], old_bits[kBlock];
-  uint64_t prev = PrevOf(c, task.begin);
-  for (size_t k = task.begin; k < task.end; k += kBlock) {
-    const size_t n = std::min(kBlock, task.end - k);
-    prev = indexcodec::DecodeGapRun(c.index_dtype, c.gaps.data(), k, n, prev, index);
+  uint64_t* cur = index[0];
+  uint64_t* next = index[1];
+  size_t n = std::min(kBlock, task.end - task.begin);
+  uint64_t prev = indexcodec::DecodeGapRun(c.index_dtype, c.gaps.data(), task.begin, n, PrevOf(c, task.begin), cur);
+  for (size_t k = task.begin; k < task.end;) {
     uint8_t* log = undo + (k - task.begin) * sizeof(T);
     const uint8_t* in = values + k * sizeof(T);
     for (size_t j = 0; j < n; ++j) {
       T old_value, new_value;
-      std::memcpy(&old_value, state + index[j], sizeof(T));
+      std::memcpy(&old_value, state + cur[j], sizeof(T));
       std::memcpy(&new_value, in + j * sizeof(T), sizeof(T));
       std::memcpy(log + j * sizeof(T), &old_value, sizeof(T));
-      std::memcpy(state + index[j], &new_value, sizeof(T));
+      std::memcpy(state + cur[j], &new_value, sizeof(T));
       if constexpr (sizeof(T) != 2) {
         old_bits[j] = old_value;
         new_bits[j] = new_value;
       }
     }
-    // bf16 (16-bit) terms from the values where they lie, the new ones in the
-    // patch and the old ones just logged: no 64-bit copies, and products of
-    // values below 2^32 take one multiply less.
-    if constexpr (sizeof(T) == 2) {
-      kernels::HashTermDiffs16(index, in, log, n, seed, sums);
-    } else {
-      kernels::HashTermDiffs(index, new_bits, old_bits, n, seed, sums);
-    }
+    const size_t k_next = k + n;
+    const size_t n_next = std::min(kBlock, task.end - k_next);
+    if (n_next > 0) prev = indexcodec::DecodeGapRun(c.index_dtype, c.gaps.data(), k_next, n_next, prev, next);
+    HashBlockPrefetchingNext<T>(cur, in, log, new_bits, old_bits, n, state, next, n_next, seed, sums);
+    std::swap(cur, next);
+    k = k_next;
+    n = n_next;
   }
 }
 

@@ -83,6 +83,14 @@ Result<EncodedPatch> EncodeAnchor(uint64_t model_version, std::span<const Tensor
 }
 
 Result<EncodedPatch> EncodeDelta(const PatchInfo& info, std::span<const TensorChanges> changes) {
+  EncodedPatch out;
+  DS_RETURN_IF_ERROR(EncodeDelta(info, changes, out));
+  return out;
+}
+
+Status EncodeDelta(const PatchInfo& info, std::span<const TensorChanges> changes, EncodedPatch& out) {
+  out.parts.clear();
+  out.size = 0;
   std::vector<const TensorChanges*> order;
   order.reserve(changes.size());
   for (const TensorChanges& c : changes) order.push_back(&c);
@@ -108,8 +116,8 @@ Result<EncodedPatch> EncodeDelta(const PatchInfo& info, std::span<const TensorCh
   }
 
   // owned[0] is the header; owned[1 + 2i] and owned[2 + 2i] the index and
-  // value bytes of order[i].
-  EncodedPatch out;
+  // value bytes of order[i]. Buffers `out` held before are written over in
+  // place (their pages already mapped); the rest start empty.
   out.owned.resize(1 + 2 * order.size());
   std::vector<DType> index_dtypes(order.size());
   std::vector<Status> errors(order.size());
@@ -122,7 +130,10 @@ Result<EncodedPatch> EncodeDelta(const PatchInfo& info, std::span<const TensorCh
       errors[i] = dtype.status();
     }
   });
-  for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
+  for (const Status& s : errors) {
+    if (!s.ok()) out.owned.clear();
+    DS_RETURN_IF_ERROR(s);
+  }
 
   std::vector<TensorView> views;
   views.reserve(2 * order.size());
@@ -134,11 +145,16 @@ Result<EncodedPatch> EncodeDelta(const PatchInfo& info, std::span<const TensorCh
   }
   Metadata metadata = BuildMetadata(true, info.model_version, order.size(), changed, info.total_elements, info.encoding);
   if (info.base_version) metadata.emplace(patchmeta::kBaseVersion, std::to_string(*info.base_version));
-  DS_ASSIGN_OR_RETURN(out.owned[0], EncodeSafetensorsHeader(metadata, views));
+  Result<std::vector<uint8_t>> header = EncodeSafetensorsHeader(metadata, views);
+  if (!header.ok()) {
+    out.owned.clear();
+    return header.status();
+  }
+  out.owned[0] = std::move(*header);
 
   AppendPart(out, out.owned[0]);
   for (const TensorView& v : views) AppendPart(out, v.data);
-  return out;
+  return Status::OK();
 }
 
 }  // namespace deltasync

@@ -116,6 +116,60 @@ TEST(DetectChangesTest, ScratchReusedAcrossCallsAndThreads) {
   for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(right[i], 20) << "step " << i;
 }
 
+// DetectChanges into `out` (the training loop's call): whatever `out` held
+// before (more entries, fewer, larger or smaller), it ends up holding what
+// the fresh call returns, across growing and shrinking change counts, chunk
+// sizes and thread counts; an error leaves it empty, and the next call
+// fills it again.
+TEST(DetectChangesTest, IntoReusedOutputEqualsFresh) {
+  std::mt19937_64 rng(29);
+  std::vector<OwnedTensor> base = MixedTensors(rng);
+  const WeightState published = StateOf(base);
+  for (uint64_t chunk : {uint64_t{100}, bf16::kDefaultChunkElements}) {
+    for (int threads : {1, 3}) {
+      std::vector<TensorChanges> out;
+      // Stale entries beyond any result's count, with names and bytes.
+      out.resize(20);
+      for (TensorChanges& c : out) {
+        c.name = "stale";
+        c.indices.assign(5, 7);
+        c.values.assign(3, 9);
+      }
+      for (double rate : {0.01, 0.5, 0.0, 0.2, 1.0, 0.001, 0.3}) {
+        SCOPED_TRACE("chunk " + std::to_string(chunk) + " threads " + std::to_string(threads) + " rate " +
+                     std::to_string(rate));
+        std::vector<OwnedTensor> t = base;
+        for (OwnedTensor& o : t) Mutate(rng, o, rate);
+        const auto want = ReferenceDetect(published, t);
+        const Status s = bf16::DetectChangesChunked(published, Views(t), {.threads = threads}, chunk, out);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        ExpectSameChanges(out, want);
+        auto fresh = bf16::DetectChangesChunked(published, Views(t), {.threads = threads}, chunk);
+        ASSERT_TRUE(fresh.ok());
+        ExpectSameChanges(out, *fresh);
+      }
+      // An error (a NaN) empties `out`, with the fresh call's message.
+      std::vector<OwnedTensor> bad = base;
+      SetElementBits(bad[1].data.data(), 2, 100, 0x7FC1);
+      const Status s = bf16::DetectChangesChunked(published, Views(bad), {.threads = threads}, chunk, out);
+      auto fresh = bf16::DetectChangesChunked(published, Views(bad), {.threads = threads}, chunk);
+      ASSERT_FALSE(s.ok());
+      ASSERT_FALSE(fresh.ok());
+      EXPECT_EQ(s.ToString(), fresh.status().ToString());
+      EXPECT_TRUE(out.empty());
+      // A mismatched tensor set (refused before the scan) too.
+      ASSERT_TRUE(bf16::DetectChangesChunked(published, Views(base), {.threads = threads}, chunk, out).ok());
+      std::vector<OwnedTensor> fewer(base.begin(), base.end() - 1);
+      EXPECT_FALSE(bf16::DetectChangesChunked(published, Views(fewer), {.threads = threads}, chunk, out).ok());
+      EXPECT_TRUE(out.empty());
+      std::vector<OwnedTensor> again = base;
+      for (OwnedTensor& o : again) Mutate(rng, o, 0.1);
+      ASSERT_TRUE(DetectChanges(published, Views(again), {.threads = threads}, out).ok());
+      ExpectSameChanges(out, ReferenceDetect(published, again));
+    }
+  }
+}
+
 TEST(DetectChangesTest, ZeroChangesGivesEmptyResult) {
   std::mt19937_64 rng(3);
   const std::vector<OwnedTensor> tensors = MixedTensors(rng);

@@ -244,6 +244,44 @@ TEST_P(RoundTripTest, DeterministicBytes) {
   EXPECT_EQ(Flatten(*a), Flatten(*b));
 }
 
+// EncodeDelta into `out` (the training loop's call) writes exactly the
+// fresh call's bytes whatever `out` held: more tensors or fewer, wider gaps
+// (U32) or narrower, more changes or fewer; an error leaves no patch.
+TEST_P(RoundTripTest, IntoReusedPatchEqualsFresh) {
+  std::mt19937_64 rng(31);
+  EncodedPatch out;
+  for (int trial = 0; trial < 16; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    std::vector<TensorChanges> changes;
+    uint64_t total = 0;
+    const int tensors = trial % 5 == 3 ? 0 : 1 + static_cast<int>(rng() % 7);
+    for (int t = 0; t < tensors; ++t) {
+      // Every third trial spreads a tensor's few changes over 2^20 elements
+      // (gaps past U16); the others are dense or sparse within 2^17.
+      const uint64_t n = trial % 3 == 1 ? (uint64_t{1} << 20) : 1 + rng() % (uint64_t{1} << 17);
+      total += n;
+      const size_t count = trial % 3 == 1 ? 4 : static_cast<size_t>(rng() % (n / (1 + trial % 4 * 20) + 2));
+      changes.push_back(MakeChanges("layer." + std::to_string(t) + ".w", testing::RandomIndices(rng, n, count)));
+    }
+    PatchInfo info = DeltaInfo(GetParam(), total);
+    if (trial % 2) info.base_version = info.model_version - 1;
+    Result<EncodedPatch> fresh = EncodeDelta(info, changes);
+    ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+    const Status s = EncodeDelta(info, changes, out);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(out.size, fresh->size);
+    EXPECT_EQ(Flatten(out), Flatten(*fresh));
+    if (trial % 4 == 2) {
+      // A refused call in between: no patch, and the next call is whole again.
+      std::vector<TensorChanges> bad = changes;
+      bad.push_back(MakeChanges("z.bad", {3, 2}));
+      EXPECT_FALSE(EncodeDelta(info, bad, out).ok());
+      EXPECT_TRUE(out.parts.empty());
+      EXPECT_EQ(out.size, 0u);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Encodings, RoundTripTest, ::testing::Values(IndexEncoding::kRaw, IndexEncoding::kGapDelta),
                          [](const auto& info) { return std::string(EncodingName(info.param)); });
 
