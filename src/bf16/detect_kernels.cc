@@ -83,6 +83,21 @@ constexpr size_t kWords = kBlock / 64;
 constexpr size_t kEmitPerWord = 8;  // the output slack callers provide
 static_assert(kEmitPerWord <= kCompareOutputSlack);
 
+// Emits the changes of `bits` exactly, one bit at a time: the last, partial
+// word of a call (only its existing elements are read), and the changes past
+// the eighth of a dense full word.
+template <typename V>
+HWY_INLINE size_t EmitPartialWord(uint64_t bits, uint64_t index0, const V* HWY_RESTRICT values,
+                                  uint64_t* HWY_RESTRICT idx_out, V* HWY_RESTRICT val_out,
+                                  size_t count) {
+  for (; bits != 0; bits &= bits - 1) {
+    const size_t t = static_cast<size_t>(__builtin_ctzll(bits));
+    idx_out[count] = index0 + t;
+    val_out[count++] = bf16::LoadElement(values, t);
+  }
+  return count;
+}
+
 // Emits the changes of a word of 64 elements that all exist (values[0..63]
 // are readable). Slots past the word's real count get scratch writes, which
 // the caller's slack absorbs and later words overwrite.
@@ -98,12 +113,7 @@ HWY_INLINE size_t EmitFullWord(uint64_t bits, uint64_t index0, const V* HWY_REST
     val_out[count + k] = bf16::LoadElement(values, t);
     bits &= bits - 1;
   }
-  for (size_t k = kEmitPerWord; bits != 0; ++k) {  // dense words only
-    const size_t t = static_cast<size_t>(__builtin_ctzll(bits));
-    idx_out[count + k] = index0 + t;
-    val_out[count + k] = bf16::LoadElement(values, t);
-    bits &= bits - 1;
-  }
+  if (bits != 0) EmitPartialWord(bits, index0, values, idx_out, val_out, count + kEmitPerWord);  // dense words only
   return count + total;
 }
 
@@ -125,28 +135,11 @@ HWY_INLINE size_t EmitFullWord(uint64_t bits, uint64_t index0, const uint16_t* H
     bits &= bits - 1;
   }
   std::memcpy(val_out + count, packed, sizeof(packed));
-  for (size_t k = kEmitPerWord; bits != 0; ++k) {  // dense words only
-    const size_t t = static_cast<size_t>(__builtin_ctzll(bits));
-    idx_out[count + k] = index0 + t;
-    val_out[count + k] = bf16::LoadElement(values, t);
-    bits &= bits - 1;
-  }
+  if (bits != 0) EmitPartialWord(bits, index0, values, idx_out, val_out, count + kEmitPerWord);  // dense words only
   return count + total;
 }
 static_assert(kEmitPerWord == 8, "the 16-bit emit packs eight values into two words");
 
-// The same for the last, partial word of a call: exact, one bit at a time.
-template <typename V>
-HWY_INLINE size_t EmitPartialWord(uint64_t bits, uint64_t index0, const V* HWY_RESTRICT values,
-                                  uint64_t* HWY_RESTRICT idx_out, V* HWY_RESTRICT val_out,
-                                  size_t count) {
-  for (; bits != 0; bits &= bits - 1) {
-    const size_t t = static_cast<size_t>(__builtin_ctzll(bits));
-    idx_out[count] = index0 + t;
-    val_out[count++] = bf16::LoadElement(values, t);
-  }
-  return count;
-}
 
 // Pass 2 over one block's bitmap; `values` holds the block's new values.
 template <typename V>
