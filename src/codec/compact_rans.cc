@@ -54,7 +54,7 @@ std::optional<std::string> DecodeRansPiece(ByteSpan rans, const std::array<uint6
   const uint8_t* ptr = rans.data() + state_bytes;
   const uint8_t* const end = rans.data() + rans.size();
   for (int cl = 0; cl < kClasses; ++cl) {
-    const uint64_t a = std::max(lo, begin[cl]), b = std::min(hi, begin[cl + 1]);
+    const auto [a, b] = ClassPart(begin, cl, lo, hi);
     if (a >= b) continue;
     const uint32_t* slots = tables.classes[cl].slots.data();
     uint64_t r = a;

@@ -24,14 +24,6 @@ void Finalize(V3Tables::Class& c) {
   }
 }
 
-// The tensor's changes in class order [lo, hi) intersected with class cl.
-struct Span {
-  uint64_t a, b;
-};
-Span ClassPart(const std::array<uint64_t, kClasses + 1>& begin, int cl, uint64_t lo, uint64_t hi) {
-  return {std::max(lo, begin[cl]), std::min(hi, begin[cl + 1])};
-}
-
 constexpr char kHex[] = "0123456789abcdef";
 
 // WriteBf16StreamV3's working buffers, kept from call to call in a pool

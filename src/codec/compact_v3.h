@@ -17,6 +17,7 @@
 // position walk is the same for both.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -94,5 +95,14 @@ std::optional<std::string> ParseBf16StreamV3(Reader& in, uint64_t count, const V
 // A version-3 delta's diff tables into `tables`, when its metadata has
 // them (left empty otherwise); kCorruption when they are malformed.
 Status ParseDeltaTables(const SafetensorsFile& file, std::optional<V3Tables>& tables);
+
+// A tensor's changes in class order [lo, hi) (a piece) intersected with
+// class cl's [begin[cl], begin[cl + 1]); empty when a >= b.
+struct Span {
+  uint64_t a, b;
+};
+inline Span ClassPart(const std::array<uint64_t, kClasses + 1>& begin, int cl, uint64_t lo, uint64_t hi) {
+  return {std::max(lo, begin[cl]), std::min(hi, begin[cl + 1])};
+}
 
 }  // namespace deltasync::compact
