@@ -13,7 +13,11 @@
 // into detect+encode (scan and stream writing) and upload (objects and
 // manifest, written and synced).
 //
+// --encoding gap_delta|raw: the publish row's Publisher encodes that instead
+// (it detects into its kept change list and encodes into its kept patch).
+//
 //   publish_bench [--quick] [--threads N] [--reps R] [--rate F] [--only floor|detect|stages|publish]
+//                 [--encoding compact|gap_delta|raw]
 #include <cstdio>
 #include <ctime>
 #include <functional>
@@ -84,6 +88,7 @@ int main(int argc, char** argv) {
   int threads = 2, reps = 5;
   double rate = 0.034;
   std::string only;
+  IndexEncoding encoding = IndexEncoding::kCompact;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -101,8 +106,13 @@ int main(int argc, char** argv) {
       if (!(rate > 0 && rate < 1)) Die("--rate needs a fraction in (0, 1)");
     } else if (a == "--only") {
       only = next();
+    } else if (a == "--encoding") {
+      Result<IndexEncoding> e = ParseEncoding(next());
+      Check(e.status());
+      encoding = *e;
     } else {
-      Die("unknown argument " + a + " (use --quick, --threads N, --reps R, --rate F, --only floor|detect|stages|publish)");
+      Die("unknown argument " + a +
+          " (use --quick, --threads N, --reps R, --rate F, --only floor|detect|stages|publish, --encoding E)");
     }
   }
   // As `deltasync bench`: base ~N(0, 0.02), norms 1, masters rounding to a
@@ -206,6 +216,7 @@ int main(int argc, char** argv) {
     PublisherOptions popts;
     popts.anchor_interval = 1u << 30;
     popts.threads = threads;
+    popts.encoding = encoding;
     Result<std::unique_ptr<Publisher>> pub = Publisher::Open(*store, popts);
     Check(pub.status());
     Check((*pub)->Publish(1, base_views).status());
@@ -234,7 +245,9 @@ int main(int argc, char** argv) {
     char publish_extra[160];
     std::snprintf(publish_extra, sizeof publish_extra, "(%llu bytes; best run: detect+encode %.1f ms, upload %.1f ms)",
                   static_cast<unsigned long long>(bytes), detect_ms, upload_ms);
-    row("publish (compact, fused)", t, publish_extra);
+    row(encoding == IndexEncoding::kCompact ? "publish (compact, fused)"
+        : encoding == IndexEncoding::kGapDelta ? "publish (gap_delta)" : "publish (raw)",
+        t, publish_extra);
   }
   return 0;
 }

@@ -137,6 +137,20 @@ Status ValidateChanges(const WeightState& state, std::span<const TensorChanges> 
 // Scatters the values into `state`. REQUIRES: ValidateChanges(state, changes) is OK.
 void ApplyChanges(WeightState& state, std::span<const TensorChanges> changes, int threads = 0);
 
+// ApplyChanges, HashChanges and the old values an undo needs, in one pass
+// per chunk of changes (parallel over and within tensors, up to `threads`):
+// gathers the overwritten values into old[i] (entry i of `changes`, its
+// dtype's bytes per change; resized: reuse `old` across calls to spare its
+// page faults), sums the state-hash change and scatters the new values.
+// Returns HashChanges(state before, changes). 16-bit tensors are hashed from
+// the gathered values (no second gather); other widths are hashed first, in
+// a pass of their own. REQUIRES: ValidateChanges(state, changes) is OK.
+StateHash ApplyChangesWithUndo(WeightState& state, std::span<const TensorChanges> changes, int threads,
+                               std::vector<std::vector<uint8_t>>& old);
+// Puts back what ApplyChangesWithUndo(state, changes, threads, old) overwrote.
+void UndoChanges(WeightState& state, std::span<const TensorChanges> changes,
+                 std::span<const std::vector<uint8_t>> old, int threads = 0);
+
 // ValidateChanges for encoded changes: the same checks and messages.
 Status ValidateEncodedChanges(const WeightState& state, std::span<const EncodedChanges> changes);
 

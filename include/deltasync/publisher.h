@@ -203,8 +203,9 @@ class Publisher {
   // and what the next version does; empty otherwise.
   const std::string& degraded_reason() const { return degraded_reason_; }
   const Manifest& manifest() const { return manifest_; }
-  // Frees the buffers kept from the last compact delta for the next one
-  // (bounded to about 4x that delta's size; see docs/api.md).
+  // Frees the buffers kept from the last delta for the next one: a compact
+  // delta's streams (bounded to about 4x that delta's size), a gap_delta or
+  // raw delta's change list and patch (docs/python.md, "publish").
   void ReleaseBuffers();
 
  private:
@@ -213,6 +214,8 @@ class Publisher {
   Status UseSettings(const Manifest* stored);
   Status CheckNewVersion(uint64_t version) const;
   DetectOptions Detection() const;
+  // A delta's PatchInfo in options_.encoding, from base_version (whose state is `base`) to `version`.
+  PatchInfo DeltaInfo(uint64_t version, uint64_t base_version, const WeightState& base) const;
   // Encodes `changes` (relative to `base`) in options_.encoding.
   Result<EncodedPatch> EncodeDeltaFrom(uint64_t version, uint64_t base_version, const StateHash& base_hash,
                                        const WeightState& base, std::span<const TensorChanges> changes) const;
@@ -223,15 +226,22 @@ class Publisher {
     uint64_t gap_delta_bytes = 0;  // with measure_gap_delta
     StateHash next_hash;
     std::function<void()> rollback;  // puts state_ back as it was
-    bool recycle = false;            // delta.owned goes back to buffers_ once written
+    // Where delta's buffers go once it is written: back to buffers_ (a
+    // compact delta), to kept_patch_ (kept_changes_' delta), or freed.
+    enum class Recycle { kNone, kStreamBuffers, kKeptPatch } recycle = Recycle::kNone;
   };
   // From a change list (any encoding).
   Result<Prepared> PrepareChanges(uint64_t version, std::vector<TensorChanges> changes);
+  // gap_delta or raw: detects the changes into kept_changes_, encodes them
+  // into kept_patch_'s buffers and applies them with kept_old_ as the undo
+  // (no fresh pages for a version about as large as the last).
+  Result<Prepared> PrepareDetected(uint64_t version, std::span<const TensorView> tensors);
   // Compact: detect, encode and apply in one pass over `tensors` (scan_).
   Result<Prepared> PrepareScanned(uint64_t version, std::span<const TensorView> tensors);
   Result<uint64_t> GapDeltaSize(uint64_t version, std::span<const TensorChanges> changes) const;
-  // Applies `changes` to state_; the result puts the old values back.
-  std::function<void()> ApplyWithUndo(std::vector<TensorChanges> changes);
+  // Applies `changes` to state_ and adds their hash change to *hash; the
+  // result puts the old values back.
+  std::function<void()> ApplyWithUndo(std::vector<TensorChanges> changes, StateHash* hash);
   // Everything after the delta: cumulative delta, anchor, upload, commit;
   // rolls back on failure. `first_state` for a version without a base (the
   // first one, or a recovered one when degraded), else `prepared`.
@@ -263,6 +273,14 @@ class Publisher {
   // (no page faults, no munmap): at most 4x that delta's bytes + 4 MiB.
   // ReleaseBuffers frees them.
   std::unique_ptr<compact::StreamBuffers> buffers_;
+  // PrepareDetected's change list, old values and patch buffers, kept between
+  // versions and written over by the next (DetectChanges and EncodeDelta into
+  // a reused result): about 12 bytes per change of the largest version so
+  // far. Valid while the version that filled them commits (its rollback
+  // reads them); ReleaseBuffers frees them.
+  std::vector<TensorChanges> kept_changes_;
+  std::vector<std::vector<uint8_t>> kept_old_;
+  EncodedPatch kept_patch_;
   // Non-empty while the newest state is unknown (Open could not rebuild it).
   std::string degraded_reason_;
 };

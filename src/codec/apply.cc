@@ -6,10 +6,12 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "bf16/hash_term.h"
+#include "bf16/simd_kernels.h"
 #include "codec/change_checks.h"
-
 #include "common/parallel.h"
 #include "deltasync/patch.h"
+#include "deltasync/state_hash.h"
 
 namespace deltasync {
 namespace {
@@ -23,16 +25,28 @@ void Scatter(uint8_t* dst, const uint64_t* idx, const uint8_t* src, size_t n) {
   for (size_t k = 0; k < n; ++k) std::memcpy(dst + idx[k] * kSize, src + k * kSize, kSize);
 }
 
-void ScatterRange(WeightState::Tensor& t, const TensorChanges& c, size_t begin, size_t end) {
-  const size_t size = DTypeSize(c.dtype);
-  const uint64_t* idx = c.indices.data() + begin;
-  const uint8_t* src = c.values.data() + begin * size;
-  const size_t n = end - begin;
+template <size_t kSize>
+void Gather(uint8_t* dst, const uint64_t* idx, const uint8_t* src, size_t n) {
+  for (size_t k = 0; k < n; ++k) std::memcpy(dst + k * kSize, src + idx[k] * kSize, kSize);
+}
+
+// Copies the elements idx[0..n) of `data` (width `size`) to dst, in order.
+void GatherRange(uint8_t* dst, const uint64_t* idx, const uint8_t* data, size_t n, size_t size) {
   switch (size) {
-    case 1: Scatter<1>(t.data.data(), idx, src, n); break;
-    case 2: Scatter<2>(t.data.data(), idx, src, n); break;
-    case 4: Scatter<4>(t.data.data(), idx, src, n); break;
-    default: Scatter<8>(t.data.data(), idx, src, n); break;
+    case 1: Gather<1>(dst, idx, data, n); break;
+    case 2: Gather<2>(dst, idx, data, n); break;
+    case 4: Gather<4>(dst, idx, data, n); break;
+    default: Gather<8>(dst, idx, data, n); break;
+  }
+}
+
+// Writes src's n elements (width `size`) to the elements idx[0..n) of `data`.
+void ScatterRange(uint8_t* data, const uint64_t* idx, const uint8_t* src, size_t n, size_t size) {
+  switch (size) {
+    case 1: Scatter<1>(data, idx, src, n); break;
+    case 2: Scatter<2>(data, idx, src, n); break;
+    case 4: Scatter<4>(data, idx, src, n); break;
+    default: Scatter<8>(data, idx, src, n); break;
   }
 }
 
@@ -71,22 +85,92 @@ Status ValidateChanges(const WeightState& state, std::span<const TensorChanges> 
   return Status::OK();
 }
 
-void ApplyChanges(WeightState& state, std::span<const TensorChanges> changes, int threads) {
-  struct Task {
-    WeightState::Tensor* tensor;
-    const TensorChanges* change;
-    size_t begin, end;
-  };
+namespace {
+
+struct Task {
+  WeightState::Tensor* tensor;
+  size_t entry;  // of the changes
+  size_t begin, end;
+};
+
+// Chunks of kChunk changes of every entry, and the threads to run them on:
+// one chunk's worth runs faster here than a thread starts.
+std::vector<Task> Plan(WeightState& state, std::span<const TensorChanges> changes, int threads, int* use) {
   std::vector<Task> tasks;
   size_t total = 0;
-  for (const TensorChanges& c : changes) {
+  for (size_t i = 0; i < changes.size(); ++i) {
+    const TensorChanges& c = changes[i];
     WeightState::Tensor* t = state.FindMutable(c.name);
-    for (size_t b = 0; b < c.count(); b += kChunk) tasks.push_back({t, &c, b, std::min(b + kChunk, c.count())});
+    for (size_t b = 0; b < c.count(); b += kChunk) tasks.push_back({t, i, b, std::min(b + kChunk, c.count())});
     total += c.count();
   }
-  // One chunk's worth runs faster here than a thread starts.
-  ParallelFor(tasks.size(), total <= kChunk ? 1 : threads, [&](size_t i) {
-    ScatterRange(*tasks[i].tensor, *tasks[i].change, tasks[i].begin, tasks[i].end);
+  *use = total <= kChunk ? 1 : threads;
+  return tasks;
+}
+
+}  // namespace
+
+void ApplyChanges(WeightState& state, std::span<const TensorChanges> changes, int threads) {
+  int use = 1;
+  const std::vector<Task> tasks = Plan(state, changes, threads, &use);
+  ParallelFor(tasks.size(), use, [&](size_t i) {
+    const Task& task = tasks[i];
+    const TensorChanges& c = changes[task.entry];
+    const size_t size = DTypeSize(c.dtype);
+    ScatterRange(task.tensor->data.data(), c.indices.data() + task.begin, c.values.data() + task.begin * size,
+                 task.end - task.begin, size);
+  });
+}
+
+StateHash ApplyChangesWithUndo(WeightState& state, std::span<const TensorChanges> changes, int threads,
+                               std::vector<std::vector<uint8_t>>& old) {
+  old.resize(changes.size());
+  StateHash total;
+  std::vector<state_hash::TensorSeeds> seeds(changes.size());
+  for (size_t i = 0; i < changes.size(); ++i) {
+    const TensorChanges& c = changes[i];
+    old[i].resize(c.values.size());
+    const WeightState::Tensor* t = state.Find(c.name);
+    if (DTypeSize(c.dtype) == 2) {
+      seeds[i] = state_hash::SeedsFor(t->name, t->dtype, t->shape);
+    } else {
+      // Other widths (rare in a bf16 model) are hashed apart, before any
+      // scatter, and then only gathered and scattered below.
+      const TensorView view = t->view();
+      total += HashChanges(std::span<const TensorView>(&view, 1), std::span<const TensorChanges>(&c, 1), threads);
+    }
+  }
+  int use = 1;
+  const std::vector<Task> tasks = Plan(state, changes, threads, &use);
+  std::vector<StateHash> sums(tasks.size());
+  ParallelFor(tasks.size(), use, [&](size_t i) {
+    const Task& task = tasks[i];
+    const TensorChanges& c = changes[task.entry];
+    const size_t size = DTypeSize(c.dtype);
+    uint8_t* kept = old[task.entry].data() + task.begin * size;
+    const uint64_t* idx = c.indices.data() + task.begin;
+    const size_t n = task.end - task.begin;
+    GatherRange(kept, idx, task.tensor->data.data(), n, size);
+    if (size == 2) {
+      uint64_t hash[2] = {0, 0};
+      kernels::HashTermDiffs16(idx, c.values.data() + task.begin * 2, kept, n, seeds[task.entry].element_seed, hash);
+      sums[i] = StateHash{hash[0], hash[1]};
+    }
+    ScatterRange(task.tensor->data.data(), idx, c.values.data() + task.begin * size, n, size);
+  });
+  for (const StateHash& h : sums) total += h;
+  return total;
+}
+
+void UndoChanges(WeightState& state, std::span<const TensorChanges> changes,
+                 std::span<const std::vector<uint8_t>> old, int threads) {
+  int use = 1;
+  const std::vector<Task> tasks = Plan(state, changes, threads, &use);
+  ParallelFor(tasks.size(), use, [&](size_t i) {
+    const Task& task = tasks[i];
+    const size_t size = DTypeSize(changes[task.entry].dtype);
+    ScatterRange(task.tensor->data.data(), changes[task.entry].indices.data() + task.begin,
+                 old[task.entry].data() + task.begin * size, task.end - task.begin, size);
   });
 }
 

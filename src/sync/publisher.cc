@@ -32,26 +32,6 @@
 namespace deltasync {
 namespace {
 
-// The old values at the changed positions, for rollback (the indices are
-// the changes' own: no copy of them).
-std::vector<std::vector<uint8_t>> OldValues(const WeightState& state, std::span<const TensorChanges> changes) {
-  std::vector<std::vector<uint8_t>> old(changes.size());
-  for (size_t i = 0; i < changes.size(); ++i) {
-    const TensorChanges& c = changes[i];
-    const WeightState::Tensor* t = state.Find(c.name);
-    const size_t width = DTypeSize(c.dtype);
-    old[i].resize(c.values.size());
-    uint8_t* out = old[i].data();
-    const uint8_t* src = t->data.data();
-    if (width == 2) {
-      for (size_t k = 0; k < c.indices.size(); ++k) std::memcpy(out + 2 * k, src + 2 * c.indices[k], 2);
-    } else {
-      for (size_t k = 0; k < c.indices.size(); ++k) std::memcpy(out + k * width, src + c.indices[k] * width, width);
-    }
-  }
-  return old;
-}
-
 uint64_t CountChanged(std::span<const TensorChanges> changes) {
   uint64_t n = 0;
   for (const TensorChanges& c : changes) n += c.count();
@@ -210,8 +190,7 @@ Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const Tensor
     DS_ASSIGN_OR_RETURN(Prepared delta, PrepareScanned(version, tensors));
     return Commit(version, std::nullopt, std::move(delta), clock, std::move(changed_files));
   }
-  DS_ASSIGN_OR_RETURN(std::vector<TensorChanges> changes, DetectChanges(state_, tensors, Detection()));
-  DS_ASSIGN_OR_RETURN(Prepared delta, PrepareChanges(version, std::move(changes)));
+  DS_ASSIGN_OR_RETURN(Prepared delta, PrepareDetected(version, tensors));
   return Commit(version, std::nullopt, std::move(delta), clock, std::move(changed_files));
 }
 
@@ -232,24 +211,41 @@ Result<Publisher::Prepared> Publisher::PrepareChanges(uint64_t version, std::vec
       DS_ASSIGN_OR_RETURN(p.gap_delta_bytes, GapDeltaSize(version, changes));
     }
   }
-  p.next_hash = state_hash_ + HashChanges(state_, changes, options_.threads);
-  p.rollback = ApplyWithUndo(std::move(changes));
+  p.next_hash = state_hash_;
+  p.rollback = ApplyWithUndo(std::move(changes), &p.next_hash);
   return p;
 }
 
-std::function<void()> Publisher::ApplyWithUndo(std::vector<TensorChanges> changes) {
+Result<Publisher::Prepared> Publisher::PrepareDetected(uint64_t version, std::span<const TensorView> tensors) {
+  DS_RETURN_IF_ERROR(DetectChanges(state_, tensors, Detection(), kept_changes_));
+  Prepared p;
+  p.changed = CountChanged(kept_changes_);
+  DS_RETURN_IF_ERROR(EncodeDelta(DeltaInfo(version, latest_version(), state_), kept_changes_, kept_patch_));
+  if (options_.measure_gap_delta) {
+    if (settings_.encoding == IndexEncoding::kGapDelta) {
+      p.gap_delta_bytes = kept_patch_.size;
+    } else {
+      DS_ASSIGN_OR_RETURN(p.gap_delta_bytes, GapDeltaSize(version, kept_changes_));
+    }
+  }
+  p.delta = std::move(kept_patch_);
+  p.recycle = Prepared::Recycle::kKeptPatch;
+  const int threads = options_.threads;
+  p.next_hash = state_hash_ + ApplyChangesWithUndo(state_, kept_changes_, threads, kept_old_);
+  p.rollback = [this, threads] { UndoChanges(state_, kept_changes_, kept_old_, threads); };
+  return p;
+}
+
+std::function<void()> Publisher::ApplyWithUndo(std::vector<TensorChanges> changes, StateHash* hash) {
   struct Undo {
     std::vector<TensorChanges> changes;
     std::vector<std::vector<uint8_t>> old;  // old values, per entry of `changes`
   };
   auto undo = std::make_shared<Undo>();
-  undo->old = OldValues(state_, changes);
   undo->changes = std::move(changes);
-  ApplyChanges(state_, undo->changes, options_.threads);
-  return [this, undo] {
-    for (size_t i = 0; i < undo->changes.size(); ++i) std::swap(undo->changes[i].values, undo->old[i]);
-    ApplyChanges(state_, undo->changes, options_.threads);
-  };
+  const int threads = options_.threads;
+  *hash += ApplyChangesWithUndo(state_, undo->changes, threads, undo->old);
+  return [this, undo, threads] { UndoChanges(state_, undo->changes, undo->old, threads); };
 }
 
 // The fused route (bf16/compact_scan.h): one pass finds, codes and applies
@@ -281,10 +277,10 @@ Result<Publisher::Prepared> Publisher::PrepareScanned(uint64_t version, std::spa
     return delta.status();
   }
   p.delta = std::move(*delta);
-  p.recycle = true;
+  p.recycle = Prepared::Recycle::kStreamBuffers;
   p.changed = scan_->bf16_changed() + CountChanged(others);
-  p.next_hash = state_hash_ + scan_->bf16_hash_delta() + HashChanges(state_, others, threads);
-  std::function<void()> undo_others = ApplyWithUndo(std::move(others));
+  p.next_hash = state_hash_ + scan_->bf16_hash_delta();
+  std::function<void()> undo_others = ApplyWithUndo(std::move(others), &p.next_hash);
   p.rollback = [this, undo_others, threads] {
     undo_others();
     scan_->Undo(threads);
@@ -368,15 +364,20 @@ Result<PublishStats> Publisher::PublishChanges(uint64_t version, std::span<const
   return Commit(version, std::nullopt, std::move(delta), clock);
 }
 
-Result<EncodedPatch> Publisher::EncodeDeltaFrom(uint64_t version, uint64_t base_version, const StateHash& base_hash,
-                                                const WeightState& base,
-                                                std::span<const TensorChanges> changes) const {
+PatchInfo Publisher::DeltaInfo(uint64_t version, uint64_t base_version, const WeightState& base) const {
   PatchInfo info;
   info.kind = PatchKind::kDelta;
   info.model_version = version;
   info.encoding = settings_.encoding;
   info.base_version = base_version;
   info.total_elements = base.total_elements();
+  return info;
+}
+
+Result<EncodedPatch> Publisher::EncodeDeltaFrom(uint64_t version, uint64_t base_version, const StateHash& base_hash,
+                                                const WeightState& base,
+                                                std::span<const TensorChanges> changes) const {
+  const PatchInfo info = DeltaInfo(version, base_version, base);
   if (settings_.encoding == IndexEncoding::kCompact) {
     return EncodeCompactDelta(info, base_hash, base, changes, options_.threads, options_.compact_stream_version,
                               options_.compact_container);
@@ -537,9 +538,11 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
     versions_since_anchor_++;
   }
   stats.state_hash = next_hash;
-  if (prepared.recycle && buffers_) {
+  if (prepared.recycle == Prepared::Recycle::kStreamBuffers && buffers_) {
     buffers_->Give(std::move(delta.owned), delta.size);
     delta = EncodedPatch{};
+  } else if (prepared.recycle == Prepared::Recycle::kKeptPatch) {
+    kept_patch_ = std::move(delta);
   }
   // Committed: wake replica daemons (fire and forget, never fails the publish).
   NotifyAfterCommit(notifier_, options_, version);
@@ -548,6 +551,9 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
 
 void Publisher::ReleaseBuffers() {
   if (buffers_) buffers_->Release();
+  kept_changes_ = {};
+  kept_old_ = {};
+  kept_patch_ = EncodedPatch{};
 }
 
 void Publisher::RememberAnchor() {

@@ -60,6 +60,60 @@ TEST(ApplyChangesTest, MatchesScalarReference) {
   }
 }
 
+// ApplyChangesWithUndo equals ApplyChanges, returns HashChanges of the state
+// before, keeps exactly the overwritten bytes, and UndoChanges restores the
+// state; `old` reused across calls of other sizes and tensor counts.
+TEST(ApplyChangesTest, WithUndoEqualsApplyHashAndOldValues) {
+  std::mt19937_64 rng(7);
+  RandomBytesModel f;
+  f.Add("big.bf16", DType::kBF16, 3'000'000, rng);  // many chunks, threads split one tensor
+  f.Add("u8", DType::kU8, 1000, rng);
+  f.Add("f32", DType::kF32, 50'000, rng);
+  f.Add("f64", DType::kF64, 70'000, rng);
+  f.Add("small.f16", DType::kF16, 300, rng);
+  std::vector<std::vector<uint8_t>> old;  // reused by every call below
+  for (int round = 0; round < 3; ++round) {
+    const size_t big = round == 1 ? 20'000 : 400'000;  // shrink, then grow again
+    std::vector<TensorChanges> changes = {RandomChanges(rng, "big.bf16", DType::kBF16, 3'000'000, big),
+                                          RandomChanges(rng, "f32", DType::kF32, 50'000, 2'000),
+                                          RandomChanges(rng, "small.f16", DType::kF16, 300, 299)};
+    if (round != 1) {
+      changes.push_back(RandomChanges(rng, "u8", DType::kU8, 1000, 999));
+      changes.push_back(RandomChanges(rng, "f64", DType::kF64, 70'000, 70'000));
+    } else {
+      changes.push_back(MakeChanges("u8", {}));  // an entry without changes
+      changes.back().dtype = DType::kU8;
+    }
+    for (int threads : {1, 3}) {
+      WeightState s = f.State();
+      const std::vector<std::vector<uint8_t>> before = Snapshot(s);
+      const StateHash hash_before = HashState(s);
+      const StateHash want_delta = HashChanges(s, changes);
+      WeightState direct = f.State();
+      ApplyChanges(direct, changes);
+      ASSERT_TRUE(ValidateChanges(s, changes).ok());
+      const StateHash delta = ApplyChangesWithUndo(s, changes, threads, old);
+      EXPECT_EQ(Snapshot(s), Snapshot(direct)) << "round " << round << " threads " << threads;
+      EXPECT_EQ(delta, want_delta);
+      EXPECT_EQ(hash_before + delta, HashState(s));
+      ASSERT_EQ(old.size(), changes.size());
+      for (size_t i = 0; i < changes.size(); ++i) {
+        const TensorChanges& c = changes[i];
+        const size_t size = DTypeSize(c.dtype);
+        size_t t = 0;
+        while (s.tensors()[t].name != c.name) ++t;
+        ASSERT_EQ(old[i].size(), c.count() * size) << c.name;
+        for (size_t k = 0; k < c.count(); ++k) {
+          ASSERT_EQ(std::memcmp(old[i].data() + k * size, before[t].data() + c.indices[k] * size, size), 0)
+              << c.name << " change " << k;
+        }
+      }
+      UndoChanges(s, changes, old, threads);
+      EXPECT_EQ(Snapshot(s), before);
+    }
+  }
+}
+
 TEST(ApplyChangesTest, EncodeDecodeApplyEqualsDirectApply) {
   std::mt19937_64 rng(11);
   RandomBytesModel f;

@@ -406,34 +406,44 @@ TEST(PublisherTest, RefusesOldVersionsAndNonFinite) {
 }
 
 // A crash between objects and manifest: the objects are there, the manifest
-// is not updated; the publisher is unchanged and a retry succeeds.
+// is not updated; the publisher is unchanged and a retry succeeds. Twice,
+// so that the second failure rolls back a delta written into the first
+// one's kept buffers (gap_delta: the kept change list, old values and patch).
 TEST(PublisherTest, FailedManifestWriteLeavesNothingCommitted) {
-  TempDir dir;
-  auto faulty = std::make_shared<FaultStore>(OpenDirStore(dir.path()));
-  auto pub = Publisher::Open(faulty);
-  ASSERT_TRUE(pub.ok());
-  RandomModel model(4);
-  ASSERT_TRUE((*pub)->Publish(1, model.Views()).ok());
-  StateHash before = HashState((*pub)->state());
-  model.Step(0.1);
-  faulty->fail_write = [](std::string_view key) {
-    return key == kManifestKey ? Status::IOError("injected: disk full") : Status::OK();
-  };
-  auto r = (*pub)->Publish(2, model.Views());
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("injected"), std::string::npos);
-  EXPECT_EQ((*pub)->latest_version(), 1u);
-  EXPECT_EQ(HashState((*pub)->state()), before) << "a failed publish must roll the state back";
+  for (IndexEncoding encoding : {IndexEncoding::kCompact, IndexEncoding::kGapDelta}) {
+    SCOPED_TRACE(EncodingName(encoding));
+    TempDir dir;
+    auto faulty = std::make_shared<FaultStore>(OpenDirStore(dir.path()));
+    PublisherOptions options;
+    options.encoding = encoding;
+    auto pub = Publisher::Open(faulty, options);
+    ASSERT_TRUE(pub.ok());
+    RandomModel model(4);
+    ASSERT_TRUE((*pub)->Publish(1, model.Views()).ok());
+    auto replica = Replica::Create(faulty);
+    for (uint64_t version : {2u, 3u}) {
+      StateHash before = HashState((*pub)->state());
+      model.Step(version == 2 ? 0.1 : 0.3);  // the second delta is larger than the first
+      faulty->fail_write = [](std::string_view key) {
+        return key == kManifestKey ? Status::IOError("injected: disk full") : Status::OK();
+      };
+      auto r = (*pub)->Publish(version, model.Views());
+      ASSERT_FALSE(r.ok());
+      EXPECT_NE(r.status().message().find("injected"), std::string::npos);
+      EXPECT_EQ((*pub)->latest_version(), version - 1);
+      EXPECT_EQ(HashState((*pub)->state()), before) << "a failed publish must roll the state back";
 
-  auto replica = Replica::Create(faulty);
-  ASSERT_TRUE(replica->Update().ok());
-  EXPECT_EQ(replica->version(), 1u);
+      ASSERT_TRUE(replica->Update().ok());
+      EXPECT_EQ(replica->version(), version - 1);
 
-  faulty->fail_write = nullptr;
-  auto retry = (*pub)->Publish(2, model.Views());
-  ASSERT_TRUE(retry.ok()) << retry.status().ToString();
-  ASSERT_TRUE(replica->Update().ok());
-  ExpectStateEquals(replica->state(), model);
+      faulty->fail_write = nullptr;
+      auto retry = (*pub)->Publish(version, model.Views());
+      ASSERT_TRUE(retry.ok()) << retry.status().ToString();
+      ASSERT_TRUE(replica->Update().ok());
+      EXPECT_EQ(replica->version(), version);
+      ExpectStateEquals(replica->state(), model);
+    }
+  }
 }
 
 // The compact delta's upload fails after the fused pass applied the bf16
