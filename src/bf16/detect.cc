@@ -11,6 +11,7 @@
 
 #include "bf16/chunked.h"
 #include "bf16/chunks.h"
+#include "bf16/detect_apply.h"
 #include "bf16/scan.h"
 #include "bf16/scratch.h"
 #include "bf16/simd_kernels.h"
@@ -29,6 +30,7 @@ static_assert(std::endian::native == std::endian::little,
 struct WorkerScratch {
   ScratchBuffer indices;   // uint64_t entries
   ScratchBuffer values;    // the entries' values, back to back
+  ScratchBuffer old;       // with an in-scan apply: the old values, laid out as `values`
   size_t count = 0;        // entries in use
   size_t value_bytes = 0;  // bytes of values in use (dtypes differ per chunk)
 };
@@ -77,6 +79,7 @@ struct ChunkResult {
   size_t count = 0;
   uint64_t first_bad = kNoError;  // flat index of the first non-finite element
   bool out_of_memory = false;
+  uint64_t hash[2] = {0, 0};      // with an in-scan apply: the state-hash change of its `count` changes
 
   bool failed() const { return first_bad != kNoError || out_of_memory; }
 };
@@ -116,7 +119,12 @@ size_t CompareSpan(const ScanJob& job, uint64_t begin, size_t n, uint64_t* idx_o
 
 // Scans a chunk in blocks, growing the worker's scratch before each block
 // so that the kernel can write a block's worth of changes without checks.
-void ScanChunk(const ScanJob& job, const Chunk& chunk, WorkerScratch& scratch, ChunkResult& out) {
+// With `apply` (seeds: the job's), each block's changes are applied as soon
+// as they are found (ApplyBlock), while the block is in cache. The chunk's
+// entries stay in the scratch even when it fails, so that the `count`
+// changes it applied can be undone.
+void ScanChunk(const ScanJob& job, const Chunk& chunk, WorkerScratch& scratch, ChunkResult& out,
+               const state_hash::TensorSeeds* apply) {
   constexpr uint64_t kBlock = uint64_t{1} << 16;
   const size_t value_size = DTypeSize(job.published_dtype);
   out.offset = scratch.count;
@@ -128,21 +136,28 @@ void ScanChunk(const ScanJob& job, const Chunk& chunk, WorkerScratch& scratch, C
     const size_t used_bytes = out.value_offset + out.count * value_size;
     const size_t room = n + kernels::kCompareOutputSlack;
     if (!scratch.indices.Reserve((used + room) * sizeof(uint64_t)) ||
-        !scratch.values.Reserve(used_bytes + room * value_size)) {
+        !scratch.values.Reserve(used_bytes + room * value_size) ||
+        (apply && !scratch.old.Reserve(used_bytes + room * value_size))) {
       out.out_of_memory = true;
-      return;
+      break;
     }
     size_t first_bad = n;
-    const size_t added =
-        CompareSpan(job, begin, n, reinterpret_cast<uint64_t*>(scratch.indices.data()) + used,
-                    scratch.values.data() + used_bytes, &first_bad);
+    const uint64_t* idx = reinterpret_cast<const uint64_t*>(scratch.indices.data()) + used;
+    const size_t added = CompareSpan(job, begin, n, const_cast<uint64_t*>(idx), scratch.values.data() + used_bytes,
+                                     &first_bad);
     if (first_bad < n) {
       out.first_bad = begin + first_bad;
-      return;
+      break;
+    }
+    if (apply) {
+      // The published state is the caller's mutable WeightState
+      // (DetectAndApply); each chunk writes only its own elements.
+      ApplyBlock(const_cast<uint8_t*>(job.published), value_size, idx, scratch.values.data() + used_bytes,
+                 scratch.old.data() + used_bytes, added, *apply, out.hash);
     }
     out.count += added;
   }
-  scratch.count += out.count;
+  scratch.count = out.offset + out.count;
   scratch.value_bytes = out.value_offset + out.count * value_size;
 }
 
@@ -235,7 +250,8 @@ Result<std::vector<TensorChanges>> DetectJobs(const std::vector<ScanJob>& jobs, 
 }
 
 Status DetectJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options, uint64_t chunk_elements,
-                  std::vector<TensorChanges>& changes) {
+                  std::vector<TensorChanges>& changes, const InScanApply* apply,
+                  std::vector<std::vector<uint8_t>>* old, StateHash* delta) {
   const std::vector<Chunk> chunks = SplitIntoChunks(ElementCounts(jobs), chunk_elements);
   std::vector<ChunkResult> results(chunks.size());
   std::vector<std::unique_ptr<WorkerScratch>> scratch =
@@ -246,14 +262,30 @@ Status DetectJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options
   } give_back{scratch};
   RunChunks(chunks.size(), options.threads, [&](size_t worker, size_t c) {
     results[c].worker = worker;
-    ScanChunk(jobs[chunks[c].tensor], chunks[c], *scratch[worker], results[c]);
+    ScanChunk(jobs[chunks[c].tensor], chunks[c], *scratch[worker], results[c],
+              apply ? &apply->seeds[chunks[c].tensor] : nullptr);
     return !results[c].failed();
   });
 
   // The first failure in chunk order is the first in (tensor, index) order.
   for (size_t c = 0; c < chunks.size(); ++c) {
     const ScanJob& job = jobs[chunks[c].tensor];
-    if (results[c].failed()) changes.clear();
+    if (results[c].failed()) {
+      changes.clear();
+      if (apply) {
+        // Every chunk that ran (a chunk not run found nothing) puts back
+        // what it applied, the failed ones included.
+        for (size_t u = 0; u < chunks.size(); ++u) {
+          const ChunkResult& r = results[u];
+          const ScanJob& j = jobs[chunks[u].tensor];
+          WorkerScratch& w = *scratch[r.worker];
+          UndoBlock(const_cast<uint8_t*>(j.published), DTypeSize(j.published_dtype),
+                    reinterpret_cast<const uint64_t*>(w.indices.data()) + r.offset, w.old.data() + r.value_offset,
+                    r.count);
+        }
+        old->clear();
+      }
+    }
     if (results[c].first_bad != kNoError) return NonFiniteError(job, results[c].first_bad);
     if (results[c].out_of_memory) {
       return Status::Internal(Quoted(job.name) + ": out of memory while collecting changes");
@@ -281,6 +313,10 @@ Status DetectJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options
   // the same rates, so the copies below land on pages already mapped rather
   // than on fresh ones, each a fault and a kernel zero-fill.
   changes.resize(outputs.size());
+  if (apply) {
+    old->resize(outputs.size());
+    for (const ChunkResult& r : results) *delta += StateHash{r.hash[0], r.hash[1]};
+  }
   ParallelFor(outputs.size(), options.threads, [&](size_t k) {
     const Output& o = outputs[k];
     const ScanJob& job = jobs[o.job];
@@ -310,6 +346,21 @@ Status DetectJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options
       const uint8_t* val = w.values.data() + r.value_offset;
       tc.indices.insert(tc.indices.end(), idx, idx + r.count);
       tc.values.insert(tc.values.end(), val, val + r.count * value_size);
+    }
+    if (apply) {
+      // The old values as the values, into the caller's reused entry k.
+      std::vector<uint8_t>& kept = (*old)[k];
+      kept.clear();
+      if (kept.capacity() < tc.values.size()) {
+        kept = std::vector<uint8_t>();
+        kept.reserve(tc.values.capacity());
+        AdviseHugePages(kept.data(), kept.capacity());
+      }
+      for (size_t c = o.first_chunk; c < o.end_chunk; ++c) {
+        const ChunkResult& r = results[c];
+        const uint8_t* was = scratch[r.worker]->old.data() + r.value_offset;
+        kept.insert(kept.end(), was, was + r.count * value_size);
+      }
     }
   });
   return Status::OK();

@@ -13,6 +13,7 @@
 
 #include "common/parallel.h"
 #include "deltasync/changes.h"
+#include "deltasync/state_hash.h"
 #include "deltasync/status.h"
 #include "deltasync/tensor.h"
 #include "deltasync/weight_state.h"
@@ -67,8 +68,14 @@ Result<std::vector<ScanJob>> PlanDetect(const WeightState& published, std::span<
 // second into `out`, reusing its entries' memory (DetectChanges into `out`).
 Result<std::vector<TensorChanges>> DetectJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options,
                                               uint64_t chunk_elements);
+// With `apply` (DetectAndApply, detect_apply.h): each chunk applies its
+// changes to the jobs' published bytes as it finds them; `old` gets each
+// entry's old values and *delta the state-hash change (added to it); on an
+// error every applied change is put back and `old` is cleared.
+struct InScanApply;
 Status DetectJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options, uint64_t chunk_elements,
-                  std::vector<TensorChanges>& out);
+                  std::vector<TensorChanges>& out, const InScanApply* apply = nullptr,
+                  std::vector<std::vector<uint8_t>>* old = nullptr, StateHash* delta = nullptr);
 
 // ToPublishedState's pass over `jobs` (chunks of `chunk_elements`): rounds
 // each f32_to_bf16 job's current into its `converted`, and checks every job

@@ -12,7 +12,9 @@
 #include <cstring>
 #include <thread>
 
+#include "bf16/chunks.h"
 #include "bf16/compact_scan.h"
+#include "bf16/detect_apply.h"
 #include "codec/compact_bf16.h"
 #include "codec/stream_buffers.h"
 #include "common/clock.h"
@@ -217,22 +219,33 @@ Result<Publisher::Prepared> Publisher::PrepareChanges(uint64_t version, std::vec
 }
 
 Result<Publisher::Prepared> Publisher::PrepareDetected(uint64_t version, std::span<const TensorView> tensors) {
-  DS_RETURN_IF_ERROR(DetectChanges(state_, tensors, Detection(), kept_changes_));
+  // Detected and applied in one pass (bf16/detect_apply.h); the delta is
+  // encoded from the same change list, which holds the new values.
+  StateHash delta_hash;
+  DS_RETURN_IF_ERROR(bf16::DetectAndApply(state_, tensors, Detection(), bf16::kDefaultChunkElements, kept_changes_,
+                                          kept_old_, &delta_hash));
+  const int threads = options_.threads;
   Prepared p;
+  p.rollback = [this, threads] { UndoChanges(state_, kept_changes_, kept_old_, threads); };
   p.changed = CountChanged(kept_changes_);
-  DS_RETURN_IF_ERROR(EncodeDelta(DeltaInfo(version, latest_version(), state_), kept_changes_, kept_patch_));
-  if (options_.measure_gap_delta) {
+  p.next_hash = state_hash_ + delta_hash;
+  // The patch's info counts the state's elements, which applying does not change.
+  Status encoded = EncodeDelta(DeltaInfo(version, latest_version(), state_), kept_changes_, kept_patch_);
+  if (encoded.ok() && options_.measure_gap_delta) {
     if (settings_.encoding == IndexEncoding::kGapDelta) {
       p.gap_delta_bytes = kept_patch_.size;
     } else {
-      DS_ASSIGN_OR_RETURN(p.gap_delta_bytes, GapDeltaSize(version, kept_changes_));
+      Result<uint64_t> size = GapDeltaSize(version, kept_changes_);
+      encoded = size.status();
+      if (size.ok()) p.gap_delta_bytes = *size;
     }
+  }
+  if (!encoded.ok()) {
+    p.rollback();
+    return encoded;
   }
   p.delta = std::move(kept_patch_);
   p.recycle = Prepared::Recycle::kKeptPatch;
-  const int threads = options_.threads;
-  p.next_hash = state_hash_ + ApplyChangesWithUndo(state_, kept_changes_, threads, kept_old_);
-  p.rollback = [this, threads] { UndoChanges(state_, kept_changes_, kept_old_, threads); };
   return p;
 }
 

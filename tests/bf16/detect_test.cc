@@ -12,8 +12,11 @@
 #include "bf16/bf16_test_util.h"
 #include "bf16/chunked.h"
 #include "bf16/chunks.h"
+#include "bf16/detect_apply.h"
 #include "bf16/scratch.h"
 #include "deltasync/changes.h"
+#include "deltasync/patch.h"
+#include "deltasync/state_hash.h"
 
 namespace deltasync {
 namespace {
@@ -640,6 +643,106 @@ TEST(CompareKernelTest, FindsFirstNonFiniteAtEveryOffset) {
       }
     }
   });
+}
+
+}  // namespace
+}  // namespace deltasync
+
+namespace deltasync {
+namespace {
+
+// DetectAndApply (bf16/detect_apply.h) equals DetectChanges then an apply:
+// the same changes, the state afterwards, HashChanges of the state before,
+// and the old values; at every chunk size (borders inside blocks and
+// tensors), thread count and change rate, with `out` and `old` reused; an
+// error midway (a NaN in a later tensor, after other chunks applied) leaves
+// the state as it was.
+TEST(DetectAndApplyTest, EqualsDetectThenApplyAndUndoesOnError) {
+  std::mt19937_64 rng(41);
+  std::vector<OwnedTensor> base = MixedTensors(rng);
+  // A bf16 state followed by fp32 masters (the trainer's case: rounded).
+  // Over one 64 Ki block of the scan, so that a chunk can fail after its
+  // first block applied.
+  constexpr uint64_t kMasters = 70'000;
+  base.push_back(RandomTensor(rng, "layers.1.masters", DType::kBF16, {kMasters}));
+  std::vector<OwnedTensor> current_base = base;
+  {
+    OwnedTensor& m = current_base.back();
+    m.dtype = DType::kF32;
+    m.data.resize(4 * kMasters);
+    for (uint64_t i = 0; i < kMasters; ++i) {
+      const uint64_t bf = ElementBits(base.back().data.data(), 2, i);
+      SetElementBits(m.data.data(), 4, i, bf << 16);  // exactly the bf16 value
+    }
+  }
+  std::vector<TensorChanges> out;
+  std::vector<std::vector<uint8_t>> old;
+  for (uint64_t chunk : {uint64_t{1}, uint64_t{100}, bf16::kDefaultChunkElements}) {
+    for (int threads : {1, 3}) {
+      for (double rate : {0.01, 0.5, 0.0, 1.0, 0.05}) {
+        SCOPED_TRACE("chunk " + std::to_string(chunk) + " threads " + std::to_string(threads) + " rate " +
+                     std::to_string(rate));
+        std::vector<OwnedTensor> current = current_base;
+        for (size_t i = 0; i + 1 < current.size(); ++i) Mutate(rng, current[i], rate);
+        // Masters moved by up to a few fp32 ULPs: some round to another bf16.
+        std::bernoulli_distribution pick(rate);
+        for (uint64_t i = 0; i < kMasters; ++i) {
+          const uint64_t bits = ElementBits(current.back().data.data(), 4, i);
+          // Not near the largest exponent, where a step could round to Inf.
+          if (pick(rng) && ((bits >> 23) & 0xFF) < 0xFD) {
+            SetElementBits(current.back().data.data(), 4, i, bits + (rng() % 3 == 0 ? 0x8000 : 0x7FFF));
+          }
+        }
+        WeightState state = StateOf(base);
+        const StateHash before = HashState(state);
+        const std::vector<TensorChanges> want = ReferenceDetect(state, current);
+        const StateHash want_delta = HashChanges(state, want);
+        StateHash delta;
+        const Status s =
+            bf16::DetectAndApply(state, Views(current), {.threads = threads}, chunk, out, old, &delta);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        ExpectSameChanges(out, want);
+        EXPECT_EQ(delta, want_delta);
+        EXPECT_EQ(HashState(state), before + delta);
+        WeightState applied = StateOf(base);
+        ApplyChanges(applied, want);
+        for (size_t t = 0; t < state.tensors().size(); ++t) {
+          EXPECT_EQ(state.tensors()[t].data, applied.tensors()[t].data) << state.tensors()[t].name;
+        }
+        ASSERT_EQ(old.size(), out.size());
+        const WeightState original = StateOf(base);
+        for (size_t k = 0; k < out.size(); ++k) {
+          const WeightState::Tensor* t = original.Find(out[k].name);
+          const size_t size = DTypeSize(t->dtype);
+          ASSERT_EQ(old[k].size(), out[k].count() * size) << out[k].name;
+          for (size_t j = 0; j < out[k].count(); ++j) {
+            ASSERT_EQ(ElementBits(old[k].data(), size, j), ElementBits(t->data.data(), size, out[k].indices[j]))
+                << out[k].name << " change " << j;
+          }
+        }
+      }
+      // A NaN in the last tensor: every chunk before it applied its changes
+      // and must have put them back.
+      std::vector<OwnedTensor> bad = current_base;
+      for (size_t i = 0; i + 1 < bad.size(); ++i) Mutate(rng, bad[i], 0.3);
+      for (uint64_t i = 0; i < kMasters; i += 7) {  // changes in the block before the NaN
+        SetElementBits(bad.back().data.data(), 4, i, ElementBits(bad.back().data.data(), 4, i) ^ 0x10000);
+      }
+      SetElementBits(bad.back().data.data(), 4, kMasters - 2, 0x7FC00001);
+      WeightState state = StateOf(base);
+      StateHash delta{1, 2};
+      const Status s = bf16::DetectAndApply(state, Views(bad), {.threads = threads}, chunk, out, old, &delta);
+      ASSERT_FALSE(s.ok());
+      EXPECT_EQ(s.ToString(), DetectChanges(StateOf(base), Views(bad)).status().ToString());
+      EXPECT_TRUE(out.empty());
+      EXPECT_TRUE(old.empty());
+      EXPECT_EQ(delta, StateHash{});
+      const WeightState original = StateOf(base);
+      for (size_t t = 0; t < state.tensors().size(); ++t) {
+        EXPECT_EQ(state.tensors()[t].data, original.tensors()[t].data) << state.tensors()[t].name;
+      }
+    }
+  }
 }
 
 }  // namespace
