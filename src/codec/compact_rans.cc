@@ -7,13 +7,20 @@
 namespace deltasync::compact {
 namespace {
 
+// The symbol of state x to *out, and x stepped past it (before its
+// renormalisation). A slot's entry: the symbol in bits 0..7, the slot's
+// place among its symbol's slots in bits 8..19, frequency - 1 in 20..31.
+inline void Symbol(uint32_t& x, const uint32_t* slots, uint8_t* out) {
+  const uint32_t e = slots[x & (kRansTotal - 1)];
+  x = ((e >> 20) + 1) * (x >> kRansScaleBits) + ((e >> 8) & (kRansTotal - 1));
+  *out = static_cast<uint8_t>(e);
+}
+
 // One symbol on state x, reading its renormalisation bytes one by one:
 // false when the bytes end early. The reference for FastStep, and the
 // path of a piece's last few bytes.
 inline bool CarefulStep(uint32_t& x, const uint32_t* slots, uint8_t* out, const uint8_t*& ptr, const uint8_t* end) {
-  const uint32_t e = slots[x & (kRansTotal - 1)];
-  x = ((e >> 20) + 1) * (x >> kRansScaleBits) + ((e >> 8) & (kRansTotal - 1));
-  *out = static_cast<uint8_t>(e);
+  Symbol(x, slots, out);
   while (x < kRansLow) {
     if (ptr == end) return false;
     x = (x << 8) | *ptr++;
@@ -29,9 +36,7 @@ inline bool CarefulStep(uint32_t& x, const uint32_t* slots, uint8_t* out, const 
 // on the state's chain: 3.87-3.93 against 3.12-3.76 ns a change for the
 // rANS part (compact_parse_bench, docs/benchmarks.md, session 27 H1).
 inline void FastStep(uint32_t& x, const uint32_t* slots, uint8_t* out, const uint8_t*& ptr) {
-  const uint32_t e = slots[x & (kRansTotal - 1)];
-  x = ((e >> 20) + 1) * (x >> kRansScaleBits) + ((e >> 8) & (kRansTotal - 1));
-  *out = static_cast<uint8_t>(e);
+  Symbol(x, slots, out);
   if (x < kRansLow) {
     x = (x << 8) | *ptr++;
     if (x < kRansLow) x = (x << 8) | *ptr++;
