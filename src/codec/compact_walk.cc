@@ -122,6 +122,7 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   uint32_t before[kClasses * (kWords + 1)];
   uint64_t hit_words[kWords];
   uint16_t block_values[kBlock];
+  uint16_t offsets[kBlock + kernels::kHitOffsetsSlack];
   uint64_t k = start.out;
   const uint64_t k0 = k;
   const uint64_t k_end = next ? next->out : t.count;
@@ -191,15 +192,14 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
     if (wrong < len) {
       return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
     }
-    for (size_t w = 0; w < kWords; ++w) {
-      for (uint64_t hits = hit_words[w]; hits != 0; hits &= hits - 1) {
-        const size_t i = 64 * w + static_cast<size_t>(__builtin_ctzll(hits));
-        indices[k] = at + i;
-        std::memcpy(values + 2 * k, &block_values[i], 2);
-        side16[k - k0] = data[at + i];
-        ++k;
-      }
+    const size_t placed = kernels::HitOffsets16(hit_words, offsets);
+    for (size_t j = 0; j < placed; ++j) {
+      const size_t i = offsets[j];
+      indices[k + j] = at + i;
+      std::memcpy(values + 2 * (k + j), &block_values[i], 2);
+      side16[k - k0 + j] = data[at + i];
     }
+    k += placed;
   }
   // The chunk's hash change in one call. A fused apply's old values come
   // straight from the undo log (u16 little-endian, as HashTermDiffs16 reads
