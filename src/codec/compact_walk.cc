@@ -127,7 +127,10 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   uint64_t k = start.out;
   const uint64_t k0 = k;
   // Past the tensor's last change no block has one; a chunk's own last
-  // change is not known (its blocks after it need no class: cheap).
+  // change is not known (its blocks after it need no class: cheap). The
+  // walk places exactly the changes of the class elements it counted,
+  // which are the counts chunk k + 1 starts from, so it never reaches the
+  // next chunk's slots (unless the counts were wrong: the check below).
   const uint64_t k_end = t.count;
   // The hash's side values of the chunk's changes (a fused apply's new
   // ones, a decode's old ones), hashed once per chunk: per block, a few

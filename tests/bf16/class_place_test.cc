@@ -343,7 +343,9 @@ TEST(ClassPlace, HitOffsetsAreTheSetBitsInOrderOnEveryTarget) {
       const size_t n = kernels::HitOffsets16(words.data(), got.data());
       ASSERT_EQ(n, want.size());
       ASSERT_EQ(std::vector<uint16_t>(got.begin(), got.begin() + static_cast<ptrdiff_t>(n)), want);
-      for (size_t j = n + kernels::kHitOffsetsSlack; j < got.size(); ++j) ASSERT_EQ(got[j], 0xBEEF) << "written at " << j;
+      for (size_t j = n + kernels::kHitOffsetsSlack; j < got.size(); ++j) {
+        ASSERT_EQ(got[j], 0xBEEF) << "written at " << j;
+      }
     }
   });
 }
