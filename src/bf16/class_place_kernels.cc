@@ -237,6 +237,33 @@ size_t ClassPlaceApply16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t*
                          : PlaceWalk<true, false>(masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed);
 }
 
+// Four offsets a word are written whether its bits are set or not (the
+// count advances by the word's popcount, so those past it are scratch) and
+// only a word with more than four set bits loops: at a few percent changed
+// a word holds about two, too few and too varied for a loop per word, whose
+// exit mispredicted about once a word. The ctz of a word ORed with its top
+// bit is defined for every word and changes no real offset (only the last
+// set bit can be bit 63).
+size_t HitOffsets16Impl(const uint64_t* HWY_RESTRICT hits, uint16_t* HWY_RESTRICT out) {
+  size_t n = 0;
+  for (size_t w = 0; w < kPlaceWords; ++w) {
+    uint64_t h = hits[w];
+    const size_t count = static_cast<size_t>(__builtin_popcountll(h));
+    uint16_t* HWY_RESTRICT const o = out + n;
+    const auto base = static_cast<unsigned>(64 * w);
+    for (size_t j = 0; j < kHitOffsetsSlack; ++j) {
+      o[j] = static_cast<uint16_t>(base + static_cast<unsigned>(__builtin_ctzll(h | uint64_t{1} << 63)));
+      h &= h - 1;
+    }
+    for (size_t j = kHitOffsetsSlack; j < count; ++j) {
+      o[j] = static_cast<uint16_t>(base + static_cast<unsigned>(__builtin_ctzll(h)));
+      h &= h - 1;
+    }
+    n += count;
+  }
+  return n;
+}
+
 }  // namespace deltasync::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -245,6 +272,9 @@ namespace deltasync::kernels {
 
 HWY_EXPORT(ClassPlace16Impl);
 HWY_EXPORT(ClassPlaceApply16Impl);
+HWY_EXPORT(HitOffsets16Impl);
+
+size_t HitOffsets16(const uint64_t* hits, uint16_t* out) { return HWY_DYNAMIC_DISPATCH(HitOffsets16Impl)(hits, out); }
 
 size_t ClassPlace16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data, size_t n,
                     const ClassWalkStreams& s, ClassWalkCursor& cur, uint64_t* hits, uint16_t* values) {

@@ -149,6 +149,13 @@ struct ClassApplyOut {
 size_t ClassPlaceApply16(const uint64_t* masks, const uint32_t* before, uint32_t classes, uint16_t* data, size_t n,
                          const ClassWalkStreams& s, ClassWalkCursor& cur, const ClassApplyOut& out, size_t* placed);
 
+//  - HitOffsets16: the offsets of the set bits of a block's 16 hit words
+//    (ClassPlace16's hits), ascending, into `out`, which has room for
+//    their count + kHitOffsetsSlack (written past the count: scratch);
+//    returns the count.
+inline constexpr size_t kHitOffsetsSlack = 4;
+size_t HitOffsets16(const uint64_t* hits, uint16_t* out);
+
 // --- targets (tests and benchmarks) ----------------------------------------
 
 // The target the kernels dispatch to now, e.g. "AVX3", "AVX2", "EMU128".

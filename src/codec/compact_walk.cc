@@ -96,18 +96,19 @@ Status ChunkWalker::Walk(size_t k) {
     ready_[k].store(1, std::memory_order_release);
     ready_[k].notify_all();
   }
+  // Only the start is searched for (binary searches of the class's ranks,
+  // missing the caches): where the walk ends is checked in O(1) per class.
   const WalkStart start = StartAt(t, start_at);
-  const WalkStart next = c.last ? WalkStart{} : StartAt(t, end_at);
-  return Place(t, c, blocks, classes, block_counts.data(), bytes, start, c.last ? nullptr : &next, hash_[k].data(),
+  return Place(t, c, blocks, classes, block_counts.data(), bytes, start, c.last ? nullptr : &end_at, hash_[k].data(),
                runs_ ? &runs_[k] : nullptr);
 }
 
 // The walk of a chunk from `start` over its blocks' class masks, then
-// the values; `next` is where the next chunk of the tensor starts
-// (nullptr for its last chunk).
+// the values; `end_at` holds the class elements up to the chunk's end
+// (nullptr for the tensor's last chunk).
 Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, uint32_t classes,
-                          const uint16_t* counts, const uint8_t* bytes, const WalkStart& start, const WalkStart* next, uint64_t hash[2],
-                          CompactUndo::Run* run) {
+                          const uint16_t* counts, const uint8_t* bytes, const WalkStart& start,
+                          const std::array<uint64_t, kClasses>* end_at, uint64_t hash[2], CompactUndo::Run* run) {
   const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
   kernels::ClassWalkCursor cur;
   std::array<uint64_t, kClasses> end;
@@ -122,9 +123,15 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   uint32_t before[kClasses * (kWords + 1)];
   uint64_t hit_words[kWords];
   uint16_t block_values[kBlock];
+  uint16_t offsets[kBlock + kernels::kHitOffsetsSlack];
   uint64_t k = start.out;
   const uint64_t k0 = k;
-  const uint64_t k_end = next ? next->out : t.count;
+  // Past the tensor's last change no block has one; a chunk's own last
+  // change is not known (its blocks after it need no class: cheap). The
+  // walk places exactly the changes of the class elements it counted,
+  // which are the counts chunk k + 1 starts from, so it never reaches the
+  // next chunk's slots (unless the counts were wrong: the check below).
+  const uint64_t k_end = t.count;
   // The hash's side values of the chunk's changes (a fused apply's new
   // ones, a decode's old ones), hashed once per chunk: per block, a few
   // changes each, most would fall in the hash kernel's scalar tail. At most
@@ -191,15 +198,14 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
     if (wrong < len) {
       return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
     }
-    for (size_t w = 0; w < kWords; ++w) {
-      for (uint64_t hits = hit_words[w]; hits != 0; hits &= hits - 1) {
-        const size_t i = 64 * w + static_cast<size_t>(__builtin_ctzll(hits));
-        indices[k] = at + i;
-        std::memcpy(values + 2 * k, &block_values[i], 2);
-        side16[k - k0] = data[at + i];
-        ++k;
-      }
+    const size_t placed = kernels::HitOffsets16(hit_words, offsets);
+    for (size_t j = 0; j < placed; ++j) {
+      const size_t i = offsets[j];
+      indices[k + j] = at + i;
+      std::memcpy(values + 2 * (k + j), &block_values[i], 2);
+      side16[k - k0 + j] = data[at + i];
     }
+    k += placed;
   }
   // The chunk's hash change in one call. A fused apply's old values come
   // straight from the undo log (u16 little-endian, as HashTermDiffs16 reads
@@ -213,10 +219,16 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
     kernels::HashTermDiffs16(indices + k0, values + 2 * k0, reinterpret_cast<const uint8_t*>(side16), k - k0,
                              t.seeds.element_seed, hash);
   }
+  // The walk must stop at each class's first change at or past the
+  // chunk's end (that class's lower bound of end_at), or for the last chunk
+  // past all of the class's changes.
   for (int cl = 0; cl < kClasses; ++cl) {
-    const uint64_t want = next ? next->g[cl] : end[cl];
-    if (cur.g[cl] != want) {
-      if (next) {
+    const uint64_t g = cur.g[cl];
+    const bool at_end = end_at ? (g == end[cl] || t.ranks[g] >= (*end_at)[cl]) &&
+                                     (g == t.class_begin[cl] || t.ranks[g - 1] < (*end_at)[cl])
+                               : g == end[cl];
+    if (!at_end) {
+      if (end_at) {
         return Status::Internal(label_ + ": tensor '" + t.stream->name + "': the walk of elements " +
                                 std::to_string(chunk.begin) + ".." + std::to_string(chunk.end) +
                                 " disagrees with the class counts (decoder bug)");

@@ -68,7 +68,8 @@ class ChunkWalker {
  private:
   struct WalkStart;
   Status Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, uint32_t classes, const uint16_t* counts,
-               const uint8_t* bytes, const WalkStart& start, const WalkStart* next, uint64_t hash[2], CompactUndo::Run* run);
+               const uint8_t* bytes, const WalkStart& start, const std::array<uint64_t, kClasses>* end_at,
+               uint64_t hash[2], CompactUndo::Run* run);
   static WalkStart StartAt(const Bf16Tensor& t, const std::array<uint64_t, kClasses>& before);
 
   const std::string& label_;

@@ -304,3 +304,51 @@ TEST(ClassPlace, EveryDiffByteFromEveryBaseIsCheckedAsDiffByte) {
 
 }  // namespace
 }  // namespace deltasync
+
+namespace deltasync {
+namespace {
+
+// kernels::HitOffsets16 (the decode's hits in element order) against a bit
+// by bit reference on every target: words with no set bit, one, up to the
+// four written unconditionally, more (the loop past them), all 64 (bit 63
+// set), random ones; the slack past the count may be written, nothing
+// beyond it.
+TEST(ClassPlace, HitOffsetsAreTheSetBitsInOrderOnEveryTarget) {
+  std::mt19937_64 rng(28);
+  std::vector<std::array<uint64_t, kWords>> cases;
+  cases.push_back({});                                   // no hits
+  cases.push_back({});
+  cases.back().fill(~uint64_t{0});                       // every element
+  std::array<uint64_t, kWords> edges{};
+  for (size_t w = 0; w < kWords; ++w) edges[w] = (uint64_t{1} << (w % 8)) - 1 | (w % 3 == 0 ? uint64_t{1} << 63 : 0);
+  cases.push_back(edges);                                // 0..7 low bits, some with bit 63
+  for (int k = 0; k < 200; ++k) {
+    std::array<uint64_t, kWords> words{};
+    const int density = k % 8;  // 1 in 2^density bits set, about
+    for (uint64_t& w : words) {
+      w = rng();
+      for (int d = 0; d < density; ++d) w &= rng();
+    }
+    cases.push_back(words);
+  }
+  testing_bf16::ForEachTarget([&] {
+    for (const auto& words : cases) {
+      std::vector<uint16_t> want;
+      for (size_t w = 0; w < kWords; ++w) {
+        for (size_t b = 0; b < 64; ++b) {
+          if (words[w] >> b & 1) want.push_back(static_cast<uint16_t>(64 * w + b));
+        }
+      }
+      std::vector<uint16_t> got(kBlock + kernels::kHitOffsetsSlack + 1, 0xBEEF);
+      const size_t n = kernels::HitOffsets16(words.data(), got.data());
+      ASSERT_EQ(n, want.size());
+      ASSERT_EQ(std::vector<uint16_t>(got.begin(), got.begin() + static_cast<ptrdiff_t>(n)), want);
+      for (size_t j = n + kernels::kHitOffsetsSlack; j < got.size(); ++j) {
+        ASSERT_EQ(got[j], 0xBEEF) << "written at " << j;
+      }
+    }
+  });
+}
+
+}  // namespace
+}  // namespace deltasync
