@@ -20,34 +20,37 @@ namespace {
 // enough that one big tensor spreads over every thread.
 constexpr size_t kChunk = size_t{1} << 16;
 
-template <size_t kSize>
-void Scatter(uint8_t* dst, const uint64_t* idx, const uint8_t* src, size_t n) {
-  for (size_t k = 0; k < n; ++k) std::memcpy(dst + idx[k] * kSize, src + k * kSize, kSize);
+// Copies n elements of kSize bytes: to data[idx[k]] from flat[k]
+// (kScatter), or from data[idx[k]] to flat[k].
+template <size_t kSize, bool kScatter>
+void CopyIndexed(uint8_t* data, const uint64_t* idx, uint8_t* flat, size_t n) {
+  for (size_t k = 0; k < n; ++k) {
+    if constexpr (kScatter) {
+      std::memcpy(data + idx[k] * kSize, flat + k * kSize, kSize);
+    } else {
+      std::memcpy(flat + k * kSize, data + idx[k] * kSize, kSize);
+    }
+  }
 }
 
-template <size_t kSize>
-void Gather(uint8_t* dst, const uint64_t* idx, const uint8_t* src, size_t n) {
-  for (size_t k = 0; k < n; ++k) std::memcpy(dst + k * kSize, src + idx[k] * kSize, kSize);
+template <bool kScatter>
+void CopyIndexed(uint8_t* data, const uint64_t* idx, uint8_t* flat, size_t n, size_t size) {
+  switch (size) {
+    case 1: return CopyIndexed<1, kScatter>(data, idx, flat, n);
+    case 2: return CopyIndexed<2, kScatter>(data, idx, flat, n);
+    case 4: return CopyIndexed<4, kScatter>(data, idx, flat, n);
+    default: return CopyIndexed<8, kScatter>(data, idx, flat, n);
+  }
 }
 
 // Copies the elements idx[0..n) of `data` (width `size`) to dst, in order.
 void GatherRange(uint8_t* dst, const uint64_t* idx, const uint8_t* data, size_t n, size_t size) {
-  switch (size) {
-    case 1: Gather<1>(dst, idx, data, n); break;
-    case 2: Gather<2>(dst, idx, data, n); break;
-    case 4: Gather<4>(dst, idx, data, n); break;
-    default: Gather<8>(dst, idx, data, n); break;
-  }
+  CopyIndexed<false>(const_cast<uint8_t*>(data), idx, dst, n, size);  // reads data only
 }
 
 // Writes src's n elements (width `size`) to the elements idx[0..n) of `data`.
 void ScatterRange(uint8_t* data, const uint64_t* idx, const uint8_t* src, size_t n, size_t size) {
-  switch (size) {
-    case 1: Scatter<1>(data, idx, src, n); break;
-    case 2: Scatter<2>(data, idx, src, n); break;
-    case 4: Scatter<4>(data, idx, src, n); break;
-    default: Scatter<8>(data, idx, src, n); break;
-  }
+  CopyIndexed<true>(data, idx, const_cast<uint8_t*>(src), n, size);  // reads src only
 }
 
 }  // namespace

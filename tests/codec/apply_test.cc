@@ -34,13 +34,20 @@ TensorChanges RandomChanges(std::mt19937_64& rng, const std::string& name, DType
   return c;
 }
 
-TEST(ApplyChangesTest, MatchesScalarReference) {
-  std::mt19937_64 rng(3);
+// Tensors of every element width; the bf16 one large enough that its
+// changes span many chunks and threads split it.
+RandomBytesModel EveryWidth(std::mt19937_64& rng) {
   RandomBytesModel f;
-  f.Add("big.bf16", DType::kBF16, 3'000'000, rng);  // many chunks, threads split one tensor
+  f.Add("big.bf16", DType::kBF16, 3'000'000, rng);
   f.Add("u8", DType::kU8, 1000, rng);
   f.Add("f32", DType::kF32, 50'000, rng);
   f.Add("f64", DType::kF64, 70'000, rng);
+  return f;
+}
+
+TEST(ApplyChangesTest, MatchesScalarReference) {
+  std::mt19937_64 rng(3);
+  RandomBytesModel f = EveryWidth(rng);
   f.Add("untouched", DType::kBF16, 100, rng);
   WeightState state = f.State();
   std::vector<TensorChanges> changes = {
@@ -65,11 +72,7 @@ TEST(ApplyChangesTest, MatchesScalarReference) {
 // state; `old` reused across calls of other sizes and tensor counts.
 TEST(ApplyChangesTest, WithUndoEqualsApplyHashAndOldValues) {
   std::mt19937_64 rng(7);
-  RandomBytesModel f;
-  f.Add("big.bf16", DType::kBF16, 3'000'000, rng);  // many chunks, threads split one tensor
-  f.Add("u8", DType::kU8, 1000, rng);
-  f.Add("f32", DType::kF32, 50'000, rng);
-  f.Add("f64", DType::kF64, 70'000, rng);
+  RandomBytesModel f = EveryWidth(rng);
   f.Add("small.f16", DType::kF16, 300, rng);
   std::vector<std::vector<uint8_t>> old;  // reused by every call below
   for (int round = 0; round < 3; ++round) {
