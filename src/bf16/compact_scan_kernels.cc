@@ -274,8 +274,9 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
     // (below): a burst of a whole block's lines would wait for free fill
     // buffers, and the work behind it with it.
     const bool prefetch = start + 3 * kScanBlock <= s.n;
-    const uint8_t* const cur_ahead = current + (start + 2 * kScanBlock) * elem_size;
-    const auto* const pub_ahead = reinterpret_cast<const uint8_t*>(pub + 2 * kScanBlock);
+    // (Formed only within the span: a pointer beyond its end would be undefined.)
+    const uint8_t* const cur_ahead = prefetch ? current + (start + 2 * kScanBlock) * elem_size : current;
+    const auto* const pub_ahead = reinterpret_cast<const uint8_t*>(prefetch ? pub + 2 * kScanBlock : pub);
     int lo = kScanClasses - 1, hi = 0;
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
     const bool bad = ClassifyBlock32<kF32>(pub, current + start * elem_size, len, fresh, words, cls, lo, hi);
