@@ -270,13 +270,13 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
     const size_t len = std::min(kScanBlock, s.n - start);
     uint16_t* HWY_RESTRICT pub = s.published + start;
     // Two blocks ahead: the per-change work between loads is enough to let
-    // the hardware prefetcher fall behind.
-    if (start + 3 * kScanBlock <= s.n) {
-      const uint8_t* ahead = current + (start + 2 * kScanBlock) * elem_size;
-      for (size_t b = 0; b < kScanBlock * elem_size; b += 64) __builtin_prefetch(ahead + b);
-      const auto* pub_ahead = reinterpret_cast<const uint8_t*>(pub + 2 * kScanBlock);
-      for (size_t b = 0; b < kScanBlock * 2; b += 64) __builtin_prefetch(pub_ahead + b);
-    }
+    // the hardware prefetcher fall behind. Spread over the block's words
+    // (below): a burst of a whole block's lines would wait for free fill
+    // buffers, and the work behind it with it.
+    const bool prefetch = start + 3 * kScanBlock <= s.n;
+    // (Formed only within the span: a pointer beyond its end would be undefined.)
+    const uint8_t* const cur_ahead = prefetch ? current + (start + 2 * kScanBlock) * elem_size : current;
+    const auto* const pub_ahead = reinterpret_cast<const uint8_t*>(prefetch ? pub + 2 * kScanBlock : pub);
     int lo = kScanClasses - 1, hi = 0;
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
     const bool bad = ClassifyBlock32<kF32>(pub, current + start * elem_size, len, fresh, words, cls, lo, hi);
@@ -297,6 +297,11 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
     const uint16_t* const h_old = old_out + n_old;
     const size_t n_words = (len + 63) / 64;
     for (size_t w = 0; w < n_words; ++w) {
+      if (prefetch) {
+        // This word's share: 64 elements of the current and of the base.
+        for (size_t b = 0; b < 64 * elem_size; b += 64) __builtin_prefetch(cur_ahead + 64 * elem_size * w + b);
+        for (size_t b = 0; b < 128; b += 64) __builtin_prefetch(pub_ahead + 128 * w + b);
+      }
       uint64_t mask[kScanClasses];
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
       // One compare per class present in the block, straight into a mask

@@ -284,10 +284,15 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
     lens[p].second = static_cast<uint64_t>(end - ptr);
   }
   // Room for all of it at once (the escape block is at most its raw bytes
-  // and a 21-byte header): no growth copies of a stream of megabytes.
+  // and a 21-byte header): no growth copies of a stream of megabytes. A
+  // short buffer grows with an eighth to spare: `out` is mostly a kept one
+  // (codec/stream_buffers.h) that held a stream of about this size last
+  // publish, often a few bytes shorter, and an exact fit would make nearly
+  // every publish allocate it again (fresh pages, faulted in as written).
   size_t escape_bytes = 0;
   for (ByteSpan p : s.escapes) escape_bytes += p.size();
-  out.reserve(out.size() + 20 * pieces + body.size() + escape_bytes + 32);
+  const size_t room = out.size() + 20 * pieces + body.size() + escape_bytes + 32;
+  if (out.capacity() < room) out.reserve(room + room / 8);
   for (uint64_t p = 0; p < pieces; ++p) {
     PutVarint(out, lens[p].first);
     PutVarint(out, lens[p].second);

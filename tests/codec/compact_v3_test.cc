@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "codec/compact_bf16.h"
 #include "codec/compact_container.h"
 #include "codec/compact_v3.h"
 #include "codec/patch_test_util.h"
@@ -170,6 +171,45 @@ TEST(CompactV3, RandomPatternsMatchV2) {
                     return static_cast<uint16_t>(o + (rng() % 7) - 3);
                   })});
   }
+}
+
+// A publish writes each tensor's stream into a buffer kept from the last
+// one (codec/stream_buffers.h), whose stream was often a few bytes shorter:
+// a buffer the writer had to grow has room for a slightly longer stream
+// next time, so that it is not allocated (and faulted in) again.
+TEST(CompactV3, GrownBufferFitsASlightlyLongerStreamNextTime) {
+  const Base b = MakeBase(20000);
+  const WeightState::Tensor* big = b.state.Find("big");
+  ASSERT_NE(big, nullptr);
+  auto every = [&](uint64_t step, uint64_t extra) {
+    TensorChanges c;
+    c.name = "big";
+    c.dtype = DType::kBF16;
+    for (uint64_t i = 0; i < 20000; ++i) {
+      if (i % step != 0 && !(i % step == 1 && i / step < extra)) continue;
+      uint16_t o;
+      std::memcpy(&o, big->data.data() + 2 * i, 2);
+      const uint16_t v = Ulp(o, i);
+      c.indices.push_back(i);
+      c.values.push_back(static_cast<uint8_t>(v));
+      c.values.push_back(static_cast<uint8_t>(v >> 8));
+    }
+    return c;
+  };
+  const TensorChanges first = every(7, 0), second = every(7, 40);  // 40 changes more
+  compact::DiffHistogram h{};
+  compact::CountTensorDiffs(first, big->view(), h);
+  compact::CountTensorDiffs(second, big->view(), h);
+  const compact::V3Tables tables = compact::V3Tables::Build(h);
+  std::vector<uint8_t> out;
+  ASSERT_TRUE(compact::EncodeTensorStream(first, big->view(), out, &tables).ok());
+  const size_t first_size = out.size();
+  out.clear();
+  const uint8_t* kept = out.data();
+  ASSERT_TRUE(compact::EncodeTensorStream(second, big->view(), out, &tables).ok());
+  EXPECT_GT(out.size(), first_size);
+  EXPECT_EQ(out.data(), kept) << "the stream of " << out.size() << " bytes did not fit the buffer grown for "
+                              << first_size;
 }
 
 TEST(CompactV3, UnknownVersionRefused) {
