@@ -232,9 +232,10 @@ class Publisher {
   };
   // From a change list (any encoding).
   Result<Prepared> PrepareChanges(uint64_t version, std::vector<TensorChanges> changes);
-  // gap_delta or raw: detects the changes into kept_changes_, encodes them
-  // into kept_patch_'s buffers and applies them with kept_old_ as the undo
-  // (no fresh pages for a version about as large as the last).
+  // gap_delta or raw: detects the changes into kept_changes_ and applies
+  // them in the same pass, their old values into kept_old_ for the rollback
+  // (bf16/detect_apply.h), then encodes them into kept_patch_'s buffers (no
+  // fresh pages for a version about as large as the last).
   Result<Prepared> PrepareDetected(uint64_t version, std::span<const TensorView> tensors);
   // Compact: detect, encode and apply in one pass over `tensors` (scan_).
   Result<Prepared> PrepareScanned(uint64_t version, std::span<const TensorView> tensors);
@@ -274,9 +275,9 @@ class Publisher {
   // ReleaseBuffers frees them.
   std::unique_ptr<compact::StreamBuffers> buffers_;
   // PrepareDetected's change list, old values and patch buffers, kept between
-  // versions and written over by the next (DetectChanges and EncodeDelta into
-  // a reused result): about 12 bytes per change of the largest version so
-  // far. Valid while the version that filled them commits (its rollback
+  // versions and written over by the next (DetectAndApply and EncodeDelta
+  // into reused results): about 12 bytes per change of the largest version
+  // so far. Valid while the version that filled them commits (its rollback
   // reads them); ReleaseBuffers frees them.
   std::vector<TensorChanges> kept_changes_;
   std::vector<std::vector<uint8_t>> kept_old_;
