@@ -142,9 +142,8 @@ void ApplyChanges(WeightState& state, std::span<const TensorChanges> changes, in
 // gathers the overwritten values into old[i] (entry i of `changes`, its
 // dtype's bytes per change; resized: reuse `old` across calls to spare its
 // page faults), sums the state-hash change and scatters the new values.
-// Returns HashChanges(state before, changes). 16-bit tensors are hashed from
-// the gathered values (no second gather); other widths are hashed first, in
-// a pass of their own. REQUIRES: ValidateChanges(state, changes) is OK.
+// Returns HashChanges(state before, changes), summed from the gathered
+// values (no second gather). REQUIRES: ValidateChanges(state, changes) is OK.
 StateHash ApplyChangesWithUndo(WeightState& state, std::span<const TensorChanges> changes, int threads,
                                std::vector<std::vector<uint8_t>>& old);
 // Puts back what ApplyChangesWithUndo(state, changes, threads, old) overwrote.

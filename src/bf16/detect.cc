@@ -142,9 +142,8 @@ void ScanChunk(const ScanJob& job, const Chunk& chunk, WorkerScratch& scratch, C
       break;
     }
     size_t first_bad = n;
-    const uint64_t* idx = reinterpret_cast<const uint64_t*>(scratch.indices.data()) + used;
-    const size_t added = CompareSpan(job, begin, n, const_cast<uint64_t*>(idx), scratch.values.data() + used_bytes,
-                                     &first_bad);
+    uint64_t* const idx = reinterpret_cast<uint64_t*>(scratch.indices.data()) + used;
+    const size_t added = CompareSpan(job, begin, n, idx, scratch.values.data() + used_bytes, &first_bad);
     if (first_bad < n) {
       out.first_bad = begin + first_bad;
       break;

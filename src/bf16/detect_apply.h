@@ -31,7 +31,8 @@ struct InScanApply {
 // Applies the n changes (indices idx, values val, width `size`) found in a
 // block of a tensor whose bytes are `data`: each old value goes to old (same
 // layout as val), the state-hash change is added to hash[2], and each new
-// value is written. Indices ascend within the tensor.
+// value is written. Indices ascend within the tensor. Also the apply of
+// ApplyChangesWithUndo (patch.h), per chunk of a change list.
 void ApplyBlock(uint8_t* data, size_t size, const uint64_t* idx, const uint8_t* val, uint8_t* old, size_t n,
                 const state_hash::TensorSeeds& seeds, uint64_t hash[2]);
 // Puts back what ApplyBlock(data, size, idx, ..., old, n, ...) wrote.

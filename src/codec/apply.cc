@@ -6,8 +6,8 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "bf16/detect_apply.h"
 #include "bf16/hash_term.h"
-#include "bf16/simd_kernels.h"
 #include "codec/change_checks.h"
 #include "common/parallel.h"
 #include "deltasync/patch.h"
@@ -20,37 +20,19 @@ namespace {
 // enough that one big tensor spreads over every thread.
 constexpr size_t kChunk = size_t{1} << 16;
 
-// Copies n elements of kSize bytes: to data[idx[k]] from flat[k]
-// (kScatter), or from data[idx[k]] to flat[k].
-template <size_t kSize, bool kScatter>
-void CopyIndexed(uint8_t* data, const uint64_t* idx, uint8_t* flat, size_t n) {
-  for (size_t k = 0; k < n; ++k) {
-    if constexpr (kScatter) {
-      std::memcpy(data + idx[k] * kSize, flat + k * kSize, kSize);
-    } else {
-      std::memcpy(flat + k * kSize, data + idx[k] * kSize, kSize);
-    }
-  }
-}
-
-template <bool kScatter>
-void CopyIndexed(uint8_t* data, const uint64_t* idx, uint8_t* flat, size_t n, size_t size) {
-  switch (size) {
-    case 1: return CopyIndexed<1, kScatter>(data, idx, flat, n);
-    case 2: return CopyIndexed<2, kScatter>(data, idx, flat, n);
-    case 4: return CopyIndexed<4, kScatter>(data, idx, flat, n);
-    default: return CopyIndexed<8, kScatter>(data, idx, flat, n);
-  }
-}
-
-// Copies the elements idx[0..n) of `data` (width `size`) to dst, in order.
-void GatherRange(uint8_t* dst, const uint64_t* idx, const uint8_t* data, size_t n, size_t size) {
-  CopyIndexed<false>(const_cast<uint8_t*>(data), idx, dst, n, size);  // reads data only
+template <size_t kSize>
+void Scatter(uint8_t* data, const uint64_t* idx, const uint8_t* src, size_t n) {
+  for (size_t k = 0; k < n; ++k) std::memcpy(data + idx[k] * kSize, src + k * kSize, kSize);
 }
 
 // Writes src's n elements (width `size`) to the elements idx[0..n) of `data`.
 void ScatterRange(uint8_t* data, const uint64_t* idx, const uint8_t* src, size_t n, size_t size) {
-  CopyIndexed<true>(data, idx, const_cast<uint8_t*>(src), n, size);  // reads src only
+  switch (size) {
+    case 1: return Scatter<1>(data, idx, src, n);
+    case 2: return Scatter<2>(data, idx, src, n);
+    case 4: return Scatter<4>(data, idx, src, n);
+    default: return Scatter<8>(data, idx, src, n);
+  }
 }
 
 }  // namespace
@@ -128,39 +110,27 @@ void ApplyChanges(WeightState& state, std::span<const TensorChanges> changes, in
 StateHash ApplyChangesWithUndo(WeightState& state, std::span<const TensorChanges> changes, int threads,
                                std::vector<std::vector<uint8_t>>& old) {
   old.resize(changes.size());
-  StateHash total;
   std::vector<state_hash::TensorSeeds> seeds(changes.size());
   for (size_t i = 0; i < changes.size(); ++i) {
-    const TensorChanges& c = changes[i];
-    old[i].resize(c.values.size());
-    const WeightState::Tensor* t = state.Find(c.name);
-    if (DTypeSize(c.dtype) == 2) {
-      seeds[i] = state_hash::SeedsFor(t->name, t->dtype, t->shape);
-    } else {
-      // Other widths (rare in a bf16 model) are hashed apart, before any
-      // scatter, and then only gathered and scattered below.
-      const TensorView view = t->view();
-      total += HashChanges(std::span<const TensorView>(&view, 1), std::span<const TensorChanges>(&c, 1), threads);
-    }
+    const WeightState::Tensor* t = state.Find(changes[i].name);
+    seeds[i] = state_hash::SeedsFor(t->name, t->dtype, t->shape);
+    old[i].resize(changes[i].values.size());
   }
   int use = 1;
   const std::vector<Task> tasks = Plan(state, changes, threads, &use);
   std::vector<StateHash> sums(tasks.size());
   ParallelFor(tasks.size(), use, [&](size_t i) {
+    // The block apply the detection runs in its pass (bf16/detect_apply.h).
     const Task& task = tasks[i];
     const TensorChanges& c = changes[task.entry];
     const size_t size = DTypeSize(c.dtype);
-    uint8_t* kept = old[task.entry].data() + task.begin * size;
-    const uint64_t* idx = c.indices.data() + task.begin;
-    const size_t n = task.end - task.begin;
-    GatherRange(kept, idx, task.tensor->data.data(), n, size);
-    if (size == 2) {
-      uint64_t hash[2] = {0, 0};
-      kernels::HashTermDiffs16(idx, c.values.data() + task.begin * 2, kept, n, seeds[task.entry].element_seed, hash);
-      sums[i] = StateHash{hash[0], hash[1]};
-    }
-    ScatterRange(task.tensor->data.data(), idx, c.values.data() + task.begin * size, n, size);
+    uint64_t hash[2] = {0, 0};
+    bf16::ApplyBlock(task.tensor->data.data(), size, c.indices.data() + task.begin,
+                     c.values.data() + task.begin * size, old[task.entry].data() + task.begin * size,
+                     task.end - task.begin, seeds[task.entry], hash);
+    sums[i] = StateHash{hash[0], hash[1]};
   });
+  StateHash total;
   for (const StateHash& h : sums) total += h;
   return total;
 }
@@ -172,8 +142,8 @@ void UndoChanges(WeightState& state, std::span<const TensorChanges> changes,
   ParallelFor(tasks.size(), use, [&](size_t i) {
     const Task& task = tasks[i];
     const size_t size = DTypeSize(changes[task.entry].dtype);
-    ScatterRange(task.tensor->data.data(), changes[task.entry].indices.data() + task.begin,
-                 old[task.entry].data() + task.begin * size, task.end - task.begin, size);
+    bf16::UndoBlock(task.tensor->data.data(), size, changes[task.entry].indices.data() + task.begin,
+                    old[task.entry].data() + task.begin * size, task.end - task.begin);
   });
 }
 
