@@ -23,6 +23,24 @@ the ULP difference of every changed one:
                 sent at its own entropy: rows without one cost nothing more;
                 per tensor the cheaper of this and the exponent alone (the
                 choice is one bit per tensor, not counted)
+  row oracle    (ideal only, an upper bound for any row or column context)
+  col oracle    the changed flag with the exponent and the element's row
+                (resp. column) of a matrix as context, every (exponent, row)
+                rate known for free: what a coder that knew each row's (each
+                column's) change rate exactly could reach, without paying for
+                the rates; the difference as for the exponent
+  row gain      what learning those row rates gains instead: per matrix, the
+  adaptive      changed flags' adaptive length with the exponent as context
+                minus the cheaper of that and the adaptive length with
+                (exponent, row) as context (Krichevsky-Trofimov, as below), as
+                a fraction of H0: 0 when no matrix's row rates pay for their
+                learning
+  +signs        (ideal only) the exponent for the flag, and for the
+                difference the exponent plus the direction that a rank-1
+                pattern of directions would give it, from the previous change
+                in its row, the previous one in its column and the change at
+                their corner (a decoder has all three; none when one is
+                missing): do the moves' signs follow a low-rank gradient's?
 
 Those are ideal code lengths with the frequencies known for free: a real
 coder must also send or learn them, which costs most where a context holds
@@ -60,6 +78,7 @@ from real_model_bench import tensor_entropy_bits  # noqa: E402
 WINDOW = 32
 CONTEXTS = ("exponent", "+density", "+previous", "+both")
 ROWS = "+rows"
+ORACLES = ("row oracle", "col oracle", "+signs", "row gain adaptive")
 
 
 def conditional_bits(ctx: np.ndarray, sym: np.ndarray) -> float:
@@ -152,13 +171,56 @@ def row_flag_bits(exp: np.ndarray, flag: np.ndarray, row_len: int) -> float:
     return binary_bits(int(rows.sum()), rows.size) + conditional_bits(exp[inside], flag[inside])
 
 
+def neighbour_signs(idx: np.ndarray, up: np.ndarray, row_len: int) -> np.ndarray:
+    """Per change (flat indices `idx`, ascending; `up` 1 for a move up, 0
+    down): the direction that a rank-1 pattern of directions (a_i * b_j, as
+    one outer product of gradients gives) predicts from changes a decoder
+    already has: with (i, j') the previous change in its row, (i', j) the
+    previous one in its column, and (i', j') a change too, the product of
+    the three directions; 0 down, 1 up, 2 when one of the three is missing."""
+    row, col = idx // row_len, idx % row_len
+    prev_in_row = np.full(idx.size, -1, np.int64)
+    same = np.flatnonzero(row[1:] == row[:-1]) + 1
+    prev_in_row[same] = same - 1
+    order = np.lexsort((row, col))  # column by column, rows ascending
+    prev_in_col = np.full(idx.size, -1, np.int64)
+    same = np.flatnonzero(col[order][1:] == col[order][:-1]) + 1
+    prev_in_col[order[same]] = order[same - 1]
+    both = np.flatnonzero((prev_in_row >= 0) & (prev_in_col >= 0))
+    corner_at = row[prev_in_col[both]] * row_len + col[prev_in_row[both]]
+    pos = np.minimum(np.searchsorted(idx, corner_at), idx.size - 1)
+    found = idx[pos] == corner_at
+    out = np.full(idx.size, 2, np.int64)
+    k, c = both[found], pos[found]
+    downs = (1 - up[prev_in_row[k]]) + (1 - up[prev_in_col[k]]) + (1 - up[c])
+    out[k] = 1 - downs % 2  # an even number of downs: the product points up
+    return out
+
+
+def oracle_bits(o: np.ndarray, exp: np.ndarray, flag: np.ndarray, idx: np.ndarray, diff: np.ndarray,
+                row_len: int | None) -> dict:
+    """The ORACLES' bits for one tensor: ideal lengths (the exponent's where
+    it is not a matrix), and the adaptive row gain (0 where it is not)."""
+    exp_flags, exp_diffs = conditional_bits(exp, flag), conditional_bits(exp[idx], diff)
+    if not row_len:
+        return {**dict.fromkeys(ORACLES, exp_flags + exp_diffs), "row gain adaptive": 0.0}
+    at = np.arange(o.size)
+    by_exp = adaptive_bits(*symbol_counts(exp, flag), 2, 0.5)
+    by_row = adaptive_bits(*symbol_counts(exp * (o.size // row_len + 1) + at // row_len, flag), 2, 0.5)
+    value_up = ((diff > 0) == (o[idx] < 0x8000)).astype(np.int64)  # the value's direction, not the pattern's
+    return {"row oracle": conditional_bits(exp * (o.size // row_len + 1) + at // row_len, flag) + exp_diffs,
+            "col oracle": conditional_bits(exp * row_len + at % row_len, flag) + exp_diffs,
+            "+signs": exp_flags + conditional_bits(exp[idx] * 3 + neighbour_signs(idx, value_up, row_len), diff),
+            "row gain adaptive": by_exp - min(by_exp, by_row)}
+
+
 def step_bits(before: dict | None, old: dict, new: dict, row_len: dict | None = None) -> tuple[int, float, dict, float]:
     """(changed, order-0 bits, {context: bits}, P(moves | moved in the
     previous step)) of the step old -> new; `bits` holds each context's ideal
     length and, under "<context> adaptive", the adaptive coder's. `row_len`
     (from load_bits) gives the matrices' rows for the "+rows" column; a
     tensor without one there gets the exponent's length."""
-    changed, h0, bits = 0, 0.0, dict.fromkeys(CONTEXTS + (ROWS,), 0.0)
+    changed, h0, bits = 0, 0.0, dict.fromkeys(CONTEXTS + (ROWS,) + ORACLES, 0.0)
     counted = {label: ([], []) for label in CONTEXTS}
     moved_before = moved_again = 0
     for name, o in old.items():
@@ -188,6 +250,8 @@ def step_bits(before: dict | None, old: dict, new: dict, row_len: dict | None = 
         exp_flags = conditional_bits(exp, flag)
         rows = row_flag_bits(exp, flag, row_len[name]) if row_len and name in row_len else exp_flags
         bits[ROWS] += min(exp_flags, rows) + conditional_bits(exp[idx], diff)
+        for label, b in oracle_bits(o, exp, flag, idx, diff, (row_len or {}).get(name)).items():
+            bits[label] += b
     for label in CONTEXTS:
         bits[label + " adaptive"] = adaptive_step_bits(*counted[label])
     return changed, h0, bits, moved_again / moved_before if moved_before else float("nan")
@@ -201,7 +265,7 @@ def main() -> None:
     if not runs:
         sys.exit(f"codec_context_bound: no run folders in '{args.states}' (run bench/real_model_bench.py "
                  "--keep-states there first)")
-    columns = [c for label in CONTEXTS for c in (label, label + " adaptive")] + [ROWS]
+    columns = [c for label in CONTEXTS for c in (label, label + " adaptive")] + [ROWS, *ORACLES]
     print("| run | step | changed | H0 B/chg | " + " | ".join(f"{c} / H0" for c in columns) + " | P(moves if moved) |")
     print("|---|---|---|---|" + "---|" * (len(columns) + 1))
     for run in runs:

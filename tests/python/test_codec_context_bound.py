@@ -121,3 +121,44 @@ def test_row_flags_pay_where_changes_keep_to_rows():
         _, _, flat, _ = ccb.step_bits(None, {"m": old.reshape(-1)}, {"m": new.reshape(-1)})
         assert flat[ccb.ROWS] == pytest.approx(flat["exponent"])
     assert ccb.binary_bits(0, 10) == 0.0 and ccb.binary_bits(5, 10) == pytest.approx(10.0)
+
+
+def test_neighbour_signs_are_the_rank_one_prediction_from_row_column_and_corner():
+    # A 3x4 matrix; changes at (0,1) up, (0,3) down, (1,1) down, (1,3) ?, (2,0) up, (2,3) ?.
+    idx = np.array([1, 3, 5, 7, 8, 11])
+    for up7, up11 in ((1, 0), (0, 1)):
+        up = np.array([1, 0, 0, up7, 1, up11])
+        got = ccb.neighbour_signs(idx, up, 4)
+        # (1,3): row (1,1) down, column (0,3) down, corner (0,1) up: two downs -> up.
+        # (2,3): row (2,0) up, column (1,3), corner (1,0) not a change -> none.
+        assert list(got) == [2, 2, 2, 1, 2, 2]
+
+
+def test_signs_oracle_finds_a_rank_one_sign_pattern_and_no_more():
+    """Moves of +-1 ULP whose directions are a_i * b_j (a rank-1 gradient's
+    signs): the previous change in the row and in the column predict them, so
+    the +signs length is far below the exponent's; with random directions it
+    is not below it. The row oracle wins where the rates differ by row."""
+    rng = np.random.default_rng(5)
+    rows, cols = 64, 256
+    old = ((120 << 7) | rng.integers(0, 100, size=(rows, cols))).astype(np.int64)  # positive values
+    mask = rng.random((rows, cols)) < 0.7  # most changes then have a corner
+    for signs, low_rank in ((np.outer(rng.choice([-1, 1], rows), rng.choice([-1, 1], cols)), True),
+                            (rng.choice([-1, 1], size=(rows, cols)), False)):
+        new = old + mask * signs
+        _, _, bits, _ = ccb.step_bits(None, {"m": old.reshape(-1)}, {"m": new.reshape(-1)}, {"m": cols})
+        flag_bits = ccb.conditional_bits(np.zeros(rows * cols, np.int64), mask.reshape(-1).astype(np.int64))
+        if low_rank:
+            assert bits["+signs"] - flag_bits < 0.6 * (bits["exponent"] - flag_bits)
+        else:
+            # (an empirical conditional entropy never rises with a context: a few bits of overfit)
+            assert bits["+signs"] >= bits["exponent"] - 20
+        assert bits["row oracle"] <= bits["exponent"] + 1e-6 and bits["col oracle"] <= bits["exponent"] + 1e-6
+        assert bits["row gain adaptive"] == 0.0  # same rate in every row: learning rows only costs
+    hot = np.zeros((rows, cols), bool)
+    hot[: rows // 2] = rng.random((rows // 2, cols)) < 0.5
+    _, _, bits, _ = ccb.step_bits(None, {"m": old.reshape(-1)}, {"m": (old + hot).reshape(-1)}, {"m": cols})
+    assert bits["row oracle"] < 0.65 * bits["exponent"]  # 1 bit a flag in half the rows against H(1/4)
+    assert bits["col oracle"] == pytest.approx(bits["exponent"], rel=0.1)
+    # 256 elements a row are enough to learn its rate: most of the oracle's gain stays.
+    assert bits["row gain adaptive"] > 0.7 * (bits["exponent"] - bits["row oracle"])
