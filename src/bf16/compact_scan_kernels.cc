@@ -18,6 +18,7 @@
 #include <immintrin.h>
 #endif
 
+#include "bf16/class_counts_avx512.h"
 #include "bf16/compact_scan.h"
 #include "bf16/round.h"
 #include "bf16/simd_kernels.h"
@@ -548,6 +549,11 @@ HWY_INLINE void ClassCounts(const uint16_t* HWY_RESTRICT data, size_t n, uint32_
 
 void ClassCountsBytes16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_t classes,
                             uint16_t* HWY_RESTRICT counts, uint8_t* HWY_RESTRICT bytes) {
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
+  // Where the CPU has VBMI, GFNI and BITALG: a pass whose cost does not
+  // grow with the classes counted (same results).
+  if (HasClassCountsAvx512()) return ClassCountsBytes16Avx512(data, n, classes, counts, bytes);
+#endif
   ClassCounts(data, n, classes, counts, bytes);
 }
 
