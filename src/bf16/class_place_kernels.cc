@@ -7,7 +7,9 @@
 //    gives new = old + UnZigZag(d) (mod 2^16), whose DiffByte is d exactly
 //    unless either is non-finite, so the check is one test of bit 15 of
 //    ((old & 0x7F80) + 0x80) | ((new & 0x7F80) + 0x80) (NotCanonical);
-//    escapes (rare) keep compact::DiffByte;
+//    escapes (rare) keep compact::DiffByte; the apply ORs the checks of a
+//    class's changes in a block into one flag and looks for the offset only
+//    where it is set (FirstNotCanonical), instead of a minimum per change;
 //  - the class's ranks and diff bytes walked by pointer against the block's
 //    last rank (off + total), so the loop's state stays in registers;
 //  - the hits zeroed by vector stores (a 128-byte memset became `rep stos`,
@@ -114,6 +116,21 @@ HWY_INLINE uint32_t NotCanonical(uint32_t o, uint32_t v) {
   return ((o & 0x7F80u) + 0x80u) | ((v & 0x7F80u) + 0x80u);
 }
 
+// The smallest block offset among the `count` changes the apply walk just
+// logged for one class (undo_pos / undo_old / h_new from `at`, diff bytes
+// from dp) whose change code is not canonical, else n: the slow look that
+// runs only where the class's ORed check flag says one is.
+HWY_NOINLINE size_t FirstNotCanonical(const ClassApplyOut& out, size_t at, size_t count, const uint8_t* dp,
+                                      size_t n) {
+  size_t bad = n;
+  for (size_t j = 0; j < count; ++j) {
+    const uint16_t o = out.undo_old[at + j], v = out.h_new[at + j];
+    const bool wrong = dp[j] == compact::kEscape ? compact::DiffByte(o, v) != dp[j] : (NotCanonical(o, v) & 0x8000u) != 0;
+    if (wrong) bad = std::min(bad, static_cast<size_t>(out.undo_pos[at + j] - out.index0));
+  }
+  return bad;
+}
+
 template <bool kApply, bool kFastPdep>
 HWY_INLINE size_t PlaceWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
                             uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur,
@@ -167,6 +184,11 @@ HWY_INLINE size_t PlaceWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* 
                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(through + 8)));
 #endif
     uint64_t rk = *rp;
+    // Apply: each change's check ORed into one flag (bit 15), looked at
+    // once per class and block (FirstNotCanonical finds the offset).
+    const size_t h0 = h;
+    const uint8_t* HWY_RESTRICT const dp0 = dp;
+    uint32_t flag = 0;
     for (;;) {
       const uint64_t rr = rk - off;
 #if HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86_64
@@ -187,10 +209,18 @@ HWY_INLINE size_t PlaceWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* 
       uint16_t v;
       if (HWY_UNLIKELY(d == compact::kEscape)) {
         std::memcpy(&v, escapes + 2 * cur.e[c]++, 2);
-        if (HWY_UNLIKELY(compact::DiffByte(o, v) != d)) bad = std::min(bad, i);
+        if constexpr (kApply) {
+          flag |= static_cast<uint32_t>(compact::DiffByte(o, v) != d) << 15;
+        } else if (HWY_UNLIKELY(compact::DiffByte(o, v) != d)) {
+          bad = std::min(bad, i);
+        }
       } else {
         v = static_cast<uint16_t>(o + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));  // unzigzag
-        if (HWY_UNLIKELY(NotCanonical(o, v) & 0x8000u)) bad = std::min(bad, i);
+        if constexpr (kApply) {
+          flag |= NotCanonical(o, v);
+        } else if (HWY_UNLIKELY(NotCanonical(o, v) & 0x8000u)) {
+          bad = std::min(bad, i);
+        }
       }
       if constexpr (kApply) {
         // Logged before written (the undo covers every change placed).
@@ -213,6 +243,13 @@ HWY_INLINE size_t PlaceWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* 
         r = rk - lim;  // the class elements left after this block before the change
         break;
       }
+    }
+    if constexpr (kApply) {
+      if (HWY_UNLIKELY(flag & 0x8000u)) bad = std::min(bad, FirstNotCanonical(*out, h0, h - h0, dp0, n));
+    } else {
+      (void)h0;
+      (void)dp0;
+      (void)flag;
     }
     cur.g[c] = static_cast<uint64_t>(rp - ranks);
     cur.rem[c] = r;

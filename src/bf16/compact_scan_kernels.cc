@@ -436,12 +436,15 @@ HWY_INLINE uint64_t ClassWord(const uint8_t* HWY_RESTRICT cls, uint8_t c) {
 #endif
 }
 
-// Per class in `classes`: its elements' mask in each word of the n <=
-// kScanBlock class bytes at cls (64-byte aligned, kNoClass up to a whole
-// word) and their running counts.
-HWY_INLINE void MasksOfBytes(const uint8_t* HWY_RESTRICT cls, size_t n, uint32_t classes, uint64_t* HWY_RESTRICT masks,
-                             uint32_t* HWY_RESTRICT before) {
-  const size_t words = (n + 63) / 64;
+// Per class in `classes`: its elements' mask in each of the `words` <=
+// kScanWords words of class bytes at cls (64-byte aligned, kNoClass up to a
+// whole word) and their running counts. kWords != 0: words == kWords, known
+// when compiled (a full block's loop is unrolled without a bound check per
+// word).
+template <size_t kWords>
+HWY_INLINE void MasksOfWords(const uint8_t* HWY_RESTRICT cls, size_t words, uint32_t classes,
+                             uint64_t* HWY_RESTRICT masks, uint32_t* HWY_RESTRICT before) {
+  if constexpr (kWords != 0) words = kWords;
   for (uint32_t left = classes; left != 0; left &= left - 1) {
     const uint8_t c = static_cast<uint8_t>(__builtin_ctz(left));
     uint32_t total = 0;
@@ -455,6 +458,13 @@ HWY_INLINE void MasksOfBytes(const uint8_t* HWY_RESTRICT cls, size_t n, uint32_t
     masks += kScanWords;
     before += kScanWords + 1;
   }
+}
+
+// MasksOfWords over the n <= kScanBlock class bytes at cls.
+HWY_INLINE void MasksOfBytes(const uint8_t* HWY_RESTRICT cls, size_t n, uint32_t classes, uint64_t* HWY_RESTRICT masks,
+                             uint32_t* HWY_RESTRICT before) {
+  if (n == kScanBlock) return MasksOfWords<kScanWords>(cls, kScanWords, classes, masks, before);
+  MasksOfWords<0>(cls, (n + 63) / 64, classes, masks, before);
 }
 
 void ClassMasksOfBytes16Impl(const uint8_t* HWY_RESTRICT bytes, size_t n, uint32_t classes,

@@ -297,6 +297,17 @@ TEST(ClassPlace, EveryDiffByteFromEveryBaseIsCheckedAsDiffByte) {
             << "base " << b << ", diff byte " << d;
         ASSERT_EQ(values[0], v);
         ASSERT_EQ(cur.rem[c], kNone);
+        // The apply's check (ORed into a flag per class and block) alike.
+        kernels::ClassWalkCursor apply_cur{};
+        apply_cur.rem[c] = 0;
+        uint16_t data = b, undo_old = 0, h_new = 0;
+        uint64_t undo_pos = 0;
+        size_t placed = 0;
+        const kernels::ClassApplyOut out{0, &undo_pos, &undo_old, &h_new};
+        ASSERT_EQ(kernels::ClassPlaceApply16(masks, before, 1u << c, &data, 1, streams, apply_cur, out, &placed), want)
+            << "apply: base " << b << ", diff byte " << d;
+        ASSERT_EQ(data, v);
+        ASSERT_EQ(placed, 1u);
       }
     }
   });
