@@ -230,6 +230,19 @@ HWY_INLINE void ClassMasks(const uint8_t* HWY_RESTRICT cls, uint64_t* HWY_RESTRI
   }
 }
 
+// A class's gap and diff streams get a change every few blocks: 12-16
+// streams at once, each crossing into a new cache line now and then, are too
+// many for the hardware prefetcher, and their stores missed (a store buffer
+// full of misses stalls the per-change loop). Each change asks for the line
+// this many entries ahead of its own, for writing. The address is formed as
+// an integer (it may lie past the buffer: a prefetch never faults).
+constexpr size_t kGapsAhead = 64 / sizeof(uint32_t) * 2;
+constexpr size_t kDiffsAhead = 64 * 2;
+template <typename T>
+HWY_INLINE void PrefetchForWrite(const T* p, size_t ahead) {
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + ahead * sizeof(T)), 1);
+}
+
 // The loop keeps every counter and output pointer in locals: the outputs
 // are byte stores, which may alias anything reachable from `s` or `st`, so
 // through those the compiler would reload them after every store.
@@ -331,6 +344,8 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
         const int c = cls[e];
         const uint64_t rank = seen[c] + static_cast<uint64_t>(__builtin_popcountll(mask[c] & ((uint64_t{1} << j) - 1)));
         const uint64_t k = count[c]++;
+        PrefetchForWrite(gaps[c] + k, kGapsAhead);
+        PrefetchForWrite(diffs[c] + k, kDiffsAhead);
         gaps[c][k] = static_cast<uint32_t>(rank - next[c]);
         next[c] = rank + 1;
         const uint16_t old_bits = pub[e], new_bits = fresh[e];
