@@ -423,15 +423,15 @@ Result<CompactDelta> ApplyCompactDelta(const SafetensorsFile& file, WeightState&
 
 namespace {
 
-// Puts back a run's old values, kSize bytes each (0: run.esize). A copy of
-// a constant size is a load and a store; of a variable size, a call to
-// memmove per element (16% of a one-thread apply-and-restore loop's
+// Puts back a run's old values, kSize bytes each (0: run.esize). With kSize
+// known when compiled each copy is a load and a store; of a run-time size, a
+// call to memmove per element (16% of a one-thread apply-and-restore loop's
 // samples).
 template <size_t kSize>
 void RestoreRun(const CompactUndo::Run& run) {
-  const size_t esize = kSize ? kSize : run.esize;
+  const size_t esize = kSize != 0 ? kSize : run.esize;
   for (uint64_t j = 0; j < run.written; ++j) {
-    std::memcpy(run.data + run.pos[j] * esize, run.old + j * esize, kSize ? kSize : esize);
+    std::memcpy(run.data + run.pos[j] * esize, run.old + j * esize, esize);
   }
 }
 
