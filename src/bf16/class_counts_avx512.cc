@@ -19,15 +19,19 @@
 // instructions per 32 elements per class.
 #include "bf16/class_counts_avx512.h"
 
+#include "bf16/raw_kernels.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
 namespace deltasync::kernels {
 
+bool HasClassCountsAvx512() { return CpuHasClassCountsAvx512() && RawKernelsAllowed(); }
+
 #if defined(__x86_64__)
 
-bool HasClassCountsAvx512() {
+bool CpuHasClassCountsAvx512() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi") &&
                           __builtin_cpu_supports("gfni") && __builtin_cpu_supports("avx512bitalg") &&
@@ -113,7 +117,7 @@ DS_AVX512_COUNTS void ClassCountsBytes16Avx512(const uint16_t* data, size_t n, u
 
 #else  // !__x86_64__
 
-bool HasClassCountsAvx512() { return false; }
+bool CpuHasClassCountsAvx512() { return false; }
 
 void ClassCountsBytes16Avx512(const uint16_t*, size_t, uint32_t, uint16_t*, uint8_t*) {}
 

@@ -9,8 +9,11 @@
 
 namespace deltasync::kernels {
 
-// Whether this CPU runs ClassCountsBytes16Avx512 (AVX-512 F/BW/VL/VBMI, GFNI,
-// BITALG and BMI2). Always false off x86-64.
+// Whether this CPU has what ClassCountsBytes16Avx512 needs (AVX-512
+// F/BW/VL/VBMI, GFNI, BITALG and BMI2). Always false off x86-64.
+bool CpuHasClassCountsAvx512();
+// Whether it runs here: the CPU has it and raw kernels are allowed
+// (raw_kernels.h).
 bool HasClassCountsAvx512();
 
 // ClassCountsBytes16's contract (simd_kernels.h), same results: per block b

@@ -14,6 +14,7 @@
 #include <immintrin.h>
 #endif
 
+#include "bf16/raw_kernels.h"
 #include "bf16/round.h"
 #include "bf16/simd_kernels.h"
 
@@ -317,7 +318,7 @@ size_t CompareF32ToBf16Impl(const uint16_t* pub, const uint32_t* cur, size_t n, 
   if (check_finite) return CompareF32Loop<true>(pub, cur, n, base, idx_out, val_out, first_bad);
   return CompareF32Loop<false>(pub, cur, n, base, idx_out, val_out, first_bad);
 }
-const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
+int64_t TargetImpl() { return HWY_TARGET; }
 
 }  // namespace deltasync::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
@@ -335,7 +336,7 @@ HWY_EXPORT(Compare16Impl);
 HWY_EXPORT(Compare32Impl);
 HWY_EXPORT(Compare64Impl);
 HWY_EXPORT(CompareF32ToBf16Impl);
-HWY_EXPORT(TargetNameImpl);
+HWY_EXPORT(TargetImpl);
 
 void ConvertF32ToBf16(const uint32_t* src, uint16_t* dst, size_t n) {
   HWY_DYNAMIC_DISPATCH(ConvertF32ToBf16Impl)(src, dst, n);
@@ -378,22 +379,33 @@ size_t CompareF32ToBf16(const uint16_t* pub, const uint32_t* cur, size_t n, uint
                                                     val_out, first_bad);
 }
 
-std::string ActiveTargetName() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
+std::string ActiveTargetName() {
+  const int64_t target = HWY_DYNAMIC_DISPATCH(TargetImpl)();
+  std::string name = hwy::TargetName(target);
+  if (!RawKernelsAllowed() && TargetRunsRawKernels(target)) name += kNoRawSuffix;
+  return name;
+}
 
 std::vector<std::string> SupportedTargetNames() {
   std::vector<std::string> names;
-  for (int64_t target : hwy::SupportedAndGeneratedTargets())
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     names.push_back(hwy::TargetName(target));
+    if (TargetRunsRawKernels(target)) names.push_back(names.back() + kNoRawSuffix);
+  }
   return names;
 }
 
 bool UseOnlyTarget(std::string_view name) {
   // Lift any earlier restriction first, so every target can be found again.
   hwy::SetSupportedTargetsForTest(0);
+  AllowRawKernels(true);
   if (name.empty()) return true;
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    if (name == hwy::TargetName(target)) {
+    const std::string target_name = hwy::TargetName(target);
+    const bool no_raw = TargetRunsRawKernels(target) && name == target_name + kNoRawSuffix;
+    if (name == target_name || no_raw) {
       hwy::SetSupportedTargetsForTest(target);
+      AllowRawKernels(!no_raw);
       return true;
     }
   }

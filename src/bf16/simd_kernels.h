@@ -158,13 +158,18 @@ size_t HitOffsets16(const uint64_t* hits, uint16_t* out);
 
 // --- targets (tests and benchmarks) ----------------------------------------
 
-// The target the kernels dispatch to now, e.g. "AVX3", "AVX2", "EMU128".
+// The target the kernels dispatch to now, e.g. "AVX3", "AVX2", "EMU128";
+// "AVX3-no-raw" where AVX3 would run raw-intrinsics kernels on this CPU
+// but they are off (raw_kernels.h).
 std::string ActiveTargetName();
-// Every compiled target this CPU supports, best first.
+// Every compiled target this CPU supports, best first, each that would run
+// raw kernels here followed by itself with them off ("AVX3", "AVX3-no-raw",
+// "AVX2", ...), so that tests looping over them cover both routes.
 std::vector<std::string> SupportedTargetNames();
 // Restricts dispatch to the named target (one of SupportedTargetNames());
-// "" lifts the restriction. False if the name is unknown. For tests: not
-// thread-safe against concurrent kernel calls.
+// "" lifts the restriction (and turns raw kernels back on). False if the
+// name is unknown. For tests and benchmarks: not thread-safe against
+// concurrent kernel calls.
 bool UseOnlyTarget(std::string_view name);
 
 }  // namespace deltasync::kernels

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "bf16/bf16_test_util.h"
+#include "bf16/class_counts_avx512.h"
+#include "bf16/raw_kernels.h"
 #include "bf16/simd_kernels.h"
 #include "codec/compact_bf16.h"
 
@@ -108,6 +110,25 @@ std::vector<uint32_t> ClassSets(std::mt19937_64& rng) {
   std::uniform_int_distribution<uint32_t> any(0, 0xFFFF);
   for (int k = 0; k < 4; ++k) sets.push_back(any(rng));
   return sets;
+}
+
+// ForEachTarget covers both routes of a target that runs raw kernels on
+// this CPU: the target itself (the raw counting pass) and "<target>-no-raw"
+// (its Highway code), which must really turn the raw kernel off.
+TEST(ClassKernels, EveryTargetWithRawKernelsIsAlsoListedWithoutThem) {
+  const std::vector<std::string> names = kernels::SupportedTargetNames();
+  const bool avx3 = std::find(names.begin(), names.end(), "AVX3") != names.end();
+  const bool no_raw = std::find(names.begin(), names.end(), std::string("AVX3") + kernels::kNoRawSuffix) != names.end();
+  EXPECT_EQ(no_raw, avx3 && kernels::CpuHasClassCountsAvx512());
+  for (const std::string& name : names) {
+    ASSERT_TRUE(kernels::UseOnlyTarget(name));
+    const bool off = name.size() > 7 && name.compare(name.size() - 7, 7, kernels::kNoRawSuffix) == 0;
+    EXPECT_EQ(kernels::HasClassCountsAvx512(), kernels::CpuHasClassCountsAvx512() && !off) << name;
+    EXPECT_EQ(kernels::ActiveTargetName(), name);
+  }
+  ASSERT_TRUE(kernels::UseOnlyTarget(""));
+  EXPECT_EQ(kernels::HasClassCountsAvx512(), kernels::CpuHasClassCountsAvx512());
+  EXPECT_FALSE(kernels::UseOnlyTarget("AVX3-no-such"));
 }
 
 TEST(ClassKernels, CountsEqualTheReferenceOnEveryTargetSizeAndClassSet) {
