@@ -13,7 +13,9 @@
 //  - the class's ranks and diff bytes walked by pointer against the block's
 //    last rank (off + total), so the loop's state stays in registers;
 //  - the hits zeroed by vector stores (a 128-byte memset became `rep stos`,
-//    whose start-up cost is paid per block).
+//    whose start-up cost is paid per block);
+//  - each class's rank and diff streams prefetched a few lines ahead per
+//    block (session 30: about 10% fewer of the apply kernel's samples).
 // Compiled per target like the other kernels (foreach_target.h).
 
 #include <algorithm>
@@ -131,6 +133,13 @@ HWY_NOINLINE size_t FirstNotCanonical(const ClassApplyOut& out, size_t at, size_
   return bad;
 }
 
+// A prefetch into L2 of the line `bytes` past p (which may lie past the
+// end of p's array: a prefetch never faults, and the address is formed as
+// an integer).
+HWY_INLINE void PrefetchAhead(const void* p, uintptr_t bytes) {
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + bytes), 0, 2);
+}
+
 template <bool kApply, bool kFastPdep>
 HWY_INLINE size_t PlaceWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
                             uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur,
@@ -183,6 +192,12 @@ HWY_INLINE size_t PlaceWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* 
         _mm256_packs_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(through)),
                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(through + 8)));
 #endif
+    // The class's ranks and diff bytes a few lines ahead into L2: the walk
+    // reads up to 16 such streams at once, a few changes of each per block,
+    // too slowly and too many for the hardware prefetcher to keep them in
+    // cache (the parse wrote them long before, whole tensors at a time).
+    PrefetchAhead(rp, 256);
+    PrefetchAhead(dp, 64);
     uint64_t rk = *rp;
     // Apply: each change's check ORed into one flag (bit 15), looked at
     // once per class and block (FirstNotCanonical finds the offset).
