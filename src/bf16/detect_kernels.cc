@@ -142,17 +142,29 @@ HWY_INLINE size_t EmitFullWord(uint64_t bits, uint64_t index0, const uint16_t* H
 static_assert(kEmitPerWord == 8, "the 16-bit emit packs eight values into two words");
 
 
+// No prefetches (EmitBlock's `ahead` for the same-width compares).
+struct NoPrefetch {
+  void operator()(size_t) const {}
+};
+
 // Pass 2 over one block's bitmap; `values` holds the block's new values.
-template <typename V>
+// ahead(w) runs before word w's emit (and for every word of a block without
+// changes): a caller's prefetches, spread between the emits.
+template <typename V, typename Ahead = NoPrefetch>
 HWY_INLINE size_t EmitBlock(const uint8_t* bitmap, size_t len, uint64_t index0,
                             const V* HWY_RESTRICT values, uint64_t* HWY_RESTRICT idx_out,
-                            V* HWY_RESTRICT val_out, size_t count) {
+                            V* HWY_RESTRICT val_out, size_t count, const Ahead& ahead = {}) {
   uint64_t words[kWords];
   std::memcpy(words, bitmap, sizeof(words));
   uint64_t any = 0;
   for (size_t w = 0; w < kWords; ++w) any |= words[w];
-  if (any == 0) return count;  // common when nothing changed: skip the stores
-  for (size_t w = 0; w < (len + 63) / 64; ++w) {
+  const size_t n_words = (len + 63) / 64;
+  if (any == 0) {  // common when nothing changed: skip the stores
+    for (size_t w = 0; w < n_words; ++w) ahead(w);
+    return count;
+  }
+  for (size_t w = 0; w < n_words; ++w) {
+    ahead(w);
     if (64 * (w + 1) <= len) {
       count = EmitFullWord(words[w], index0 + 64 * w, values + 64 * w, idx_out, val_out, count);
     } else {
@@ -226,12 +238,16 @@ HWY_INLINE size_t CompareF32Loop(const uint16_t* HWY_RESTRICT pub, const uint32_
     const uint32_t* HWY_RESTRICT c = cur + start;
     // Two blocks ahead, as the fused scan does (compact_scan_kernels.cc): the
     // emit pass between the loads lets the hardware prefetcher fall behind.
-    if (start + 3 * kBlock <= n) {
-      const auto* c_ahead = reinterpret_cast<const uint8_t*>(c + 2 * kBlock);
-      for (size_t b = 0; b < kBlock * 4; b += 64) __builtin_prefetch(c_ahead + b);
-      const auto* p_ahead = reinterpret_cast<const uint8_t*>(p + 2 * kBlock);
-      for (size_t b = 0; b < kBlock * 2; b += 64) __builtin_prefetch(p_ahead + b);
-    }
+    // Spread over the emit's words (a word's share: 64 elements of each): a
+    // burst of the block's 96 lines waited for free fill buffers.
+    const bool prefetch = start + 3 * kBlock <= n;
+    const auto* c_ahead = reinterpret_cast<const uint8_t*>(prefetch ? c + 2 * kBlock : c);
+    const auto* p_ahead = reinterpret_cast<const uint8_t*>(prefetch ? p + 2 * kBlock : p);
+    const auto ahead = [&](size_t w) {
+      if (!prefetch) return;
+      for (size_t b = 0; b < 256; b += 64) __builtin_prefetch(c_ahead + 256 * w + b);
+      for (size_t b = 0; b < 128; b += 64) __builtin_prefetch(p_ahead + 128 * w + b);
+    };
     HWY_ALIGN uint8_t bitmap[kBlock / 8] = {};
     HWY_ALIGN uint16_t rounded[kBlock];
     size_t i = 0;
@@ -262,7 +278,7 @@ HWY_INLINE size_t CompareF32Loop(const uint16_t* HWY_RESTRICT pub, const uint32_
       if (kCheck) any_bad |= bf16::IsNonFinite(rounded[i], bf16::kBf16ExpMask);
       bitmap[i / 8] |= static_cast<uint8_t>((rounded[i] != bf16::LoadElement(p, i)) << (i % 8));
     }
-    count = EmitBlock(bitmap, len, base + start, rounded, idx_out, val_out, count);
+    count = EmitBlock(bitmap, len, base + start, rounded, idx_out, val_out, count, ahead);
   }
   any_bad |= kCheck && !hn::AllFalse(d32, bad);
   *first_bad = n;
