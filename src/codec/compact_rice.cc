@@ -15,17 +15,23 @@ uint64_t RiceBits(uint64_t gap, int k) {
   return q < kUnaryEscape ? q + 1 + static_cast<uint64_t>(k) : kUnaryEscape + 7 + BitWidth(gap);
 }
 
+// The ordinary code of a gap whose q = gap >> k is below kUnaryEscape: q
+// ones, a zero, then the k low bits (q + 1 + k bits, the first bit lowest).
+// Needs q + 1 + k <= 64.
+inline uint64_t OrdinaryCode(uint64_t gap, int k, uint64_t q) {
+  const uint64_t low = gap & ((uint64_t{1} << k) - 1);  // k <= 56: 0 for k = 0
+  return ((uint64_t{1} << q) - 1) | (low << (q + 1));
+}
+
 template <class Writer>
 void PutRice(Writer& w, uint64_t gap, int k) {
   const uint64_t q = gap >> k;
   if (q < kUnaryEscape) {
-    // q ones, a zero, then the k low bits; one write when it fits.
-    const uint64_t unary = (uint64_t{1} << q) - 1;
+    // One write when it fits.
     if (q + 1 + k <= 56) {
-      const uint64_t low = gap & ((uint64_t{1} << k) - 1);  // k <= 56: 0 for k = 0
-      w.PutFitting(unary | (low << (q + 1)), static_cast<int>(q) + 1 + k);
+      w.PutFitting(OrdinaryCode(gap, k, q), static_cast<int>(q) + 1 + k);
     } else {
-      w.Put(unary, static_cast<int>(q) + 1);
+      w.Put((uint64_t{1} << q) - 1, static_cast<int>(q) + 1);
       w.Put(gap, k);
     }
   } else {
@@ -35,23 +41,50 @@ void PutRice(Writer& w, uint64_t gap, int k) {
   }
 }
 
-// The sums of RiceBits(gaps[i], k[j]) over n gaps whose largest is max_gap,
-// for the three parameters k[0..2] in one pass. A gap takes (gap >> k) + 1 +
-// k bits unless escaped; the sums of shifts are a loop the compiler
-// vectorises, and escapes (rare) are corrected one by one (mod 2^64: the
-// corrections undo any wrap of the plain sum).
-void RiceCosts3(const uint64_t* gaps, size_t n, const int k[3], uint64_t max_gap, uint64_t cost[3]) {
-  uint64_t q0 = 0, q1 = 0, q2 = 0;
+// The codes of the four gaps at g, as four PutRice calls would write them,
+// in one write: the four codes are computed apart (no chain through the
+// writer) and joined. Only where all four are ordinary and together fit in
+// 56 bits; returns false, having written nothing, otherwise.
+template <class Writer>
+bool PutRice4(Writer& w, const uint64_t* g, int k) {
+  const uint64_t q0 = g[0] >> k, q1 = g[1] >> k, q2 = g[2] >> k, q3 = g[3] >> k;
+  if (std::max(std::max(q0, q1), std::max(q2, q3)) >= kUnaryEscape) return false;
+  const uint64_t l0 = q0 + 1 + static_cast<uint64_t>(k), l1 = q1 + 1 + static_cast<uint64_t>(k);
+  const uint64_t l2 = q2 + 1 + static_cast<uint64_t>(k), l3 = q3 + 1 + static_cast<uint64_t>(k);
+  const uint64_t bits = l0 + l1 + l2 + l3;
+  if (bits > 56) return false;
+  const uint64_t lo = OrdinaryCode(g[0], k, q0) | OrdinaryCode(g[1], k, q1) << l0;
+  const uint64_t hi = OrdinaryCode(g[2], k, q2) | OrdinaryCode(g[3], k, q3) << l2;
+  w.PutFitting(lo | hi << (l0 + l1), static_cast<int>(bits));
+  return true;
+}
+
+// The sums of RiceBits(gaps[i], k[j]) over n gaps for the three parameters
+// k[0..2] in one pass. A gap takes (gap >> k) + 1 + k bits unless escaped;
+// the sums of shifts are a loop the compiler vectorises, and escapes (rare)
+// are corrected one by one (mod 2^64: the corrections undo any wrap of the
+// plain sum). Whether any gap escapes is known exactly from the same pass:
+// q | (q + 1) is at least 32 if and only if q >= kUnaryEscape (31; q + 1
+// wraps only for q = 2^64 - 1), and so is the OR of it over the gaps, so the
+// one-by-one pass runs only for a k that some gap really escapes.
+void RiceCosts3(const uint64_t* gaps, size_t n, const int k[3], uint64_t cost[3]) {
+  static_assert(kUnaryEscape == 31, "the escape test below is for q >= 31");
+  uint64_t q0 = 0, q1 = 0, q2 = 0, e0 = 0, e1 = 0, e2 = 0;
   const int k0 = k[0], k1 = k[1], k2 = k[2];
   for (size_t i = 0; i < n; ++i) {
-    q0 += gaps[i] >> k0;
-    q1 += gaps[i] >> k1;
-    q2 += gaps[i] >> k2;
+    const uint64_t a0 = gaps[i] >> k0, a1 = gaps[i] >> k1, a2 = gaps[i] >> k2;
+    q0 += a0;
+    q1 += a1;
+    q2 += a2;
+    e0 |= a0 | (a0 + 1);
+    e1 |= a1 | (a1 + 1);
+    e2 |= a2 | (a2 + 1);
   }
   const uint64_t q[3] = {q0, q1, q2};
+  const uint64_t escapes[3] = {e0, e1, e2};
   for (int j = 0; j < 3; ++j) {
     uint64_t bits = q[j] + n * static_cast<uint64_t>(1 + k[j]);
-    if ((max_gap >> k[j]) >= kUnaryEscape) {
+    if (escapes[j] >= 32) {
       for (size_t i = 0; i < n; ++i) {
         if ((gaps[i] >> k[j]) >= kUnaryEscape) {
           bits += RiceBits(gaps[i], k[j]) - ((gaps[i] >> k[j]) + 1 + static_cast<uint64_t>(k[j]));
@@ -70,17 +103,20 @@ void PutRiceGaps(BitWriter& w, uint64_t count, GapSource& source) {
     const size_t e = source.Next(gaps, static_cast<size_t>(std::min<uint64_t>(kRiceBlock, count - done)));
     if (e == 0) break;  // a source shorter than its count (never, for the two encoders' sources)
     done += e;
-    uint64_t int_sum = 0, max_gap = 0;
+    // The gaps' OR has the top bit of the largest (all that the 2^42 test
+    // below reads); a sum and an OR vectorise on every x86-64 (a max of u64
+    // needs AVX-512).
+    uint64_t int_sum = 0, any_bits = 0;
     for (size_t i = 0; i < e; ++i) {
       int_sum += gaps[i];
-      max_gap = std::max(max_gap, gaps[i]);
+      any_bits |= gaps[i];
     }
     // The mean as the format has always taken it: a sum of doubles in gap
     // order. Below 2^42 a gap (2^52 all 1024 together), every partial sum
     // is an integer a double holds exactly, so the integer sum is that sum;
     // above, the doubles round, and are summed as they always were.
     double sum = static_cast<double>(int_sum);
-    if (max_gap >= uint64_t{1} << 42) {
+    if (any_bits >= uint64_t{1} << 42) {
       sum = 0;
       for (size_t i = 0; i < e; ++i) sum += static_cast<double>(gaps[i]);
     }
@@ -92,7 +128,7 @@ void PutRiceGaps(BitWriter& w, uint64_t count, GapSource& source) {
     const int lo = std::max(0, guess - 1), hi = std::min(kMaxRiceK, guess + 1);
     const int ks[3] = {lo, lo + 1 <= hi ? lo + 1 : lo, hi};
     uint64_t cost[3];
-    RiceCosts3(gaps, e, ks, max_gap, cost);
+    RiceCosts3(gaps, e, ks, cost);
     int best_k = lo;
     uint64_t best_bits = cost[0];
     if (lo + 1 <= hi && cost[1] < best_bits) best_bits = cost[1], best_k = lo + 1;
@@ -100,7 +136,13 @@ void PutRiceGaps(BitWriter& w, uint64_t count, GapSource& source) {
     // At most kUnaryEscape + 7 + 64 bits a gap (an escape), and the 6 of k.
     BitWriter::Local l = w.Begin(6 + e * (kUnaryEscape + 7 + 64));
     l.Put(static_cast<uint64_t>(best_k), 6);
-    for (size_t i = 0; i < e; ++i) PutRice(l, gaps[i], best_k);
+    size_t i = 0;
+    for (; i + 4 <= e; i += 4) {
+      if (!PutRice4(l, gaps + i, best_k)) {
+        for (size_t j = i; j < i + 4; ++j) PutRice(l, gaps[j], best_k);
+      }
+    }
+    for (; i < e; ++i) PutRice(l, gaps[i], best_k);
     w.End(l);
   }
 }

@@ -76,6 +76,30 @@ int HexDigit(char ch) {
   return -1;
 }
 
+// x / f as (x * rcp) >> shift (WriteBf16StreamV3 builds them).
+struct Divide {
+  uint64_t rcp;
+  int shift;
+};
+
+// Encodes symbol sym on rANS state x (the encoder's step; symbols go in last
+// first), its renormalisation bytes below ptr, which moves down past them.
+// Bytes out while x >= x_max = 2^19 f: n <= 2 (x < 2^31, x_max >= 2^19),
+// without a branch on them (data: it mispredicts). The two low bytes are
+// stored always, low byte at ptr - 1 (the decoder reads it last); below the
+// new ptr a store is overwritten later. Needs ptr - 2 inside the buffer.
+inline void RansPut(uint32_t& x, uint8_t sym, const V3Tables::Class& t, const Divide* div, uint8_t*& ptr) {
+  const uint32_t f = t.freq[sym];
+  const uint32_t x_max = ((kRansLow >> kRansScaleBits) << 8) * f;
+  const uint32_t n = static_cast<uint32_t>(x >= x_max) + static_cast<uint32_t>(uint64_t{x} >= uint64_t{x_max} << 8);
+  const uint16_t low2 = __builtin_bswap16(static_cast<uint16_t>(x));
+  std::memcpy(ptr - 2, &low2, 2);
+  ptr -= n;
+  x >>= 8 * n;
+  const uint32_t q = static_cast<uint32_t>((uint64_t{x} * div[sym].rcp) >> div[sym].shift);  // x / f
+  x = (q << kRansScaleBits) + (x - q * f) + t.start[sym];
+}
+
 }  // namespace
 
 void CountDiffs(const Bf16Streams& s, DiffHistogram& h) {
@@ -218,10 +242,6 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
   // x / f for every state x < 2^31 (the rounding up adds less than x / 2^(31+s)
   // < 1/f, too little to reach the next multiple). A division per symbol
   // otherwise bounds the encoder. Only the symbols of the classes present.
-  struct Divide {
-    uint64_t rcp;
-    int shift;
-  };
   std::array<std::vector<Divide>, kClasses> divide;
   for (int cl = 0; cl < kClasses; ++cl) {
     if (s.counts[cl] == 0) continue;
@@ -258,22 +278,23 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
       const Span part = ClassPart(begin, cl, lo, hi);
       const V3Tables::Class& t = tables.classes[cl];
       const Divide* div = divide[cl].data();
-      for (uint64_t r = part.b; r-- > part.a;) {
-        uint32_t& x = xs[two ? (r - lo) & 1 : 0];
-        const uint8_t sym = diffs[r];
-        const uint32_t f = t.freq[sym];
-        // Bytes out while x >= x_max = 2^19 f: n <= 2 (x < 2^31, x_max >=
-        // 2^19), without a branch on them (data: it mispredicts). The two
-        // low bytes are stored always, low byte at ptr - 1 (the decoder
-        // reads it last); below the new ptr a store is overwritten later.
-        const uint32_t x_max = ((kRansLow >> kRansScaleBits) << 8) * f;
-        const uint32_t n = static_cast<uint32_t>(x >= x_max) + static_cast<uint32_t>(uint64_t{x} >= uint64_t{x_max} << 8);
-        const uint16_t low2 = __builtin_bswap16(static_cast<uint16_t>(x));
-        std::memcpy(ptr - 2, &low2, 2);  // ptr - 2 >= buf + 8: at most 2 bytes a symbol before
-        ptr -= n;
-        x >>= 8 * n;
-        const uint32_t q = static_cast<uint32_t>((uint64_t{x} * div[sym].rcp) >> div[sym].shift);  // x / f
-        x = (q << kRansScaleBits) + (x - q * f) + t.start[sym];
+      // Descending r; change r is on state (r - lo) & 1 (always 0 with one
+      // state). Two at a time, state 1 then 0, so that both stay in
+      // registers (a state picked by index lives in memory, and its store
+      // and reload lengthen every step's chain).
+      uint64_t r = part.b;
+      if (!two) {
+        for (; r > part.a; --r) RansPut(xs[0], diffs[r - 1], t, div, ptr);
+      } else {
+        uint32_t x0 = xs[0], x1 = xs[1];
+        if (r > part.a && ((r - 1 - lo) & 1) == 0) --r, RansPut(x0, diffs[r], t, div, ptr);
+        for (; r >= part.a + 2; r -= 2) {
+          RansPut(x1, diffs[r - 1], t, div, ptr);
+          RansPut(x0, diffs[r - 2], t, div, ptr);
+        }
+        if (r > part.a) --r, RansPut(x1, diffs[r], t, div, ptr);
+        xs[0] = x0;
+        xs[1] = x1;
       }
     }
     for (int j = two ? 1 : 0; j >= 0; --j) {

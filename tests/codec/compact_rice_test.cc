@@ -267,7 +267,8 @@ std::vector<uint8_t> ReferenceCoded(const std::vector<uint64_t>& gaps) {
   return w.Finish();
 }
 
-// Short and long runs, all zeros, geometric gaps of many means, escapes,
+// Short and long runs, all zeros, geometric gaps of many means, escapes
+// (some deciding the block's k),
 // gaps just below and above 2^42 (where the mean's sum leaves the integer
 // path) and near 2^64 (an integer sum of them would wrap; the doubles round).
 TEST(CompactRice, WriterEqualsTheReferenceWriter) {
@@ -287,6 +288,16 @@ TEST(CompactRice, WriterEqualsTheReferenceWriter) {
     cases.push_back(g);
     g.resize(1024);
     for (size_t i = 0; i < g.size(); i += 2) g[i] = rng() % 16;  // half tiny, half huge
+    cases.push_back(g);
+  }
+  // Blocks where escapes decide k: small gaps with a share of gaps whose
+  // q is 31-70 at one of the candidates (escaped there, not at the next k
+  // up), so that a cost that missed or misjudged an escape picks another k.
+  for (int t = 0; t < 300; ++t) {
+    const uint64_t small = 1 + rng() % 64, share = 1 + rng() % 30;
+    const int shift = static_cast<int>(rng() % 7);
+    std::vector<uint64_t> g(kRiceBlock);
+    for (uint64_t& x : g) x = rng() % 100 < share ? (31 + rng() % 40) << shift | rng() % (1u << shift) : rng() % small;
     cases.push_back(g);
   }
   for (size_t c = 0; c < cases.size(); ++c) {
