@@ -28,6 +28,7 @@
 #endif
 
 #include "bf16/compact_scan.h"
+#include "bf16/prefetch.h"
 #include "bf16/round.h"
 #include "bf16/simd_kernels.h"
 #include "codec/compact_bf16.h"
@@ -133,13 +134,6 @@ HWY_NOINLINE size_t FirstNotCanonical(const ClassApplyOut& out, size_t at, size_
   return bad;
 }
 
-// A prefetch into L2 of the line `bytes` past p (which may lie past the
-// end of p's array: a prefetch never faults, and the address is formed as
-// an integer).
-HWY_INLINE void PrefetchAhead(const void* p, uintptr_t bytes) {
-  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + bytes), 0, 2);
-}
-
 template <bool kApply, bool kFastPdep>
 HWY_INLINE size_t PlaceWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
                             uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur,
@@ -196,8 +190,8 @@ HWY_INLINE size_t PlaceWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* 
     // reads up to 16 such streams at once, a few changes of each per block,
     // too slowly and too many for the hardware prefetcher to keep them in
     // cache (the parse wrote them long before, whole tensors at a time).
-    PrefetchAhead(rp, 256);
-    PrefetchAhead(dp, 64);
+    PrefetchPast<0, 2>(rp, 256);
+    PrefetchPast<0, 2>(dp, 64);
     uint64_t rk = *rp;
     // Apply: each change's check ORed into one flag (bit 15), looked at
     // once per class and block (FirstNotCanonical finds the offset).

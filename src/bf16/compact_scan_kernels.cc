@@ -20,6 +20,7 @@
 
 #include "bf16/class_counts_avx512.h"
 #include "bf16/compact_scan.h"
+#include "bf16/prefetch.h"
 #include "bf16/round.h"
 #include "bf16/simd_kernels.h"
 
@@ -240,7 +241,7 @@ constexpr size_t kGapsAhead = 64 / sizeof(uint32_t) * 2;
 constexpr size_t kDiffsAhead = 64 * 2;
 template <typename T>
 HWY_INLINE void PrefetchForWrite(const T* p, size_t ahead) {
-  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + ahead * sizeof(T)), 1);
+  PrefetchPast<1>(p, ahead * sizeof(T));
 }
 
 // The loop keeps every counter and output pointer in locals: the outputs
@@ -312,9 +313,7 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
     const size_t n_words = (len + 63) / 64;
     for (size_t w = 0; w < n_words; ++w) {
       if (prefetch) {
-        // This word's share: 64 elements of the current and of the base.
-        for (size_t b = 0; b < 64 * elem_size; b += 64) __builtin_prefetch(cur_ahead + 64 * elem_size * w + b);
-        for (size_t b = 0; b < 128; b += 64) __builtin_prefetch(pub_ahead + 128 * w + b);
+        PrefetchWordShare(cur_ahead, elem_size, pub_ahead, w);
       }
       uint64_t mask[kScanClasses];
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64

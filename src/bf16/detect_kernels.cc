@@ -14,6 +14,7 @@
 #include <immintrin.h>
 #endif
 
+#include "bf16/prefetch.h"
 #include "bf16/raw_kernels.h"
 #include "bf16/round.h"
 #include "bf16/simd_kernels.h"
@@ -245,8 +246,7 @@ HWY_INLINE size_t CompareF32Loop(const uint16_t* HWY_RESTRICT pub, const uint32_
     const auto* p_ahead = reinterpret_cast<const uint8_t*>(prefetch ? p + 2 * kBlock : p);
     const auto ahead = [&](size_t w) {
       if (!prefetch) return;
-      for (size_t b = 0; b < 256; b += 64) __builtin_prefetch(c_ahead + 256 * w + b);
-      for (size_t b = 0; b < 128; b += 64) __builtin_prefetch(p_ahead + 128 * w + b);
+      PrefetchWordShare(c_ahead, sizeof(uint32_t), p_ahead, w);
     };
     HWY_ALIGN uint8_t bitmap[kBlock / 8] = {};
     HWY_ALIGN uint16_t rounded[kBlock];
