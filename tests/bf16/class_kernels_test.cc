@@ -13,6 +13,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bf16/bf16_test_util.h"
@@ -122,7 +123,7 @@ TEST(ClassKernels, EveryTargetWithRawKernelsIsAlsoListedWithoutThem) {
   EXPECT_EQ(no_raw, avx3 && kernels::CpuHasClassCountsAvx512());
   for (const std::string& name : names) {
     ASSERT_TRUE(kernels::UseOnlyTarget(name));
-    const bool off = name.size() > 7 && name.compare(name.size() - 7, 7, kernels::kNoRawSuffix) == 0;
+    const bool off = std::string_view(name).ends_with(kernels::kNoRawSuffix);
     EXPECT_EQ(kernels::HasClassCountsAvx512(), kernels::CpuHasClassCountsAvx512() && !off) << name;
     EXPECT_EQ(kernels::ActiveTargetName(), name);
   }
