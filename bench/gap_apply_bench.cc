@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
     if (!decoded.ok()) return void(failure = decoded.status());
   });
   // The whole apply, as `deltasync bench` times it.
-  const double apply_s = cli::BestSeconds(reps, [&] {
+  const auto apply = [&] {
     Result<SafetensorsFile> file = SafetensorsFile::Parse(blob, "bench delta");
     if (!file.ok()) return void(failure = file.status());
     Result<DecodedPatch> decoded = DecodePatch(std::move(*file), DecodePatchOptions{.keep_gaps_encoded = true});
@@ -114,7 +114,15 @@ int main(int argc, char** argv) {
     Status valid = ValidateEncodedChanges(*replica, decoded->encoded);
     if (!valid.ok()) return void(failure = valid);
     hash += ApplyGapChanges(*replica, decoded->encoded, threads, undo);
-  });
+  };
+  const double apply_s = cli::BestSeconds(reps, apply);
+  // The same in turns with memcpy (memcpy, apply, ...: `deltasync bench`'s
+  // apply_vs_memcpy_paired), 2 reps - 1 rounds.
+  cli::PairedTimes paired;
+  {
+    cli::MemcpyReference reference(model_bytes, threads);
+    paired = cli::PairedSeconds(2 * reps - 1, [&] { reference.Copy(); }, apply);
+  }
   // ApplyGapChanges alone, on the decoded patch.
   Result<SafetensorsFile> file = SafetensorsFile::Parse(blob, "bench delta");
   if (!file.ok()) return std::fprintf(stderr, "%s\n", file.status().ToString().c_str()), 1;
@@ -169,6 +177,8 @@ int main(int argc, char** argv) {
   out["memcpy_gbps"] = gb / memcpy_s;
   out["apply_gbps"] = gb / apply_s;
   out["apply_vs_memcpy"] = memcpy_s / apply_s;
+  out["apply_vs_memcpy_paired"] = paired.ratio_median;
+  out["apply_vs_memcpy_paired_best"] = paired.ratio_best;
   out["decode_vs_memcpy"] = memcpy_s / decode_s;
   out["apply_gap_changes_vs_memcpy"] = memcpy_s / scatter_s;
   out["scatter_floor_vs_memcpy"] = memcpy_s / floor_s;

@@ -222,12 +222,16 @@ def print_report(raw: dict, threads: list[int]) -> None:
             b["publish_read_floor_vs_memcpy"], "x", None)
         row("  fused compact publish / that floor", b["publish_compact_vs_floor"], "x", None)
     row(f"gap_delta detect+encode / memcpy ({top} threads)", b["detect_encode_vs_memcpy"], "x", 0.5)
+    if "detect_encode_vs_memcpy_paired" in b:
+        row("  the same, timed in turns with memcpy (median of the rounds)", b["detect_encode_vs_memcpy_paired"], "x", 0.5)
     if "detect_encode_vs_floor" in b:
         row("  gap_delta detect+encode / the read floor", b["detect_encode_vs_floor"], "x", None)
     if "publish_gap_delta_vs_memcpy" in b:
         row(f"gap_delta publish (Publisher, detect+apply in one pass, upload) / memcpy ({top} threads)",
             b["publish_gap_delta_vs_memcpy"], "x", 0.5)
     row(f"gap_delta apply / memcpy ({top} threads, bench)", b["apply_vs_memcpy"], "x", 1.0)
+    if "apply_vs_memcpy_paired" in b:
+        row("  the same, timed in turns with memcpy (median of the rounds)", b["apply_vs_memcpy_paired"], "x", 1.0)
     g = raw["gap_apply"]
     row(f"gap_delta apply / memcpy (gap_apply_bench, {g['threads']} threads)", g["apply_vs_memcpy"], "x", 1.0)
     row("  its scatter floor / memcpy", g["scatter_floor_vs_memcpy"], "x", None)

@@ -42,17 +42,22 @@ uint64_t Mix(uint64_t x) {
 
 }  // namespace
 
+MemcpyReference::MemcpyReference(uint64_t bytes, int threads) : src_(bytes, 1), dst_(bytes), threads_(threads) {
+  Copy();  // fault the pages in
+}
+
+void MemcpyReference::Copy() {
+  const uint64_t bytes = src_.size();
+  const uint64_t per = (bytes + threads_ - 1) / threads_;
+  ForEach(static_cast<size_t>(threads_), threads_, [&](size_t t) {
+    const uint64_t b = std::min(bytes, per * t), e = std::min(bytes, b + per);
+    std::memcpy(dst_.data() + b, src_.data() + b, e - b);
+  });
+}
+
 double MemcpySeconds(uint64_t bytes, int threads, int reps) {
-  std::vector<uint8_t> src(bytes, 1), dst(bytes);
-  const uint64_t per = (bytes + threads - 1) / threads;
-  auto copy = [&] {
-    ForEach(static_cast<size_t>(threads), threads, [&](size_t t) {
-      const uint64_t b = std::min(bytes, per * t), e = std::min(bytes, b + per);
-      std::memcpy(dst.data() + b, src.data() + b, e - b);
-    });
-  };
-  copy();  // fault the pages in
-  return BestSeconds(reps, copy);
+  MemcpyReference reference(bytes, threads);
+  return BestSeconds(reps, [&] { reference.Copy(); });
 }
 
 Result<WeightState> GenerateState(double scale, int threads) {

@@ -40,8 +40,21 @@ Result<WeightState> GenerateState(double scale, int threads);
 // mantissa bit flipped), chosen by a hash of (seed, element).
 std::vector<TensorChanges> GenerateChanges(const WeightState& state, double rate, uint64_t seed, int threads);
 
-// memcpy of `bytes` bytes on `threads` threads (pages faulted in first):
-// the baseline every figure is a ratio to.
+// memcpy of `bytes` bytes on `threads` threads between two buffers it holds
+// (their pages faulted in by the constructor): the baseline every figure is
+// a ratio to, kept so that it can be timed in turns with a stage
+// (PairedSeconds, timing.h).
+class MemcpyReference {
+ public:
+  MemcpyReference(uint64_t bytes, int threads);
+  void Copy();
+
+ private:
+  std::vector<uint8_t> src_, dst_;
+  int threads_;
+};
+
+// The best of `reps` MemcpyReference(bytes, threads).Copy() calls.
 double MemcpySeconds(uint64_t bytes, int threads, int reps);
 
 // Sizes for the sweep.

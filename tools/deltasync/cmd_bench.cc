@@ -113,11 +113,12 @@ Status RunBench(const BenchArgs& args) {
   info.base_version = 10;
   info.total_elements = published.total_elements();
   Status failure;
-  double detect_s = BestSeconds(reps, [&] {
+  const auto detect_encode = [&] {
     if (!failure.ok()) return;
     failure = DetectChanges(published, masters, detect, changes);
     if (failure.ok()) failure = EncodeDelta(info, changes, patch);
-  });
+  };
+  double detect_s = BestSeconds(reps, detect_encode);
   DS_RETURN_IF_ERROR(failure);
   // The same with fresh results every call (the Result-returning calls):
   // their output pages are mapped, faulted, zero-filled and unmapped each time.
@@ -143,7 +144,7 @@ Status RunBench(const BenchArgs& args) {
   DS_ASSIGN_OR_RETURN(WeightState replica, WeightState::FromViews(base_views));
   StateHash hash;
   std::vector<uint8_t> undo;
-  double apply_s = BestSeconds(reps, [&] {
+  const auto apply = [&] {
     Result<SafetensorsFile> file = SafetensorsFile::Parse(blob, "bench delta");
     if (!file.ok()) return void(failure = file.status());
     Result<DecodedPatch> decoded = DecodePatch(std::move(*file), DecodePatchOptions{.keep_gaps_encoded = true});
@@ -151,7 +152,22 @@ Status RunBench(const BenchArgs& args) {
     Status valid = ValidateEncodedChanges(replica, decoded->encoded);
     if (!valid.ok()) return void(failure = valid);
     hash += ApplyGapChanges(replica, decoded->encoded, threads, undo);
-  });
+  };
+  double apply_s = BestSeconds(reps, apply);
+  DS_RETURN_IF_ERROR(failure);
+
+  // The same two stages timed in turns with memcpy of the model (memcpy,
+  // stage, memcpy, stage, ...): ratios from rounds that saw the same host,
+  // where the ratios above divide times taken minutes apart. The reference's
+  // buffers are freed before the compact apply.
+  const int rounds = 2 * reps - 1;
+  PairedTimes detect_pair, apply_pair;
+  {
+    MemcpyReference reference(published.total_bytes(), threads);
+    const auto copy = [&] { reference.Copy(); };
+    detect_pair = PairedSeconds(rounds, copy, detect_encode);
+    apply_pair = PairedSeconds(rounds, copy, apply);
+  }
   DS_RETURN_IF_ERROR(failure);
 
   // Replica: the whole apply of the same changes as a compact delta.
@@ -216,6 +232,12 @@ Status RunBench(const BenchArgs& args) {
   out["detect_encode_fresh_gbps"] = gb / detect_fresh_s;
   out["detect_encode_fresh_vs_memcpy"] = memcpy_s / detect_fresh_s;
   out["apply_vs_memcpy"] = memcpy_s / apply_s;
+  out["paired_rounds"] = rounds;
+  out["memcpy_paired_gbps"] = gb / std::min(detect_pair.ref_best, apply_pair.ref_best);
+  out["detect_encode_vs_memcpy_paired"] = detect_pair.ratio_median;
+  out["detect_encode_vs_memcpy_paired_best"] = detect_pair.ratio_best;
+  out["apply_vs_memcpy_paired"] = apply_pair.ratio_median;
+  out["apply_vs_memcpy_paired_best"] = apply_pair.ratio_best;
   out["apply_compact_gbps"] = gb / compact_apply.apply_s;
   out["apply_compact_vs_memcpy"] = memcpy_s / compact_apply.apply_s;
   out["decode_compact_gbps"] = gb / compact_apply.decode_s;
@@ -282,6 +304,10 @@ Status RunBench(const BenchArgs& args) {
                 "results every call: %.2f GB/s = %.2f x memcpy)\n",
                 gb / detect_s, memcpy_s / detect_s, gb / detect_fresh_s, memcpy_s / detect_fresh_s);
     std::printf("apply (decode+verify+scatter): %4.2f GB/s = %.2f x memcpy\n", gb / apply_s, memcpy_s / apply_s);
+    std::printf("timed in turns with memcpy, %d rounds (median of the rounds' ratios; best against best): "
+                "detect+encode %.2f (%.2f) x memcpy, apply %.2f (%.2f) x memcpy\n",
+                rounds, detect_pair.ratio_median, detect_pair.ratio_best, apply_pair.ratio_median,
+                apply_pair.ratio_best);
     std::printf("apply compact (digest, decode, hash check, scatter): %.2f GB/s = %.2f x memcpy; decode alone %.2f GB/s "
                 "(%d threads), %.2f GB/s per core (1 thread)\n",
                 gb / compact_apply.apply_s, memcpy_s / compact_apply.apply_s, gb / compact_apply.decode_s, threads,

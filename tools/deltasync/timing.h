@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <vector>
 
 #include <time.h>
 
@@ -44,6 +45,46 @@ inline double BestThreadSeconds(int reps, const std::function<void()>& fn) {
     best = std::min(best, ThreadCpuSeconds() - t0);
   }
   return best;
+}
+
+// A stage timed in turns with a reference (memcpy of the model): the ratio
+// of the reference's time to the stage's, from rounds in which both ran
+// back to back and so saw the same state of a host whose speed drifts over
+// minutes.
+struct PairedTimes {
+  double ref_best = 0;      // the best of the reference's rounds (s)
+  double fn_best = 0;       // the best of the stage's rounds (s)
+  double ratio_median = 0;  // the median over rounds of ref / fn
+  double ratio_best = 0;    // ref_best / fn_best
+};
+
+// PairedTimes from the rounds' times: ref_s[r] and fn_s[r] ran in round r.
+// Both non-empty, of the same size; the median of an even count is the
+// mean of the middle two.
+inline PairedTimes PairRatios(const std::vector<double>& ref_s, const std::vector<double>& fn_s) {
+  std::vector<double> ratios;
+  for (size_t r = 0; r < ref_s.size() && r < fn_s.size(); ++r) ratios.push_back(ref_s[r] / fn_s[r]);
+  std::sort(ratios.begin(), ratios.end());
+  const size_t n = ratios.size();
+  PairedTimes p;
+  p.ref_best = *std::min_element(ref_s.begin(), ref_s.end());
+  p.fn_best = *std::min_element(fn_s.begin(), fn_s.end());
+  p.ratio_median = n % 2 ? ratios[n / 2] : 0.5 * (ratios[n / 2 - 1] + ratios[n / 2]);
+  p.ratio_best = p.ref_best / p.fn_best;
+  return p;
+}
+
+// Times `ref` then `fn` in each of `rounds` (>= 1) rounds; `between`
+// (untimed) runs after each fn.
+inline PairedTimes PairedSeconds(int rounds, const std::function<void()>& ref, const std::function<void()>& fn,
+                                 const std::function<void()>& between = {}) {
+  std::vector<double> ref_s, fn_s;
+  for (int r = 0; r < std::max(1, rounds); ++r) {
+    ref_s.push_back(Seconds(ref));
+    fn_s.push_back(Seconds(fn));
+    if (between) between();
+  }
+  return PairRatios(ref_s, fn_s);
 }
 
 }  // namespace deltasync::cli
