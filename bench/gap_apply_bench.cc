@@ -179,6 +179,7 @@ int main(int argc, char** argv) {
   out["apply_vs_memcpy"] = memcpy_s / apply_s;
   out["apply_vs_memcpy_paired"] = paired.ratio_median;
   out["apply_vs_memcpy_paired_best"] = paired.ratio_best;
+  out["apply_vs_memcpy_paired_cpu"] = paired.cpu_ratio_median;
   out["decode_vs_memcpy"] = memcpy_s / decode_s;
   out["apply_gap_changes_vs_memcpy"] = memcpy_s / scatter_s;
   out["scatter_floor_vs_memcpy"] = memcpy_s / floor_s;

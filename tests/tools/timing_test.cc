@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 namespace deltasync::cli {
 namespace {
@@ -22,6 +24,26 @@ TEST(PairedSeconds, RunsOneRoundAtLeast) {
   std::string order;
   PairedSeconds(0, [&] { order += 'r'; }, [&] { order += 'f'; });
   EXPECT_EQ(order, "rf");
+}
+
+// Spins until this thread has used `s` more CPU seconds.
+void Burn(double s) {
+  const double end = ThreadCpuSeconds() + s;
+  while (ThreadCpuSeconds() < end) {
+  }
+}
+
+TEST(PairedSeconds, TheCpuRatioLeavesOutTimeOffTheCpu) {
+  // The reference uses 4 ms of CPU; the stage 2 ms, then sleeps 10 ms (as a
+  // thread that waits for a core would): CPU ratio ~2, wall ratio ~1/3.
+  const PairedTimes p = PairedSeconds(
+      3, [] { Burn(0.004); },
+      [] {
+        Burn(0.002);
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      });
+  EXPECT_GT(p.cpu_ratio_median, 1.5);
+  EXPECT_LT(p.cpu_ratio_median, 2.6);
 }
 
 TEST(PairRatios, MedianOfTheRoundsRatiosAndBestAgainstBest) {

@@ -47,6 +47,15 @@ inline double BestThreadSeconds(int reps, const std::function<void()>& fn) {
   return best;
 }
 
+// This process's CPU seconds (all its threads, live and joined): a stage
+// timed by it leaves out the time slices its threads lost to other work on
+// a shared machine, which wall time counts.
+inline double ProcessCpuSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 // A stage timed in turns with a reference (memcpy of the model): the ratio
 // of the reference's time to the stage's, from rounds in which both ran
 // back to back and so saw the same state of a host whose speed drifts over
@@ -56,6 +65,11 @@ struct PairedTimes {
   double fn_best = 0;       // the best of the stage's rounds (s)
   double ratio_median = 0;  // the median over rounds of ref / fn
   double ratio_best = 0;    // ref_best / fn_best
+  // The median over rounds of ref / fn in process CPU seconds
+  // (PairedSeconds only): on a loaded host, where the threads of both wait
+  // for a core, the steadier ratio. Where the stage leaves a thread idle
+  // (a serial part) and the host is quiet, it is above the wall ratio.
+  double cpu_ratio_median = 0;
 };
 
 // PairedTimes from the rounds' times: ref_s[r] and fn_s[r] ran in round r.
@@ -74,17 +88,24 @@ inline PairedTimes PairRatios(const std::vector<double>& ref_s, const std::vecto
   return p;
 }
 
-// Times `ref` then `fn` in each of `rounds` (>= 1) rounds; `between`
-// (untimed) runs after each fn.
+// Times `ref` then `fn` in each of `rounds` (>= 1) rounds, in wall and in
+// process CPU seconds; `between` (untimed) runs after each fn.
 inline PairedTimes PairedSeconds(int rounds, const std::function<void()>& ref, const std::function<void()>& fn,
                                  const std::function<void()>& between = {}) {
-  std::vector<double> ref_s, fn_s;
+  std::vector<double> ref_s, fn_s, ref_cpu, fn_cpu;
   for (int r = 0; r < std::max(1, rounds); ++r) {
+    const double c0 = ProcessCpuSeconds();
     ref_s.push_back(Seconds(ref));
+    const double c1 = ProcessCpuSeconds();
     fn_s.push_back(Seconds(fn));
+    const double c2 = ProcessCpuSeconds();
+    ref_cpu.push_back(std::max(c1 - c0, 1e-9));
+    fn_cpu.push_back(std::max(c2 - c1, 1e-9));
     if (between) between();
   }
-  return PairRatios(ref_s, fn_s);
+  PairedTimes p = PairRatios(ref_s, fn_s);
+  p.cpu_ratio_median = PairRatios(ref_cpu, fn_cpu).ratio_median;
+  return p;
 }
 
 }  // namespace deltasync::cli
