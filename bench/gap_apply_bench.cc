@@ -117,11 +117,11 @@ int main(int argc, char** argv) {
   };
   const double apply_s = cli::BestSeconds(reps, apply);
   // The same in turns with memcpy (memcpy, apply, ...: `deltasync bench`'s
-  // apply_vs_memcpy_paired), 2 reps - 1 rounds.
+  // apply_vs_memcpy_paired), 4 reps + 1 rounds.
   cli::PairedTimes paired;
   {
     cli::MemcpyReference reference(model_bytes, threads);
-    paired = cli::PairedSeconds(2 * reps - 1, [&] { reference.Copy(); }, apply);
+    paired = cli::PairedSeconds(4 * reps + 1, [&] { reference.Copy(); }, apply);
   }
   // ApplyGapChanges alone, on the decoded patch.
   Result<SafetensorsFile> file = SafetensorsFile::Parse(blob, "bench delta");

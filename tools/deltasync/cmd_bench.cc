@@ -160,7 +160,7 @@ Status RunBench(const BenchArgs& args) {
   // stage, memcpy, stage, ...): ratios from rounds that saw the same host,
   // where the ratios above divide times taken minutes apart. The reference's
   // buffers are freed before the compact apply.
-  const int rounds = 2 * reps - 1;
+  const int rounds = 4 * reps + 1;
   PairedTimes detect_pair, apply_pair;
   {
     MemcpyReference reference(published.total_bytes(), threads);
