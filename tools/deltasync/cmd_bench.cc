@@ -234,12 +234,12 @@ Status RunBench(const BenchArgs& args) {
   out["apply_vs_memcpy"] = memcpy_s / apply_s;
   out["paired_rounds"] = rounds;
   out["memcpy_paired_gbps"] = gb / std::min(detect_pair.ref_best, apply_pair.ref_best);
-  out["detect_encode_vs_memcpy_paired"] = detect_pair.ratio_median;
-  out["detect_encode_vs_memcpy_paired_best"] = detect_pair.ratio_best;
-  out["apply_vs_memcpy_paired"] = apply_pair.ratio_median;
-  out["apply_vs_memcpy_paired_best"] = apply_pair.ratio_best;
-  out["detect_encode_vs_memcpy_paired_cpu"] = detect_pair.cpu_ratio_median;
-  out["apply_vs_memcpy_paired_cpu"] = apply_pair.cpu_ratio_median;
+  for (const auto& [stage, pair] : {std::pair{"detect_encode", &detect_pair}, std::pair{"apply", &apply_pair}}) {
+    const std::string k = std::string(stage) + "_vs_memcpy_paired";
+    out[k] = pair->ratio_median;
+    out[k + "_best"] = pair->ratio_best;
+    out[k + "_cpu"] = pair->cpu_ratio_median;
+  }
   out["apply_compact_gbps"] = gb / compact_apply.apply_s;
   out["apply_compact_vs_memcpy"] = memcpy_s / compact_apply.apply_s;
   out["decode_compact_gbps"] = gb / compact_apply.decode_s;
