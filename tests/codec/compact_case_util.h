@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bf16/bf16_test_util.h"
 #include "codec/compact_bf16.h"
 #include "codec/compact_rice.h"
 #include "codec/patch_test_util.h"
@@ -281,6 +282,24 @@ inline void ForEachRankRoute(const Case& c, const std::function<void()>& fn) {
     EXPECT_GT(bf16_changed, 0u);
     fn();
   }
+}
+
+// fn(threads, chunk) for every rank route (ForEachRankRoute), SIMD target,
+// 1 to 3 threads and chunk size from 1 element (borders inside every run of
+// changes) to the decoder's own, traced; stops at a fatal failure.
+inline void ForEachRouteTargetThreadCountAndChunk(const Case& c, const std::function<void(int, uint64_t)>& fn) {
+  ForEachRankRoute(c, [&] {
+    testing_bf16::ForEachTarget([&] {
+      for (int threads : {1, 2, 3}) {
+        for (uint64_t chunk : {uint64_t{1}, uint64_t{7}, uint64_t{63}, uint64_t{64}, uint64_t{100}, uint64_t{1023},
+                               uint64_t{1024}, uint64_t{1025}, uint64_t{4096}, compact::kDecodeChunkElements}) {
+          SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
+          fn(threads, chunk);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+      }
+    });
+  });
 }
 
 }  // namespace deltasync::testing_compact
