@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
         std::vector<uint64_t> gaps(b - a);
         for (uint64_t j = a; j < b; ++j) {
           const bool first = j == s.parsed.class_begin[cl];
-          gaps[j - a] = s.parsed.gaps[j] - (first ? 0 : s.parsed.gaps[j - 1] + 1);
+          gaps[j - a] = s.parsed.ranks[j] - (first ? 0 : s.parsed.ranks[j - 1] + 1);
         }
         compact::VectorGaps source(gaps);
         compact::PutRiceGaps(w, gaps.size(), source);
@@ -135,15 +135,15 @@ int main(int argc, char** argv) {
     rice.push_back(w.Finish());
     rice_parts.push_back(std::move(parts));
   }
-  std::vector<uint64_t> ranks;
+  compact::RankBuffer ranks;
   const double rice_s = BestThreadSeconds(10 * reps, [&] {
     for (size_t i = 0; i < streams.size(); ++i) {
       compact::BitReader bits(rice[i]);
-      ranks.resize(streams[i].count);
+      ranks.Resize(streams[i].count, streams[i].elements);
       compact::GapRanks r;
       r.elements = streams[i].elements;
       for (const auto& [a, n] : rice_parts[i]) {
-        if (compact::GetRiceGaps(bits, n, ranks.data() + a, &r)) std::exit(1);
+        if (ranks.Read(bits, a, n, r)) std::exit(1);
       }
     }
   });

@@ -134,8 +134,8 @@ HWY_NOINLINE size_t FirstNotCanonical(const ClassApplyOut& out, size_t at, size_
   return bad;
 }
 
-template <bool kApply, bool kFastPdep>
-HWY_INLINE size_t PlaceWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
+template <bool kApply, bool kFastPdep, typename Rank>
+HWY_INLINE size_t PlaceWalk(const Rank* HWY_RESTRICT const ranks, const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
                             uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur,
                             uint64_t* HWY_RESTRICT hits, uint16_t* HWY_RESTRICT values, const ClassApplyOut* out,
                             size_t* placed) {
@@ -150,7 +150,6 @@ HWY_INLINE size_t PlaceWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* 
   }
   size_t h = 0;
   size_t bad = n;
-  const uint64_t* HWY_RESTRICT const ranks = s.ranks;
   const uint8_t* HWY_RESTRICT const diffs = s.diffs;
   const uint8_t* HWY_RESTRICT const escapes = s.escapes;
   const uint64_t index0 = kApply ? out->index0 : 0;
@@ -173,8 +172,8 @@ HWY_INLINE size_t PlaceWalk(const uint64_t* HWY_RESTRICT masks, const uint32_t* 
     }
     // Change g's rank within the block is ranks[g] - off; the class's
     // changes in the block are those with ranks[g] < lim.
-    const uint64_t* HWY_RESTRICT rp = ranks + cur.g[c];
-    const uint64_t* HWY_RESTRICT const rend = ranks + s.end[c];
+    const Rank* HWY_RESTRICT rp = ranks + cur.g[c];
+    const Rank* HWY_RESTRICT const rend = ranks + s.end[c];
     const uint8_t* HWY_RESTRICT dp = diffs + cur.g[c];
     const uint64_t off = *rp - r;
     const uint64_t lim = off + total;
@@ -272,15 +271,27 @@ size_t ClassPlace16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_
                         uint64_t* HWY_RESTRICT hits, uint16_t* HWY_RESTRICT values) {
   // Never written: the select walk only reads data.
   uint16_t* const d = const_cast<uint16_t*>(data);
-  return PlaceFastPdep() ? PlaceWalk<false, true>(masks, before, classes, d, n, s, cur, hits, values, nullptr, nullptr)
-                         : PlaceWalk<false, false>(masks, before, classes, d, n, s, cur, hits, values, nullptr, nullptr);
+  if (s.ranks32) {
+    return PlaceFastPdep()
+               ? PlaceWalk<false, true>(s.ranks32, masks, before, classes, d, n, s, cur, hits, values, nullptr, nullptr)
+               : PlaceWalk<false, false>(s.ranks32, masks, before, classes, d, n, s, cur, hits, values, nullptr, nullptr);
+  }
+  return PlaceFastPdep()
+             ? PlaceWalk<false, true>(s.ranks, masks, before, classes, d, n, s, cur, hits, values, nullptr, nullptr)
+             : PlaceWalk<false, false>(s.ranks, masks, before, classes, d, n, s, cur, hits, values, nullptr, nullptr);
 }
 
 size_t ClassPlaceApply16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before,
                              uint32_t classes, uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s,
                              ClassWalkCursor& cur, const ClassApplyOut& out, size_t* placed) {
-  return PlaceFastPdep() ? PlaceWalk<true, true>(masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed)
-                         : PlaceWalk<true, false>(masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed);
+  if (s.ranks32) {
+    return PlaceFastPdep()
+               ? PlaceWalk<true, true>(s.ranks32, masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed)
+               : PlaceWalk<true, false>(s.ranks32, masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed);
+  }
+  return PlaceFastPdep()
+             ? PlaceWalk<true, true>(s.ranks, masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed)
+             : PlaceWalk<true, false>(s.ranks, masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed);
 }
 
 // Four offsets a word are written whether its bits are set or not (the

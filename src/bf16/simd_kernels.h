@@ -115,13 +115,15 @@ void HashTermDiffs16(const uint64_t* index, const uint8_t* new_bits, const uint8
 //    its diff byte s.diffs[g], or for an escape (0xFF) the raw
 //    s.escapes[cur.e[c]++] (u16 LE). Then ++g and rem = s.ranks[g] -
 //    s.ranks[g - 1] - 1 (the gap to the class's next change; ranks
-//    strictly ascending within a class, below 2^63), or ~0 once g reaches
+//    strictly ascending within a class, below 2^63; read from s.ranks32
+//    instead where that is set, s.ranks then null), or ~0 once g reaches
 //    s.end[c]. The cursors carry over to the next block; a rem of ~0 stays
 //    ~0. Returns the smallest offset whose change code is not canonical
 //    (compact::DiffByte(base, new) != diff: an escape where a diff fits,
 //    or a diff into another sign or a non-finite value), else n.
 struct ClassWalkStreams {
   const uint64_t* ranks;
+  const uint32_t* ranks32;  // the same ranks, 32-bit (a tensor of at most 2^32 elements)
   const uint64_t* end;     // per class: one past its last change
   const uint8_t* diffs;
   const uint8_t* escapes;

@@ -57,7 +57,7 @@ std::optional<std::string> ParseBf16StreamV2(Reader& in, uint64_t count, compact
   }
   if (class_begin[kClasses] != count) return "class counts do not sum to the count";
   thread_local std::vector<uint8_t> gap_bytes;  // reused: see TakeParseBuffers
-  out.gaps.resize(count);
+  out.ranks.Resize(count, out.elements);
   // A Rice-coded gap takes at most 31 + 7 + 64 bits, each block 6 more.
   const uint64_t max_bytes = (count * 102 + (count / kRiceBlock + kClasses) * 6) / 8 + 1;
   if (auto err = compact::GetBlock(in, std::nullopt, max_bytes, gap_bytes)) return "gap block: " + *err;
@@ -66,7 +66,7 @@ std::optional<std::string> ParseBf16StreamV2(Reader& in, uint64_t count, compact
   for (int cl = 0; cl < kClasses; ++cl) {
     compact::GapRanks ranks;
     ranks.elements = out.elements;
-    if (auto err = compact::GetRiceGaps(bits, class_begin[cl + 1] - class_begin[cl], out.gaps.data() + class_begin[cl], &ranks)) {
+    if (auto err = out.ranks.Read(bits, class_begin[cl], class_begin[cl + 1] - class_begin[cl], ranks)) {
       return "class " + std::to_string(cl) + ": " + *err;
     }
     if (ranks.past && out.past_class < 0) out.past_class = cl;
@@ -141,12 +141,12 @@ Status ReadTensor(const std::string& label, const TensorView& stream, const Tens
   // version's sizes writes little and faults in no fresh pages.
   compact::ParsedBf16 parsed;
   parsed.elements = n;
-  parsed.gaps.swap(bf.ranks);
+  parsed.ranks.swap(bf.ranks);
   parsed.diffs.swap(bf.diffs);
   parsed.escapes.swap(bf.escapes);
   std::optional<std::string> err = *version == kStreamVersion ? ParseBf16StreamV2(in, *count, parsed)
                                                               : compact::ParseBf16StreamV3(in, *count, tables, parsed);
-  bf.ranks.swap(parsed.gaps);
+  bf.ranks.swap(parsed.ranks);
   bf.diffs.swap(parsed.diffs);
   bf.escapes.swap(parsed.escapes);
   if (err) return bad(*err);

@@ -13,7 +13,7 @@ namespace deltasync {
 
 uint64_t CompactParse::changes() const {
   uint64_t n = 0;
-  for (const Tensor& t : tensors) n += t.bf16 ? t.ranks.size() : t.raw.indices.size();
+  for (const Tensor& t : tensors) n += t.bf16 ? t.ranks32.size() + t.ranks.size() : t.raw.indices.size();
   return n;
 }
 
@@ -35,7 +35,8 @@ Status ParseCompactDelta(const SafetensorsFile& file, std::span<const TensorView
     CompactParse::Tensor& o = out.tensors[i];
     // The decoder's per-tensor state over this call's reused buffers.
     compact::Bf16Tensor bf;
-    bf.ranks.swap(o.ranks);
+    bf.ranks.narrow.swap(o.ranks32);
+    bf.ranks.wide.swap(o.ranks);
     bf.diffs.swap(o.diffs);
     bf.escapes.swap(o.escapes);
     bf.escaped.swap(o.escaped);
@@ -46,11 +47,13 @@ Status ParseCompactDelta(const SafetensorsFile& file, std::span<const TensorView
     o.name = bases[i]->name;
     o.bf16 = bf.base != nullptr;
     o.class_begin = bf.class_begin;
-    o.ranks.swap(bf.ranks);
+    o.ranks32.swap(bf.ranks.narrow);
+    o.ranks.swap(bf.ranks.wide);
     o.diffs.swap(bf.diffs);
     o.escapes.swap(bf.escapes);
     o.escaped.swap(bf.escaped);
     if (!o.bf16) {
+      o.ranks32.clear();
       o.ranks.clear();
       o.diffs.clear();
       o.escapes.clear();

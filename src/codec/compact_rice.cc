@@ -2,8 +2,10 @@
 #include "codec/compact_rice.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace deltasync::compact {
 namespace {
@@ -148,7 +150,12 @@ void PutRiceGaps(BitWriter& w, uint64_t count, GapSource& source) {
 }
 
 // Reads `count` gaps of one class into `out`; nullopt-style error text.
-std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, uint64_t* out, GapRanks* ranks) {
+template <typename T>
+std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, T* out, GapRanks* ranks) {
+  static_assert(std::is_same_v<T, uint64_t> || std::is_same_v<T, uint32_t>);
+  if constexpr (std::is_same_v<T, uint32_t>) {
+    if (ranks == nullptr) return "internal: 32-bit gaps without ranks";
+  }
   for (uint64_t b = 0; b < count; b += kRiceBlock) {
     std::optional<uint64_t> k = r.Get(6);
     if (!k) return "truncated Rice parameter";
@@ -164,8 +171,8 @@ std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, uint64_t* o
       if (*q < kUnaryEscape) {
         std::optional<uint64_t> low = r.Get(kk);
         if (!low) return "gap " + std::to_string(i) + " is truncated";
-        out[i] = (static_cast<uint64_t>(*q) << kk) | *low;
-        if (ranks) out[i] = ranks->Next(out[i]);
+        const uint64_t gap = (static_cast<uint64_t>(*q) << kk) | *low;
+        out[i] = static_cast<T>(ranks ? ranks->Next(gap) : gap);
         continue;
       }
       std::optional<uint64_t> width = r.Get(7);
@@ -174,10 +181,35 @@ std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, uint64_t* o
       if ((*gap >> kk) < kUnaryEscape || BitWidth(*gap) != static_cast<int>(*width)) {
         return "escaped gap " + std::to_string(i) + " is not canonical";
       }
-      out[i] = ranks ? ranks->Next(*gap) : *gap;
+      out[i] = static_cast<T>(ranks ? ranks->Next(*gap) : *gap);
     }
   }
   return std::nullopt;
+}
+
+template std::optional<std::string> GetRiceGaps(BitReader&, uint64_t, uint64_t*, GapRanks*);
+template std::optional<std::string> GetRiceGaps(BitReader&, uint64_t, uint32_t*, GapRanks*);
+
+namespace {
+std::atomic<bool> force_wide_ranks{false};
+}  // namespace
+
+void ForceWideRanks(bool wide) { force_wide_ranks.store(wide, std::memory_order_relaxed); }
+
+void RankBuffer::Resize(uint64_t count, uint64_t elements) {
+  is_narrow = elements <= kNarrowMax && !force_wide_ranks.load(std::memory_order_relaxed);
+  if (is_narrow) {
+    narrow.resize(count);
+    wide.clear();
+  } else {
+    wide.resize(count);
+    narrow.clear();
+  }
+}
+
+std::optional<std::string> RankBuffer::Read(BitReader& r, uint64_t begin, uint64_t count, GapRanks& ranks) {
+  return is_narrow ? GetRiceGaps(r, count, narrow.data() + begin, &ranks)
+                   : GetRiceGaps(r, count, wide.data() + begin, &ranks);
 }
 
 size_t VectorGaps::Next(uint64_t* out, size_t max) {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -43,8 +44,46 @@ struct GapRanks {
 };
 
 // Reads `count` gaps into `out`, or with `ranks` the class's ranks (gaps and
-// ranks in one pass); on failure a short reason.
-std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, uint64_t* out, GapRanks* ranks = nullptr);
+// ranks in one pass); on failure a short reason. A uint32_t `out` takes
+// ranks only (`ranks` set), each cut to its low 32 bits: exact while
+// ranks->elements <= 2^32 and !ranks->past (RankBuffer's narrow route).
+template <typename T>
+std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, T* out, GapRanks* ranks = nullptr);
+extern template std::optional<std::string> GetRiceGaps(BitReader&, uint64_t, uint64_t*, GapRanks*);
+extern template std::optional<std::string> GetRiceGaps(BitReader&, uint64_t, uint32_t*, GapRanks*);
+
+// A bf16 tensor's ranks (class order, ascending within a class), as the
+// parse writes them and the walk reads them: u32 where the tensor has at
+// most 2^32 elements (every rank is below the element count, so it fits:
+// half the bytes the parse writes and the walk reads back), else u64.
+// docs/format.md, "Decoding in parallel inside a tensor".
+struct RankBuffer {
+  static constexpr uint64_t kNarrowMax = uint64_t{1} << 32;  // elements the narrow route takes
+  std::vector<uint32_t> narrow;
+  std::vector<uint64_t> wide;
+  bool is_narrow = false;
+  // Sizes the route for a tensor of `elements` to `count` ranks, and empties
+  // the other route's vector (keeping its capacity).
+  void Resize(uint64_t count, uint64_t elements);
+  uint64_t size() const { return is_narrow ? narrow.size() : wide.size(); }
+  uint64_t operator[](uint64_t j) const { return is_narrow ? narrow[j] : wide[j]; }
+  // Class cl's ranks [begin, begin + count) read from `r` (GetRiceGaps).
+  std::optional<std::string> Read(BitReader& r, uint64_t begin, uint64_t count, GapRanks& ranks);
+  // f(span of the route's ranks), typed uint32_t or uint64_t.
+  template <typename F>
+  decltype(auto) Visit(F&& f) const {
+    return is_narrow ? f(std::span<const uint32_t>(narrow)) : f(std::span<const uint64_t>(wide));
+  }
+  void swap(RankBuffer& o) {
+    narrow.swap(o.narrow);
+    wide.swap(o.wide);
+    std::swap(is_narrow, o.is_narrow);
+  }
+};
+
+// For tests only: every RankBuffer sized after this takes the wide (u64)
+// route, so that both routes run on small tensors. Off by default.
+void ForceWideRanks(bool wide);
 
 // Hands out one vector's gaps.
 class VectorGaps final : public GapSource {

@@ -207,8 +207,9 @@ class BitReader {
   // reader (e when none). The state lives in locals meanwhile, so the loop
   // runs in registers.
   // With `rank` (a GapRanks), writes ranks instead (GapRanks::Next).
-  template <typename Ranks = std::nullptr_t>
-  uint64_t RiceRun(int k, int max_unary, uint64_t* out, uint64_t i, uint64_t e, Ranks rank = nullptr) {
+  // A uint32_t `out` takes each rank's low 32 bits (GetRiceGaps).
+  template <typename T, typename Ranks = std::nullptr_t>
+  uint64_t RiceRun(int k, int max_unary, T* out, uint64_t i, uint64_t e, Ranks rank = nullptr) {
     uint64_t acc = acc_;
     int n = n_;
     size_t pos = pos_;
@@ -244,7 +245,7 @@ class BitReader {
       if (ones >= max_unary) break;
       const uint64_t gap = (static_cast<uint64_t>(ones) << k) | ((acc >> (ones + 1)) & low_mask);
       if constexpr (kRanks) {
-        out[i] = local.Next(gap);
+        out[i] = static_cast<T>(local.Next(gap));
       } else {
         out[i] = gap;
       }

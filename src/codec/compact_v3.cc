@@ -363,7 +363,7 @@ std::optional<std::string> ParseBf16StreamV3(Reader& in, uint64_t count, const V
     lens[p] = {*g, *r};
   }
   if (sizes) sizes->header += in.position() - start;
-  out.gaps.resize(count);
+  out.ranks.Resize(count, out.elements);
   out.diffs.resize(count);
   std::array<GapRanks, kClasses> ranks;  // a class's ranks run on across pieces
   for (GapRanks& r : ranks) r.elements = out.elements;
@@ -374,7 +374,7 @@ std::optional<std::string> ParseBf16StreamV3(Reader& in, uint64_t count, const V
     for (int cl = 0; cl < kClasses; ++cl) {
       const Span part = ClassPart(begin, cl, lo, hi);
       if (part.a >= part.b) continue;
-      if (auto err = GetRiceGaps(bits, part.b - part.a, out.gaps.data() + part.a, &ranks[cl])) {
+      if (auto err = out.ranks.Read(bits, part.a, part.b - part.a, ranks[cl])) {
         return where + "class " + std::to_string(cl) + " gaps: " + *err;
       }
     }

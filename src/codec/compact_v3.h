@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "codec/compact_bf16.h"
+#include "codec/compact_rice.h"
 #include "codec/compact_streams.h"
 #include "deltasync/safetensors.h"
 #include "deltasync/status.h"
@@ -75,7 +76,7 @@ struct ParsedBf16 {
   std::array<uint64_t, kClasses + 1> class_begin{};  // class cl: changes [begin[cl], begin[cl+1])
   // In: the base's elements (the bound of every rank; inspect leaves it).
   uint64_t elements = ~uint64_t{0};
-  std::vector<uint64_t> gaps;  // class order, each class's gaps as ranks (GapRanks)
+  RankBuffer ranks;            // class order, each class's gaps as ranks (GapRanks), sized by `elements`
   int past_class = -1;         // out: the first class whose ranks reach `elements`, or -1
   std::vector<uint8_t> diffs;                        // class order
   std::vector<uint8_t> escapes;                      // u16 LE each, class order

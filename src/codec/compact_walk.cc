@@ -46,14 +46,17 @@ StateHash ChunkWalker::HashDelta() const {
   return sum;
 }
 
-// The walk start of a chunk preceded by before[c] class-c elements.
-ChunkWalker::WalkStart ChunkWalker::StartAt(const Bf16Tensor& t, const std::array<uint64_t, kClasses>& before) {
+// The walk start of a chunk preceded by before[c] class-c elements; `ranks`
+// is t.ranks's route.
+template <typename Rank>
+ChunkWalker::WalkStart ChunkWalker::StartAt(const Bf16Tensor& t, std::span<const Rank> ranks,
+                                            const std::array<uint64_t, kClasses>& before) {
   WalkStart s;
   for (int cl = 0; cl < kClasses; ++cl) {
-    const uint64_t* b = t.ranks.data() + t.class_begin[cl];
-    const uint64_t* e = t.ranks.data() + t.class_begin[cl + 1];
-    const uint64_t* j = std::lower_bound(b, e, before[cl]);
-    s.g[cl] = static_cast<uint64_t>(j - t.ranks.data());
+    const Rank* b = ranks.data() + t.class_begin[cl];
+    const Rank* e = ranks.data() + t.class_begin[cl + 1];
+    const Rank* j = std::lower_bound(b, e, before[cl]);
+    s.g[cl] = static_cast<uint64_t>(j - ranks.data());
     s.rem[cl] = j < e ? *j - before[cl] : kNone;
     s.e[cl] = static_cast<uint64_t>(std::lower_bound(t.escaped.begin(), t.escaped.end(), s.g[cl]) - t.escaped.begin());
     s.out += static_cast<uint64_t>(j - b);
@@ -98,7 +101,7 @@ Status ChunkWalker::Walk(size_t k) {
   }
   // Only the start is searched for (binary searches of the class's ranks,
   // missing the caches): where the walk ends is checked in O(1) per class.
-  const WalkStart start = StartAt(t, start_at);
+  const WalkStart start = t.ranks.Visit([&](auto ranks) { return StartAt(t, ranks, start_at); });
   return Place(t, c, blocks, classes, block_counts.data(), bytes, start, c.last ? nullptr : &end_at, hash_[k].data(),
                runs_ ? &runs_[k] : nullptr);
 }
@@ -118,7 +121,10 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
     cur.e[cl] = start.e[cl];
     end[cl] = t.class_begin[cl + 1];
   }
-  const kernels::ClassWalkStreams streams{t.ranks.data(), end.data(), t.diffs.data(), t.escapes.data()};
+  // The ranks of one route (the other pointer null).
+  const kernels::ClassWalkStreams streams{t.ranks.is_narrow ? nullptr : t.ranks.wide.data(),
+                                          t.ranks.is_narrow ? t.ranks.narrow.data() : nullptr, end.data(),
+                                          t.diffs.data(), t.escapes.data()};
   uint64_t masks[kClasses * kWords];
   uint32_t before[kClasses * (kWords + 1)];
   uint64_t hit_words[kWords];
@@ -219,14 +225,21 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
     kernels::HashTermDiffs16(indices + k0, values + 2 * k0, reinterpret_cast<const uint8_t*>(side16), k - k0,
                              t.seeds.element_seed, hash);
   }
-  // The walk must stop at each class's first change at or past the
-  // chunk's end (that class's lower bound of end_at), or for the last chunk
-  // past all of the class's changes.
+  return t.ranks.Visit([&](auto ranks) { return CheckEnd(t, ranks, chunk, cur.g, end_at); });
+}
+
+// The walk of `chunk` must stop, per class, at g[cl]: the class's first
+// change at or past the chunk's end (that class's lower bound of end_at),
+// or for the last chunk (end_at null) past all of the class's changes.
+template <typename Rank>
+Status ChunkWalker::CheckEnd(const Bf16Tensor& t, std::span<const Rank> ranks, const Chunk& chunk, const uint64_t* g_at,
+                             const std::array<uint64_t, kClasses>* end_at) const {
   for (int cl = 0; cl < kClasses; ++cl) {
-    const uint64_t g = cur.g[cl];
-    const bool at_end = end_at ? (g == end[cl] || t.ranks[g] >= (*end_at)[cl]) &&
-                                     (g == t.class_begin[cl] || t.ranks[g - 1] < (*end_at)[cl])
-                               : g == end[cl];
+    const uint64_t g = g_at[cl];
+    const uint64_t end = t.class_begin[cl + 1];
+    const bool at_end = end_at ? (g == end || ranks[g] >= (*end_at)[cl]) &&
+                                     (g == t.class_begin[cl] || ranks[g - 1] < (*end_at)[cl])
+                               : g == end;
     if (!at_end) {
       if (end_at) {
         return Status::Internal(label_ + ": tensor '" + t.stream->name + "': the walk of elements " +

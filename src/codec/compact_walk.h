@@ -8,11 +8,13 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "bf16/hash_term.h"
 #include "codec/compact_bf16.h"
+#include "codec/compact_rice.h"
 #include "deltasync/changes.h"
 #include "deltasync/state_hash.h"
 #include "deltasync/status.h"
@@ -27,7 +29,7 @@ struct Bf16Tensor {
   const TensorView* base = nullptr;  // the base tensor (or a block of one: any span of its bytes)
   TensorChanges* out = nullptr;
   std::array<uint64_t, kClasses + 1> class_begin{};  // class cl: changes [begin[cl], begin[cl+1])
-  std::vector<uint64_t> ranks;    // per change, ascending within its class
+  RankBuffer ranks;               // per change, ascending within its class
   std::vector<uint8_t> diffs;
   std::vector<uint64_t> escaped;  // the changes (class order) that are escapes
   std::vector<uint8_t> escapes;   // their raw values, u16 little-endian each
@@ -70,7 +72,11 @@ class ChunkWalker {
   Status Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, uint32_t classes, const uint16_t* counts,
                const uint8_t* bytes, const WalkStart& start, const std::array<uint64_t, kClasses>* end_at,
                uint64_t hash[2], CompactUndo::Run* run);
-  static WalkStart StartAt(const Bf16Tensor& t, const std::array<uint64_t, kClasses>& before);
+  template <typename Rank>
+  static WalkStart StartAt(const Bf16Tensor& t, std::span<const Rank> ranks, const std::array<uint64_t, kClasses>& before);
+  template <typename Rank>
+  Status CheckEnd(const Bf16Tensor& t, std::span<const Rank> ranks, const Chunk& chunk,
+                  const uint64_t* g, const std::array<uint64_t, kClasses>* end_at) const;
 
   const std::string& label_;
   const std::vector<Bf16Tensor*>& tensors_;

@@ -176,7 +176,7 @@ void ExpectCursorsEqual(const kernels::ClassWalkCursor& a, const kernels::ClassW
 // Every block of `base` in turn (the last partial), both kernels against
 // the reference, the cursors carried over.
 void ExpectPlaces(const std::vector<uint16_t>& base, const Streams& s, uint32_t classes) {
-  const kernels::ClassWalkStreams streams{s.ranks.data(), s.end.data(), s.diffs.data(), s.escapes.data()};
+  const kernels::ClassWalkStreams streams{s.ranks.data(), nullptr, s.end.data(), s.diffs.data(), s.escapes.data()};
   kernels::ClassWalkCursor want = StartCursor(s), select = want, apply = want;
   alignas(64) uint8_t bytes[kBlock];
   uint16_t counts[16];
@@ -286,7 +286,7 @@ TEST(ClassPlace, EveryDiffByteFromEveryBaseIsCheckedAsDiffByte) {
         std::array<uint64_t, 16> end{};
         end[c] = 1;
         const uint8_t diff = static_cast<uint8_t>(d);
-        const kernels::ClassWalkStreams streams{&rank, end.data(), &diff, nullptr};
+        const kernels::ClassWalkStreams streams{&rank, nullptr, end.data(), &diff, nullptr};
         kernels::ClassWalkCursor cur{};
         cur.rem[c] = 0;
         uint64_t hits[kWords];

@@ -42,24 +42,18 @@ void ExpectEqualsDecodeAndScatterOnEveryTargetThreadCountAndChunkSize(const Case
   ApplyChanges(want, c.changes, 1);
   const StateHash want_delta = HashChanges(c.state, c.changes, 1);
   CompactUndo undo;  // reused across calls, as the replica does
-  testing_bf16::ForEachTarget([&] {
-    for (int threads : {1, 2, 3}) {
-      for (uint64_t chunk : {uint64_t{1}, uint64_t{7}, uint64_t{63}, uint64_t{64}, uint64_t{100}, uint64_t{1023},
-                             uint64_t{1024}, uint64_t{1025}, uint64_t{4096}, compact::kDecodeChunkElements}) {
-        SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
-        WeightState s = Copy(c.state);
-        Result<CompactDelta> d = Apply(c.bytes, s, c.hash, threads, chunk, undo);
-        ASSERT_TRUE(d.ok()) << d.status().ToString();
-        EXPECT_TRUE(d->changes.empty());
-        EXPECT_EQ(d->hash_delta, want_delta);
-        EXPECT_EQ(d->info.model_version, 3u);
-        ASSERT_TRUE(SameBytes(s, want));
-        undo.Restore(threads);
-        ASSERT_TRUE(SameBytes(s, c.state));
-        undo.Restore(threads);  // a second call does nothing
-        ASSERT_TRUE(SameBytes(s, c.state));
-      }
-    }
+  ForEachRouteTargetThreadCountAndChunk(c, [&](int threads, uint64_t chunk) {
+    WeightState s = Copy(c.state);
+    Result<CompactDelta> d = Apply(c.bytes, s, c.hash, threads, chunk, undo);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_TRUE(d->changes.empty());
+    EXPECT_EQ(d->hash_delta, want_delta);
+    EXPECT_EQ(d->info.model_version, 3u);
+    ASSERT_TRUE(SameBytes(s, want));
+    undo.Restore(threads);
+    ASSERT_TRUE(SameBytes(s, c.state));
+    undo.Restore(threads);  // a second call does nothing
+    ASSERT_TRUE(SameBytes(s, c.state));
   });
 }
 
@@ -113,17 +107,19 @@ TEST(CompactApply, GapsPastTheBaseLeaveTheStateAsItWas) {
   // every other tensor) wrote its values.
   const WeightState other = ShortOfClass8(c);
   CompactUndo undo;
-  testing_bf16::ForEachTarget([&] {
-    for (int threads : {1, 2, 3}) {
-      for (uint64_t chunk : {uint64_t{1}, uint64_t{64}, uint64_t{1000}, compact::kDecodeChunkElements}) {
-        SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
-        WeightState s = Copy(other);
-        Result<CompactDelta> d = Apply(c.bytes, s, c.hash, threads, chunk, undo);
-        ASSERT_FALSE(d.ok());
-        EXPECT_EQ(d.status().code(), ErrorCode::kCorruption) << d.status().ToString();
-        EXPECT_TRUE(SameBytes(s, other));
+  ForEachRankRoute(c, [&] {
+    testing_bf16::ForEachTarget([&] {
+      for (int threads : {1, 2, 3}) {
+        for (uint64_t chunk : {uint64_t{1}, uint64_t{64}, uint64_t{1000}, compact::kDecodeChunkElements}) {
+          SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
+          WeightState s = Copy(other);
+          Result<CompactDelta> d = Apply(c.bytes, s, c.hash, threads, chunk, undo);
+          ASSERT_FALSE(d.ok());
+          EXPECT_EQ(d.status().code(), ErrorCode::kCorruption) << d.status().ToString();
+          EXPECT_TRUE(SameBytes(s, other));
+        }
       }
-    }
+    });
   });
 }
 

@@ -9,11 +9,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bf16/bf16_test_util.h"
 #include "codec/compact_bf16.h"
+#include "codec/compact_rice.h"
 #include "codec/patch_test_util.h"
 #include "deltasync/compact.h"
 #include "deltasync/weight_state.h"
@@ -252,6 +255,51 @@ inline std::vector<uint8_t> EncodeBytes(const WeightState& state, const StateHas
   Result<EncodedPatch> e = EncodeCompactDelta(info, hash, state, changes, 1, version, container);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   return e.ok() ? Flatten(*e) : std::vector<uint8_t>{};
+}
+
+// Runs fn once per route of the decoder's ranks (compact::RankBuffer): the
+// narrow (u32) one these small tensors take, then the wide (u64) one, which
+// compact::ForceWideRanks forces; each time it checks first that the parse
+// of c's bytes takes that route in every bf16 tensor with changes.
+inline void ForEachRankRoute(const Case& c, const std::function<void()>& fn) {
+  for (bool wide : {false, true}) {
+    SCOPED_TRACE(wide ? "wide (u64) ranks" : "narrow (u32) ranks");
+    compact::ForceWideRanks(wide);
+    struct Reset {
+      ~Reset() { compact::ForceWideRanks(false); }
+    } reset;
+    Result<SafetensorsFile> f = testing::ParseBytes(c.bytes, "route.safetensors");
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    CompactParse p;
+    ASSERT_TRUE(ParseCompactDelta(*f, c.state.views(), 1, p).ok());
+    size_t bf16_changed = 0;
+    for (const CompactParse::Tensor& t : p.tensors) {
+      if (!t.bf16 || t.class_begin[compact::kClasses] == 0) continue;
+      ++bf16_changed;
+      EXPECT_EQ(t.ranks32.empty(), wide) << t.name;
+      EXPECT_EQ(t.ranks.empty(), !wide) << t.name;
+    }
+    EXPECT_GT(bf16_changed, 0u);
+    fn();
+  }
+}
+
+// fn(threads, chunk) for every rank route (ForEachRankRoute), SIMD target,
+// 1 to 3 threads and chunk size from 1 element (borders inside every run of
+// changes) to the decoder's own, traced; stops at a fatal failure.
+inline void ForEachRouteTargetThreadCountAndChunk(const Case& c, const std::function<void(int, uint64_t)>& fn) {
+  ForEachRankRoute(c, [&] {
+    testing_bf16::ForEachTarget([&] {
+      for (int threads : {1, 2, 3}) {
+        for (uint64_t chunk : {uint64_t{1}, uint64_t{7}, uint64_t{63}, uint64_t{64}, uint64_t{100}, uint64_t{1023},
+                               uint64_t{1024}, uint64_t{1025}, uint64_t{4096}, compact::kDecodeChunkElements}) {
+          SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
+          fn(threads, chunk);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+      }
+    });
+  });
 }
 
 }  // namespace deltasync::testing_compact

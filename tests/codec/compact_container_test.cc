@@ -101,6 +101,7 @@ TEST(CompactContainer, BothContainersDecodeParseAndApplyAlike) {
       ASSERT_EQ(p1.tensors.size(), p2.tensors.size());
       for (size_t i = 0; i < p1.tensors.size(); ++i) {
         EXPECT_EQ(p1.tensors[i].name, p2.tensors[i].name);
+        EXPECT_EQ(p1.tensors[i].ranks32, p2.tensors[i].ranks32);
         EXPECT_EQ(p1.tensors[i].ranks, p2.tensors[i].ranks);
         EXPECT_EQ(p1.tensors[i].diffs, p2.tensors[i].diffs);
         EXPECT_EQ(p1.tensors[i].raw.values, p2.tensors[i].raw.values);

@@ -30,21 +30,15 @@ Result<CompactDelta> Decode(const Case& c, const WeightState& base, int threads,
 
 void ExpectDecodesOnEveryTargetThreadCountAndChunkSize(const Case& c) {
   ASSERT_FALSE(c.bytes.empty());
-  testing_bf16::ForEachTarget([&] {
-    for (int threads : {1, 2, 3}) {
-      for (uint64_t chunk : {uint64_t{1}, uint64_t{7}, uint64_t{63}, uint64_t{64}, uint64_t{100}, uint64_t{1023},
-                             uint64_t{1024}, uint64_t{1025}, uint64_t{4096}, compact::kDecodeChunkElements}) {
-        SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
-        Result<CompactDelta> d = Decode(c, c.state, threads, chunk);
-        ASSERT_TRUE(d.ok()) << d.status().ToString();
-        ASSERT_EQ(d->changes.size(), c.changes.size());
-        EXPECT_EQ(d->hash_delta, HashChanges(c.state, c.changes, 1));
-        for (size_t i = 0; i < c.changes.size(); ++i) {
-          EXPECT_EQ(d->changes[i].name, c.changes[i].name);
-          EXPECT_EQ(d->changes[i].indices, c.changes[i].indices);
-          EXPECT_EQ(d->changes[i].values, c.changes[i].values);
-        }
-      }
+  ForEachRouteTargetThreadCountAndChunk(c, [&](int threads, uint64_t chunk) {
+    Result<CompactDelta> d = Decode(c, c.state, threads, chunk);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    ASSERT_EQ(d->changes.size(), c.changes.size());
+    EXPECT_EQ(d->hash_delta, HashChanges(c.state, c.changes, 1));
+    for (size_t i = 0; i < c.changes.size(); ++i) {
+      EXPECT_EQ(d->changes[i].name, c.changes[i].name);
+      EXPECT_EQ(d->changes[i].indices, c.changes[i].indices);
+      EXPECT_EQ(d->changes[i].values, c.changes[i].values);
     }
   });
 }
@@ -72,16 +66,18 @@ TEST(CompactDecode, GapsPastTheBaseAreRefusedWhateverTheChunks) {
   // elements: the delta's class-8 gaps run past them (the hash passed is the
   // delta's, so only the walk can tell).
   const WeightState other = ShortOfClass8(c);
-  testing_bf16::ForEachTarget([&] {
-    for (int threads : {1, 2}) {
-      for (uint64_t chunk : {uint64_t{1}, uint64_t{64}, uint64_t{1000}, compact::kDecodeChunkElements}) {
-        SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
-        Result<CompactDelta> d = Decode(c, other, threads, chunk);
-        ASSERT_FALSE(d.ok());
-        EXPECT_EQ(d.status().code(), ErrorCode::kCorruption) << d.status().ToString();
-        EXPECT_NE(d.status().message().find("tensor 'one_class.cmp'"), std::string::npos) << d.status().ToString();
+  ForEachRankRoute(c, [&] {
+    testing_bf16::ForEachTarget([&] {
+      for (int threads : {1, 2}) {
+        for (uint64_t chunk : {uint64_t{1}, uint64_t{64}, uint64_t{1000}, compact::kDecodeChunkElements}) {
+          SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
+          Result<CompactDelta> d = Decode(c, other, threads, chunk);
+          ASSERT_FALSE(d.ok());
+          EXPECT_EQ(d.status().code(), ErrorCode::kCorruption) << d.status().ToString();
+          EXPECT_NE(d.status().message().find("tensor 'one_class.cmp'"), std::string::npos) << d.status().ToString();
+        }
       }
-    }
+    });
   });
 }
 

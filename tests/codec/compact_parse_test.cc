@@ -37,9 +37,9 @@ TensorChanges Place(const CompactParse::Tensor& p, const WeightState::Tensor& ba
   size_t escape = 0;
   for (int cl = 0; cl < compact::kClasses; ++cl) {
     for (uint64_t j = p.class_begin[cl]; j < p.class_begin[cl + 1]; ++j) {
-      EXPECT_LT(p.ranks[j], of_class[cl].size()) << p.name << " change " << j;
-      if (p.ranks[j] >= of_class[cl].size()) continue;
-      const uint64_t at = of_class[cl][p.ranks[j]];
+      EXPECT_LT(p.rank(j), of_class[cl].size()) << p.name << " change " << j;
+      if (p.rank(j) >= of_class[cl].size()) continue;
+      const uint64_t at = of_class[cl][p.rank(j)];
       uint16_t v;
       if (p.diffs[j] == compact::kEscape) {
         EXPECT_LT(escape, p.escaped.size());
@@ -96,7 +96,7 @@ void ExpectParseEqualsDecode(const WeightState& state, const StateHash& hash, co
             continue;
           }
           EXPECT_EQ(p.class_begin[compact::kClasses], want.count());
-          EXPECT_EQ(p.ranks.size(), want.count());
+          EXPECT_EQ(p.ranks32.size() + p.ranks.size(), want.count());
           EXPECT_EQ(p.diffs.size(), want.count());
           const TensorChanges placed = Place(p, *base);
           EXPECT_EQ(placed.indices, want.indices) << p.name;

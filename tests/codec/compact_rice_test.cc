@@ -1,7 +1,8 @@
 // Rice gaps read straight into ranks (compact_rice.h, GapRanks): the same
 // ranks as the gaps summed afterwards, run on across calls (a class's parts
 // in version 3's pieces), and `past` set exactly when a rank reaches the
-// elements, huge gaps (which would wrap a sum) included.
+// elements, huge gaps (which would wrap a sum) included; both routes of
+// RankBuffer (u32 and u64 ranks) the same.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,6 +54,50 @@ TEST(CompactRice, AGapThatWouldWrapTheRankIsPast) {
   std::vector<uint64_t> got(3);
   BitReader r(coded);
   ASSERT_FALSE(GetRiceGaps(r, 3, got.data(), &ranks));
+  EXPECT_TRUE(ranks.past);
+}
+
+// RankBuffer's two routes read the same ranks: the narrow (u32) one for up
+// to 2^32 elements, its top rank 2^32 - 1 included (and a rank of 2^32
+// past), the wide one above; ForceWideRanks sends a small tensor wide.
+TEST(CompactRice, NarrowAndWideRankRoutesReadTheSameRanks) {
+  constexpr uint64_t kTop = RankBuffer::kNarrowMax;
+  // Short codes, a huge gap up to rank 2^32 - 2, then a gap of 0 (2^32 - 1),
+  // then, for the past test, one more (2^32).
+  std::vector<uint64_t> gaps = {3, 0, 17};
+  gaps.push_back(kTop - 2 - 23);  // rank 23 + gap
+  gaps.push_back(0);
+  const std::vector<uint8_t> coded = Coded(gaps);
+  std::vector<uint64_t> want(gaps.size());
+  for (size_t i = 0; i < gaps.size(); ++i) want[i] = (i == 0 ? 0 : want[i - 1] + 1) + gaps[i];
+  ASSERT_EQ(want.back(), kTop - 1);
+  for (const uint64_t elements : {kTop, kTop + 1, uint64_t{1} << 40}) {
+    for (const bool force_wide : {false, true}) {
+      ForceWideRanks(force_wide);
+      RankBuffer buf;
+      buf.Resize(gaps.size(), elements);
+      ForceWideRanks(false);
+      EXPECT_EQ(buf.is_narrow, elements <= kTop && !force_wide) << elements;
+      EXPECT_EQ(buf.narrow.size(), buf.is_narrow ? gaps.size() : 0u);
+      EXPECT_EQ(buf.wide.size(), buf.is_narrow ? 0u : gaps.size());
+      BitReader r(coded);
+      GapRanks ranks;
+      ranks.elements = elements;
+      ASSERT_FALSE(buf.Read(r, 0, gaps.size(), ranks));
+      EXPECT_FALSE(ranks.past);
+      for (size_t i = 0; i < gaps.size(); ++i) EXPECT_EQ(buf[i], want[i]) << i;
+    }
+  }
+  // One rank more (2^32) is past 2^32 elements, on the narrow route too.
+  gaps.push_back(0);
+  const std::vector<uint8_t> longer = Coded(gaps);
+  RankBuffer buf;
+  buf.Resize(gaps.size(), kTop);
+  ASSERT_TRUE(buf.is_narrow);
+  BitReader r(longer);
+  GapRanks ranks;
+  ranks.elements = kTop;
+  ASSERT_FALSE(buf.Read(r, 0, gaps.size(), ranks));
   EXPECT_TRUE(ranks.past);
 }
 
