@@ -7,12 +7,14 @@
 #include <cstring>
 #include <type_traits>
 
+#include "codec/codec_targets.h"
+
 namespace deltasync::compact {
 namespace {
 
-int BitWidth(uint64_t v) { return v ? 64 - __builtin_clzll(v) : 0; }
+DS_CODEC_INLINE int BitWidth(uint64_t v) { return v ? 64 - __builtin_clzll(v) : 0; }
 
-uint64_t RiceBits(uint64_t gap, int k) {
+DS_CODEC_INLINE uint64_t RiceBits(uint64_t gap, int k) {
   const uint64_t q = gap >> k;
   return q < kUnaryEscape ? q + 1 + static_cast<uint64_t>(k) : kUnaryEscape + 7 + BitWidth(gap);
 }
@@ -20,13 +22,13 @@ uint64_t RiceBits(uint64_t gap, int k) {
 // The ordinary code of a gap whose q = gap >> k is below kUnaryEscape: q
 // ones, a zero, then the k low bits (q + 1 + k bits, the first bit lowest).
 // Needs q + 1 + k <= 64.
-inline uint64_t OrdinaryCode(uint64_t gap, int k, uint64_t q) {
+DS_CODEC_INLINE uint64_t OrdinaryCode(uint64_t gap, int k, uint64_t q) {
   const uint64_t low = gap & ((uint64_t{1} << k) - 1);  // k <= 56: 0 for k = 0
   return ((uint64_t{1} << q) - 1) | (low << (q + 1));
 }
 
 template <class Writer>
-void PutRice(Writer& w, uint64_t gap, int k) {
+DS_CODEC_INLINE void PutRice(Writer& w, uint64_t gap, int k) {
   const uint64_t q = gap >> k;
   if (q < kUnaryEscape) {
     // One write when it fits.
@@ -48,7 +50,7 @@ void PutRice(Writer& w, uint64_t gap, int k) {
 // writer) and joined. Only where all four are ordinary and together fit in
 // 56 bits; returns false, having written nothing, otherwise.
 template <class Writer>
-bool PutRice4(Writer& w, const uint64_t* g, int k) {
+DS_CODEC_INLINE bool PutRice4(Writer& w, const uint64_t* g, int k) {
   const uint64_t q0 = g[0] >> k, q1 = g[1] >> k, q2 = g[2] >> k, q3 = g[3] >> k;
   if (std::max(std::max(q0, q1), std::max(q2, q3)) >= kUnaryEscape) return false;
   const uint64_t l0 = q0 + 1 + static_cast<uint64_t>(k), l1 = q1 + 1 + static_cast<uint64_t>(k);
@@ -69,7 +71,7 @@ bool PutRice4(Writer& w, const uint64_t* g, int k) {
 // q | (q + 1) is at least 32 if and only if q >= kUnaryEscape (31; q + 1
 // wraps only for q = 2^64 - 1), and so is the OR of it over the gaps, so the
 // one-by-one pass runs only for a k that some gap really escapes.
-void RiceCosts3(const uint64_t* gaps, size_t n, const int k[3], uint64_t cost[3]) {
+DS_CODEC_INLINE void RiceCosts3(const uint64_t* gaps, size_t n, const int k[3], uint64_t cost[3]) {
   static_assert(kUnaryEscape == 31, "the escape test below is for q >= 31");
   uint64_t q0 = 0, q1 = 0, q2 = 0, e0 = 0, e1 = 0, e2 = 0;
   const int k0 = k[0], k1 = k[1], k2 = k[2];
@@ -97,9 +99,8 @@ void RiceCosts3(const uint64_t* gaps, size_t n, const int k[3], uint64_t cost[3]
   }
 }
 
-}  // namespace
-
-void PutRiceGaps(BitWriter& w, uint64_t count, GapSource& source) {
+// PutRiceGaps's body, inlined into its two copies (codec_targets.h).
+DS_CODEC_INLINE void PutRiceGapsBody(BitWriter& w, uint64_t count, GapSource& source) {
   uint64_t gaps[kRiceBlock];
   for (uint64_t done = 0; done < count;) {
     const size_t e = source.Next(gaps, static_cast<size_t>(std::min<uint64_t>(kRiceBlock, count - done)));
@@ -147,6 +148,19 @@ void PutRiceGaps(BitWriter& w, uint64_t count, GapSource& source) {
     for (; i < e; ++i) PutRice(l, gaps[i], best_k);
     w.End(l);
   }
+}
+
+void PutRiceGapsBaseline(BitWriter& w, uint64_t count, GapSource& source) { PutRiceGapsBody(w, count, source); }
+
+DS_CODEC_BMI2_TARGET void PutRiceGapsBmi2(BitWriter& w, uint64_t count, GapSource& source) {
+  PutRiceGapsBody(w, count, source);
+}
+
+}  // namespace
+
+void PutRiceGaps(BitWriter& w, uint64_t count, GapSource& source) {
+  if (UseCodecBmi2()) return PutRiceGapsBmi2(w, count, source);
+  PutRiceGapsBaseline(w, count, source);
 }
 
 // Reads `count` gaps of one class into `out`; nullopt-style error text.

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 
+#include "codec/codec_targets.h"
 #include "codec/compact_rans.h"
 #include "codec/compact_rice.h"
 
@@ -88,7 +89,7 @@ struct Divide {
 // without a branch on them (data: it mispredicts). The two low bytes are
 // stored always, low byte at ptr - 1 (the decoder reads it last); below the
 // new ptr a store is overwritten later. Needs ptr - 2 inside the buffer.
-inline void RansPut(uint32_t& x, uint8_t sym, const V3Tables::Class& t, const Divide* div, uint8_t*& ptr) {
+DS_CODEC_INLINE void RansPut(uint32_t& x, uint8_t sym, const V3Tables::Class& t, const Divide* div, uint8_t*& ptr) {
   const uint32_t f = t.freq[sym];
   const uint32_t x_max = ((kRansLow >> kRansScaleBits) << 8) * f;
   const uint32_t n = static_cast<uint32_t>(x >= x_max) + static_cast<uint32_t>(uint64_t{x} >= uint64_t{x_max} << 8);
@@ -98,6 +99,61 @@ inline void RansPut(uint32_t& x, uint8_t sym, const V3Tables::Class& t, const Di
   x >>= 8 * n;
   const uint32_t q = static_cast<uint32_t>((uint64_t{x} * div[sym].rcp) >> div[sym].shift);  // x / f
   x = (q << kRansScaleBits) + (x - q * f) + t.start[sym];
+}
+
+using Dividers = std::array<std::vector<Divide>, kClasses>;
+
+// The rANS bytes of changes [lo, hi) (their diff bytes at diffs[lo..hi),
+// classes from `begin`), last symbol first, ending at `end`: returns where
+// they start. Two states taking turns from a piece of kRansTwoStates changes
+// on. Needs 2 (hi - lo) + 8 bytes below end (at most 2 bytes a symbol with
+// 12-bit frequencies, plus the final states). Inlined into its two copies
+// (codec_targets.h).
+DS_CODEC_INLINE uint8_t* EncodeRansPieceBody(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin,
+                                             uint64_t lo, uint64_t hi, const V3Tables& tables, const Dividers& divide,
+                                             uint8_t* end) {
+  const bool two = hi - lo >= kRansTwoStates;
+  uint8_t* ptr = end;
+  uint32_t xs[2] = {kRansLow, kRansLow};
+  for (int cl = kClasses - 1; cl >= 0; --cl) {
+    const Span part = ClassPart(begin, cl, lo, hi);
+    const V3Tables::Class& t = tables.classes[cl];
+    const Divide* div = divide[cl].data();
+    // Descending r; change r is on state (r - lo) & 1 (always 0 with one
+    // state). Two at a time, state 1 then 0, so that both stay in
+    // registers (a state picked by index lives in memory, and its store
+    // and reload lengthen every step's chain).
+    uint64_t r = part.b;
+    if (!two) {
+      for (; r > part.a; --r) RansPut(xs[0], diffs[r - 1], t, div, ptr);
+    } else {
+      uint32_t x0 = xs[0], x1 = xs[1];
+      if (r > part.a && ((r - 1 - lo) & 1) == 0) --r, RansPut(x0, diffs[r], t, div, ptr);
+      for (; r >= part.a + 2; r -= 2) {
+        RansPut(x1, diffs[r - 1], t, div, ptr);
+        RansPut(x0, diffs[r - 2], t, div, ptr);
+      }
+      if (r > part.a) --r, RansPut(x1, diffs[r], t, div, ptr);
+      xs[0] = x0;
+      xs[1] = x1;
+    }
+  }
+  for (int j = two ? 1 : 0; j >= 0; --j) {
+    ptr -= 4;
+    for (int k = 0; k < 4; ++k) ptr[k] = static_cast<uint8_t>(xs[j] >> (8 * k));
+  }
+  return ptr;
+}
+
+uint8_t* EncodeRansPieceBaseline(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin, uint64_t lo,
+                                 uint64_t hi, const V3Tables& tables, const Dividers& divide, uint8_t* end) {
+  return EncodeRansPieceBody(diffs, begin, lo, hi, tables, divide, end);
+}
+
+DS_CODEC_BMI2_TARGET uint8_t* EncodeRansPieceBmi2(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin,
+                                                  uint64_t lo, uint64_t hi, const V3Tables& tables,
+                                                  const Dividers& divide, uint8_t* end) {
+  return EncodeRansPieceBody(diffs, begin, lo, hi, tables, divide, end);
 }
 
 }  // namespace
@@ -242,7 +298,7 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
   // x / f for every state x < 2^31 (the rounding up adds less than x / 2^(31+s)
   // < 1/f, too little to reach the next multiple). A division per symbol
   // otherwise bounds the encoder. Only the symbols of the classes present.
-  std::array<std::vector<Divide>, kClasses> divide;
+  Dividers divide;
   for (int cl = 0; cl < kClasses; ++cl) {
     if (s.counts[cl] == 0) continue;
     divide[cl].resize(256);
@@ -266,41 +322,11 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
     const size_t gaps_at = body.size();
     w.FinishAppend(body);
     lens[p].first = body.size() - gaps_at;
-    // rANS, last symbol first, into the end of buf (at most 2 bytes a
-    // symbol with 12-bit frequencies, plus the final states); two states
-    // taking turns from a piece of kRansTwoStates changes on.
-    const bool two = hi - lo >= kRansTwoStates;
+    // rANS, last symbol first, into the end of buf.
     buf.resize(2 * (hi - lo) + 8);
     uint8_t* const end = buf.data() + buf.size();
-    uint8_t* ptr = end;
-    uint32_t xs[2] = {kRansLow, kRansLow};
-    for (int cl = kClasses - 1; cl >= 0; --cl) {
-      const Span part = ClassPart(begin, cl, lo, hi);
-      const V3Tables::Class& t = tables.classes[cl];
-      const Divide* div = divide[cl].data();
-      // Descending r; change r is on state (r - lo) & 1 (always 0 with one
-      // state). Two at a time, state 1 then 0, so that both stay in
-      // registers (a state picked by index lives in memory, and its store
-      // and reload lengthen every step's chain).
-      uint64_t r = part.b;
-      if (!two) {
-        for (; r > part.a; --r) RansPut(xs[0], diffs[r - 1], t, div, ptr);
-      } else {
-        uint32_t x0 = xs[0], x1 = xs[1];
-        if (r > part.a && ((r - 1 - lo) & 1) == 0) --r, RansPut(x0, diffs[r], t, div, ptr);
-        for (; r >= part.a + 2; r -= 2) {
-          RansPut(x1, diffs[r - 1], t, div, ptr);
-          RansPut(x0, diffs[r - 2], t, div, ptr);
-        }
-        if (r > part.a) --r, RansPut(x1, diffs[r], t, div, ptr);
-        xs[0] = x0;
-        xs[1] = x1;
-      }
-    }
-    for (int j = two ? 1 : 0; j >= 0; --j) {
-      ptr -= 4;
-      for (int k = 0; k < 4; ++k) ptr[k] = static_cast<uint8_t>(xs[j] >> (8 * k));
-    }
+    uint8_t* const ptr = UseCodecBmi2() ? EncodeRansPieceBmi2(diffs.data(), begin, lo, hi, tables, divide, end)
+                                        : EncodeRansPieceBaseline(diffs.data(), begin, lo, hi, tables, divide, end);
     body.insert(body.end(), ptr, end);
     lens[p].second = static_cast<uint64_t>(end - ptr);
   }

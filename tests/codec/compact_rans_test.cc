@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "codec/codec_targets.h"
 #include "codec/compact_rans.h"
 #include "codec/compact_rice.h"
 
@@ -196,53 +197,58 @@ TEST(CompactRans, TruncatedOverLongAndCorruptedPiecesFailAsTheReference) {
 
 
 // The library's writer (WriteBf16StreamV3, branch-free renormalisation)
-// puts exactly the reference encoder's bytes in every piece.
+// puts exactly the reference encoder's bytes in every piece, in both of its
+// compiled copies.
 TEST(CompactRans, WriterPiecesAreTheReferenceEncodersBytes) {
   std::mt19937_64 rng(12);
   const std::vector<Case> cases = {MakeCase(rng, {{2, 70001}, {3, 61071}}, {2, 3}),
                                    MakeCase(rng, {{0, 63}}, {1}), MakeCase(rng, {{0, 64}, {15, 1}}, {2, 0}),
                                    MakeCase(rng, {{6, 1}}, {3}), MakeCase(rng, {{1, 5000}, {4, 777}}, {1, 2})};
-  for (const Case& c : cases) {
-    const uint64_t count = c.diffs.size();
-    Bf16Streams s;
-    std::vector<std::vector<uint64_t>> gaps(kClasses);
-    std::vector<std::unique_ptr<VectorGaps>> sources;
-    std::vector<uint8_t> escapes;
-    for (int cl = 0; cl < kClasses; ++cl) {
-      s.counts[cl] = c.begin[cl + 1] - c.begin[cl];
-      gaps[cl].assign(s.counts[cl], 1);
-      sources.push_back(std::make_unique<VectorGaps>(gaps[cl]));
-      s.gaps[cl] = sources.back().get();
-      if (s.counts[cl] > 0) s.diffs[cl].push_back(ByteSpan(c.diffs).subspan(c.begin[cl], s.counts[cl]));
+  // Both compiled copies of the writer (codec_targets.h).
+  ForEachCodecCopy([&](const char* copy) {
+    for (const Case& c : cases) {
+      const uint64_t count = c.diffs.size();
+      Bf16Streams s;
+      std::vector<std::vector<uint64_t>> gaps(kClasses);
+      std::vector<std::unique_ptr<VectorGaps>> sources;
+      std::vector<uint8_t> escapes;
+      for (int cl = 0; cl < kClasses; ++cl) {
+        s.counts[cl] = c.begin[cl + 1] - c.begin[cl];
+        gaps[cl].assign(s.counts[cl], 1);
+        sources.push_back(std::make_unique<VectorGaps>(gaps[cl]));
+        s.gaps[cl] = sources.back().get();
+        if (s.counts[cl] > 0) s.diffs[cl].push_back(ByteSpan(c.diffs).subspan(c.begin[cl], s.counts[cl]));
+      }
+      for (uint8_t d : c.diffs) {
+        if (d == kEscape) escapes.insert(escapes.end(), {0x80, 0x3F});
+      }
+      if (!escapes.empty()) s.escapes.push_back(escapes);
+      std::vector<uint8_t> out;
+      WriteBf16StreamV3(s, c.tables, out);
+      Reader in(out);
+      ASSERT_EQ(*in.Byte(), kStreamVersion3);
+      in.Byte();
+      ASSERT_EQ(*in.Varint(), count);
+      in.Take(2);
+      for (int cl = 0; cl < kClasses; ++cl) {
+        if (s.counts[cl] > 0) ASSERT_EQ(*in.Varint(), s.counts[cl]);
+      }
+      const uint64_t pieces = (count + kV3Piece - 1) / kV3Piece;
+      std::vector<std::pair<uint64_t, uint64_t>> lens;
+      for (uint64_t p = 0; p < pieces; ++p) {
+        const uint64_t g = *in.Varint();
+        lens.push_back({g, *in.Varint()});
+      }
+      for (uint64_t p = 0; p < pieces; ++p) {
+        in.Take(lens[p].first);
+        const ByteSpan rans = *in.Take(lens[p].second);
+        const uint64_t lo = p * kV3Piece, hi = std::min(count, lo + kV3Piece);
+        const std::vector<uint8_t> want = ReferenceEncode(c.diffs, lo, hi, c.begin, c.tables);
+        ASSERT_EQ(std::vector<uint8_t>(rans.begin(), rans.end()), want)
+            << copy << " copy, piece " << p << " of " << count;
+      }
     }
-    for (uint8_t d : c.diffs) {
-      if (d == kEscape) escapes.insert(escapes.end(), {0x80, 0x3F});
-    }
-    if (!escapes.empty()) s.escapes.push_back(escapes);
-    std::vector<uint8_t> out;
-    WriteBf16StreamV3(s, c.tables, out);
-    Reader in(out);
-    ASSERT_EQ(*in.Byte(), kStreamVersion3);
-    in.Byte();
-    ASSERT_EQ(*in.Varint(), count);
-    in.Take(2);
-    for (int cl = 0; cl < kClasses; ++cl) {
-      if (s.counts[cl] > 0) ASSERT_EQ(*in.Varint(), s.counts[cl]);
-    }
-    const uint64_t pieces = (count + kV3Piece - 1) / kV3Piece;
-    std::vector<std::pair<uint64_t, uint64_t>> lens;
-    for (uint64_t p = 0; p < pieces; ++p) {
-      const uint64_t g = *in.Varint();
-      lens.push_back({g, *in.Varint()});
-    }
-    for (uint64_t p = 0; p < pieces; ++p) {
-      in.Take(lens[p].first);
-      const ByteSpan rans = *in.Take(lens[p].second);
-      const uint64_t lo = p * kV3Piece, hi = std::min(count, lo + kV3Piece);
-      const std::vector<uint8_t> want = ReferenceEncode(c.diffs, lo, hi, c.begin, c.tables);
-      ASSERT_EQ(std::vector<uint8_t>(rans.begin(), rans.end()), want) << "piece " << p << " of " << count;
-    }
-  }
+  });
 }
 
 }  // namespace

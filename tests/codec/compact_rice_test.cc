@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "codec/codec_targets.h"
 #include "codec/compact_rice.h"
 
 namespace deltasync::compact {
@@ -266,7 +267,8 @@ TEST(CompactRice, LocalPutsWriteWhatPutWrites) {
 
 // The Rice writer as it was first written (plain BitWriter::Put, the mean
 // as a sum of doubles in gap order, each candidate k's cost in its own pass):
-// PutRiceGaps's faster passes must choose the same k and write the same bits.
+// PutRiceGaps's faster passes must choose the same k and write the same bits,
+// in both of its compiled copies.
 void ReferencePutRice(BitWriter& w, uint64_t gap, int k) {
   const int width = gap ? 64 - __builtin_clzll(gap) : 0;
   if ((gap >> k) < static_cast<uint64_t>(kUnaryEscape)) {
@@ -345,9 +347,12 @@ TEST(CompactRice, WriterEqualsTheReferenceWriter) {
     for (uint64_t& x : g) x = rng() % 100 < share ? (31 + rng() % 40) << shift | rng() % (1u << shift) : rng() % small;
     cases.push_back(g);
   }
-  for (size_t c = 0; c < cases.size(); ++c) {
-    EXPECT_EQ(Coded(cases[c]), ReferenceCoded(cases[c])) << "case " << c;
-  }
+  // Both compiled copies of the writer (codec_targets.h).
+  ForEachCodecCopy([&](const char* copy) {
+    for (size_t c = 0; c < cases.size(); ++c) {
+      EXPECT_EQ(Coded(cases[c]), ReferenceCoded(cases[c])) << copy << " copy, case " << c;
+    }
+  });
 }
 
 }  // namespace

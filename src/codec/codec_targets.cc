@@ -1,0 +1,28 @@
+// The writers' copy selection (codec_targets.h).
+#include "codec/codec_targets.h"
+
+#include <atomic>
+
+namespace deltasync::compact {
+namespace {
+
+std::atomic<bool> g_allowed{true};
+
+}  // namespace
+
+bool CpuHasCodecBmi2() {
+#if DS_CODEC_HAS_BMI2
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") &&
+                          __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt") &&
+                          __builtin_cpu_supports("fma");
+  return has;
+#else
+  return false;
+#endif
+}
+
+bool UseCodecBmi2() { return g_allowed.load(std::memory_order_relaxed) && CpuHasCodecBmi2(); }
+
+void AllowCodecBmi2(bool allowed) { g_allowed.store(allowed, std::memory_order_relaxed); }
+
+}  // namespace deltasync::compact
