@@ -16,8 +16,11 @@
 // --encoding gap_delta|raw: the publish row's Publisher encodes that instead
 // (it detects into its kept change list and encodes into its kept patch).
 //
+// --target T: the SIMD kernels restricted to one target (AVX3, AVX3-no-raw,
+// AVX2, ...; kernels::SupportedTargetNames()), to compare routes in one binary.
+//
 //   publish_bench [--quick] [--threads N] [--reps R] [--rate F] [--only floor|detect|stages|publish]
-//                 [--encoding compact|gap_delta|raw]
+//                 [--encoding compact|gap_delta|raw] [--target T]
 #include <cstdio>
 #include <ctime>
 #include <functional>
@@ -33,6 +36,7 @@
 #include "bench_floor.h"
 #include "common/parallel.h"
 #include "bf16/compact_scan.h"
+#include "bf16/simd_kernels.h"
 #include "codec/compact_bf16.h"
 #include "codec/stream_buffers.h"
 #include "deltasync/changes.h"
@@ -87,7 +91,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   int threads = 2, reps = 5;
   double rate = 0.034;
-  std::string only;
+  std::string only, target;
   IndexEncoding encoding = IndexEncoding::kCompact;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -110,10 +114,17 @@ int main(int argc, char** argv) {
       Result<IndexEncoding> e = ParseEncoding(next());
       Check(e.status());
       encoding = *e;
+    } else if (a == "--target") {
+      target = next();
     } else {
       Die("unknown argument " + a +
-          " (use --quick, --threads N, --reps R, --rate F, --only floor|detect|stages|publish, --encoding E)");
+          " (use --quick, --threads N, --reps R, --rate F, --only floor|detect|stages|publish, --encoding E, --target T)");
     }
+  }
+  if (!target.empty() && !kernels::UseOnlyTarget(target)) {
+    std::string known;
+    for (const std::string& t : kernels::SupportedTargetNames()) known += " " + t;
+    Die("unknown or unsupported target " + target + " (this CPU:" + known + ")");
   }
   // As `deltasync bench`: base ~N(0, 0.02), norms 1, masters rounding to a
   // neighbour of the base for a fraction `rate` of elements.

@@ -1,5 +1,6 @@
 // ClassCountsBytes16Avx512 (class_counts_avx512.h). Per 64 elements, 512-bit
-// vectors:
+// vectors (steps 1-3 are class_bytes_avx512.h's ClassBytes64 and
+// ClassLaneBits, which the fused compact scan shares):
 //  1. the class bytes: the exponent is the odd byte of bits + bits (the sign
 //     shifted out), 64 of them gathered from two vectors by one VPERMT2B,
 //     then min(e -sat 112, 15); past n, 0xFF (masked loads: nothing past
@@ -19,6 +20,7 @@
 // instructions per 32 elements per class.
 #include "bf16/class_counts_avx512.h"
 
+#include "bf16/class_bytes_avx512.h"
 #include "bf16/raw_kernels.h"
 
 #if defined(__x86_64__)
@@ -48,46 +50,21 @@ bool CpuHasClassCountsAvx512() {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-#define DS_AVX512_COUNTS __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,gfni,avx512bitalg,bmi2")))
-
 namespace {
 
 constexpr size_t kBlock = 1024;
 
-// Step 1: the class bytes of the elements at p selected by `valid` (the
-// others 0xFF).
-DS_AVX512_COUNTS inline __m512i ClassBytes64(const uint16_t* p, __mmask64 valid) {
-  alignas(64) static constexpr uint8_t kOddBytes[64] = {
-      1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
-      45, 47, 49, 51, 53, 55, 57, 59, 61, 63, 65, 67, 69, 71, 73, 75, 77, 79, 81, 83, 85, 87,
-      89, 91, 93, 95, 97, 99, 101, 103, 105, 107, 109, 111, 113, 115, 117, 119, 121, 123, 125, 127};
-  const __m512i a = _mm512_maskz_loadu_epi16(static_cast<__mmask32>(valid), p);
-  const __m512i b = _mm512_maskz_loadu_epi16(static_cast<__mmask32>(valid >> 32), p + 32);
-  const __m512i e = _mm512_permutex2var_epi8(_mm512_add_epi16(a, a), _mm512_load_si512(kOddBytes), _mm512_add_epi16(b, b));
-  const __m512i c = _mm512_min_epu8(_mm512_subs_epu8(e, _mm512_set1_epi8(112)), _mm512_set1_epi8(15));
-  return _mm512_mask_mov_epi8(_mm512_set1_epi8(static_cast<char>(0xFF)), valid, c);
-}
-
 // The 8 classes' counts of `acc` (byte j of each 64-bit lane: that lane's
 // elements of the j-th class) as u16 lanes.
-DS_AVX512_COUNTS inline __m128i SumLanes(__m512i acc) {
-  alignas(64) static constexpr uint8_t kTranspose[64] = {
-      0, 8,  16, 24, 32, 40, 48, 56, 1, 9,  17, 25, 33, 41, 49, 57, 2, 10, 18, 26, 34, 42,
-      50, 58, 3, 11, 19, 27, 35, 43, 51, 59, 4, 12, 20, 28, 36, 44, 52, 60, 5, 13, 21, 29,
-      37, 45, 53, 61, 6, 14, 22, 30, 38, 46, 54, 62, 7, 15, 23, 31, 39, 47, 55, 63};
-  const __m512i by_class = _mm512_permutexvar_epi8(_mm512_load_si512(kTranspose), acc);
+DS_AVX512_CLASSES inline __m128i SumLanes(__m512i acc) {
+  const __m512i by_class = _mm512_permutexvar_epi8(_mm512_load_si512(avx512::kTransposeBytes), acc);
   return _mm512_cvtepi64_epi16(_mm512_sad_epu8(by_class, _mm512_setzero_si512()));
 }
 
 }  // namespace
 
-DS_AVX512_COUNTS void ClassCountsBytes16Avx512(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts,
+DS_AVX512_CLASSES void ClassCountsBytes16Avx512(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts,
                                                uint8_t* bytes) {
-  const __m512i low = _mm512_broadcast_i32x4(_mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 0, 0, 0, 0, 0, 0, 0, 0));
-  const __m512i high = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 4, 8, 16, 32, 64, -128));
-  // Byte j = 1 << j: GF2P8AFFINEQB(unit, m) puts bit j of each of m's 8
-  // bytes into byte j (in reverse order, which a popcount ignores).
-  const __m512i unit = _mm512_set1_epi64(static_cast<long long>(0x8040201008040201ull));
   for (size_t at = 0; at < n; at += kBlock, counts += 16) {
     const size_t len = n - at < kBlock ? n - at : kBlock;
     // Two blocks ahead: the stream from memory is what bounds this loop.
@@ -98,10 +75,10 @@ DS_AVX512_COUNTS void ClassCountsBytes16Avx512(const uint16_t* data, size_t n, u
     __m512i acc_low = _mm512_setzero_si512(), acc_high = acc_low;
     for (size_t g = 0; g < len; g += 64) {
       const __mmask64 valid = len - g >= 64 ? ~__mmask64{0} : _bzhi_u64(~uint64_t{0}, static_cast<unsigned>(len - g));
-      const __m512i c = ClassBytes64(data + at + g, valid);
+      const __m512i c = avx512::ClassBytes64(data + at + g, valid);
       _mm512_store_si512(bytes + at + g, c);
-      const __m512i t_low = _mm512_gf2p8affine_epi64_epi8(unit, _mm512_shuffle_epi8(low, c), 0);
-      const __m512i t_high = _mm512_gf2p8affine_epi64_epi8(unit, _mm512_shuffle_epi8(high, c), 0);
+      __m512i t_low, t_high;
+      avx512::ClassLaneBits(c, &t_low, &t_high);
       acc_low = _mm512_add_epi8(acc_low, _mm512_popcnt_epi8(t_low));
       acc_high = _mm512_add_epi8(acc_high, _mm512_popcnt_epi8(t_high));
     }
@@ -110,7 +87,6 @@ DS_AVX512_COUNTS void ClassCountsBytes16Avx512(const uint16_t* data, size_t n, u
   }
 }
 
-#undef DS_AVX512_COUNTS
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif

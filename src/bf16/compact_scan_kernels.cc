@@ -8,7 +8,10 @@
 //     then the word's changes, one at a time (about two per word at a
 //     realistic change rate);
 //  3. the block's hash change in one vector call over its changes.
-// Compiled per target like the other kernels (foreach_target.h).
+// Compiled per target like the other kernels (foreach_target.h). On the
+// AVX-512 targets, where the CPU has VBMI, GFNI, BITALG, VPOPCNTDQ and BF16,
+// passes 1 and 2's masks and counts are one raw-intrinsics pass instead
+// (compact_scan_avx512.h): the per-change loop is the same.
 
 #include <algorithm>
 #include <array>
@@ -20,6 +23,7 @@
 
 #include "bf16/class_counts_avx512.h"
 #include "bf16/compact_scan.h"
+#include "bf16/compact_scan_avx512.h"
 #include "bf16/prefetch.h"
 #include "bf16/round.h"
 #include "bf16/simd_kernels.h"
@@ -247,11 +251,18 @@ HWY_INLINE void PrefetchForWrite(const T* p, size_t ahead) {
 // The loop keeps every counter and output pointer in locals: the outputs
 // are byte stores, which may alias anything reachable from `s` or `st`, so
 // through those the compiler would reload them after every store.
-template <bool kF32>
+// kRaw: each block's first pass is ScanBlockAvx512 (compact_scan_avx512.h),
+// which also gives every word's class masks and running counts; only where
+// HasCompactScanAvx512().
+template <bool kF32, bool kRaw>
 HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
   HWY_ALIGN uint16_t fresh[kScanBlock];
   HWY_ALIGN uint8_t cls[kScanBlock];
   HWY_ALIGN uint64_t words[kScanWords];
+  // kRaw: ScanBlockAvx512's per-word masks and running counts.
+  static_assert(kScanWords == kScanBlockWords && kScanClasses == kScanWordClasses);
+  HWY_ALIGN uint64_t word_masks[kRaw ? kScanWords * kScanClasses : 1];
+  HWY_ALIGN uint64_t word_seen[kRaw ? (kScanWords + 1) * kScanClasses : 1];
   // The hash inputs of the block's changes: bf16 bits as u16 (HashTermDiffs16
   // multiplies them in one step less than u64 bits, and stores a quarter);
   // the old bits are the block's run of old_values.
@@ -293,13 +304,18 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
     const uint8_t* const cur_ahead = prefetch ? current + (start + 2 * kScanBlock) * elem_size : current;
     const auto* const pub_ahead = reinterpret_cast<const uint8_t*>(prefetch ? pub + 2 * kScanBlock : pub);
     int lo = kScanClasses - 1, hi = 0;
+    bool bad;
+    if constexpr (kRaw) {
+      bad = ScanBlockAvx512(pub, current + start * elem_size, kF32, len, seen, fresh, words, cls, word_masks, word_seen);
+    } else {
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
-    const bool bad = ClassifyBlock32<kF32>(pub, current + start * elem_size, len, fresh, words, cls, lo, hi);
+      bad = ClassifyBlock32<kF32>(pub, current + start * elem_size, len, fresh, words, cls, lo, hi);
 #elif HWY_TARGET == HWY_AVX2 && HWY_ARCH_X86_64
-    const bool bad = ClassifyBlockAvx2<kF32>(pub, current + start * elem_size, len, fresh, words, cls, lo, hi);
+      bad = ClassifyBlockAvx2<kF32>(pub, current + start * elem_size, len, fresh, words, cls, lo, hi);
 #else
-    const bool bad = ClassifyBlock<kF32>(pub, current + start * elem_size, len, fresh, words, cls, lo, hi);
+      bad = ClassifyBlock<kF32>(pub, current + start * elem_size, len, fresh, words, cls, lo, hi);
 #endif
+    }
     if (bad && s.check_finite) {
       size_t k = 0;
       while (k < len && !bf16::IsNonFinite(fresh[k], bf16::kBf16ExpMask)) ++k;
@@ -315,12 +331,18 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
       if (prefetch) {
         PrefetchWordShare(cur_ahead, elem_size, pub_ahead, w);
       }
-      uint64_t mask[kScanClasses];
+      uint64_t mask_here[kRaw ? 1 : kScanClasses];
+      // The word's class masks, and the class counts before it.
+      const uint64_t* const mask = kRaw ? word_masks + kScanClasses * w : mask_here;
+      const uint64_t* const seen_here = kRaw ? word_seen + kScanClasses * w : seen;
+      if constexpr (kRaw) {
+        // ScanBlockAvx512 gave them.
+      } else {
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
       // One compare per class present in the block, straight into a mask
       // register: no other class's mask or count is ever used.
       const __m512i x = _mm512_loadu_si512(cls + 64 * w);
-      for (int c = lo; c <= hi; ++c) mask[c] = static_cast<uint64_t>(_mm512_cmpeq_epi8_mask(x, want[c]));
+      for (int c = lo; c <= hi; ++c) mask_here[c] = static_cast<uint64_t>(_mm512_cmpeq_epi8_mask(x, want[c]));
 #elif HWY_TARGET == HWY_AVX2 && HWY_ARCH_X86_64
       // The same on AVX2: two compares and two movemasks per class present,
       // straight into the mask (no store and reload of mask bytes).
@@ -328,20 +350,22 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
       const __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(cls + 64 * w + 32));
       for (int c = lo; c <= hi; ++c) {
         const __m256i want_c = _mm256_set1_epi8(static_cast<char>(c));
-        mask[c] = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(x0, want_c))) |
+        mask_here[c] = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(x0, want_c))) |
                   static_cast<uint64_t>(static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(x1, want_c))))
                       << 32;
       }
 #else
-      ClassMasks(cls + 64 * w, mask);
+      ClassMasks(cls + 64 * w, mask_here);
 #endif
+      }
       uint64_t bits = words[w];
       changed_words[(start >> 6) + w] = bits;
       for (; bits != 0; bits &= bits - 1) {
         const unsigned j = static_cast<unsigned>(__builtin_ctzll(bits));
         const size_t e = 64 * w + j;
         const int c = cls[e];
-        const uint64_t rank = seen[c] + static_cast<uint64_t>(__builtin_popcountll(mask[c] & ((uint64_t{1} << j) - 1)));
+        const uint64_t rank =
+            seen_here[c] + static_cast<uint64_t>(__builtin_popcountll(mask[c] & ((uint64_t{1} << j) - 1)));
         const uint64_t k = count[c]++;
         PrefetchForWrite(gaps[c] + k, kGapsAhead);
         PrefetchForWrite(diffs[c] + k, kDiffsAhead);
@@ -357,12 +381,15 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
         h_new[h] = new_bits;
         ++h;
       }
+      if constexpr (!kRaw) {
 #if (HWY_TARGET <= HWY_AVX3 || HWY_TARGET == HWY_AVX2) && HWY_ARCH_X86_64
-      for (int c = lo; c <= hi; ++c) seen[c] += static_cast<uint64_t>(__builtin_popcountll(mask[c]));
+        for (int c = lo; c <= hi; ++c) seen[c] += static_cast<uint64_t>(__builtin_popcountll(mask[c]));
 #else
-      for (int c = 0; c < kScanClasses; ++c) seen[c] += static_cast<uint64_t>(__builtin_popcountll(mask[c]));
+        for (int c = 0; c < kScanClasses; ++c) seen[c] += static_cast<uint64_t>(__builtin_popcountll(mask[c]));
 #endif
+      }
     }
+    if constexpr (kRaw) std::memcpy(seen, word_seen + kScanClasses * n_words, sizeof(seen));
     if (h > 0) {
       HashTermDiffs16(h_index, reinterpret_cast<const uint8_t*>(h_new), reinterpret_cast<const uint8_t*>(h_old), h,
                       s.seed, st.hash);
@@ -582,8 +609,20 @@ void ClassCountsBytes16Impl(const uint16_t* HWY_RESTRICT data, size_t n, uint32_
 }
 
 
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
+// ScanLoop with its raw first pass, kept out of line (each loop is large).
+HWY_NOINLINE size_t ScanLoopRaw(const CompactScanSpan& span, CompactScanState& state) {
+  return span.f32 ? ScanLoop<true, true>(span, state) : ScanLoop<false, true>(span, state);
+}
+#endif
+
 size_t ScanCompactSpanImpl(const CompactScanSpan& span, CompactScanState& state) {
-  return span.f32 ? ScanLoop<true>(span, state) : ScanLoop<false>(span, state);
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
+  // Where the CPU has VBMI, GFNI, BITALG, VPOPCNTDQ and BF16: every class's
+  // masks and counts of a word in one pass (same results).
+  if (HasCompactScanAvx512()) return ScanLoopRaw(span, state);
+#endif
+  return span.f32 ? ScanLoop<true, false>(span, state) : ScanLoop<false, false>(span, state);
 }
 
 }  // namespace deltasync::kernels::HWY_NAMESPACE

@@ -1,9 +1,9 @@
 // Kernels written with raw x86 intrinsics beside Highway's dispatch
 // (internal to src/bf16): code for CPU extensions that Debian's Highway 1.0
-// has no target for (class_counts_avx512.h). Each runs inside a Highway
-// target at or above AVX3, only where the CPU has its extensions and the
-// tests have not turned raw kernels off; otherwise that target runs its
-// Highway code, with the same results.
+// has no target for (class_counts_avx512.h, compact_scan_avx512.h). Each runs
+// inside a Highway target at or above AVX3, only where the CPU has its
+// extensions and the tests have not turned raw kernels off; otherwise that
+// target runs its Highway code, with the same results.
 //
 // So that both routes are tested on the same CPU, SupportedTargetNames()
 // lists, after each target that would run a raw kernel here, the same
