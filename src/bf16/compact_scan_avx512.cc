@@ -11,9 +11,13 @@
 //  4. every class's mask at once (one-hot bytes, GF2P8AFFINEQB transposes,
 //     an 8 x 8 byte transpose: ClassMasks64), stored for the per-change
 //     loop, and the running counts as two vectors of u64 (VPOPCNTQ of the
-//     masks), stored before each word.
-// The scan's per-change loop then reads a change's class mask and count
-// from these stores: no compare, popcount or add per class per word.
+//     masks), stored before each word;
+//  5. the offsets of the changed elements (VPCOMPRESSW of the offsets by the
+//     changed bits).
+// The scan's per-change loop then runs over the block's changes in one
+// flat loop (one mispredicted exit per block, not per word), reading a
+// change's class mask and count from these stores: no compare, popcount
+// or add per class per word.
 #include "bf16/compact_scan_avx512.h"
 
 #include "bf16/raw_kernels.h"
@@ -22,6 +26,7 @@
 #include <immintrin.h>
 
 #include "bf16/class_bytes_avx512.h"
+#include "bf16/prefetch.h"
 #include "bf16/round.h"
 #endif
 
@@ -34,7 +39,8 @@ bool HasCompactScanAvx512() { return CpuHasCompactScanAvx512() && RawKernelsAllo
 bool CpuHasCompactScanAvx512() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                          __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni") &&
+                          __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2") &&
+                          __builtin_cpu_supports("gfni") &&
                           __builtin_cpu_supports("avx512bitalg") && __builtin_cpu_supports("avx512vpopcntdq") &&
                           __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("bmi2");
   return has;
@@ -50,8 +56,8 @@ bool CpuHasCompactScanAvx512() {
 #endif
 
 #define DS_AVX512_SCAN                                                                                         \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,gfni,avx512bitalg,avx512vpopcntdq," \
-                        "avx512bf16,bmi2")))
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vbmi2,gfni,avx512bitalg," \
+                        "avx512vpopcntdq,avx512bf16,bmi2,popcnt")))
 
 namespace {
 
@@ -69,13 +75,18 @@ DS_AVX512_SCAN inline __m512i RoundWord32(const uint32_t* cur, __mmask32 valid, 
 }  // namespace
 
 DS_AVX512_SCAN bool ScanBlockAvx512(const uint16_t* pub, const void* cur, bool f32, size_t len, const uint64_t* seen_in,
-                                    uint16_t* fresh, uint64_t* words, uint8_t* cls, uint64_t* masks, uint64_t* seen) {
+                                    const ScanBlockAhead& ahead, uint16_t* fresh, uint64_t* words, uint8_t* cls,
+                                    uint64_t* masks, uint64_t* seen, uint16_t* offsets, size_t* changed) {
   const __m512i exp = _mm512_set1_epi16(static_cast<short>(bf16::kBf16ExpMask));
+  const __m512i iota = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12,
+                                        11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  size_t n_changed = 0;
   __m512i seen_low = _mm512_loadu_si512(seen_in), seen_high = _mm512_loadu_si512(seen_in + 8);
   __mmask32 bad = 0;
   const size_t n_words = (len + 63) / 64;
   for (size_t w = 0; w < n_words; ++w) {
     const size_t at = 64 * w;
+    if (ahead.cur != nullptr) PrefetchWordShare(ahead.cur, ahead.elem_size, ahead.pub, w);
     const __mmask64 valid = len - at >= 64 ? ~__mmask64{0} : _bzhi_u64(~uint64_t{0}, static_cast<unsigned>(len - at));
     const auto valid_low = static_cast<__mmask32>(valid), valid_high = static_cast<__mmask32>(valid >> 32);
     __m512i r0, r1;
@@ -98,7 +109,14 @@ DS_AVX512_SCAN bool ScanBlockAvx512(const uint16_t* pub, const void* cur, bool f
     }
     const __m512i p0 = _mm512_maskz_loadu_epi16(valid_low, pub + at);
     const __m512i p1 = _mm512_maskz_loadu_epi16(valid_high, pub + at + 32);
-    words[w] = uint64_t{_mm512_cmpneq_epu16_mask(r0, p0)} | uint64_t{_mm512_cmpneq_epu16_mask(r1, p1)} << 32;
+    const __mmask32 changed0 = _mm512_cmpneq_epu16_mask(r0, p0), changed1 = _mm512_cmpneq_epu16_mask(r1, p1);
+    words[w] = uint64_t{changed0} | uint64_t{changed1} << 32;
+    const __m512i offset0 = _mm512_add_epi16(iota, _mm512_set1_epi16(static_cast<short>(at)));
+    _mm512_storeu_si512(offsets + n_changed, _mm512_maskz_compress_epi16(changed0, offset0));
+    n_changed += static_cast<size_t>(__builtin_popcount(changed0));
+    const __m512i offset1 = _mm512_add_epi16(offset0, _mm512_set1_epi16(32));
+    _mm512_storeu_si512(offsets + n_changed, _mm512_maskz_compress_epi16(changed1, offset1));
+    n_changed += static_cast<size_t>(__builtin_popcount(changed1));
     bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(r0, exp), exp) | _mm512_cmpeq_epi16_mask(_mm512_and_si512(r1, exp), exp);
     _mm512_store_si512(fresh + at, r0);
     _mm512_store_si512(fresh + at + 32, r1);
@@ -117,6 +135,7 @@ DS_AVX512_SCAN bool ScanBlockAvx512(const uint16_t* pub, const void* cur, bool f
   }
   _mm512_store_si512(seen + kScanWordClasses * n_words, seen_low);
   _mm512_store_si512(seen + kScanWordClasses * n_words + 8, seen_high);
+  *changed = n_changed;
   return bad != 0;
 }
 
@@ -129,8 +148,9 @@ DS_AVX512_SCAN bool ScanBlockAvx512(const uint16_t* pub, const void* cur, bool f
 
 bool CpuHasCompactScanAvx512() { return false; }
 
-bool ScanBlockAvx512(const uint16_t*, const void*, bool, size_t, const uint64_t*, uint16_t*, uint64_t*, uint8_t*,
-                     uint64_t*, uint64_t*) {
+bool ScanBlockAvx512(const uint16_t*, const void*, bool, size_t, const uint64_t*, const ScanBlockAhead&, uint16_t*,
+                     uint64_t*, uint8_t*, uint64_t*, uint64_t*, uint16_t*, size_t* changed) {
+  *changed = 0;
   return false;
 }
 

@@ -1,5 +1,5 @@
 // The fused compact scan's per-block pass (ScanCompactSpan, compact_scan.h)
-// on CPUs with AVX-512 VBMI, GFNI, BITALG, VPOPCNTDQ and BF16 (Zen 4 and
+// on CPUs with AVX-512 VBMI, VBMI2, GFNI, BITALG, VPOPCNTDQ and BF16 (Zen 4 and
 // later, Sapphire Rapids and later): every class's mask and running count
 // of each 64-element word in one pass whose cost does not grow with the
 // classes present, and the fp32 rounding by VCVTNE2PS2BF16 (internal;
@@ -12,16 +12,18 @@
 namespace deltasync::kernels {
 
 // Whether this CPU has what ScanBlockAvx512 needs (those of
-// CpuHasClassCountsAvx512, and AVX-512 DQ, VPOPCNTDQ and BF16). Always false
+// CpuHasClassCountsAvx512, and AVX-512 DQ, VBMI2, VPOPCNTDQ and BF16). Always false
 // off x86-64.
 bool CpuHasCompactScanAvx512();
 // Whether it runs here: the CPU has it and raw kernels are allowed.
 bool HasCompactScanAvx512();
 
 // Words of a block (1024 elements) and the entries per word of
-// ScanBlockAvx512's masks and running counts.
+// ScanBlockAvx512's masks and running counts; room past a block's changes
+// that its `offsets` output needs (scratch written past the count).
 inline constexpr size_t kScanBlockWords = 16;
 inline constexpr size_t kScanWordClasses = 16;
+inline constexpr size_t kScanOffsetsSlack = 32;
 
 // Pass 1 of ScanCompactSpan over one block of len <= 1024 elements: the
 // base's bf16 bits at pub, the new values at cur (fp32 bit patterns where
@@ -34,10 +36,20 @@ inline constexpr size_t kScanWordClasses = 16;
 //    word (64-byte aligned);
 //  - masks[16 w + c] = word w's elements of class c (bit k: element 64 w + k);
 //  - seen[16 w + c] = seen_in[c] + the class-c elements of words [0, w), for
-//    w up to ceil(len / 64) included (the block's end).
+//    w up to ceil(len / 64) included (the block's end);
+//  - offsets[h] = the offset of the block's h-th changed element, ascending,
+//    h < *changed (room for len + kScanOffsetsSlack).
 // Returns whether any new value is Inf or NaN. fresh, masks and seen are
-// 64-byte aligned.
+// 64-byte aligned. Where cur_ahead is not null, also prefetches a block's
+// lines ahead, word w's share of them (PrefetchWordShare, prefetch.h) with
+// word w.
+struct ScanBlockAhead {
+  const uint8_t* cur = nullptr;  // null: no prefetch
+  size_t elem_size = 0;
+  const uint8_t* pub = nullptr;
+};
 bool ScanBlockAvx512(const uint16_t* pub, const void* cur, bool f32, size_t len, const uint64_t* seen_in,
-                     uint16_t* fresh, uint64_t* words, uint8_t* cls, uint64_t* masks, uint64_t* seen);
+                     const ScanBlockAhead& ahead, uint16_t* fresh, uint64_t* words, uint8_t* cls, uint64_t* masks,
+                     uint64_t* seen, uint16_t* offsets, size_t* changed);
 
 }  // namespace deltasync::kernels

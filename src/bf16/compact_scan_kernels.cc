@@ -9,9 +9,10 @@
 //     realistic change rate);
 //  3. the block's hash change in one vector call over its changes.
 // Compiled per target like the other kernels (foreach_target.h). On the
-// AVX-512 targets, where the CPU has VBMI, GFNI, BITALG, VPOPCNTDQ and BF16,
-// passes 1 and 2's masks and counts are one raw-intrinsics pass instead
-// (compact_scan_avx512.h): the per-change loop is the same.
+// AVX-512 targets, where the CPU has VBMI, VBMI2, GFNI, BITALG, VPOPCNTDQ and BF16,
+// pass 1, step 2's masks and counts and the changes' offsets are one
+// raw-intrinsics pass instead (compact_scan_avx512.h), and each change is
+// then coded as above, in one flat loop over the block's changes.
 
 #include <algorithm>
 #include <array>
@@ -252,8 +253,9 @@ HWY_INLINE void PrefetchForWrite(const T* p, size_t ahead) {
 // are byte stores, which may alias anything reachable from `s` or `st`, so
 // through those the compiler would reload them after every store.
 // kRaw: each block's first pass is ScanBlockAvx512 (compact_scan_avx512.h),
-// which also gives every word's class masks and running counts; only where
-// HasCompactScanAvx512().
+// which also gives every word's class masks and running counts and the
+// changes' offsets, so that the changes run in one flat loop per block;
+// only where HasCompactScanAvx512().
 template <bool kF32, bool kRaw>
 HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
   HWY_ALIGN uint16_t fresh[kScanBlock];
@@ -263,6 +265,7 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
   static_assert(kScanWords == kScanBlockWords && kScanClasses == kScanWordClasses);
   HWY_ALIGN uint64_t word_masks[kRaw ? kScanWords * kScanClasses : 1];
   HWY_ALIGN uint64_t word_seen[kRaw ? (kScanWords + 1) * kScanClasses : 1];
+  HWY_ALIGN uint16_t offsets[kRaw ? kScanBlock + kScanOffsetsSlack : 1];
   // The hash inputs of the block's changes: bf16 bits as u16 (HashTermDiffs16
   // multiplies them in one step less than u64 bits, and stores a quarter);
   // the old bits are the block's run of old_values.
@@ -305,8 +308,11 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
     const auto* const pub_ahead = reinterpret_cast<const uint8_t*>(prefetch ? pub + 2 * kScanBlock : pub);
     int lo = kScanClasses - 1, hi = 0;
     bool bad;
+    size_t n_changed = 0;
     if constexpr (kRaw) {
-      bad = ScanBlockAvx512(pub, current + start * elem_size, kF32, len, seen, fresh, words, cls, word_masks, word_seen);
+      const ScanBlockAhead ahead{prefetch ? cur_ahead : nullptr, elem_size, pub_ahead};
+      bad = ScanBlockAvx512(pub, current + start * elem_size, kF32, len, seen, ahead, fresh, words, cls, word_masks,
+                            word_seen, offsets, &n_changed);
     } else {
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
       bad = ClassifyBlock32<kF32>(pub, current + start * elem_size, len, fresh, words, cls, lo, hi);
@@ -327,61 +333,66 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
     size_t h = 0;
     const uint16_t* const h_old = old_out + n_old;
     const size_t n_words = (len + 63) / 64;
-    for (size_t w = 0; w < n_words; ++w) {
-      if (prefetch) {
-        PrefetchWordShare(cur_ahead, elem_size, pub_ahead, w);
-      }
-      uint64_t mask_here[kRaw ? 1 : kScanClasses];
-      // The word's class masks, and the class counts before it.
-      const uint64_t* const mask = kRaw ? word_masks + kScanClasses * w : mask_here;
-      const uint64_t* const seen_here = kRaw ? word_seen + kScanClasses * w : seen;
-      if constexpr (kRaw) {
-        // ScanBlockAvx512 gave them.
-      } else {
-#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
-      // One compare per class present in the block, straight into a mask
-      // register: no other class's mask or count is ever used.
-      const __m512i x = _mm512_loadu_si512(cls + 64 * w);
-      for (int c = lo; c <= hi; ++c) mask_here[c] = static_cast<uint64_t>(_mm512_cmpeq_epi8_mask(x, want[c]));
-#elif HWY_TARGET == HWY_AVX2 && HWY_ARCH_X86_64
-      // The same on AVX2: two compares and two movemasks per class present,
-      // straight into the mask (no store and reload of mask bytes).
-      const __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(cls + 64 * w));
-      const __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(cls + 64 * w + 32));
-      for (int c = lo; c <= hi; ++c) {
-        const __m256i want_c = _mm256_set1_epi8(static_cast<char>(c));
-        mask_here[c] = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(x0, want_c))) |
-                  static_cast<uint64_t>(static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(x1, want_c))))
-                      << 32;
-      }
-#else
-      ClassMasks(cls + 64 * w, mask_here);
-#endif
-      }
-      uint64_t bits = words[w];
-      changed_words[(start >> 6) + w] = bits;
-      for (; bits != 0; bits &= bits - 1) {
-        const unsigned j = static_cast<unsigned>(__builtin_ctzll(bits));
-        const size_t e = 64 * w + j;
+    // Element e of the block changed; its class c, its rank among the
+    // chunk's class-c elements.
+    const auto emit = [&](size_t e, int c, uint64_t rank) {
+      const uint64_t k = count[c]++;
+      PrefetchForWrite(gaps[c] + k, kGapsAhead);
+      PrefetchForWrite(diffs[c] + k, kDiffsAhead);
+      gaps[c][k] = static_cast<uint32_t>(rank - next[c]);
+      next[c] = rank + 1;
+      const uint16_t old_bits = pub[e], new_bits = fresh[e];
+      const uint8_t d = compact::DiffByte(old_bits, new_bits);
+      diffs[c][k] = d;
+      if (HWY_UNLIKELY(d == compact::kEscape)) escaped[c][escapes[c]++] = new_bits;
+      old_out[n_old++] = old_bits;
+      pub[e] = new_bits;
+      h_index[h] = index0 + start + e;
+      h_new[h] = new_bits;
+      ++h;
+    };
+    if constexpr (kRaw) {
+      std::memcpy(changed_words + (start >> 6), words, n_words * sizeof(uint64_t));
+      for (size_t i = 0; i < n_changed; ++i) {
+        const size_t e = offsets[i];
         const int c = cls[e];
-        const uint64_t rank =
-            seen_here[c] + static_cast<uint64_t>(__builtin_popcountll(mask[c] & ((uint64_t{1} << j) - 1)));
-        const uint64_t k = count[c]++;
-        PrefetchForWrite(gaps[c] + k, kGapsAhead);
-        PrefetchForWrite(diffs[c] + k, kDiffsAhead);
-        gaps[c][k] = static_cast<uint32_t>(rank - next[c]);
-        next[c] = rank + 1;
-        const uint16_t old_bits = pub[e], new_bits = fresh[e];
-        const uint8_t d = compact::DiffByte(old_bits, new_bits);
-        diffs[c][k] = d;
-        if (HWY_UNLIKELY(d == compact::kEscape)) escaped[c][escapes[c]++] = new_bits;
-        old_out[n_old++] = old_bits;
-        pub[e] = new_bits;
-        h_index[h] = index0 + start + e;
-        h_new[h] = new_bits;
-        ++h;
+        const size_t at = kScanClasses * (e >> 6) + static_cast<size_t>(c);
+        emit(e, c, word_seen[at] + static_cast<uint64_t>(__builtin_popcountll(word_masks[at] & ((uint64_t{1} << (e & 63)) - 1))));
       }
-      if constexpr (!kRaw) {
+      std::memcpy(seen, word_seen + kScanClasses * n_words, sizeof(seen));
+    } else {
+      for (size_t w = 0; w < n_words; ++w) {
+        if (prefetch) {
+          PrefetchWordShare(cur_ahead, elem_size, pub_ahead, w);
+        }
+        uint64_t mask[kScanClasses];
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
+        // One compare per class present in the block, straight into a mask
+        // register: no other class's mask or count is ever used.
+        const __m512i x = _mm512_loadu_si512(cls + 64 * w);
+        for (int c = lo; c <= hi; ++c) mask[c] = static_cast<uint64_t>(_mm512_cmpeq_epi8_mask(x, want[c]));
+#elif HWY_TARGET == HWY_AVX2 && HWY_ARCH_X86_64
+        // The same on AVX2: two compares and two movemasks per class present,
+        // straight into the mask (no store and reload of mask bytes).
+        const __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(cls + 64 * w));
+        const __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(cls + 64 * w + 32));
+        for (int c = lo; c <= hi; ++c) {
+          const __m256i want_c = _mm256_set1_epi8(static_cast<char>(c));
+          mask[c] = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(x0, want_c))) |
+                    static_cast<uint64_t>(static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(x1, want_c))))
+                        << 32;
+        }
+#else
+        ClassMasks(cls + 64 * w, mask);
+#endif
+        uint64_t bits = words[w];
+        changed_words[(start >> 6) + w] = bits;
+        for (; bits != 0; bits &= bits - 1) {
+          const unsigned j = static_cast<unsigned>(__builtin_ctzll(bits));
+          const size_t e = 64 * w + j;
+          const int c = cls[e];
+          emit(e, c, seen[c] + static_cast<uint64_t>(__builtin_popcountll(mask[c] & ((uint64_t{1} << j) - 1))));
+        }
 #if (HWY_TARGET <= HWY_AVX3 || HWY_TARGET == HWY_AVX2) && HWY_ARCH_X86_64
         for (int c = lo; c <= hi; ++c) seen[c] += static_cast<uint64_t>(__builtin_popcountll(mask[c]));
 #else
@@ -389,7 +400,6 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
 #endif
       }
     }
-    if constexpr (kRaw) std::memcpy(seen, word_seen + kScanClasses * n_words, sizeof(seen));
     if (h > 0) {
       HashTermDiffs16(h_index, reinterpret_cast<const uint8_t*>(h_new), reinterpret_cast<const uint8_t*>(h_old), h,
                       s.seed, st.hash);
@@ -618,8 +628,8 @@ HWY_NOINLINE size_t ScanLoopRaw(const CompactScanSpan& span, CompactScanState& s
 
 size_t ScanCompactSpanImpl(const CompactScanSpan& span, CompactScanState& state) {
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
-  // Where the CPU has VBMI, GFNI, BITALG, VPOPCNTDQ and BF16: every class's
-  // masks and counts of a word in one pass (same results).
+  // Where the CPU has VBMI, VBMI2, GFNI, BITALG, VPOPCNTDQ and BF16: every
+  // class's masks and counts of a word in one pass (same results).
   if (HasCompactScanAvx512()) return ScanLoopRaw(span, state);
 #endif
   return span.f32 ? ScanLoop<true, false>(span, state) : ScanLoop<false, false>(span, state);
