@@ -13,6 +13,19 @@
 
 #define DS_AVX512_CLASSES __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,gfni,avx512bitalg,bmi2")))
 
+// Around the raw kernels' definitions: GCC 12's AVX-512 headers start some
+// results from _mm512_undefined_*(), which its own -Wuninitialized then
+// flags where they are inlined (a known false positive).
+#if defined(__GNUC__) && !defined(__clang__)
+#define DS_AVX512_WARNINGS_PUSH                                  \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wuninitialized\"") \
+      _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+#define DS_AVX512_WARNINGS_POP _Pragma("GCC diagnostic pop")
+#else
+#define DS_AVX512_WARNINGS_PUSH
+#define DS_AVX512_WARNINGS_POP
+#endif
+
 namespace deltasync::kernels::avx512 {
 
 // Byte 8 j + k = byte 8 k + j: the 8 x 8 transpose of a vector's bytes

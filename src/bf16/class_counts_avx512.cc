@@ -41,14 +41,7 @@ bool CpuHasClassCountsAvx512() {
   return has;
 }
 
-// GCC 12's AVX-512 headers start some results from _mm512_undefined_*(),
-// which its own -Wuninitialized then flags where they are inlined (a known
-// false positive).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+DS_AVX512_WARNINGS_PUSH
 
 namespace {
 
@@ -87,9 +80,7 @@ DS_AVX512_CLASSES void ClassCountsBytes16Avx512(const uint16_t* data, size_t n, 
   }
 }
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+DS_AVX512_WARNINGS_POP
 
 #else  // !__x86_64__
 

@@ -20,6 +20,7 @@
 // or add per class per word.
 #include "bf16/compact_scan_avx512.h"
 
+#include "bf16/class_counts_avx512.h"
 #include "bf16/raw_kernels.h"
 
 #if defined(__x86_64__)
@@ -37,23 +38,13 @@ bool HasCompactScanAvx512() { return CpuHasCompactScanAvx512() && RawKernelsAllo
 #if defined(__x86_64__)
 
 bool CpuHasCompactScanAvx512() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                          __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2") &&
-                          __builtin_cpu_supports("gfni") &&
-                          __builtin_cpu_supports("avx512bitalg") && __builtin_cpu_supports("avx512vpopcntdq") &&
-                          __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("bmi2");
+  static const bool has = CpuHasClassCountsAvx512() && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vbmi2") && __builtin_cpu_supports("avx512vpopcntdq") &&
+                          __builtin_cpu_supports("avx512bf16");
   return has;
 }
 
-// GCC 12's AVX-512 headers start some results from _mm512_undefined_*(),
-// which its own -Wuninitialized then flags where they are inlined (a known
-// false positive).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+DS_AVX512_WARNINGS_PUSH
 
 #define DS_AVX512_SCAN                                                                                         \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vbmi2,gfni,avx512bitalg," \
@@ -140,9 +131,7 @@ DS_AVX512_SCAN bool ScanBlockAvx512(const uint16_t* pub, const void* cur, bool f
 }
 
 #undef DS_AVX512_SCAN
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+DS_AVX512_WARNINGS_POP
 
 #else  // !__x86_64__
 
