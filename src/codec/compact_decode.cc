@@ -338,10 +338,13 @@ Result<CompactDelta> DecodeOrApply(const SafetensorsFile& file, std::span<const 
       slot += t->count;
     }
   }
-  ChunkWalker walker(label, walked, chunks, undo ? undo->runs.data() : nullptr);
+  // A thread walking chunk k most likely walks chunk k + (its thread count)
+  // next: the walker prefetches that one's base.
+  const int walk_threads = walk_elements >= kParallelWalkMin ? threads : 1;
+  const size_t walkers = std::min<size_t>(static_cast<size_t>(ResolveThreads(walk_threads)), chunks.size());
+  ChunkWalker walker(label, walked, chunks, undo ? undo->runs.data() : nullptr, walkers);
   errors.assign(chunks.size(), Status::OK());
-  ParallelFor(chunks.size(), walk_elements >= kParallelWalkMin ? threads : 1,
-              [&](size_t k) { errors[k] = walker.Walk(k); });
+  ParallelFor(chunks.size(), walk_threads, [&](size_t k) { errors[k] = walker.Walk(k); });
   for (const Status& s : errors) {
     if (!s.ok() && undo) undo->Restore(threads);
     DS_RETURN_IF_ERROR(s);
