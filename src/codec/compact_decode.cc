@@ -338,11 +338,14 @@ Result<CompactDelta> DecodeOrApply(const SafetensorsFile& file, std::span<const 
       slot += t->count;
     }
   }
-  // A thread walking chunk k most likely walks chunk k + (its thread count)
-  // next: the walker prefetches that one's base.
+  // On one thread the walker prefetches the next chunk's base while it
+  // places a chunk (the counting pass then reads it from L2). Not on more:
+  // there one thread's counting pass already overlaps another's placing,
+  // and chunk k + threads (the likely next one) may go to another core;
+  // session 32's two-thread runs showed no gain (docs/benchmarks.md).
   const int walk_threads = walk_elements >= kParallelWalkMin ? threads : 1;
   const size_t walkers = std::min<size_t>(static_cast<size_t>(ResolveThreads(walk_threads)), chunks.size());
-  ChunkWalker walker(label, walked, chunks, undo ? undo->runs.data() : nullptr, walkers);
+  ChunkWalker walker(label, walked, chunks, undo ? undo->runs.data() : nullptr, walkers == 1 ? 1 : 0);
   errors.assign(chunks.size(), Status::OK());
   ParallelFor(chunks.size(), walk_threads, [&](size_t k) { errors[k] = walker.Walk(k); });
   for (const Status& s : errors) {

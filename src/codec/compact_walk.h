@@ -60,11 +60,12 @@ class ChunkWalker {
   // `runs` (a fused apply only; else nullptr): one per chunk, where chunk k
   // records what it wrote (written counts whole blocks, set before any
   // error returns).
-  // `ahead`: the walk's thread count (0: no prefetch). While a thread places
-  // chunk k it prefetches, block by block into L2, the base elements of
-  // chunk k + ahead (AheadOf), the one it most likely walks next (chunks
-  // are handed out in ascending order), so that that chunk's counting pass
-  // reads its base from L2 instead of memory.
+  // `ahead` (0: no prefetch; the decoder passes 1 where the walk runs on one
+  // thread): while a thread places chunk k it prefetches, block by block
+  // into L2, the base elements of chunk k + ahead (AheadOf), the one it
+  // walks next where `ahead` is its thread count (chunks are handed out in
+  // ascending order), so that that chunk's counting pass reads its base
+  // from L2 instead of memory.
   ChunkWalker(const std::string& label, const std::vector<Bf16Tensor*>& tensors, const std::vector<Chunk>& chunks,
               CompactUndo::Run* runs = nullptr, size_t ahead = 0);
   ~ChunkWalker();
