@@ -338,10 +338,16 @@ Result<CompactDelta> DecodeOrApply(const SafetensorsFile& file, std::span<const 
       slot += t->count;
     }
   }
-  ChunkWalker walker(label, walked, chunks, undo ? undo->runs.data() : nullptr);
+  // On one thread the walker prefetches the next chunk's base while it
+  // places a chunk (the counting pass then reads it from L2). Not on more:
+  // there one thread's counting pass already overlaps another's placing,
+  // and chunk k + threads (the likely next one) may go to another core;
+  // session 32's two-thread runs showed no gain (docs/benchmarks.md).
+  const int walk_threads = walk_elements >= kParallelWalkMin ? threads : 1;
+  const size_t walkers = std::min<size_t>(static_cast<size_t>(ResolveThreads(walk_threads)), chunks.size());
+  ChunkWalker walker(label, walked, chunks, undo ? undo->runs.data() : nullptr, walkers == 1 ? 1 : 0);
   errors.assign(chunks.size(), Status::OK());
-  ParallelFor(chunks.size(), walk_elements >= kParallelWalkMin ? threads : 1,
-              [&](size_t k) { errors[k] = walker.Walk(k); });
+  ParallelFor(chunks.size(), walk_threads, [&](size_t k) { errors[k] = walker.Walk(k); });
   for (const Status& s : errors) {
     if (!s.ok() && undo) undo->Restore(threads);
     DS_RETURN_IF_ERROR(s);

@@ -60,10 +60,19 @@ class ChunkWalker {
   // `runs` (a fused apply only; else nullptr): one per chunk, where chunk k
   // records what it wrote (written counts whole blocks, set before any
   // error returns).
+  // `ahead` (0: no prefetch; the decoder passes 1 where the walk runs on one
+  // thread): while a thread places chunk k it prefetches, block by block
+  // into L2, the base elements of chunk k + ahead (AheadOf), the one it
+  // walks next where `ahead` is its thread count (chunks are handed out in
+  // ascending order), so that that chunk's counting pass reads its base
+  // from L2 instead of memory.
   ChunkWalker(const std::string& label, const std::vector<Bf16Tensor*>& tensors, const std::vector<Chunk>& chunks,
-              CompactUndo::Run* runs = nullptr);
+              CompactUndo::Run* runs = nullptr, size_t ahead = 0);
   ~ChunkWalker();
   Status Walk(size_t k);
+  // The base elements prefetched while chunk k is placed: chunk k + ahead's
+  // (of whichever tensor), or none past the last chunk or with ahead 0.
+  std::span<const uint16_t> AheadOf(size_t k) const;
   // The hash change of all chunks' changes (after every Walk).
   StateHash HashDelta() const;
 
@@ -71,7 +80,7 @@ class ChunkWalker {
   struct WalkStart;
   Status Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, uint32_t classes, const uint16_t* counts,
                const uint8_t* bytes, const WalkStart& start, const std::array<uint64_t, kClasses>* end_at,
-               uint64_t hash[2], CompactUndo::Run* run);
+               uint64_t hash[2], CompactUndo::Run* run, std::span<const uint16_t> ahead);
   template <typename Rank>
   static WalkStart StartAt(const Bf16Tensor& t, std::span<const Rank> ranks, const std::array<uint64_t, kClasses>& before);
   template <typename Rank>
@@ -82,6 +91,7 @@ class ChunkWalker {
   const std::vector<Bf16Tensor*>& tensors_;
   const std::vector<Chunk>& chunks_;
   CompactUndo::Run* runs_;
+  size_t ahead_;
   std::unique_ptr<std::atomic<uint32_t>[]> ready_;      // chunk k published upto_[k]
   std::vector<std::array<uint64_t, kClasses>> upto_;  // class elements up to chunk k's end
   std::vector<std::array<uint64_t, 2>> hash_;         // per chunk, its element-term changes
