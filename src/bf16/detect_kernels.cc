@@ -120,19 +120,16 @@ HWY_INLINE size_t EmitFullWord(uint64_t bits, uint64_t index0, const V* HWY_REST
 }
 
 // The same for 16-bit values (bf16, and fp32 rounded to bf16: the hot
-// case), with kSlots (4 or 8) unconditional slots: the value slots written
-// as 64-bit stores of four packed values. Written as above, GCC packs the
-// 16-bit loads into a vector through the stack, and each packing load that
-// spans two just-stored halves stalls on store forwarding: that made the
-// emit cost more than the compare it follows.
-template <size_t kSlots = kEmitPerWord>
+// case), the eight value slots written as two 64-bit stores. Written as
+// above, GCC packs the eight 16-bit loads into a vector through the stack,
+// and each packing load that spans two just-stored halves stalls on store
+// forwarding: that made the emit cost more than the compare it follows.
 HWY_INLINE size_t EmitFullWord(uint64_t bits, uint64_t index0, const uint16_t* HWY_RESTRICT values,
                                uint64_t* HWY_RESTRICT idx_out, uint16_t* HWY_RESTRICT val_out,
                                size_t count) {
-  static_assert(kSlots % 4 == 0 && kSlots <= kEmitPerWord, "four packed values a store, within the slack");
   const size_t total = static_cast<size_t>(__builtin_popcountll(bits));
-  uint64_t packed[kSlots / 4] = {};
-  for (size_t k = 0; k < kSlots; ++k) {
+  uint64_t packed[2] = {0, 0};
+  for (size_t k = 0; k < kEmitPerWord; ++k) {
     // Once bits runs out, bit 63 stands in: ctz stays defined, reads stay in range.
     const size_t t = static_cast<size_t>(__builtin_ctzll(bits | (uint64_t{1} << 63)));
     idx_out[count + k] = index0 + t;
@@ -140,15 +137,11 @@ HWY_INLINE size_t EmitFullWord(uint64_t bits, uint64_t index0, const uint16_t* H
     bits &= bits - 1;
   }
   std::memcpy(val_out + count, packed, sizeof(packed));
-  if (bits != 0) EmitPartialWord(bits, index0, values, idx_out, val_out, count + kSlots);  // dense words only
+  if (bits != 0) EmitPartialWord(bits, index0, values, idx_out, val_out, count + kEmitPerWord);  // dense words only
   return count + total;
 }
+static_assert(kEmitPerWord == 8, "the 16-bit emit packs eight values into two words");
 
-// A block of 16-bit values whose changes average at most this many a word
-// is emitted with four slots a word, not eight: half the unconditional
-// work. A word with a fifth change takes the exact loop for the rest (at
-// the demo's change rate, 3.4%: ~2.2 changes a word, about 7% of words).
-constexpr size_t kSparseWordChanges = 3;
 
 // No prefetches (EmitBlock's `ahead` for the same-width compares).
 struct NoPrefetch {
@@ -170,21 +163,6 @@ HWY_INLINE size_t EmitBlock(const uint8_t* bitmap, size_t len, uint64_t index0,
   if (any == 0) {  // common when nothing changed: skip the stores
     for (size_t w = 0; w < n_words; ++w) ahead(w);
     return count;
-  }
-  if constexpr (sizeof(V) == 2) {
-    size_t changes = 0;
-    for (size_t w = 0; w < kWords; ++w) changes += static_cast<size_t>(__builtin_popcountll(words[w]));
-    if (changes <= kSparseWordChanges * n_words) {
-      for (size_t w = 0; w < n_words; ++w) {
-        ahead(w);
-        if (64 * (w + 1) <= len) {
-          count = EmitFullWord<4>(words[w], index0 + 64 * w, values + 64 * w, idx_out, val_out, count);
-        } else {
-          count = EmitPartialWord(words[w], index0 + 64 * w, values + 64 * w, idx_out, val_out, count);
-        }
-      }
-      return count;
-    }
   }
   for (size_t w = 0; w < n_words; ++w) {
     ahead(w);
@@ -288,20 +266,6 @@ HWY_INLINE size_t CompareF32Loop(const uint16_t* HWY_RESTRICT pub, const uint32_
       _mm256_store_si256(reinterpret_cast<__m256i*>(rounded + i + 16), r1);
     }
     if (kCheck) any_bad |= !_mm256_testz_si256(bad16, bad16);
-#endif
-#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
-    // 32 elements a step on u16 lanes (RoundToBf16x32): the compare's mask
-    // is 32 bits of the bitmap as it comes.
-    const __m512i exp16 = _mm512_set1_epi16(static_cast<short>(bf16::kBf16ExpMask));
-    __mmask32 bad32 = 0;
-    for (; i + 32 <= len; i += 32) {
-      const __m512i r = RoundToBf16x32(c + i);
-      if (kCheck) bad32 |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(r, exp16), exp16);
-      const uint32_t changed = _mm512_cmpneq_epu16_mask(r, _mm512_loadu_si512(p + i));
-      std::memcpy(bitmap + i / 8, &changed, 4);
-      _mm512_storeu_si512(rounded + i, r);
-    }
-    if (kCheck) any_bad |= bad32 != 0;
 #endif
     for (; i + N <= len; i += N) {
       const auto r = RoundToBf16(d32, hn::LoadU(d32, c + i));

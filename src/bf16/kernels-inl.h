@@ -80,39 +80,6 @@ HWY_INLINE __m256i OrNonFinite16(__m256i acc, __m256i v0, __m256i v1, __m256i ex
 }
 #endif
 
-#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
-// RoundFp32ToBf16 of the 32 fp32 at cur, as 32 u16 lanes in element order,
-// on u16 lanes as RoundToBf16x16 does on AVX2: one two-source permute
-// gathers the high halves (hi) of the fp32 bits, another the low halves
-// (lo), and the result is hi + 1 exactly where lo + (hi & 1) > 0x8000, i.e.
-// where lo > 0x8000 - (hi & 1) (unsigned; hi + 1 cannot wrap: hi = 0xFFFF is
-// a NaN). When any of the 32 has an all-ones exponent (NaN or Inf, rare),
-// they go the u32 way instead.
-HWY_INLINE __m512i RoundToBf16x32(const uint32_t* HWY_RESTRICT cur) {
-  alignas(64) static constexpr uint16_t kHigh[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21,
-                                                     23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
-                                                     45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
-  alignas(64) static constexpr uint16_t kLow[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20,
-                                                    22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
-                                                    44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
-  const __m512i a = _mm512_loadu_si512(cur);
-  const __m512i b = _mm512_loadu_si512(cur + 16);
-  const __m512i low = _mm512_load_si512(kLow);
-  const __m512i hi = _mm512_permutex2var_epi16(a, _mm512_load_si512(kHigh), b);
-  const __m512i exp = _mm512_set1_epi16(static_cast<short>(0x7F80));
-  if (HWY_UNLIKELY(_mm512_cmpeq_epi16_mask(_mm512_and_si512(hi, exp), exp) != 0)) {
-    const hn::ScalableTag<uint32_t> d32;
-    const __m512i ra = RoundToBf16(d32, hn::LoadU(d32, cur)).raw;
-    const __m512i rb = RoundToBf16(d32, hn::LoadU(d32, cur + 16)).raw;
-    return _mm512_permutex2var_epi16(ra, low, rb);
-  }
-  const __m512i lo = _mm512_permutex2var_epi16(a, low, b);
-  const __m512i one = _mm512_set1_epi16(1);
-  const __m512i limit = _mm512_sub_epi16(_mm512_set1_epi16(static_cast<short>(0x8000)), _mm512_and_si512(hi, one));
-  return _mm512_mask_add_epi16(hi, _mm512_cmpgt_epu16_mask(lo, limit), hi, one);
-}
-#endif
-
 // Puts the bits of an N-lane mask (N a power of two) into the bitmap at
 // element `pos` (a multiple of N).
 template <class D>
