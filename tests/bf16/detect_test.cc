@@ -624,12 +624,12 @@ TEST(CompareKernelTest, Fp32RoundingEdgesMatchTheReference) {
   }
 }
 
-// The 16-bit emit writes four slots a word in sparse blocks (at most
-// three changes a word on average) and eight in denser ones, each followed
-// by the exact loop for a word's further changes: blocks of every density,
-// sparse blocks holding a few dense words, words of exactly four, five,
-// eight and nine changes, an empty block and a partial last block, on every
-// target, in bf16 and fp32 (rounded) against the elements that differ.
+// The emit writes a fixed number of unconditional slots a word, then
+// takes an exact loop for a word's further changes (and an exact loop for
+// a partial last word): blocks of every density, sparse blocks holding a
+// few dense words, words of exactly three, four, five, eight, nine and
+// forty changes, an empty block and a partial last block, on every target,
+// in bf16 and fp32 (rounded) against the elements that differ.
 TEST(CompareKernelTest, SparseAndDenseWordsMatchScalar) {
   std::mt19937_64 rng(5);
   constexpr size_t kBlock = 1024, kWord = 64;
@@ -639,7 +639,7 @@ TEST(CompareKernelTest, SparseAndDenseWordsMatchScalar) {
     switch (block) {
       case 0: for (size_t k = 0; k < 16; ++k) w[k] = 2; w[3] = 9; w[7] = 5; break;    // sparse, two dense words
       case 1: for (size_t k = 0; k < 16; ++k) w[k] = 4; break;                      // dense: 64 a block
-      case 2: for (size_t k = 0; k < 16; ++k) w[k] = 3; break;                      // exactly at the limit
+      case 2: for (size_t k = 0; k < 16; ++k) w[k] = 3; break;                      // threes
       case 3: break;                                                               // nothing
       case 4: w[5] = 40; break;                                                    // one dense word, sparse block
       case 5: for (size_t k = 0; k < 12; ++k) w[k] = 4; break;                      // fours, sparse block
