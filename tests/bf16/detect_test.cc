@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -621,6 +622,69 @@ TEST(CompareKernelTest, Fp32RoundingEdgesMatchTheReference) {
       EXPECT_EQ(got, k);
     });
   }
+}
+
+// The emit writes a fixed number of unconditional slots a word, then
+// takes an exact loop for a word's further changes (and an exact loop for
+// a partial last word): blocks of every density, sparse blocks holding a
+// few dense words, words of exactly three, four, five, eight, nine and
+// forty changes, an empty block and a partial last block, on every target,
+// in bf16 and fp32 (rounded) against the elements that differ.
+TEST(CompareKernelTest, SparseAndDenseWordsMatchScalar) {
+  std::mt19937_64 rng(5);
+  constexpr size_t kBlock = 1024, kWord = 64;
+  // Changes per word, word by word, for each block; the last block is partial.
+  auto words_of = [&](size_t block) -> std::vector<size_t> {
+    std::vector<size_t> w(16, 0);
+    switch (block) {
+      case 0: for (size_t k = 0; k < 16; ++k) w[k] = 2; w[3] = 9; w[7] = 5; break;    // sparse, two dense words
+      case 1: for (size_t k = 0; k < 16; ++k) w[k] = 4; break;                      // dense: 64 a block
+      case 2: for (size_t k = 0; k < 16; ++k) w[k] = 3; break;                      // threes
+      case 3: break;                                                               // nothing
+      case 4: w[5] = 40; break;                                                    // one dense word, sparse block
+      case 5: for (size_t k = 0; k < 12; ++k) w[k] = 4; break;                      // fours, sparse block
+      case 6: for (size_t k = 0; k < 16; ++k) w[k] = k % 2 ? 8 : 1; break;           // eights and ones, dense
+      case 7: for (size_t k = 0; k < 16; ++k) w[k] = rng() % 64; break;              // random, dense
+      default: w.resize(2); w[0] = 5; w[1] = 1; break;                             // partial (100 elements), sparse
+    }
+    return w;
+  };
+  const size_t n = 8 * kBlock + 100;
+  std::vector<uint16_t> pub(n), cur(n);
+  std::vector<uint32_t> cur32(n);
+  for (size_t i = 0; i < n; ++i) pub[i] = cur[i] = static_cast<uint16_t>(0x3C00 | (rng() & 0x3FF));
+  for (size_t b = 0; b * kBlock < n; ++b) {
+    const std::vector<size_t> w = words_of(b);
+    for (size_t k = 0; k < w.size(); ++k) {
+      const size_t first = b * kBlock + k * kWord, len = std::min(kWord, n - first);
+      std::vector<size_t> at(len);
+      for (size_t j = 0; j < len; ++j) at[j] = j;
+      std::shuffle(at.begin(), at.end(), rng);
+      for (size_t j = 0; j < std::min(w[k], len); ++j) cur[first + at[j]] ^= 1 + (rng() & 0x7E);
+    }
+  }
+  // fp32 masters that round to cur (low halves below the tie).
+  for (size_t i = 0; i < n; ++i) cur32[i] = uint32_t{cur[i]} << 16 | static_cast<uint32_t>(rng() & 0x7FFF);
+  std::vector<uint64_t> want_idx;
+  for (size_t i = 0; i < n; ++i) {
+    if (cur[i] != pub[i]) want_idx.push_back(7 + i);
+  }
+  ForEachTarget([&] {
+    for (bool f32 : {false, true}) {
+      std::vector<uint64_t> idx(n + kernels::kCompareOutputSlack);
+      std::vector<uint16_t> val(n + kernels::kCompareOutputSlack);
+      size_t bad = 0;
+      const size_t got =
+          f32 ? kernels::CompareF32ToBf16(pub.data(), cur32.data(), n, 7, true, idx.data(), val.data(), &bad)
+              : kernels::Compare16(pub.data(), cur.data(), n, 7, 0x7F80, idx.data(), val.data(), &bad);
+      EXPECT_EQ(bad, n);
+      ASSERT_EQ(got, want_idx.size()) << (f32 ? "fp32" : "bf16");
+      for (size_t k = 0; k < got; ++k) {
+        ASSERT_EQ(idx[k], want_idx[k]) << (f32 ? "fp32" : "bf16") << " change " << k;
+        ASSERT_EQ(val[k], cur[idx[k] - 7]) << (f32 ? "fp32" : "bf16") << " change " << k;
+      }
+    }
+  });
 }
 
 TEST(CompareKernelTest, FindsFirstNonFiniteAtEveryOffset) {
