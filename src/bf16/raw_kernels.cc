@@ -6,7 +6,6 @@
 #include <atomic>
 
 #include "bf16/class_counts_avx512.h"
-#include "bf16/compact_scan_avx512.h"
 
 namespace deltasync::kernels {
 namespace {
@@ -21,7 +20,8 @@ bool TargetRunsRawKernels(int64_t target) {
 #if HWY_ARCH_X86_64
   // Highway's x86 targets: a smaller value is a better target; every one at
   // or above AVX3 calls the raw kernels (compact_scan_kernels.cc).
-  return target <= HWY_AVX3 && (CpuHasClassCountsAvx512() || CpuHasCompactScanAvx512());
+  // (CpuHasCompactScanAvx512() needs a superset of CpuHasClassCountsAvx512().)
+  return target <= HWY_AVX3 && CpuHasClassCountsAvx512();
 #else
   (void)target;
   return false;
