@@ -89,9 +89,8 @@ inline PairedTimes PairRatios(const std::vector<double>& ref_s, const std::vecto
 }
 
 // Times `ref` then `fn` in each of `rounds` (>= 1) rounds, in wall and in
-// process CPU seconds; `between` (untimed) runs after each fn.
-inline PairedTimes PairedSeconds(int rounds, const std::function<void()>& ref, const std::function<void()>& fn,
-                                 const std::function<void()>& between = {}) {
+// process CPU seconds.
+inline PairedTimes PairedSeconds(int rounds, const std::function<void()>& ref, const std::function<void()>& fn) {
   std::vector<double> ref_s, fn_s, ref_cpu, fn_cpu;
   for (int r = 0; r < std::max(1, rounds); ++r) {
     const double c0 = ProcessCpuSeconds();
@@ -101,7 +100,6 @@ inline PairedTimes PairedSeconds(int rounds, const std::function<void()>& ref, c
     const double c2 = ProcessCpuSeconds();
     ref_cpu.push_back(std::max(c1 - c0, 1e-9));
     fn_cpu.push_back(std::max(c2 - c1, 1e-9));
-    if (between) between();
   }
   PairedTimes p = PairRatios(ref_s, fn_s);
   p.cpu_ratio_median = PairRatios(ref_cpu, fn_cpu).ratio_median;
