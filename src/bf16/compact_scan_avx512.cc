@@ -9,19 +9,19 @@
 //  3. the class bytes (class_bytes_avx512.h: one VPERMT2B of the exponent
 //     bytes, then min(e -sat 112, 15));
 //  4. every class's mask at once (one-hot bytes, GF2P8AFFINEQB transposes,
-//     an 8 x 8 byte transpose: ClassMasks64), stored for the per-change
-//     loop, and the running counts as two vectors of u64 (VPOPCNTQ of the
-//     masks), stored before each word;
+//     an 8 x 8 byte transpose: ClassMasks64) and the running counts as two
+//     vectors of u64 (VPOPCNTQ of the masks); each change's rank from them,
+//     8 changes at a time (VPERMT2Q of the masks and counts by class,
+//     VPSLLVQ, VPOPCNTQ);
 //  5. the changes packed in element order by VPCOMPRESSB/W (into registers,
 //     then stored whole: a compress straight to memory is slow on Zen 4):
 //     offsets, class bytes, diff bytes (compact::DiffByte on 32 u16 lanes),
 //     old and new values; and the new values stored into the base (masked
 //     stores, changed elements only).
 // The scan's per-change loop then only appends each change to its class's
-// gap and diff streams, its rank from the stored mask and count of its
-// class and word: no compare, popcount or add per class per word, and no
-// per-change load of the values, diff byte, or store of the old value, the
-// new value or the hash inputs.
+// gap and diff streams: no compare, popcount or add per class per word, and
+// no per-change rank, diff byte, load of the values, or store of the old
+// value, the new value or the hash inputs.
 #include "bf16/compact_scan_avx512.h"
 
 #include "bf16/class_counts_avx512.h"
@@ -101,6 +101,19 @@ DS_AVX512_SCAN size_t ScanBlockAvx512(uint16_t* pub, const void* cur, bool f32, 
       44, 46, 48, 50, 52, 54, 56, 58, 60, 62, 64, 66, 68, 70, 72, 74, 76, 78, 80, 82, 84, 86,
       88, 90, 92, 94, 96, 98, 100, 102, 104, 106, 108, 110, 112, 114, 116, 118, 120, 122, 124, 126};
   const __m512i even = _mm512_load_si512(kEvenBytes);
+  const __m512i byte_iota = _mm512_set_epi64(0x3F3E3D3C3B3A3938ll, 0x3736353433323130ll, 0x2F2E2D2C2B2A2928ll,
+                                             0x2726252423222120ll, 0x1F1E1D1C1B1A1918ll, 0x1716151413121110ll,
+                                             0x0F0E0D0C0B0A0908ll, 0x0706050403020100ll);
+  const __m512i c64 = _mm512_set1_epi64(64);
+  // In locals: the stores through them could alias `out` itself.
+  uint64_t* const out_words = out.words;
+  uint64_t* const out_ranks = out.ranks;
+  uint16_t* const out_offsets = out.offsets;
+  uint8_t* const out_classes = out.classes;
+  uint8_t* const out_diffs = out.diffs;
+  uint16_t* const out_old = out.old_values;
+  uint16_t* const out_old_copy = out.old_copy;
+  uint16_t* const out_new = out.new_values;
   size_t n_changed = 0;
   __m512i seen_low = _mm512_loadu_si512(seen_in), seen_high = _mm512_loadu_si512(seen_in + 8);
   size_t first_bad = len;
@@ -132,7 +145,7 @@ DS_AVX512_SCAN size_t ScanBlockAvx512(uint16_t* pub, const void* cur, bool f32, 
     const __m512i p1 = _mm512_maskz_loadu_epi16(valid_high, p + 32);
     const __mmask32 changed0 = _mm512_cmpneq_epu16_mask(r0, p0), changed1 = _mm512_cmpneq_epu16_mask(r1, p1);
     const __mmask64 changed64 = uint64_t{changed0} | uint64_t{changed1} << 32;
-    out.words[w] = changed64;
+    out_words[w] = changed64;
     const __mmask32 bad0 = _mm512_cmpeq_epi16_mask(_mm512_and_si512(r0, exp), exp);
     const __mmask32 bad1 = _mm512_cmpeq_epi16_mask(_mm512_and_si512(r1, exp), exp);
     if ((bad0 | bad1) != 0 && first_bad == len) [[unlikely]] {
@@ -142,39 +155,52 @@ DS_AVX512_SCAN size_t ScanBlockAvx512(uint16_t* pub, const void* cur, bool f32, 
     const __m512i c = avx512::ClassBytesOf(p0, p1, valid);
     __m512i mask_low, mask_high;
     avx512::ClassMasks64(c, &mask_low, &mask_high);
-    uint64_t* const m = out.masks + kScanWordClasses * w;
-    _mm512_store_si512(m, mask_low);
-    _mm512_store_si512(m + 8, mask_high);
-    uint64_t* const s = out.seen + kScanWordClasses * w;
-    _mm512_store_si512(s, seen_low);
-    _mm512_store_si512(s + 8, seen_high);
-    seen_low = _mm512_add_epi64(seen_low, _mm512_popcnt_epi64(mask_low));
-    seen_high = _mm512_add_epi64(seen_high, _mm512_popcnt_epi64(mask_high));
     // The changes, packed in element order: each one's class byte and diff
     // byte (64 lanes at once), offset, old and new value (32 at once).
-    _mm512_storeu_si512(out.classes + n_changed, _mm512_maskz_compress_epi8(changed64, c));
+    __m512i classes = _mm512_maskz_compress_epi8(changed64, c);
+    _mm512_storeu_si512(out_classes + n_changed, classes);
+    // Their ranks, 8 at a time (once unless the word has more than 8
+    // changes): the count of their class before the word, plus the class's
+    // elements before them in it (its mask shifted left by 64 - position:
+    // VPSLLVQ gives 0 from 64 on).
+    __m512i positions = _mm512_maskz_compress_epi8(changed64, byte_iota);
+    const size_t n_word = static_cast<size_t>(__builtin_popcountll(changed64));
+    size_t g = 0;
+    do {
+      const __m512i cl = _mm512_maskz_cvtepu8_epi64(0xFF, _mm512_castsi512_si128(classes));
+      const __m512i j = _mm512_maskz_cvtepu8_epi64(0xFF, _mm512_castsi512_si128(positions));
+      const __m512i m = _mm512_permutex2var_epi64(mask_low, cl, mask_high);
+      const __m512i before = _mm512_permutex2var_epi64(seen_low, cl, seen_high);
+      const __m512i below = _mm512_popcnt_epi64(_mm512_sllv_epi64(m, _mm512_sub_epi64(c64, j)));
+      _mm512_storeu_si512(out_ranks + n_changed + g, _mm512_add_epi64(before, below));
+      classes = _mm512_maskz_compress_epi8(~__mmask64{0xFF}, classes);
+      positions = _mm512_maskz_compress_epi8(~__mmask64{0xFF}, positions);
+      g += 8;
+    } while (g < n_word);
+    seen_low = _mm512_add_epi64(seen_low, _mm512_popcnt_epi64(mask_low));
+    seen_high = _mm512_add_epi64(seen_high, _mm512_popcnt_epi64(mask_high));
     const __m512i diffs = _mm512_permutex2var_epi8(DiffBytes32(p0, r0, bad0), even, DiffBytes32(p1, r1, bad1));
-    _mm512_storeu_si512(out.diffs + n_changed, _mm512_maskz_compress_epi8(changed64, diffs));
+    _mm512_storeu_si512(out_diffs + n_changed, _mm512_maskz_compress_epi8(changed64, diffs));
     const __m512i offset0 = _mm512_add_epi16(iota, _mm512_set1_epi16(static_cast<short>(at)));
     const size_t n0 = static_cast<size_t>(__builtin_popcount(changed0));
     const size_t n1 = static_cast<size_t>(__builtin_popcount(changed1));
-    Compress16(out.offsets + n_changed, changed0, offset0);
-    Compress16(out.offsets + n_changed + n0, changed1, _mm512_add_epi16(offset0, _mm512_set1_epi16(32)));
+    Compress16(out_offsets + n_changed, changed0, offset0);
+    Compress16(out_offsets + n_changed + n0, changed1, _mm512_add_epi16(offset0, _mm512_set1_epi16(32)));
     const __m512i old0 = _mm512_maskz_compress_epi16(changed0, p0);
     const __m512i old1 = _mm512_maskz_compress_epi16(changed1, p1);
-    _mm512_storeu_si512(out.old_copy + n_changed, old0);
-    _mm512_storeu_si512(out.old_copy + n_changed + n0, old1);
-    _mm512_mask_storeu_epi16(out.old_values + n_changed, _bzhi_u32(~0u, static_cast<unsigned>(n0)), old0);
-    _mm512_mask_storeu_epi16(out.old_values + n_changed + n0, _bzhi_u32(~0u, static_cast<unsigned>(n1)), old1);
-    Compress16(out.new_values + n_changed, changed0, r0);
-    Compress16(out.new_values + n_changed + n0, changed1, r1);
+    _mm512_storeu_si512(out_old_copy + n_changed, old0);
+    _mm512_storeu_si512(out_old_copy + n_changed + n0, old1);
+    _mm512_mask_storeu_epi16(out_old + n_changed, _bzhi_u32(~0u, static_cast<unsigned>(n0)), old0);
+    _mm512_mask_storeu_epi16(out_old + n_changed + n0, _bzhi_u32(~0u, static_cast<unsigned>(n1)), old1);
+    Compress16(out_new + n_changed, changed0, r0);
+    Compress16(out_new + n_changed + n0, changed1, r1);
     // The new values into the base, changed elements only.
     _mm512_mask_storeu_epi16(p, changed0, r0);
     _mm512_mask_storeu_epi16(p + 32, changed1, r1);
     n_changed += n0 + n1;
   }
-  _mm512_store_si512(out.seen + kScanWordClasses * n_words, seen_low);
-  _mm512_store_si512(out.seen + kScanWordClasses * n_words + 8, seen_high);
+  _mm512_storeu_si512(out.seen_end, seen_low);
+  _mm512_storeu_si512(out.seen_end + 8, seen_high);
   *changed = n_changed;
   return first_bad;
 }

@@ -18,9 +18,9 @@ bool CpuHasCompactScanAvx512();
 // Whether it runs here: the CPU has it and raw kernels are allowed.
 bool HasCompactScanAvx512();
 
-// Words of a block (1024 elements) and the entries per word of
-// ScanBlockAvx512's masks and running counts; room past a block's changes
-// that its per-change outputs need (scratch written past the count).
+// Words of a block (1024 elements) and the classes ScanBlockAvx512 counts;
+// room past a block's changes that its per-change outputs need (scratch
+// written past the count).
 inline constexpr size_t kScanBlockWords = 16;
 inline constexpr size_t kScanWordClasses = 16;
 inline constexpr size_t kScanOffsetsSlack = 64;
@@ -29,22 +29,20 @@ inline constexpr size_t kScanOffsetsSlack = 64;
 // ceil(len / 64) - 1 the block's words and h < the block's changes (in
 // element order):
 //  - words[w] bit k = element 64 w + k changed (new != base);
-//  - masks[16 w + c] = word w's elements of class c (bit k: element 64 w + k);
-//  - seen[16 w + c] = seen_in[c] + the class-c elements of words [0, w), for
-//    w up to ceil(len / 64) included (the block's end);
+//  - seen_end[c] = seen_in[c] + the block's class-c elements;
 //  - offsets[h] = the offset of change h in the block;
-//  - classes[h] = compact::ClassOf of its base value, diffs[h] =
+//  - classes[h] = compact::ClassOf of its base value (c), ranks[h] =
+//    seen_in[c] + the block's class-c elements before it; diffs[h] =
 //    compact::DiffByte(base, new) (kEscape where it must be escaped);
 //  - old_values[h] = its base value: exactly the changes' entries are
 //    written (masked stores), so this may be the caller's own run;
 //    old_copy[h] = the same, and new_values[h] = its new bf16 value.
-// offsets, classes, diffs, old_copy and new_values are scratch written past
-// the count (room for len + kScanOffsetsSlack each); masks and seen 64-byte
-// aligned.
+// offsets, classes, ranks, diffs, old_copy and new_values are scratch
+// written past the count (room for len + kScanOffsetsSlack each).
 struct ScanBlockOut {
   uint64_t* words = nullptr;
-  uint64_t* masks = nullptr;
-  uint64_t* seen = nullptr;
+  uint64_t* seen_end = nullptr;
+  uint64_t* ranks = nullptr;
   uint16_t* offsets = nullptr;
   uint8_t* classes = nullptr;
   uint8_t* diffs = nullptr;

@@ -263,12 +263,11 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
   HWY_ALIGN uint16_t fresh[kRaw ? 1 : kScanBlock];
   HWY_ALIGN uint8_t cls[kRaw ? 1 : kScanBlock];
   HWY_ALIGN uint64_t words[kRaw ? 1 : kScanWords];
-  // kRaw: ScanBlockAvx512's per-word masks and running counts, and its
-  // changes' offsets, class bytes, diff bytes and old values (packed).
+  // kRaw: ScanBlockAvx512's changes' offsets, class bytes, ranks, diff bytes
+  // and old values (packed).
   static_assert(kScanWords == kScanBlockWords && kScanClasses == kScanWordClasses);
   constexpr size_t kPacked = kRaw ? kScanBlock + kScanOffsetsSlack : 1;
-  HWY_ALIGN uint64_t word_masks[kRaw ? kScanWords * kScanClasses : 1];
-  HWY_ALIGN uint64_t word_seen[kRaw ? (kScanWords + 1) * kScanClasses : 1];
+  HWY_ALIGN uint64_t ranks[kPacked];
   HWY_ALIGN uint16_t offsets[kPacked];
   HWY_ALIGN uint8_t ch_classes[kPacked];
   HWY_ALIGN uint8_t ch_diffs[kPacked];
@@ -319,7 +318,8 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
       // stored; per change what is left is its class stream's entry.
       size_t n_changed = 0;
       const ScanBlockAhead ahead{prefetch ? cur_ahead : nullptr, elem_size, pub_ahead};
-      const ScanBlockOut out{changed_words + (start >> 6), word_masks, word_seen, offsets, ch_classes, ch_diffs,
+      uint64_t seen_end[kScanClasses];
+      const ScanBlockOut out{changed_words + (start >> 6), seen_end, ranks, offsets, ch_classes, ch_diffs,
                              old_out + n_old, old_copy, h_new};
       const size_t first_bad = ScanBlockAvx512(pub, current + start * elem_size, kF32, len, seen, ahead, out, &n_changed);
       if (first_bad < len && s.check_finite) [[unlikely]] {
@@ -327,13 +327,9 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
         result = start + first_bad;
         break;
       }
-      const size_t n_words = (len + 63) / 64;
       for (size_t i = 0; i < n_changed; ++i) {
-        const size_t e = offsets[i];
         const int c = ch_classes[i];
-        const size_t at = kScanClasses * (e >> 6) + static_cast<size_t>(c);
-        const uint64_t rank =
-            word_seen[at] + static_cast<uint64_t>(__builtin_popcountll(word_masks[at] & ((uint64_t{1} << (e & 63)) - 1)));
+        const uint64_t rank = ranks[i];
         const uint64_t k = count[c]++;
         PrefetchForWrite(gaps[c] + k, kGapsAhead);
         PrefetchForWrite(diffs[c] + k, kDiffsAhead);
@@ -344,7 +340,7 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
         if (HWY_UNLIKELY(d == compact::kEscape)) escaped[c][escapes[c]++] = h_new[i];
       }
       n_old += n_changed;
-      std::memcpy(seen, word_seen + kScanClasses * n_words, sizeof(seen));
+      std::memcpy(seen, seen_end, sizeof(seen));
       if (n_changed > 0) {
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
         // Whole vectors of 8 (HashTermDiffs16's lanes here): the entries
