@@ -9,15 +9,19 @@
 //  3. the class bytes (class_bytes_avx512.h: one VPERMT2B of the exponent
 //     bytes, then min(e -sat 112, 15));
 //  4. every class's mask at once (one-hot bytes, GF2P8AFFINEQB transposes,
-//     an 8 x 8 byte transpose: ClassMasks64), stored for the per-change
-//     loop, and the running counts as two vectors of u64 (VPOPCNTQ of the
-//     masks), stored before each word;
-//  5. the offsets of the changed elements (VPCOMPRESSW of the offsets by the
-//     changed bits).
-// The scan's per-change loop then runs over the block's changes in one
-// flat loop (one mispredicted exit per block, not per word), reading a
-// change's class mask and count from these stores: no compare, popcount
-// or add per class per word.
+//     an 8 x 8 byte transpose: ClassMasks64) and the running counts as two
+//     vectors of u64 (VPOPCNTQ of the masks); each change's rank from them,
+//     8 changes at a time (VPERMT2Q of the masks and counts by class,
+//     VPSLLVQ, VPOPCNTQ);
+//  5. the changes packed in element order by VPCOMPRESSB/W (into registers,
+//     then stored whole: a compress straight to memory is slow on Zen 4):
+//     offsets, class bytes, diff bytes (compact::DiffByte on 32 u16 lanes),
+//     old and new values; and the new values stored into the base (masked
+//     stores, changed elements only).
+// The scan's per-change loop then only appends each change to its class's
+// gap and diff streams: no compare, popcount or add per class per word, and
+// no per-change rank, diff byte, load of the values, or store of the old
+// value, the new value or the hash inputs.
 #include "bf16/compact_scan_avx512.h"
 
 #include "bf16/class_counts_avx512.h"
@@ -63,17 +67,56 @@ DS_AVX512_SCAN inline __m512i RoundWord32(const uint32_t* cur, __mmask32 valid, 
   return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));
 }
 
+// The diff bytes (compact::DiffByte) of 32 changes on u16 lanes, base
+// values in p and new ones in r, in the low byte of each lane: kEscape
+// where the sign changes or either is Inf/NaN (non_finite: r's), else the
+// zigzag of r - p, kEscape from 255 on. Same sign and both finite, r - p
+// fits in 16 bits and so does its zigzag.
+DS_AVX512_SCAN inline __m512i DiffBytes32(__m512i p, __m512i r, __mmask32 non_finite) {
+  const __m512i exp = _mm512_set1_epi16(static_cast<short>(bf16::kBf16ExpMask));
+  const __m512i escape = _mm512_set1_epi16(0xFF);
+  const __mmask32 special = _mm512_test_epi16_mask(_mm512_xor_si512(p, r), _mm512_set1_epi16(static_cast<short>(0x8000))) |
+                            _mm512_cmpeq_epi16_mask(_mm512_and_si512(p, exp), exp) | non_finite;
+  const __m512i d = _mm512_sub_epi16(r, p);
+  const __m512i z = _mm512_xor_si512(_mm512_slli_epi16(d, 1), _mm512_srai_epi16(d, 15));
+  return _mm512_mask_mov_epi16(_mm512_min_epu16(z, escape), special, escape);
+}
+
+// The n entries of v (u16 lanes) where `keep`, packed, at dst: the scratch
+// form (a whole vector stored; room past them).
+DS_AVX512_SCAN inline void Compress16(uint16_t* dst, __mmask32 keep, __m512i v) {
+  _mm512_storeu_si512(dst, _mm512_maskz_compress_epi16(keep, v));
+}
+
 }  // namespace
 
-DS_AVX512_SCAN bool ScanBlockAvx512(const uint16_t* pub, const void* cur, bool f32, size_t len, const uint64_t* seen_in,
-                                    const ScanBlockAhead& ahead, uint16_t* fresh, uint64_t* words, uint8_t* cls,
-                                    uint64_t* masks, uint64_t* seen, uint16_t* offsets, size_t* changed) {
+DS_AVX512_SCAN size_t ScanBlockAvx512(uint16_t* pub, const void* cur, bool f32, size_t len, const uint64_t* seen_in,
+                                      const ScanBlockAhead& ahead, const ScanBlockOut& out, size_t* changed) {
   const __m512i exp = _mm512_set1_epi16(static_cast<short>(bf16::kBf16ExpMask));
   const __m512i iota = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12,
                                         11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  // Byte k = byte 2 k of two vectors (the low byte of each u16 lane).
+  alignas(64) static constexpr uint8_t kEvenBytes[64] = {
+      0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
+      44, 46, 48, 50, 52, 54, 56, 58, 60, 62, 64, 66, 68, 70, 72, 74, 76, 78, 80, 82, 84, 86,
+      88, 90, 92, 94, 96, 98, 100, 102, 104, 106, 108, 110, 112, 114, 116, 118, 120, 122, 124, 126};
+  const __m512i even = _mm512_load_si512(kEvenBytes);
+  const __m512i byte_iota = _mm512_set_epi64(0x3F3E3D3C3B3A3938ll, 0x3736353433323130ll, 0x2F2E2D2C2B2A2928ll,
+                                             0x2726252423222120ll, 0x1F1E1D1C1B1A1918ll, 0x1716151413121110ll,
+                                             0x0F0E0D0C0B0A0908ll, 0x0706050403020100ll);
+  const __m512i c64 = _mm512_set1_epi64(64);
+  // In locals: the stores through them could alias `out` itself.
+  uint64_t* const out_words = out.words;
+  uint64_t* const out_ranks = out.ranks;
+  uint16_t* const out_offsets = out.offsets;
+  uint8_t* const out_classes = out.classes;
+  uint8_t* const out_diffs = out.diffs;
+  uint16_t* const out_old = out.old_values;
+  uint16_t* const out_old_copy = out.old_copy;
+  uint16_t* const out_new = out.new_values;
   size_t n_changed = 0;
   __m512i seen_low = _mm512_loadu_si512(seen_in), seen_high = _mm512_loadu_si512(seen_in + 8);
-  __mmask32 bad = 0;
+  size_t first_bad = len;
   const size_t n_words = (len + 63) / 64;
   for (size_t w = 0; w < n_words; ++w) {
     const size_t at = 64 * w;
@@ -87,47 +130,79 @@ DS_AVX512_SCAN bool ScanBlockAvx512(const uint16_t* pub, const void* cur, bool f
       r0 = RoundWord32(c, valid_low, &special);
       r1 = RoundWord32(c + 32, valid_high, &special);
       if (special != 0) [[unlikely]] {
-        for (size_t k = 0; k < 64; ++k) {
-          fresh[at + k] = at + k < len ? bf16::RoundFp32ToBf16(bf16::LoadElement(c, k)) : 0;
-        }
-        r0 = _mm512_load_si512(fresh + at);
-        r1 = _mm512_load_si512(fresh + at + 32);
+        alignas(64) uint16_t rounded[64];
+        for (size_t k = 0; k < 64; ++k) rounded[k] = at + k < len ? bf16::RoundFp32ToBf16(bf16::LoadElement(c, k)) : 0;
+        r0 = _mm512_load_si512(rounded);
+        r1 = _mm512_load_si512(rounded + 32);
       }
     } else {
       const auto* c = static_cast<const uint16_t*>(cur) + at;
       r0 = _mm512_maskz_loadu_epi16(valid_low, c);
       r1 = _mm512_maskz_loadu_epi16(valid_high, c + 32);
     }
-    const __m512i p0 = _mm512_maskz_loadu_epi16(valid_low, pub + at);
-    const __m512i p1 = _mm512_maskz_loadu_epi16(valid_high, pub + at + 32);
+    uint16_t* const p = pub + at;
+    const __m512i p0 = _mm512_maskz_loadu_epi16(valid_low, p);
+    const __m512i p1 = _mm512_maskz_loadu_epi16(valid_high, p + 32);
     const __mmask32 changed0 = _mm512_cmpneq_epu16_mask(r0, p0), changed1 = _mm512_cmpneq_epu16_mask(r1, p1);
-    words[w] = uint64_t{changed0} | uint64_t{changed1} << 32;
-    const __m512i offset0 = _mm512_add_epi16(iota, _mm512_set1_epi16(static_cast<short>(at)));
-    _mm512_storeu_si512(offsets + n_changed, _mm512_maskz_compress_epi16(changed0, offset0));
-    n_changed += static_cast<size_t>(__builtin_popcount(changed0));
-    const __m512i offset1 = _mm512_add_epi16(offset0, _mm512_set1_epi16(32));
-    _mm512_storeu_si512(offsets + n_changed, _mm512_maskz_compress_epi16(changed1, offset1));
-    n_changed += static_cast<size_t>(__builtin_popcount(changed1));
-    bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(r0, exp), exp) | _mm512_cmpeq_epi16_mask(_mm512_and_si512(r1, exp), exp);
-    _mm512_store_si512(fresh + at, r0);
-    _mm512_store_si512(fresh + at + 32, r1);
+    const __mmask64 changed64 = uint64_t{changed0} | uint64_t{changed1} << 32;
+    out_words[w] = changed64;
+    const __mmask32 bad0 = _mm512_cmpeq_epi16_mask(_mm512_and_si512(r0, exp), exp);
+    const __mmask32 bad1 = _mm512_cmpeq_epi16_mask(_mm512_and_si512(r1, exp), exp);
+    if ((bad0 | bad1) != 0 && first_bad == len) [[unlikely]] {
+      first_bad = at + static_cast<size_t>(__builtin_ctzll(uint64_t{bad0} | uint64_t{bad1} << 32));
+    }
+    // The class bytes, masks and running counts.
     const __m512i c = avx512::ClassBytesOf(p0, p1, valid);
-    _mm512_store_si512(cls + at, c);
     __m512i mask_low, mask_high;
     avx512::ClassMasks64(c, &mask_low, &mask_high);
-    uint64_t* const m = masks + kScanWordClasses * w;
-    _mm512_store_si512(m, mask_low);
-    _mm512_store_si512(m + 8, mask_high);
-    uint64_t* const s = seen + kScanWordClasses * w;
-    _mm512_store_si512(s, seen_low);
-    _mm512_store_si512(s + 8, seen_high);
+    // The changes, packed in element order: each one's class byte and diff
+    // byte (64 lanes at once), offset, old and new value (32 at once).
+    __m512i classes = _mm512_maskz_compress_epi8(changed64, c);
+    _mm512_storeu_si512(out_classes + n_changed, classes);
+    // Their ranks, 8 at a time (once unless the word has more than 8
+    // changes): the count of their class before the word, plus the class's
+    // elements before them in it (its mask shifted left by 64 - position:
+    // VPSLLVQ gives 0 from 64 on).
+    __m512i positions = _mm512_maskz_compress_epi8(changed64, byte_iota);
+    const size_t n_word = static_cast<size_t>(__builtin_popcountll(changed64));
+    size_t g = 0;
+    do {
+      const __m512i cl = _mm512_maskz_cvtepu8_epi64(0xFF, _mm512_castsi512_si128(classes));
+      const __m512i j = _mm512_maskz_cvtepu8_epi64(0xFF, _mm512_castsi512_si128(positions));
+      const __m512i m = _mm512_permutex2var_epi64(mask_low, cl, mask_high);
+      const __m512i before = _mm512_permutex2var_epi64(seen_low, cl, seen_high);
+      const __m512i below = _mm512_popcnt_epi64(_mm512_sllv_epi64(m, _mm512_sub_epi64(c64, j)));
+      _mm512_storeu_si512(out_ranks + n_changed + g, _mm512_add_epi64(before, below));
+      classes = _mm512_maskz_compress_epi8(~__mmask64{0xFF}, classes);
+      positions = _mm512_maskz_compress_epi8(~__mmask64{0xFF}, positions);
+      g += 8;
+    } while (g < n_word);
     seen_low = _mm512_add_epi64(seen_low, _mm512_popcnt_epi64(mask_low));
     seen_high = _mm512_add_epi64(seen_high, _mm512_popcnt_epi64(mask_high));
+    const __m512i diffs = _mm512_permutex2var_epi8(DiffBytes32(p0, r0, bad0), even, DiffBytes32(p1, r1, bad1));
+    _mm512_storeu_si512(out_diffs + n_changed, _mm512_maskz_compress_epi8(changed64, diffs));
+    const __m512i offset0 = _mm512_add_epi16(iota, _mm512_set1_epi16(static_cast<short>(at)));
+    const size_t n0 = static_cast<size_t>(__builtin_popcount(changed0));
+    const size_t n1 = static_cast<size_t>(__builtin_popcount(changed1));
+    Compress16(out_offsets + n_changed, changed0, offset0);
+    Compress16(out_offsets + n_changed + n0, changed1, _mm512_add_epi16(offset0, _mm512_set1_epi16(32)));
+    const __m512i old0 = _mm512_maskz_compress_epi16(changed0, p0);
+    const __m512i old1 = _mm512_maskz_compress_epi16(changed1, p1);
+    _mm512_storeu_si512(out_old_copy + n_changed, old0);
+    _mm512_storeu_si512(out_old_copy + n_changed + n0, old1);
+    _mm512_mask_storeu_epi16(out_old + n_changed, _bzhi_u32(~0u, static_cast<unsigned>(n0)), old0);
+    _mm512_mask_storeu_epi16(out_old + n_changed + n0, _bzhi_u32(~0u, static_cast<unsigned>(n1)), old1);
+    Compress16(out_new + n_changed, changed0, r0);
+    Compress16(out_new + n_changed + n0, changed1, r1);
+    // The new values into the base, changed elements only.
+    _mm512_mask_storeu_epi16(p, changed0, r0);
+    _mm512_mask_storeu_epi16(p + 32, changed1, r1);
+    n_changed += n0 + n1;
   }
-  _mm512_store_si512(seen + kScanWordClasses * n_words, seen_low);
-  _mm512_store_si512(seen + kScanWordClasses * n_words + 8, seen_high);
+  _mm512_storeu_si512(out.seen_end, seen_low);
+  _mm512_storeu_si512(out.seen_end + 8, seen_high);
   *changed = n_changed;
-  return bad != 0;
+  return first_bad;
 }
 
 #undef DS_AVX512_SCAN
@@ -137,10 +212,10 @@ DS_AVX512_WARNINGS_POP
 
 bool CpuHasCompactScanAvx512() { return false; }
 
-bool ScanBlockAvx512(const uint16_t*, const void*, bool, size_t, const uint64_t*, const ScanBlockAhead&, uint16_t*,
-                     uint64_t*, uint8_t*, uint64_t*, uint64_t*, uint16_t*, size_t* changed) {
+size_t ScanBlockAvx512(uint16_t*, const void*, bool, size_t len, const uint64_t*, const ScanBlockAhead&,
+                       const ScanBlockOut&, size_t* changed) {
   *changed = 0;
-  return false;
+  return len;
 }
 
 #endif

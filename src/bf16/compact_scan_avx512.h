@@ -18,38 +18,54 @@ bool CpuHasCompactScanAvx512();
 // Whether it runs here: the CPU has it and raw kernels are allowed.
 bool HasCompactScanAvx512();
 
-// Words of a block (1024 elements) and the entries per word of
-// ScanBlockAvx512's masks and running counts; room past a block's changes
-// that its `offsets` output needs (scratch written past the count).
+// Words of a block (1024 elements) and the classes ScanBlockAvx512 counts;
+// room past a block's changes that its per-change outputs need (scratch
+// written past the count).
 inline constexpr size_t kScanBlockWords = 16;
 inline constexpr size_t kScanWordClasses = 16;
-inline constexpr size_t kScanOffsetsSlack = 32;
+inline constexpr size_t kScanOffsetsSlack = 64;
+
+// Where ScanBlockAvx512 leaves a block's results. With w = 0 ..
+// ceil(len / 64) - 1 the block's words and h < the block's changes (in
+// element order):
+//  - words[w] bit k = element 64 w + k changed (new != base);
+//  - seen_end[c] = seen_in[c] + the block's class-c elements;
+//  - offsets[h] = the offset of change h in the block;
+//  - classes[h] = compact::ClassOf of its base value (c), ranks[h] =
+//    seen_in[c] + the block's class-c elements before it; diffs[h] =
+//    compact::DiffByte(base, new) (kEscape where it must be escaped);
+//  - old_values[h] = its base value: exactly the changes' entries are
+//    written (masked stores), so this may be the caller's own run;
+//    old_copy[h] = the same, and new_values[h] = its new bf16 value.
+// offsets, classes, ranks, diffs, old_copy and new_values are scratch
+// written past the count (room for len + kScanOffsetsSlack each).
+struct ScanBlockOut {
+  uint64_t* words = nullptr;
+  uint64_t* seen_end = nullptr;
+  uint64_t* ranks = nullptr;
+  uint16_t* offsets = nullptr;
+  uint8_t* classes = nullptr;
+  uint8_t* diffs = nullptr;
+  uint16_t* old_values = nullptr;
+  uint16_t* old_copy = nullptr;
+  uint16_t* new_values = nullptr;
+};
 
 // Pass 1 of ScanCompactSpan over one block of len <= 1024 elements: the
 // base's bf16 bits at pub, the new values at cur (fp32 bit patterns where
-// f32, else bf16), any alignment. With w = 0 .. ceil(len / 64) - 1 the
-// block's words:
-//  - fresh[i] = element i's new bf16 bits (bf16::RoundFp32ToBf16 of fp32)
-//    for i < len;
-//  - words[w] bit k = element 64 w + k changed (new != base);
-//  - cls[i] = compact::ClassOf(pub[i]) for i < len, then 0xFF up to a whole
-//    word (64-byte aligned);
-//  - masks[16 w + c] = word w's elements of class c (bit k: element 64 w + k);
-//  - seen[16 w + c] = seen_in[c] + the class-c elements of words [0, w), for
-//    w up to ceil(len / 64) included (the block's end);
-//  - offsets[h] = the offset of the block's h-th changed element, ascending,
-//    h < *changed (room for len + kScanOffsetsSlack).
-// Returns whether any new value is Inf or NaN. fresh, masks and seen are
-// 64-byte aligned. Where cur_ahead is not null, also prefetches a block's
-// lines ahead, word w's share of them (PrefetchWordShare, prefetch.h) with
-// word w.
+// f32, else bf16: rounded as bf16::RoundFp32ToBf16), any alignment. Fills
+// `out` (above), sets *changed to the block's changes and **stores each
+// change's new value into pub** (the caller puts old_copy back where it
+// refuses the block). Returns the offset of the first new value that is Inf
+// or NaN, len where none is. Where ahead.cur is not null, also prefetches a
+// block's lines ahead, word w's share of them (PrefetchWordShare,
+// prefetch.h) with word w.
 struct ScanBlockAhead {
   const uint8_t* cur = nullptr;  // null: no prefetch
   size_t elem_size = 0;
   const uint8_t* pub = nullptr;
 };
-bool ScanBlockAvx512(const uint16_t* pub, const void* cur, bool f32, size_t len, const uint64_t* seen_in,
-                     const ScanBlockAhead& ahead, uint16_t* fresh, uint64_t* words, uint8_t* cls, uint64_t* masks,
-                     uint64_t* seen, uint16_t* offsets, size_t* changed);
+size_t ScanBlockAvx512(uint16_t* pub, const void* cur, bool f32, size_t len, const uint64_t* seen_in,
+                       const ScanBlockAhead& ahead, const ScanBlockOut& out, size_t* changed);
 
 }  // namespace deltasync::kernels

@@ -10,9 +10,10 @@
 //  3. the block's hash change in one vector call over its changes.
 // Compiled per target like the other kernels (foreach_target.h). On the
 // AVX-512 targets, where the CPU has VBMI, VBMI2, GFNI, BITALG, VPOPCNTDQ and BF16,
-// pass 1, step 2's masks and counts and the changes' offsets are one
-// raw-intrinsics pass instead (compact_scan_avx512.h), and each change is
-// then coded as above, in one flat loop over the block's changes.
+// pass 1, step 2's masks and counts, and the changes' offsets, diff bytes,
+// old and new values (packed) are one raw-intrinsics pass instead
+// (compact_scan_avx512.h), which also stores the new values; each change's
+// gap then runs in one flat loop over the block's changes.
 
 #include <algorithm>
 #include <array>
@@ -254,23 +255,29 @@ HWY_INLINE void PrefetchForWrite(const T* p, size_t ahead) {
 // through those the compiler would reload them after every store.
 // kRaw: each block's first pass is ScanBlockAvx512 (compact_scan_avx512.h),
 // which also gives every word's class masks and running counts and the
-// changes' offsets, so that the changes run in one flat loop per block;
-// only where HasCompactScanAvx512().
+// changes packed (offsets, classes, diff bytes, old and new values), so that
+// the changes run in one flat loop per block; only where
+// HasCompactScanAvx512().
 template <bool kF32, bool kRaw>
 HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
-  HWY_ALIGN uint16_t fresh[kScanBlock];
-  HWY_ALIGN uint8_t cls[kScanBlock];
-  HWY_ALIGN uint64_t words[kScanWords];
-  // kRaw: ScanBlockAvx512's per-word masks and running counts.
+  HWY_ALIGN uint16_t fresh[kRaw ? 1 : kScanBlock];
+  HWY_ALIGN uint8_t cls[kRaw ? 1 : kScanBlock];
+  HWY_ALIGN uint64_t words[kRaw ? 1 : kScanWords];
+  // kRaw: ScanBlockAvx512's changes' offsets, class bytes, ranks, diff bytes
+  // and old values (packed).
   static_assert(kScanWords == kScanBlockWords && kScanClasses == kScanWordClasses);
-  HWY_ALIGN uint64_t word_masks[kRaw ? kScanWords * kScanClasses : 1];
-  HWY_ALIGN uint64_t word_seen[kRaw ? (kScanWords + 1) * kScanClasses : 1];
-  HWY_ALIGN uint16_t offsets[kRaw ? kScanBlock + kScanOffsetsSlack : 1];
+  constexpr size_t kPacked = kRaw ? kScanBlock + kScanOffsetsSlack : 1;
+  HWY_ALIGN uint64_t ranks[kPacked];
+  HWY_ALIGN uint16_t offsets[kPacked];
+  HWY_ALIGN uint8_t ch_classes[kPacked];
+  HWY_ALIGN uint8_t ch_diffs[kPacked];
+  HWY_ALIGN uint16_t old_copy[kPacked];
   // The hash inputs of the block's changes: bf16 bits as u16 (HashTermDiffs16
   // multiplies them in one step less than u64 bits, and stores a quarter);
-  // the old bits are the block's run of old_values.
-  HWY_ALIGN uint64_t h_index[kScanBlock];
-  HWY_ALIGN uint16_t h_new[kScanBlock];
+  // the old bits are the block's run of old_values (kRaw: old_copy). kRaw
+  // pads them to whole vectors of 8 (see below).
+  HWY_ALIGN uint64_t h_index[kScanBlock + 8];
+  HWY_ALIGN uint16_t h_new[kScanBlock + kScanOffsetsSlack];
   const uint64_t index0 = s.index0;
   uint64_t seen[kScanClasses], next[kScanClasses], count[kScanClasses], escapes[kScanClasses];
   uint32_t* gaps[kScanClasses];
@@ -306,14 +313,53 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
     // (Formed only within the span: a pointer beyond its end would be undefined.)
     const uint8_t* const cur_ahead = prefetch ? current + (start + 2 * kScanBlock) * elem_size : current;
     const auto* const pub_ahead = reinterpret_cast<const uint8_t*>(prefetch ? pub + 2 * kScanBlock : pub);
-    int lo = kScanClasses - 1, hi = 0;
-    bool bad;
-    size_t n_changed = 0;
     if constexpr (kRaw) {
+      // The block's pass leaves its changes packed and the new values
+      // stored; per change what is left is its class stream's entry.
+      size_t n_changed = 0;
       const ScanBlockAhead ahead{prefetch ? cur_ahead : nullptr, elem_size, pub_ahead};
-      bad = ScanBlockAvx512(pub, current + start * elem_size, kF32, len, seen, ahead, fresh, words, cls, word_masks,
-                            word_seen, offsets, &n_changed);
+      uint64_t seen_end[kScanClasses];
+      const ScanBlockOut out{changed_words + (start >> 6), seen_end, ranks, offsets, ch_classes, ch_diffs,
+                             old_out + n_old, old_copy, h_new};
+      const size_t first_bad = ScanBlockAvx512(pub, current + start * elem_size, kF32, len, seen, ahead, out, &n_changed);
+      if (first_bad < len && s.check_finite) [[unlikely]] {
+        for (size_t i = 0; i < n_changed; ++i) pub[offsets[i]] = old_copy[i];  // the block untouched
+        result = start + first_bad;
+        break;
+      }
+      for (size_t i = 0; i < n_changed; ++i) {
+        const int c = ch_classes[i];
+        const uint64_t rank = ranks[i];
+        const uint64_t k = count[c]++;
+        PrefetchForWrite(gaps[c] + k, kGapsAhead);
+        PrefetchForWrite(diffs[c] + k, kDiffsAhead);
+        gaps[c][k] = static_cast<uint32_t>(rank - next[c]);
+        next[c] = rank + 1;
+        const uint8_t d = ch_diffs[i];
+        diffs[c][k] = d;
+        if (HWY_UNLIKELY(d == compact::kEscape)) escaped[c][escapes[c]++] = h_new[i];
+      }
+      n_old += n_changed;
+      std::memcpy(seen, seen_end, sizeof(seen));
+      if (n_changed > 0) {
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
+        // Whole vectors of 8 (HashTermDiffs16's lanes here): the entries
+        // past the changes get equal old and new values (0), so they add
+        // nothing whatever their index, and no scalar tail runs.
+        const __m512i base = _mm512_set1_epi64(static_cast<long long>(index0 + start));
+        for (size_t i = 0; i < n_changed; i += 8) {
+          const __m128i o = _mm_loadu_si128(reinterpret_cast<const __m128i*>(offsets + i));
+          _mm512_storeu_si512(h_index + i, _mm512_add_epi64(_mm512_maskz_cvtepu16_epi64(0xFF, o), base));
+        }
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(h_new + n_changed), _mm_setzero_si128());
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(old_copy + n_changed), _mm_setzero_si128());
+        HashTermDiffs16(h_index, reinterpret_cast<const uint8_t*>(h_new), reinterpret_cast<const uint8_t*>(old_copy),
+                        (n_changed + 7) & ~size_t{7}, s.seed, st.hash);
+#endif
+      }
     } else {
+      int lo = kScanClasses - 1, hi = 0;
+      bool bad;
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
       bad = ClassifyBlock32<kF32>(pub, current + start * elem_size, len, fresh, words, cls, lo, hi);
 #elif HWY_TARGET == HWY_AVX2 && HWY_ARCH_X86_64
@@ -321,46 +367,35 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
 #else
       bad = ClassifyBlock<kF32>(pub, current + start * elem_size, len, fresh, words, cls, lo, hi);
 #endif
-    }
-    if (bad && s.check_finite) {
-      size_t k = 0;
-      while (k < len && !bf16::IsNonFinite(fresh[k], bf16::kBf16ExpMask)) ++k;
-      if (k < len) {
-        result = start + k;
-        break;
+      if (bad && s.check_finite) {
+        size_t k = 0;
+        while (k < len && !bf16::IsNonFinite(fresh[k], bf16::kBf16ExpMask)) ++k;
+        if (k < len) {
+          result = start + k;
+          break;
+        }
       }
-    }
-    size_t h = 0;
-    const uint16_t* const h_old = old_out + n_old;
-    const size_t n_words = (len + 63) / 64;
-    // Element e of the block changed; its class c, its rank among the
-    // chunk's class-c elements.
-    const auto emit = [&](size_t e, int c, uint64_t rank) {
-      const uint64_t k = count[c]++;
-      PrefetchForWrite(gaps[c] + k, kGapsAhead);
-      PrefetchForWrite(diffs[c] + k, kDiffsAhead);
-      gaps[c][k] = static_cast<uint32_t>(rank - next[c]);
-      next[c] = rank + 1;
-      const uint16_t old_bits = pub[e], new_bits = fresh[e];
-      const uint8_t d = compact::DiffByte(old_bits, new_bits);
-      diffs[c][k] = d;
-      if (HWY_UNLIKELY(d == compact::kEscape)) escaped[c][escapes[c]++] = new_bits;
-      old_out[n_old++] = old_bits;
-      pub[e] = new_bits;
-      h_index[h] = index0 + start + e;
-      h_new[h] = new_bits;
-      ++h;
-    };
-    if constexpr (kRaw) {
-      std::memcpy(changed_words + (start >> 6), words, n_words * sizeof(uint64_t));
-      for (size_t i = 0; i < n_changed; ++i) {
-        const size_t e = offsets[i];
-        const int c = cls[e];
-        const size_t at = kScanClasses * (e >> 6) + static_cast<size_t>(c);
-        emit(e, c, word_seen[at] + static_cast<uint64_t>(__builtin_popcountll(word_masks[at] & ((uint64_t{1} << (e & 63)) - 1))));
-      }
-      std::memcpy(seen, word_seen + kScanClasses * n_words, sizeof(seen));
-    } else {
+      size_t h = 0;
+      const uint16_t* const h_old = old_out + n_old;
+      const size_t n_words = (len + 63) / 64;
+      // Element e of the block changed; its class c, its rank among the
+      // chunk's class-c elements.
+      const auto emit = [&](size_t e, int c, uint64_t rank) {
+        const uint64_t k = count[c]++;
+        PrefetchForWrite(gaps[c] + k, kGapsAhead);
+        PrefetchForWrite(diffs[c] + k, kDiffsAhead);
+        gaps[c][k] = static_cast<uint32_t>(rank - next[c]);
+        next[c] = rank + 1;
+        const uint16_t old_bits = pub[e], new_bits = fresh[e];
+        const uint8_t d = compact::DiffByte(old_bits, new_bits);
+        diffs[c][k] = d;
+        if (HWY_UNLIKELY(d == compact::kEscape)) escaped[c][escapes[c]++] = new_bits;
+        old_out[n_old++] = old_bits;
+        pub[e] = new_bits;
+        h_index[h] = index0 + start + e;
+        h_new[h] = new_bits;
+        ++h;
+      };
       for (size_t w = 0; w < n_words; ++w) {
         if (prefetch) {
           PrefetchWordShare(cur_ahead, elem_size, pub_ahead, w);
@@ -399,10 +434,10 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
         for (int c = 0; c < kScanClasses; ++c) seen[c] += static_cast<uint64_t>(__builtin_popcountll(mask[c]));
 #endif
       }
-    }
-    if (h > 0) {
-      HashTermDiffs16(h_index, reinterpret_cast<const uint8_t*>(h_new), reinterpret_cast<const uint8_t*>(h_old), h,
-                      s.seed, st.hash);
+      if (h > 0) {
+        HashTermDiffs16(h_index, reinterpret_cast<const uint8_t*>(h_new), reinterpret_cast<const uint8_t*>(h_old), h,
+                        s.seed, st.hash);
+      }
     }
   }
   for (int c = 0; c < kScanClasses; ++c) {

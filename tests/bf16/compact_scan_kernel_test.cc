@@ -239,6 +239,41 @@ TEST(CompactScanKernel, EqualsTheScalarReferenceOnEveryTarget) {
   }
 }
 
+// Diff bytes at and around where they turn into escapes (|new - old| of
+// 127 and 128 ULPs, both ways), large steps within a sign, steps across
+// zero and into Inf/NaN: each change's diff byte is worked out per word
+// (AVX-512: on 32 lanes at once), so every step size is set out here.
+TEST(CompactScanKernel, DiffBytesAroundTheEscapeBoundsOnEveryTarget) {
+  std::mt19937_64 rng(79);
+  std::vector<int> steps;
+  for (int d = -131; d <= 131; ++d) steps.push_back(d);
+  for (int d : {-0x7F00, -0x4000, -0x1000, -300, -255, -254, 254, 255, 256, 300, 0x1000, 0x4000, 0x7F00}) {
+    steps.push_back(d);
+  }
+  for (bool f32 : {true, false}) {
+    for (size_t density : {size_t{1}, size_t{3}, size_t{40}}) {
+      SCOPED_TRACE((f32 ? "f32 one change in " : "bf16 one change in ") + std::to_string(density));
+      const size_t n = steps.size() * density * 2 + 17;
+      std::vector<uint16_t> pub(n);
+      std::vector<uint32_t> cur(n);
+      for (size_t e = 0; e < n; ++e) {
+        const uint64_t r = rng();
+        // Exponents 1-254 (every class, finite), either sign.
+        uint16_t p = static_cast<uint16_t>((r & 0x8000) | (1 + (r >> 16) % 254) << 7 | ((r >> 32) & 0x7F));
+        if (e % 97 == 5) p = static_cast<uint16_t>(0x7F80 | (r & 0x8000) | ((r >> 8) & 1));  // Inf or a NaN base
+        uint16_t next = p;
+        if (e % density == 0) next = static_cast<uint16_t>(p + steps[(e / density) % steps.size()]);
+        pub[e] = p;
+        cur[e] = f32 ? (static_cast<uint32_t>(next) << 16 |
+                        ((next & 0x7F80) == 0x7F80 ? 0u : static_cast<uint32_t>(rng() % 0x8000)))
+                     : next;
+      }
+      const ScanOut want = Reference(pub, cur, f32, false, 777, {});
+      ForEachTarget([&] { ExpectSame(Kernel(pub, cur, f32, false, 777, {}), want); });
+    }
+  }
+}
+
 // check_finite: the block holding the first non-finite new value (after
 // rounding) and all after it are left untouched, the offset returned.
 TEST(CompactScanKernel, StopsAtTheFirstNonFiniteValueOnEveryTarget) {
