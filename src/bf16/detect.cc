@@ -2,7 +2,6 @@
 // per-chunk results. The per-element work is in detect_kernels.cc.
 
 #include <bit>
-#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -13,7 +12,6 @@
 #include "bf16/chunked.h"
 #include "bf16/chunks.h"
 #include "bf16/detect_apply.h"
-#include "bf16/in_order.h"
 #include "bf16/scan.h"
 #include "bf16/scratch.h"
 #include "bf16/simd_kernels.h"
@@ -26,25 +24,23 @@ namespace {
 static_assert(std::endian::native == std::endian::little,
               "tensor bytes are little-endian and compared in place");
 
-// Each chunk is scanned into a scratch of its own. As soon as the chunk and
-// every chunk before it are scanned, its changes are copied into its
-// tensor's output (InOrder, Assembler) and its scratch goes back for the
-// next chunk (Slots): the scratch is still in cache when it is copied and
-// when it is written again, and a call uses a scratch or two per thread.
+// Each worker thread appends the changes of the chunks it scans to its own
+// scratch; chunks record where theirs are. After the scan they are copied,
+// in chunk order, into each tensor's output.
 struct WorkerScratch {
-  ScratchBuffer indices;  // uint64_t entries
-  ScratchBuffer values;   // the entries' values, back to back
-  ScratchBuffer old;      // with an in-scan apply: the old values, laid out as `values`
+  ScratchBuffer indices;   // uint64_t entries
+  ScratchBuffer values;    // the entries' values, back to back
+  ScratchBuffer old;       // with an in-scan apply: the old values, laid out as `values`
+  size_t count = 0;        // entries in use
+  size_t value_bytes = 0;  // bytes of values in use (dtypes differ per chunk)
 };
 
 // Worker scratch outlives a call: fresh pages (a fault and a kernel
 // zero-fill per page) cost more than the scan itself, and every call of a
 // training loop needs about as much as the last. So the buffers go back to
-// this pool, which therefore holds as much memory as the scratches a call
-// has held at once so far (~10 bytes per change of a chunk each; a chunk or
-// two per thread, more when a slow chunk holds back the copies of those
-// after it).
-// Concurrent calls each take what is free and allocate the rest.
+// this pool, which therefore holds as much memory as the largest change
+// list found so far (~10 bytes per change). Concurrent calls each take
+// what is free and allocate the rest.
 class ScratchPool {
  public:
   std::vector<std::unique_ptr<WorkerScratch>> Take(size_t n) {
@@ -57,6 +53,7 @@ class ScratchPool {
       }
     }
     while (out.size() < n) out.push_back(std::make_unique<WorkerScratch>());
+    for (auto& w : out) w->count = w->value_bytes = 0;
     return out;
   }
   void Give(std::vector<std::unique_ptr<WorkerScratch>> scratch) {
@@ -74,152 +71,17 @@ ScratchPool& Pool() {
   return *pool;
 }
 
-// The scratches of one call: a chunk takes one for its scan and gives it
-// back once its changes are in the output; the next chunk takes the one
-// given back last (likely still in cache). More come from the pool when
-// every one is in use.
-class Slots {
- public:
-  Slots() = default;
-  Slots(const Slots&) = delete;
-  Slots& operator=(const Slots&) = delete;
-  ~Slots() { Pool().Give(std::move(all_)); }
-
-  WorkerScratch* Take() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (free_.empty()) {
-      all_.push_back(std::move(Pool().Take(1).front()));
-      return all_.back().get();
-    }
-    WorkerScratch* s = free_.back();
-    free_.pop_back();
-    return s;
-  }
-  void Give(WorkerScratch* s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(s);
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<std::unique_ptr<WorkerScratch>> all_;
-  std::vector<WorkerScratch*> free_;
-};
-
 // What one chunk found.
 struct ChunkResult {
-  WorkerScratch* scratch = nullptr;  // its changes, from the start (nullptr: not scanned)
+  size_t worker = 0;
+  size_t offset = 0;        // first entry in the worker's scratch
+  size_t value_offset = 0;  // and the byte where its values start
   size_t count = 0;
   uint64_t first_bad = kNoError;  // flat index of the first non-finite element
   bool out_of_memory = false;
   uint64_t hash[2] = {0, 0};      // with an in-scan apply: the state-hash change of its `count` changes
-  bool in_output = false;         // its changes were copied into the output:
-  size_t entry = 0;               // into this entry,
-  size_t position = 0;            // from this change on
 
   bool failed() const { return first_bad != kNoError || out_of_memory; }
-};
-
-// Makes room in `v` for `needed` elements, keeping its contents: a vector
-// too small moves to one of `room` (>= needed), its fresh pages advised for
-// huge pages before they are touched.
-template <typename T>
-void Grow(std::vector<T>& v, size_t needed, size_t room) {
-  if (v.capacity() >= needed) return;
-  std::vector<T> grown;
-  grown.reserve(room);
-  AdviseHugePages(grown.data(), room * sizeof(T));
-  grown.insert(grown.end(), v.begin(), v.end());
-  v.swap(grown);
-}
-
-// Copies the chunks' changes, called in chunk order, into the output: entry
-// k for the k-th tensor with changes. Entry k reuses the memory of the
-// caller's entry k (DetectChanges into `out`): across a training loop's
-// calls the same tensors change at about the same rates, so the copies land
-// on pages already mapped rather than on fresh ones, each a fault and a
-// kernel zero-fill. With `old` (an in-scan apply), the old values go to its
-// entry k the same way.
-class Assembler {
- public:
-  Assembler(const std::vector<ScanJob>& jobs, const std::vector<Chunk>& chunks, std::vector<ChunkResult>& results,
-            std::vector<TensorChanges>& out, std::vector<std::vector<uint8_t>>* old)
-      : jobs_(jobs), chunks_(chunks), results_(results), out_(out), old_(old) {}
-
-  // Chunk c's changes, after those of every chunk before it.
-  void Append(size_t c) {
-    const Chunk& chunk = chunks_[c];
-    const ScanJob& job = jobs_[chunk.tensor];
-    if (chunk.tensor != tensor_) {
-      tensor_ = chunk.tensor;
-      covered_ = 0;
-      open_ = false;
-    }
-    covered_ += chunk.end - chunk.begin;
-    ChunkResult& r = results_[c];
-    if (r.count == 0) return;
-    if (!open_) Open(job);
-    const size_t k = entries_ - 1;
-    TensorChanges& tc = out_[k];
-    const size_t value_size = DTypeSize(job.published_dtype);
-    const size_t needed = tc.indices.size() + r.count;
-    if (tc.indices.capacity() < needed || tc.values.capacity() < needed * value_size) {
-      // A fresh or reused entry too small: room for as many changes as the
-      // tensor's rate so far gives, and 1/8 more, so that slowly growing
-      // counts do not reallocate every call.
-      const double rate = static_cast<double>(needed) / static_cast<double>(covered_);
-      size_t room = needed + static_cast<size_t>(rate * static_cast<double>(job.elements - covered_));
-      room = std::max(needed, std::min<size_t>(room + room / 8, job.elements));
-      Grow(tc.indices, needed, room);
-      Grow(tc.values, needed * value_size, room * value_size);
-    }
-    const WorkerScratch& w = *r.scratch;
-    const uint64_t* idx = reinterpret_cast<const uint64_t*>(w.indices.data());
-    const uint8_t* val = w.values.data();
-    r.entry = k;
-    r.position = tc.indices.size();
-    r.in_output = true;
-    tc.indices.insert(tc.indices.end(), idx, idx + r.count);
-    tc.values.insert(tc.values.end(), val, val + r.count * value_size);
-    if (old_) {
-      std::vector<uint8_t>& kept = (*old_)[k];
-      Grow(kept, needed * value_size, tc.values.capacity());
-      const uint8_t* was = w.old.data();
-      kept.insert(kept.end(), was, was + r.count * value_size);
-    }
-  }
-
-  // After the last chunk: the caller's entries past those used go.
-  void Close() {
-    out_.resize(entries_);
-    if (old_) old_->resize(entries_);
-  }
-
- private:
-  void Open(const ScanJob& job) {
-    const size_t k = entries_++;
-    if (out_.size() <= k) out_.resize(k + 1);
-    TensorChanges& tc = out_[k];
-    tc.name.assign(job.name);
-    tc.dtype = job.published_dtype;
-    tc.indices.clear();
-    tc.values.clear();
-    if (old_) {
-      if (old_->size() <= k) old_->resize(k + 1);
-      (*old_)[k].clear();
-    }
-    open_ = true;
-  }
-
-  const std::vector<ScanJob>& jobs_;
-  const std::vector<Chunk>& chunks_;
-  std::vector<ChunkResult>& results_;
-  std::vector<TensorChanges>& out_;
-  std::vector<std::vector<uint8_t>>* old_;
-  size_t entries_ = 0;          // entries opened
-  size_t tensor_ = SIZE_MAX;    // the tensor of the chunks appended last
-  uint64_t covered_ = 0;        // its elements in those chunks
-  bool open_ = false;           // whether it has an entry yet
 };
 
 // Compares elements [begin, begin + n) of a job; see kernels::Compare*.
@@ -255,7 +117,7 @@ size_t CompareSpan(const ScanJob& job, uint64_t begin, size_t n, uint64_t* idx_o
   }
 }
 
-// Scans a chunk in blocks, growing its scratch before each block
+// Scans a chunk in blocks, growing the worker's scratch before each block
 // so that the kernel can write a block's worth of changes without checks.
 // With `apply` (seeds: the job's), each block's changes are applied as soon
 // as they are found (ApplyBlock), while the block is in cache. The chunk's
@@ -265,10 +127,13 @@ void ScanChunk(const ScanJob& job, const Chunk& chunk, WorkerScratch& scratch, C
                const state_hash::TensorSeeds* apply) {
   constexpr uint64_t kBlock = uint64_t{1} << 16;
   const size_t value_size = DTypeSize(job.published_dtype);
+  out.offset = scratch.count;
+  // 8-aligned: the kernels store values through typed (up to 8-byte) pointers.
+  out.value_offset = (scratch.value_bytes + 7) & ~size_t{7};
   for (uint64_t begin = chunk.begin; begin < chunk.end; begin += kBlock) {
     const size_t n = static_cast<size_t>(std::min(kBlock, chunk.end - begin));
-    const size_t used = out.count;
-    const size_t used_bytes = out.count * value_size;
+    const size_t used = out.offset + out.count;
+    const size_t used_bytes = out.value_offset + out.count * value_size;
     const size_t room = n + kernels::kCompareOutputSlack;
     if (!scratch.indices.Reserve((used + room) * sizeof(uint64_t)) ||
         !scratch.values.Reserve(used_bytes + room * value_size) ||
@@ -291,6 +156,8 @@ void ScanChunk(const ScanJob& job, const Chunk& chunk, WorkerScratch& scratch, C
     }
     out.count += added;
   }
+  scratch.count = out.offset + out.count;
+  scratch.value_bytes = out.value_offset + out.count * value_size;
 }
 
 // The base (the published state, or diff's old file) and the new weights
@@ -386,59 +253,115 @@ Status DetectJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options
                   std::vector<std::vector<uint8_t>>* old, StateHash* delta) {
   const std::vector<Chunk> chunks = SplitIntoChunks(ElementCounts(jobs), chunk_elements);
   std::vector<ChunkResult> results(chunks.size());
-  Slots slots;
-  Assembler assembler{jobs, chunks, results, changes, apply ? old : nullptr};
-  InOrder in_order(chunks.size());
-  RunChunks(chunks.size(), options.threads, [&](size_t, size_t c) {
-    ChunkResult& r = results[c];
-    r.scratch = slots.Take();
-    ScanChunk(jobs[chunks[c].tensor], chunks[c], *r.scratch, r, apply ? &apply->seeds[chunks[c].tensor] : nullptr);
-    // A failed chunk keeps its scratch (an undo reads it) and holds back
-    // the copies of the chunks after it.
-    if (r.failed()) return false;
-    in_order.Finish(c, [&](size_t first, size_t end) {
-      for (size_t u = first; u < end; ++u) {
-        assembler.Append(u);
-        slots.Give(results[u].scratch);
-      }
-    });
-    return true;
+  std::vector<std::unique_ptr<WorkerScratch>> scratch =
+      Pool().Take(std::min<size_t>(static_cast<size_t>(ResolveThreads(options.threads)), chunks.size()));
+  struct GiveBack {
+    std::vector<std::unique_ptr<WorkerScratch>>& s;
+    ~GiveBack() { Pool().Give(std::move(s)); }
+  } give_back{scratch};
+  RunChunks(chunks.size(), options.threads, [&](size_t worker, size_t c) {
+    results[c].worker = worker;
+    ScanChunk(jobs[chunks[c].tensor], chunks[c], *scratch[worker], results[c],
+              apply ? &apply->seeds[chunks[c].tensor] : nullptr);
+    return !results[c].failed();
   });
 
   // The first failure in chunk order is the first in (tensor, index) order.
   for (size_t c = 0; c < chunks.size(); ++c) {
     const ScanJob& job = jobs[chunks[c].tensor];
     if (results[c].failed()) {
+      changes.clear();
       if (apply) {
         // Every chunk that ran (a chunk not run found nothing) puts back
-        // what it applied, the failed ones included: from the output where
-        // it got there, else from its scratch.
+        // what it applied, the failed ones included.
         for (size_t u = 0; u < chunks.size(); ++u) {
           const ChunkResult& r = results[u];
           const ScanJob& j = jobs[chunks[u].tensor];
-          const size_t size = DTypeSize(j.published_dtype);
-          uint8_t* data = const_cast<uint8_t*>(j.published);
-          if (r.in_output) {
-            UndoBlock(data, size, changes[r.entry].indices.data() + r.position,
-                      (*old)[r.entry].data() + r.position * size, r.count);
-          } else if (r.scratch != nullptr) {
-            UndoBlock(data, size, reinterpret_cast<const uint64_t*>(r.scratch->indices.data()), r.scratch->old.data(),
-                      r.count);
-          }
+          WorkerScratch& w = *scratch[r.worker];
+          UndoBlock(const_cast<uint8_t*>(j.published), DTypeSize(j.published_dtype),
+                    reinterpret_cast<const uint64_t*>(w.indices.data()) + r.offset, w.old.data() + r.value_offset,
+                    r.count);
         }
         old->clear();
       }
-      changes.clear();
     }
     if (results[c].first_bad != kNoError) return NonFiniteError(job, results[c].first_bad);
     if (results[c].out_of_memory) {
       return Status::Internal(Quoted(job.name) + ": out of memory while collecting changes");
     }
   }
-  assembler.Close();
+
+  // Concatenate each tensor's chunks in order; tensors are independent, so
+  // the copies run in parallel too.
+  struct Output {
+    size_t job;
+    size_t first_chunk, end_chunk;
+    size_t count;
+  };
+  std::vector<Output> outputs;
+  for (size_t c = 0; c < chunks.size();) {
+    Output o{chunks[c].tensor, c, c, 0};
+    for (; o.end_chunk < chunks.size() && chunks[o.end_chunk].tensor == o.job; ++o.end_chunk) {
+      o.count += results[o.end_chunk].count;
+    }
+    c = o.end_chunk;
+    if (o.count > 0) outputs.push_back(o);
+  }
+  // Entry k reuses the memory of the caller's entry k (DetectChanges into
+  // `out`): across a training loop's calls the same tensors change at about
+  // the same rates, so the copies below land on pages already mapped rather
+  // than on fresh ones, each a fault and a kernel zero-fill.
+  changes.resize(outputs.size());
   if (apply) {
+    old->resize(outputs.size());
     for (const ChunkResult& r : results) *delta += StateHash{r.hash[0], r.hash[1]};
   }
+  ParallelFor(outputs.size(), options.threads, [&](size_t k) {
+    const Output& o = outputs[k];
+    const ScanJob& job = jobs[o.job];
+    const size_t value_size = DTypeSize(job.published_dtype);
+    TensorChanges& tc = changes[k];
+    tc.name.assign(job.name);
+    tc.dtype = job.published_dtype;
+    tc.indices.clear();
+    tc.values.clear();
+    // A fresh or reused entry too small for this call gets room for 1/8
+    // more, so that slowly growing counts do not reallocate every call.
+    const size_t room = o.count + (tc.indices.capacity() > 0 ? o.count / 8 : 0);
+    if (tc.indices.capacity() < o.count) {
+      tc.indices = std::vector<uint64_t>();
+      tc.indices.reserve(room);
+      AdviseHugePages(tc.indices.data(), room * sizeof(uint64_t));
+    }
+    if (tc.values.capacity() < o.count * value_size) {
+      tc.values = std::vector<uint8_t>();
+      tc.values.reserve(room * value_size);
+      AdviseHugePages(tc.values.data(), room * value_size);
+    }
+    for (size_t c = o.first_chunk; c < o.end_chunk; ++c) {
+      const ChunkResult& r = results[c];
+      WorkerScratch& w = *scratch[r.worker];
+      const uint64_t* idx = reinterpret_cast<const uint64_t*>(w.indices.data()) + r.offset;
+      const uint8_t* val = w.values.data() + r.value_offset;
+      tc.indices.insert(tc.indices.end(), idx, idx + r.count);
+      tc.values.insert(tc.values.end(), val, val + r.count * value_size);
+    }
+    if (apply) {
+      // The old values as the values, into the caller's reused entry k.
+      std::vector<uint8_t>& kept = (*old)[k];
+      kept.clear();
+      if (kept.capacity() < tc.values.size()) {
+        kept = std::vector<uint8_t>();
+        kept.reserve(tc.values.capacity());
+        AdviseHugePages(kept.data(), kept.capacity());
+      }
+      for (size_t c = o.first_chunk; c < o.end_chunk; ++c) {
+        const ChunkResult& r = results[c];
+        const uint8_t* was = scratch[r.worker]->old.data() + r.value_offset;
+        kept.insert(kept.end(), was, was + r.count * value_size);
+      }
+    }
+  });
   return Status::OK();
 }
 

@@ -201,15 +201,14 @@ TEST(DetectChangesTest, ChunkSizeAndThreadsDoNotMatter) {
   }
 }
 
-// Each chunk's changes are copied into its tensor's output as soon as every
-// chunk before it is scanned (bf16/in_order.h), into an entry sized by the
-// tensor's change rate so far: a tensor whose rate rises along it (its
-// entry grows past what its first chunks foretold, keeping what it holds),
-// one whose first chunks change nothing, changes only at both ends (chunks
-// without changes between), tensors smaller than a chunk and one without
-// changes, at chunk sizes that put borders inside runs of changes, on every
-// target and thread count, fresh and into reused outputs.
-TEST(DetectChangesTest, ChunksCopiedInOrderAcrossGrowthAndEmptyChunks) {
+// The chunks' changes land in their tensor's output in chunk order,
+// whatever the chunk size and thread count: a tensor whose change rate rises
+// along it (from 1 in 1000 to every element), one whose first chunks change
+// nothing, one changed only at both ends (chunks without changes between),
+// tensors smaller than a chunk and one without changes, with chunk borders
+// inside runs of changes, on every target, fresh and into reused outputs
+// that are too small (a stale change each) and then the right size.
+TEST(DetectChangesTest, ChunksLandInOrderAcrossGrowthAndEmptyChunks) {
   std::mt19937_64 rng(43);
   std::vector<OwnedTensor> base = {
       RandomTensor(rng, "a.rising", DType::kBF16, {20000}), RandomTensor(rng, "b.late", DType::kBF16, {5000}),
