@@ -201,6 +201,62 @@ TEST(DetectChangesTest, ChunkSizeAndThreadsDoNotMatter) {
   }
 }
 
+// The chunks' changes land in their tensor's output in chunk order,
+// whatever the chunk size and thread count: a tensor whose change rate rises
+// along it (from 1 in 1000 to every element), one whose first chunks change
+// nothing, one changed only at both ends (chunks without changes between),
+// tensors smaller than a chunk and one without changes, with chunk borders
+// inside runs of changes, on every target, fresh and into reused outputs
+// that are too small (a stale change each) and then the right size.
+TEST(DetectChangesTest, ChunksLandInOrderAcrossGrowthAndEmptyChunks) {
+  std::mt19937_64 rng(43);
+  std::vector<OwnedTensor> base = {
+      RandomTensor(rng, "a.rising", DType::kBF16, {20000}), RandomTensor(rng, "b.late", DType::kBF16, {5000}),
+      RandomTensor(rng, "c.ends", DType::kF32, {3000}),     RandomTensor(rng, "d.tiny", DType::kBF16, {3}),
+      RandomTensor(rng, "e.none", DType::kBF16, {700}),     RandomTensor(rng, "f.one", DType::kBF16, {1}),
+  };
+  const WeightState published = StateOf(base);
+  std::vector<OwnedTensor> current = base;
+  const auto change = [](OwnedTensor& t, uint64_t i) {
+    const size_t size = DTypeSize(t.dtype);
+    SetElementBits(t.data.data(), size, i, ElementBits(t.data.data(), size, i) ^ 1);
+  };
+  std::bernoulli_distribution coin(0.5);
+  for (uint64_t i = 0; i < 20000; ++i) {  // from 1 in 1000 to every element
+    if (i >= 15000 || (i >= 5000 && coin(rng)) || i % 1000 == 7) change(current[0], i);
+  }
+  for (uint64_t i = 4500; i < 5000; ++i) change(current[1], i);
+  for (uint64_t i = 0; i < 3000; ++i) {
+    if (i < 100 || i >= 2900) change(current[2], i);
+  }
+  for (uint64_t i = 0; i < 3; ++i) change(current[3], i);
+  change(current[5], 0);
+  const auto want = ReferenceDetect(published, current);
+  ASSERT_EQ(want.size(), 5u);
+  ForEachTarget([&] {
+    for (uint64_t chunk : {uint64_t{1}, uint64_t{7}, uint64_t{64}, uint64_t{333}, uint64_t{4096},
+                           bf16::kDefaultChunkElements}) {
+      for (int threads : {1, 2, 5}) {
+        SCOPED_TRACE("chunk " + std::to_string(chunk) + " threads " + std::to_string(threads));
+        auto fresh = bf16::DetectChangesChunked(published, Views(current), {.threads = threads}, chunk);
+        ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+        ExpectSameChanges(*fresh, want);
+        // Into reused entries: too small ones (each with a stale change), then
+        // the right sizes.
+        std::vector<TensorChanges> out(2);
+        for (TensorChanges& c : out) {
+          c.indices.assign(1, 99);
+          c.values.assign(2, 9);
+        }
+        for (int call = 0; call < 2; ++call) {
+          ASSERT_TRUE(bf16::DetectChangesChunked(published, Views(current), {.threads = threads}, chunk, out).ok());
+          ExpectSameChanges(out, want);
+        }
+      }
+    }
+  });
+}
+
 // fp32 masters against a bf16 published state: rounding happens first, so
 // fp32 changes below half a bf16 ulp are not changes.
 TEST(DetectChangesTest, Fp32CurrentIsRoundedBeforeComparing) {
