@@ -7,7 +7,10 @@
 //    gives new = old + UnZigZag(d) (mod 2^16), whose DiffByte is d exactly
 //    unless either is non-finite, so the check is one test of bit 15 of
 //    ((old & 0x7F80) + 0x80) | ((new & 0x7F80) + 0x80) (NotCanonical);
-//    escapes (rare) keep compact::DiffByte; the apply ORs the checks of a
+//    escapes (rare) keep compact::DiffByte; only classes 0 and 15 need
+//    the test of a diff byte at all (kEdgeClasses: from classes 1-14 every
+//    diff byte is canonical), so the walk of the others has none (session
+//    33); the apply ORs the checks of a
 //    class's changes in a block into one flag and looks for the offset only
 //    where it is set (FirstNotCanonical), instead of a minimum per change;
 //  - the class's ranks and diff bytes walked by pointer against the block's
@@ -21,6 +24,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -119,6 +123,14 @@ HWY_INLINE uint32_t NotCanonical(uint32_t o, uint32_t v) {
   return ((o & 0x7F80u) + 0x80u) | ((v & 0x7F80u) + 0x80u);
 }
 
+// The classes whose changes coded by a diff byte can be non-canonical: 0
+// and 15. An element of classes 1-14 has exponent bits 113..126, so it lies
+// in 0x3880..0x3F7F or 0xB880..0xBF7F, and a move of at most 127 (any diff
+// byte but kEscape) keeps it in 0x3801..0x3FFE or 0xB801..0xBFFE: the same
+// sign, finite, so NotCanonical is 0 and the kernels skip its test there
+// (tests/bf16/class_place_test.cc checks every such base and diff byte).
+constexpr uint32_t kEdgeClasses = 1u << 0 | 1u << 15;
+
 // The smallest block offset among the `count` changes the apply walk just
 // logged for one class (undo_pos / undo_old / h_new from `at`, diff bytes
 // from dp) whose change code is not canonical, else n: the slow look that
@@ -197,60 +209,73 @@ HWY_INLINE size_t PlaceWalk(const Rank* HWY_RESTRICT const ranks, const uint64_t
     const size_t h0 = h;
     const uint8_t* HWY_RESTRICT const dp0 = dp;
     uint32_t flag = 0;
-    for (;;) {
-      const uint64_t rr = rk - off;
+    // The walk of the class's changes in the block, with or without the
+    // check of changes coded by a diff byte (kEdge: only classes 0 and 15
+    // need it, see kEdgeClasses).
+    const auto walk = [&](auto edge) __attribute__((always_inline)) {
+      constexpr bool kEdge = decltype(edge)::value;
+      for (;;) {
+        const uint64_t rr = rk - off;
 #if HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86_64
-      (void)N32;
-      const uint32_t above = static_cast<uint32_t>(
-          _mm256_movemask_epi8(_mm256_cmpgt_epi16(through16, _mm256_set1_epi16(static_cast<int16_t>(rr)))));
-      const size_t w = kPlaceWords - static_cast<size_t>(__builtin_popcount(above)) / 2;
+        (void)N32;
+        const uint32_t above = static_cast<uint32_t>(
+            _mm256_movemask_epi8(_mm256_cmpgt_epi16(through16, _mm256_set1_epi16(static_cast<int16_t>(rr)))));
+        const size_t w = kPlaceWords - static_cast<size_t>(__builtin_popcount(above)) / 2;
 #else
-      const auto vr = hn::Set(d32, static_cast<int32_t>(rr));
-      size_t w = kPlaceWords;
-      for (size_t k = 0; k < kPlaceWords; k += N32) w -= hn::CountTrue(d32, hn::Gt(hn::LoadU(d32, through + k), vr));
+        const auto vr = hn::Set(d32, static_cast<int32_t>(rr));
+        size_t w = kPlaceWords;
+        for (size_t k = 0; k < kPlaceWords; k += N32) w -= hn::CountTrue(d32, hn::Gt(hn::LoadU(d32, through + k), vr));
 #endif
-      const unsigned at = PlaceSelectBit(mask[w], rr - bef[w], kFastPdep);
-      if constexpr (!kApply) hits[w] |= uint64_t{1} << at;
-      const size_t i = 64 * w + at;
-      const uint16_t o = bf16::LoadElement(data, i);
-      const uint8_t d = *dp;
-      uint16_t v;
-      if (HWY_UNLIKELY(d == compact::kEscape)) {
-        std::memcpy(&v, escapes + 2 * cur.e[c]++, 2);
-        if constexpr (kApply) {
-          flag |= static_cast<uint32_t>(compact::DiffByte(o, v) != d) << 15;
-        } else if (HWY_UNLIKELY(compact::DiffByte(o, v) != d)) {
-          bad = std::min(bad, i);
+        const unsigned at = PlaceSelectBit(mask[w], rr - bef[w], kFastPdep);
+        if constexpr (!kApply) hits[w] |= uint64_t{1} << at;
+        const size_t i = 64 * w + at;
+        const uint16_t o = bf16::LoadElement(data, i);
+        const uint8_t d = *dp;
+        uint16_t v;
+        if (HWY_UNLIKELY(d == compact::kEscape)) {
+          std::memcpy(&v, escapes + 2 * cur.e[c]++, 2);
+          if constexpr (kApply) {
+            flag |= static_cast<uint32_t>(compact::DiffByte(o, v) != d) << 15;
+          } else if (HWY_UNLIKELY(compact::DiffByte(o, v) != d)) {
+            bad = std::min(bad, i);
+          }
+        } else {
+          v = static_cast<uint16_t>(o + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));  // unzigzag
+          if constexpr (!kEdge) {
+            // Classes 1-14: canonical whatever the diff byte (kEdgeClasses).
+          } else if constexpr (kApply) {
+            flag |= NotCanonical(o, v);
+          } else if (HWY_UNLIKELY(NotCanonical(o, v) & 0x8000u)) {
+            bad = std::min(bad, i);
+          }
         }
-      } else {
-        v = static_cast<uint16_t>(o + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));  // unzigzag
         if constexpr (kApply) {
-          flag |= NotCanonical(o, v);
-        } else if (HWY_UNLIKELY(NotCanonical(o, v) & 0x8000u)) {
-          bad = std::min(bad, i);
+          // Logged before written (the undo covers every change placed).
+          undo_pos[h] = index0 + i;
+          undo_old[h] = o;
+          data[i] = v;
+          h_new[h] = v;
+          ++h;
+        } else {
+          values[i] = v;
+        }
+        ++rp;
+        ++dp;
+        if (rp == rend) {
+          r = ~uint64_t{0};
+          break;
+        }
+        rk = *rp;
+        if (rk >= lim) {
+          r = rk - lim;  // the class elements left after this block before the change
+          break;
         }
       }
-      if constexpr (kApply) {
-        // Logged before written (the undo covers every change placed).
-        undo_pos[h] = index0 + i;
-        undo_old[h] = o;
-        data[i] = v;
-        h_new[h] = v;
-        ++h;
-      } else {
-        values[i] = v;
-      }
-      ++rp;
-      ++dp;
-      if (rp == rend) {
-        r = ~uint64_t{0};
-        break;
-      }
-      rk = *rp;
-      if (rk >= lim) {
-        r = rk - lim;  // the class elements left after this block before the change
-        break;
-      }
+    };
+    if ((kEdgeClasses >> c) & 1) {
+      walk(std::true_type{});
+    } else {
+      walk(std::false_type{});
     }
     if constexpr (kApply) {
       if (HWY_UNLIKELY(flag & 0x8000u)) bad = std::min(bad, FirstNotCanonical(*out, h0, h - h0, dp0, n));

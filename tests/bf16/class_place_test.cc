@@ -313,6 +313,25 @@ TEST(ClassPlace, EveryDiffByteFromEveryBaseIsCheckedAsDiffByte) {
   });
 }
 
+// Why the kernels test a diff byte's change only in classes 0 and 15
+// (class_place_kernels.cc, kEdgeClasses): from every base of any other
+// class, every diff byte but the escape codes exactly itself (DiffByte of
+// the base and base + UnZigZag(d)); and classes 0 and 15 both hold bases
+// where some diff byte does not (so neither may be skipped).
+TEST(ClassPlace, OnlyClassesZeroAndFifteenHoldNonCanonicalDiffBytes) {
+  std::array<uint64_t, 16> wrong{};
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const auto o = static_cast<uint16_t>(b);
+    for (int d = 0; d < 255; ++d) {
+      const auto v = static_cast<uint16_t>(o + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));
+      wrong[compact::ClassOf(o)] += compact::DiffByte(o, v) != static_cast<uint8_t>(d);
+    }
+  }
+  for (int c = 1; c < 15; ++c) EXPECT_EQ(wrong[c], 0u) << "class " << c;
+  EXPECT_GT(wrong[0], 0u);
+  EXPECT_GT(wrong[15], 0u);
+}
+
 }  // namespace
 }  // namespace deltasync
 
