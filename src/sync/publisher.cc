@@ -507,7 +507,7 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
     uploaded_bytes += patch.size;
     if (options_.progress) options_.progress(uploaded_bytes, upload_total);
     IndexEncoding encoding = kind == PatchKind::kAnchor && !compact ? IndexEncoding::kRaw : settings_.encoding;
-    entry.objects.push_back(ObjectEntry{kind, key, encoding, patch.size, std::move(checksum), base});
+    entry.objects.push_back(ObjectEntry{kind, key, encoding, patch.size, std::move(checksum), base, {}});
     return Status::OK();
   };
   Status uploaded = Status::OK();
