@@ -260,6 +260,10 @@ HWY_INLINE void PrefetchForWrite(const T* p, size_t ahead) {
 // HasCompactScanAvx512().
 template <bool kF32, bool kRaw>
 HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
+  // The raw route's block pass and hash step exist only on x86-64 AVX3
+  // targets (elsewhere the block pass is a stub and the hash step is not
+  // compiled): instantiated anywhere else it would code nothing.
+  static_assert(!kRaw || (HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64), "the raw scan route runs only on AVX3");
   HWY_ALIGN uint16_t fresh[kRaw ? 1 : kScanBlock];
   HWY_ALIGN uint8_t cls[kRaw ? 1 : kScanBlock];
   HWY_ALIGN uint64_t words[kRaw ? 1 : kScanWords];
