@@ -1,7 +1,8 @@
 // publish_bench: the trainer side alone, for profiling. The same model,
 // masters and change rate as `deltasync bench` (Qwen3-0.6B shapes, ~3.4% of
 // elements move by one bf16 ULP), and the same two figures:
-//   detect+encode  DetectChanges (fp32 masters) + EncodeDelta (gap_delta)
+//   detect+encode  DetectChanges (fp32 masters) + EncodeDelta (gap_delta),
+//                  and the same delta by DetectAndEncodeGapDelta ("fused")
 //   publish        Publisher::Publish of a compact delta into a local bucket
 //                  (the fused scan), alternating with the base (untimed)
 // each as a ratio to a memcpy of the bf16 model with the same threads.
@@ -40,6 +41,7 @@
 #include "codec/compact_bf16.h"
 #include "codec/stream_buffers.h"
 #include "deltasync/changes.h"
+#include "deltasync/detect_encode.h"
 #include "deltasync/patch.h"
 #include "deltasync/publisher.h"
 #include "deltasync/weight_state.h"
@@ -198,6 +200,17 @@ int main(int argc, char** argv) {
     Check(failure);
     row("  of which detect", detect_only, "(DetectChanges into the last call's)");
     row("  of which encode", encode_only, "(EncodeDelta into the last call's)");
+    // The same delta in one call (DetectAndEncodeGapDelta), into the last
+    // call's buffers: the chunks write the gap and value streams as they scan.
+    DetectedGapDelta fused;
+    const Timing fused_t = Best(reps, [&] {
+      if (failure.ok()) {
+        failure = DetectAndEncodeGapDelta(*published, masters, DetectOptions{false, threads, nullptr}, info, fused);
+      }
+    });
+    Check(failure);
+    row("detect+encode, fused", fused_t,
+        ("(" + std::to_string(fused.patch.size) + " bytes; DetectAndEncodeGapDelta into the last call's)").c_str());
   }
   if (only.empty() || only == "stages") {
     // The fused publish's two stages alone: the scan (detect, code, hash,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "deltasync/changes.h"
+#include "deltasync/detect_encode.h"
 #include "deltasync/state_hash.h"
 
 namespace deltasync::bf16 {
@@ -31,5 +32,14 @@ Result<PublishedViews> ViewAsPublishedChunked(std::span<const TensorView> curren
                                               uint64_t chunk_elements);
 StateHash HashTensorsChunked(std::span<const TensorView> tensors, int threads,
                              uint64_t chunk_elements);
+
+// DetectAndEncodeGapDelta with chunks of `chunk_elements`: the same bytes
+// whatever the chunk size.
+Status DetectAndEncodeGapDeltaChunked(const WeightState& published, std::span<const TensorView> current,
+                                      const DetectOptions& options, const PatchInfo& info,
+                                      uint64_t chunk_elements, DetectedGapDelta& out);
+Status DetectAndEncodeGapDeltaChunked(std::span<const TensorView> published, std::span<const TensorView> current,
+                                      const DetectOptions& options, const PatchInfo& info,
+                                      uint64_t chunk_elements, DetectedGapDelta& out);
 
 }  // namespace deltasync::bf16

@@ -84,7 +84,8 @@ struct ChunkResult {
   bool failed() const { return first_bad != kNoError || out_of_memory; }
 };
 
-// Compares elements [begin, begin + n) of a job; see kernels::Compare*.
+}  // namespace
+
 size_t CompareSpan(const ScanJob& job, uint64_t begin, size_t n, uint64_t* idx_out,
                    uint8_t* val_out, size_t* first_bad) {
   const size_t size = DTypeSize(job.published_dtype);
@@ -116,6 +117,8 @@ size_t CompareSpan(const ScanJob& job, uint64_t begin, size_t n, uint64_t* idx_o
                                 idx_out, reinterpret_cast<uint64_t*>(val_out), first_bad);
   }
 }
+
+namespace {
 
 // Scans a chunk in blocks, growing the worker's scratch before each block
 // so that the kernel can write a block's worth of changes without checks.

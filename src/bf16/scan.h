@@ -83,6 +83,13 @@ Status DetectJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options
 // order is the error.
 Status ConvertAndCheck(const std::vector<ScanJob>& jobs, const DetectOptions& options, uint64_t chunk_elements);
 
+// Compares elements [begin, begin + n) of `job` with the Compare kernel of
+// its dtypes (simd_kernels.h): writes each changed element's flat index to
+// idx_out and its published-dtype value to val_out (both with room for n +
+// kernels::kCompareOutputSlack), returns how many; *first_bad as the kernels'.
+size_t CompareSpan(const ScanJob& job, uint64_t begin, size_t n, uint64_t* idx_out, uint8_t* val_out,
+                   size_t* first_bad);
+
 // The element counts of `jobs`, for SplitIntoChunks.
 std::vector<uint64_t> ElementCounts(const std::vector<ScanJob>& jobs);
 

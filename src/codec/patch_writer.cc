@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "codec/delta_header.h"
 #include "codec/index_codec.h"
 #include "codec/patch_metadata.h"
 #include "common/parallel.h"
@@ -65,6 +66,33 @@ void AppendPart(EncodedPatch& out, ByteSpan part) {
 
 }  // namespace
 
+namespace codec {
+
+Status CheckDeltaInfo(const PatchInfo& info, uint64_t changed) {
+  if (changed > info.total_elements) {
+    return Status::InvalidArgument("total_elements " + std::to_string(info.total_elements) + " is less than the " +
+                                   std::to_string(changed) + " changed elements");
+  }
+  if (info.encoding == IndexEncoding::kCompact) {
+    return Status::InvalidArgument("EncodeDelta writes TRL encodings (gap_delta, raw); compact deltas come from "
+                                   "EncodeCompactDelta");
+  }
+  if (info.base_version && *info.base_version >= info.model_version) {
+    return Status::InvalidArgument("base version " + std::to_string(*info.base_version) +
+                                   " is not older than model_version " + std::to_string(info.model_version));
+  }
+  return Status::OK();
+}
+
+Result<std::vector<uint8_t>> EncodeDeltaHeader(const PatchInfo& info, uint64_t num_params, uint64_t changed,
+                                               std::span<const TensorLayout> tensors) {
+  Metadata metadata = BuildMetadata(true, info.model_version, num_params, changed, info.total_elements, info.encoding);
+  if (info.base_version) metadata.emplace(patchmeta::kBaseVersion, std::to_string(*info.base_version));
+  return EncodeSafetensorsHeader(metadata, tensors);
+}
+
+}  // namespace codec
+
 Result<EncodedPatch> EncodeAnchor(uint64_t model_version, std::span<const TensorView> tensors) {
   std::vector<TensorView> sorted(tensors.begin(), tensors.end());
   std::sort(sorted.begin(), sorted.end(), [](const TensorView& a, const TensorView& b) { return a.name < b.name; });
@@ -102,18 +130,7 @@ Status EncodeDelta(const PatchInfo& info, std::span<const TensorChanges> changes
     }
     changed += order[i]->count();
   }
-  if (changed > info.total_elements) {
-    return Status::InvalidArgument("total_elements " + std::to_string(info.total_elements) + " is less than the " +
-                                   std::to_string(changed) + " changed elements");
-  }
-  if (info.encoding == IndexEncoding::kCompact) {
-    return Status::InvalidArgument("EncodeDelta writes TRL encodings (gap_delta, raw); compact deltas come from "
-                                   "EncodeCompactDelta");
-  }
-  if (info.base_version && *info.base_version >= info.model_version) {
-    return Status::InvalidArgument("base version " + std::to_string(*info.base_version) +
-                                   " is not older than model_version " + std::to_string(info.model_version));
-  }
+  DS_RETURN_IF_ERROR(codec::CheckDeltaInfo(info, changed));
 
   // owned[0] is the header; owned[1 + 2i] and owned[2 + 2i] the index and
   // value bytes of order[i]. Buffers `out` held before are written over in
@@ -143,9 +160,10 @@ Status EncodeDelta(const PatchInfo& info, std::span<const TensorChanges> changes
     views.push_back({c.name + std::string(patchmeta::kIdxSuffix), index_dtypes[i], shape, out.owned[1 + 2 * i]});
     views.push_back({c.name + std::string(patchmeta::kValSuffix), c.dtype, shape, out.owned[2 + 2 * i]});
   }
-  Metadata metadata = BuildMetadata(true, info.model_version, order.size(), changed, info.total_elements, info.encoding);
-  if (info.base_version) metadata.emplace(patchmeta::kBaseVersion, std::to_string(*info.base_version));
-  Result<std::vector<uint8_t>> header = EncodeSafetensorsHeader(metadata, views);
+  std::vector<TensorLayout> layouts;
+  layouts.reserve(views.size());
+  for (const TensorView& v : views) layouts.push_back({v.name, v.dtype, v.shape, v.data.size()});
+  Result<std::vector<uint8_t>> header = codec::EncodeDeltaHeader(info, order.size(), changed, layouts);
   if (!header.ok()) {
     out.owned.clear();
     return header.status();

@@ -16,6 +16,7 @@
 
 #include "commands.h"
 #include "deltasync/changes.h"
+#include "deltasync/detect_encode.h"
 #include "deltasync/patch.h"
 #include "deltasync/publisher.h"
 #include "deltasync/safetensors.h"
@@ -102,24 +103,42 @@ Status RunBench(const BenchArgs& args) {
   // memcpy of a buffer of the model's size, same threads.
   const double memcpy_s = MemcpySeconds(published.total_bytes(), threads, reps);
 
-  // Trainer: detect (fp32 masters -> bf16, compare, compact) + gap_delta
-  // encode, as a training loop calls them: into the last call's changes and
-  // patch, whose memory is reused (DetectChanges / EncodeDelta into `out`).
+  // Trainer: detect (fp32 masters -> bf16, compare) + gap_delta encode, as a
+  // training loop calls it: DetectAndEncodeGapDelta, the chunks writing the
+  // patch's gap and value streams as they scan, into the last call's buffers
+  // (detect_encode_*; before session 34 these keys timed the two calls below).
   DetectOptions detect{false, threads, nullptr};
-  std::vector<TensorChanges> changes;
-  EncodedPatch patch;
   PatchInfo info;
   info.model_version = 11;
   info.base_version = 10;
   info.total_elements = published.total_elements();
   Status failure;
+  DetectedGapDelta fused;
   const auto detect_encode = [&] {
+    if (!failure.ok()) return;
+    failure = DetectAndEncodeGapDelta(published, masters, detect, info, fused);
+  };
+  // The same delta by the two public calls, into the last call's changes and
+  // patch (DetectChanges / EncodeDelta into `out`): detect_encode_separate_*.
+  std::vector<TensorChanges> changes;
+  EncodedPatch patch;
+  const auto detect_encode_separate = [&] {
     if (!failure.ok()) return;
     failure = DetectChanges(published, masters, detect, changes);
     if (failure.ok()) failure = EncodeDelta(info, changes, patch);
   };
   double detect_s = BestSeconds(reps, detect_encode);
+  double separate_s = BestSeconds(reps, detect_encode_separate);
   DS_RETURN_IF_ERROR(failure);
+  const auto concat = [](const EncodedPatch& p) {
+    std::vector<uint8_t> bytes;
+    bytes.reserve(p.size);
+    for (ByteSpan part : p.parts) bytes.insert(bytes.end(), part.begin(), part.end());
+    return bytes;
+  };
+  if (concat(fused.patch) != concat(patch)) {
+    return Status::Internal("bench: the fused and the separate detect+encode wrote different bytes");
+  }
   // The same with fresh results every call (the Result-returning calls):
   // their output pages are mapped, faulted, zero-filled and unmapped each time.
   uint64_t fresh_bytes = 0;
@@ -138,9 +157,7 @@ Status RunBench(const BenchArgs& args) {
   // Replica: parse + decode + validate + state-hash update + scatter, from the
   // patch bytes in memory (no disk), applied to a copy of the state, as
   // Replica does: straight from the encoded gaps, keeping an undo log.
-  std::vector<uint8_t> bytes;
-  for (ByteSpan part : patch.parts) bytes.insert(bytes.end(), part.begin(), part.end());
-  Blob blob = Blob::FromVector(std::move(bytes));
+  Blob blob = Blob::FromVector(concat(patch));
   DS_ASSIGN_OR_RETURN(WeightState replica, WeightState::FromViews(base_views));
   StateHash hash;
   std::vector<uint8_t> undo;
@@ -161,13 +178,17 @@ Status RunBench(const BenchArgs& args) {
   // where the ratios above divide times taken minutes apart. The reference's
   // buffers are freed before the compact apply.
   const int rounds = 4 * reps + 1;
-  PairedTimes detect_pair, apply_pair;
+  PairedTimes detect_pair, separate_pair, apply_pair;
   {
     MemcpyReference reference(published.total_bytes(), threads);
     const auto copy = [&] { reference.Copy(); };
     detect_pair = PairedSeconds(rounds, copy, detect_encode);
+    separate_pair = PairedSeconds(rounds, copy, detect_encode_separate);
     apply_pair = PairedSeconds(rounds, copy, apply);
   }
+  // The two detect+encode routes timed in turns with each other (separate,
+  // fused, ...): the median of separate / fused is the fused call's speedup.
+  const PairedTimes fused_pair = PairedSeconds(rounds, detect_encode_separate, detect_encode);
   DS_RETURN_IF_ERROR(failure);
 
   // Replica: the whole apply of the same changes as a compact delta.
@@ -229,17 +250,23 @@ Status RunBench(const BenchArgs& args) {
   out["apply_gbps"] = gb / apply_s;
   out["memcpy_gbps"] = gb / memcpy_s;
   out["detect_encode_vs_memcpy"] = memcpy_s / detect_s;
+  out["detect_encode_separate_gbps"] = gb / separate_s;
+  out["detect_encode_separate_vs_memcpy"] = memcpy_s / separate_s;
   out["detect_encode_fresh_gbps"] = gb / detect_fresh_s;
   out["detect_encode_fresh_vs_memcpy"] = memcpy_s / detect_fresh_s;
   out["apply_vs_memcpy"] = memcpy_s / apply_s;
   out["paired_rounds"] = rounds;
   out["memcpy_paired_gbps"] = gb / std::min(detect_pair.ref_best, apply_pair.ref_best);
-  for (const auto& [stage, pair] : {std::pair{"detect_encode", &detect_pair}, std::pair{"apply", &apply_pair}}) {
+  for (const auto& [stage, pair] : {std::pair{"detect_encode", &detect_pair},
+                                     std::pair{"detect_encode_separate", &separate_pair},
+                                     std::pair{"apply", &apply_pair}}) {
     const std::string k = std::string(stage) + "_vs_memcpy_paired";
     out[k] = pair->ratio_median;
     out[k + "_best"] = pair->ratio_best;
     out[k + "_cpu"] = pair->cpu_ratio_median;
   }
+  out["detect_encode_fused_speedup_paired"] = fused_pair.ratio_median;
+  out["detect_encode_fused_speedup_paired_cpu"] = fused_pair.cpu_ratio_median;
   out["apply_compact_gbps"] = gb / compact_apply.apply_s;
   out["apply_compact_vs_memcpy"] = memcpy_s / compact_apply.apply_s;
   out["decode_compact_gbps"] = gb / compact_apply.decode_s;
@@ -302,9 +329,11 @@ Status RunBench(const BenchArgs& args) {
     std::printf("model: %s, %.1f MB bf16, %d threads, %.3f%% changed\n", out["model"].get<std::string>().c_str(),
                 model_bytes / 1e6, threads, 100.0 * out["changed_fraction"].get<double>());
     std::printf("memcpy of the model:        %7.2f GB/s (baseline)\n", gb / memcpy_s);
-    std::printf("detect+encode (fp32 in):    %7.2f GB/s = %.2f x memcpy (into the last call's buffers; fresh "
-                "results every call: %.2f GB/s = %.2f x memcpy)\n",
-                gb / detect_s, memcpy_s / detect_s, gb / detect_fresh_s, memcpy_s / detect_fresh_s);
+    std::printf("detect+encode (fp32 in):    %7.2f GB/s = %.2f x memcpy (one fused call into the last call's buffers; "
+                "DetectChanges + EncodeDelta into the last call's: %.2f GB/s = %.2f x memcpy, fresh results every "
+                "call: %.2f GB/s = %.2f x memcpy; fused / separate timed in turns: %.2f x)\n",
+                gb / detect_s, memcpy_s / detect_s, gb / separate_s, memcpy_s / separate_s, gb / detect_fresh_s,
+                memcpy_s / detect_fresh_s, fused_pair.ratio_median);
     std::printf("apply (decode+verify+scatter): %4.2f GB/s = %.2f x memcpy\n", gb / apply_s, memcpy_s / apply_s);
     std::printf("timed in turns with memcpy, %d rounds (median of the rounds' ratios; best against best): "
                 "detect+encode %.2f (%.2f) x memcpy, apply %.2f (%.2f) x memcpy; in process CPU time: "

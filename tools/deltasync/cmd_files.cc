@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "deltasync/changes.h"
 #include "deltasync/compact.h"
+#include "deltasync/detect_encode.h"
 #include "deltasync/state_hash.h"
 #include "deltasync/patch.h"
 #include "deltasync/publisher.h"
@@ -61,6 +62,18 @@ Result<std::vector<std::string>> BaseNames(const std::string& base_path, const M
   return names;
 }
 
+// What `diff` prints without --json.
+void PrintDiffLine(const std::string& out_path, uint64_t changed_tensors, uint64_t changed, uint64_t total_elements,
+                   uint64_t patch_size) {
+  const double total = static_cast<double>(total_elements);
+  std::printf("wrote %s: %llu tensors changed, %llu of %llu elements (%.3f%%), %s (%.2f B per changed element)\n",
+              out_path.c_str(), static_cast<unsigned long long>(changed_tensors),
+              static_cast<unsigned long long>(changed), static_cast<unsigned long long>(total_elements),
+              total > 0 ? 100.0 * static_cast<double>(changed) / total : 0.0,
+              HumanBytes(static_cast<double>(patch_size)).c_str(),
+              changed ? static_cast<double>(patch_size) / static_cast<double>(changed) : 0.0);
+}
+
 }  // namespace
 
 Status RunDiff(const DiffArgs& args) {
@@ -80,13 +93,24 @@ Status RunDiff(const DiffArgs& args) {
   Result<PublishedViews> base = ViewAsPublished(old_file.tensors(), options);
   if (!base.ok()) return base.status().WithContext(args.old_path);
   const std::span<const TensorView> base_views = base->tensors;
-  Result<std::vector<TensorChanges>> changes = DetectChanges(base_views, new_file.tensors(), options);
-  if (!changes.ok()) return changes.status().WithContext("comparing " + args.old_path + " with " + args.new_path);
+  const std::string comparing = "comparing " + args.old_path + " with " + args.new_path;
   PatchInfo info;
   info.kind = PatchKind::kDelta;
   info.model_version = args.version;
   info.encoding = encoding;
   info.total_elements = base->total_elements();
+  if (encoding == IndexEncoding::kGapDelta && !args.json) {
+    // One pass: the scan writes the patch's streams (the bytes DetectChanges
+    // + EncodeDelta write; --json measures the changes, so it takes those).
+    DetectedGapDelta fused;
+    Status s = DetectAndEncodeGapDelta(base_views, new_file.tensors(), options, info, fused);
+    if (!s.ok()) return s.WithContext(comparing);
+    DS_RETURN_IF_ERROR(WritePatchFile(args.out_path, fused.patch));
+    PrintDiffLine(args.out_path, fused.changed_tensors, fused.changed, info.total_elements, fused.patch.size);
+    return Status::OK();
+  }
+  Result<std::vector<TensorChanges>> changes = DetectChanges(base_views, new_file.tensors(), options);
+  if (!changes.ok()) return changes.status().WithContext(comparing);
   EncodedPatch patch;
   if (encoding == IndexEncoding::kCompact) {
     // Valid only on this exact base: the patch names its state hash.
@@ -130,11 +154,7 @@ Status RunDiff(const DiffArgs& args) {
     PrintJson(out);
     return Status::OK();
   }
-  std::printf("wrote %s: %zu tensors changed, %llu of %llu elements (%.3f%%), %s (%.2f B per changed element)\n",
-              args.out_path.c_str(), changes->size(), static_cast<unsigned long long>(changed),
-              static_cast<unsigned long long>(info.total_elements), total > 0 ? 100.0 * changed / total : 0.0,
-              HumanBytes(static_cast<double>(patch.size)).c_str(),
-              changed ? static_cast<double>(patch.size) / static_cast<double>(changed) : 0.0);
+  PrintDiffLine(args.out_path, changes->size(), changed, info.total_elements, patch.size);
   return Status::OK();
 }
 

@@ -1,0 +1,291 @@
+// DetectAndEncodeGapDelta against DetectChanges + EncodeDelta (gap_delta):
+// the same patch bytes on every SIMD target, thread count and chunk size,
+// for fp32 masters of bf16 weights and other dtypes carried bitwise, at every
+// change rate, with gaps too wide for 16 bits at and away from chunk
+// borders, into one reused output; the same errors.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bf16/bf16_test_util.h"
+#include "bf16/chunked.h"
+#include "bf16/chunks.h"
+#include "deltasync/changes.h"
+#include "deltasync/detect_encode.h"
+#include "deltasync/patch.h"
+#include "deltasync/safetensors.h"
+
+namespace deltasync {
+namespace {
+
+using testing_bf16::ForEachTarget;
+using testing_bf16::Mutate;
+using testing_bf16::OwnedTensor;
+using testing_bf16::RandomTensor;
+using testing_bf16::Views;
+
+// A published state and the trainer's tensors against it: bf16 weights
+// whose current form is fp32 masters (rounding to the published value, or
+// to a neighbour where changed), and other dtypes compared bitwise.
+struct Case {
+  std::vector<OwnedTensor> published;
+  std::vector<OwnedTensor> current;
+  WeightState state;
+};
+
+// A bf16 tensor of `n` elements and its fp32 masters; `changed(i)` says
+// which masters round to another bf16 value than the published one.
+template <typename Changed>
+void AddMastered(std::mt19937_64& rng, Case& c, std::string name, std::vector<uint64_t> shape, Changed changed) {
+  OwnedTensor pub = RandomTensor(rng, name, DType::kBF16, shape);
+  OwnedTensor cur{name, DType::kF32, shape, std::vector<uint8_t>(pub.elements() * 4)};
+  for (uint64_t i = 0; i < pub.elements(); ++i) {
+    uint16_t p;
+    std::memcpy(&p, pub.data.data() + 2 * i, 2);
+    // The low half below 0x8000 rounds down to the high half; flipping the
+    // lowest mantissa bit keeps the exponent, so the value stays finite.
+    const uint16_t high = changed(i) ? static_cast<uint16_t>(p ^ 1) : p;
+    const uint32_t bits = (uint32_t{high} << 16) | static_cast<uint32_t>(rng() & 0x7FFF);
+    std::memcpy(cur.data.data() + 4 * i, &bits, 4);
+  }
+  c.published.push_back(std::move(pub));
+  c.current.push_back(std::move(cur));
+}
+
+Case MakeCase(uint64_t seed, double rate) {
+  std::mt19937_64 rng(seed);
+  std::bernoulli_distribution pick(rate);
+  Case c;
+  auto at_rate = [&](uint64_t) { return pick(rng); };
+  AddMastered(rng, c, "model.embed_tokens.weight", {150, 1001}, at_rate);
+  AddMastered(rng, c, "layers.0.mlp.down_proj.weight", {70001}, at_rate);
+  AddMastered(rng, c, "layers.0.norm.weight", {7}, at_rate);
+  AddMastered(rng, c, "layers.0.empty", {0, 5}, at_rate);
+  AddMastered(rng, c, "a.scalar", {}, at_rate);
+  // Gaps past 16 bits (U32): the first change far from the start, a run
+  // across a border of 16 Ki elements (the scan's blocks; also a chunk border
+  // at 4096), a wide gap away from the start, then rate-picked changes (at
+  // rate 0 the tensor keeps only the fixed ones).
+  AddMastered(rng, c, "layers.0.sparse", {240000}, [&](uint64_t i) {
+    return i == 70000 || i == 70001 || (i >= 81915 && i < 81925) || i == 150000 || i == 239999 ||
+           (i > 160000 && pick(rng));
+  });
+  // A wide gap after a change at the very start.
+  AddMastered(rng, c, "layers.1.sparse", {90000}, [](uint64_t i) { return i == 0 || i == 89999; });
+  // The widest gap 16 bits hold (U16), and the first one past it (U32).
+  AddMastered(rng, c, "layers.2.fits", {70000}, [](uint64_t i) { return i == 0 || i == 65536; });
+  AddMastered(rng, c, "layers.3.just_wide", {70000}, [](uint64_t i) { return i == 65536; });
+  for (auto [name, dtype, n] : {std::tuple{"layers.0.router.bias", DType::kF32, uint64_t{131}},
+                                std::tuple{"layers.0.f16", DType::kF16, uint64_t{77}},
+                                std::tuple{"layers.0.f64", DType::kF64, uint64_t{45}},
+                                std::tuple{"layers.0.ids", DType::kI32, uint64_t{65}},
+                                std::tuple{"layers.0.mask", DType::kBool, uint64_t{200}},
+                                std::tuple{"layers.0.fp8", DType::kF8_E4M3, uint64_t{333}}}) {
+    OwnedTensor pub = RandomTensor(rng, name, dtype, {n});
+    OwnedTensor cur = pub;
+    Mutate(rng, cur, rate);
+    c.published.push_back(std::move(pub));
+    c.current.push_back(std::move(cur));
+  }
+  auto state = WeightState::FromViews(Views(c.published));
+  EXPECT_TRUE(state.ok()) << state.status().ToString();
+  c.state = std::move(state).value();
+  return c;
+}
+
+PatchInfo InfoFor(const WeightState& state) {
+  PatchInfo info;
+  info.model_version = 12;
+  info.base_version = 11;
+  info.encoding = IndexEncoding::kGapDelta;
+  info.total_elements = state.total_elements();
+  return info;
+}
+
+std::vector<uint8_t> Concat(const EncodedPatch& patch) {
+  std::vector<uint8_t> bytes;
+  for (ByteSpan part : patch.parts) bytes.insert(bytes.end(), part.begin(), part.end());
+  EXPECT_EQ(bytes.size(), patch.size);
+  return bytes;
+}
+
+// What DetectChanges then EncodeDelta write, or their error.
+Result<std::vector<uint8_t>> Separate(const WeightState& state, std::span<const TensorView> current,
+                                      const DetectOptions& options, const PatchInfo& info, uint64_t* changed) {
+  DS_ASSIGN_OR_RETURN(std::vector<TensorChanges> changes, DetectChanges(state, current, options));
+  *changed = 0;
+  for (const TensorChanges& c : changes) *changed += c.count();
+  DS_ASSIGN_OR_RETURN(EncodedPatch patch, EncodeDelta(info, changes));
+  return Concat(patch);
+}
+
+TEST(DetectAndEncodeGapDeltaTest, SameBytesAsDetectThenEncode) {
+  for (double rate : {0.0, 0.001, 0.034, 0.5, 1.0}) {
+    SCOPED_TRACE("rate " + std::to_string(rate));
+    const Case c = MakeCase(static_cast<uint64_t>(rate * 1000) + 3, rate);
+    const std::vector<TensorView> current = Views(c.current);
+    const PatchInfo info = InfoFor(c.state);
+    uint64_t want_changed = 0;
+    auto want = Separate(c.state, current, {.threads = 1}, info, &want_changed);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    DetectedGapDelta out;  // reused across targets, chunk sizes and threads
+    ForEachTarget([&] {
+      for (uint64_t chunk : {uint64_t{333}, uint64_t{4096}, uint64_t{65536}, uint64_t{70001},
+                             bf16::kDefaultChunkElements}) {
+        for (int threads : {1, 2, 5}) {
+          SCOPED_TRACE("chunk " + std::to_string(chunk) + " threads " + std::to_string(threads));
+          Status s = bf16::DetectAndEncodeGapDeltaChunked(c.state, current, {.threads = threads}, info, chunk, out);
+          ASSERT_TRUE(s.ok()) << s.ToString();
+          EXPECT_EQ(Concat(out.patch), *want);
+          EXPECT_EQ(out.changed, want_changed);
+        }
+      }
+    });
+    // The public entry (default chunks, all cores).
+    ASSERT_TRUE(DetectAndEncodeGapDelta(c.state, current, {}, info, out).ok());
+    EXPECT_EQ(Concat(out.patch), *want);
+  }
+}
+
+// The wide gaps do widen: U32 where a gap passes 16 bits, U16 otherwise,
+// and the patch decodes to the changes DetectChanges finds.
+TEST(DetectAndEncodeGapDeltaTest, WideGapsDecodeToTheDetectedChanges) {
+  const Case c = MakeCase(5, 0.01);
+  const std::vector<TensorView> current = Views(c.current);
+  auto want = DetectChanges(c.state, current);
+  ASSERT_TRUE(want.ok());
+  for (uint64_t chunk : {uint64_t{4096}, bf16::kDefaultChunkElements}) {
+    DetectedGapDelta out;
+    ASSERT_TRUE(bf16::DetectAndEncodeGapDeltaChunked(c.state, current, {.threads = 2}, InfoFor(c.state), chunk, out).ok());
+    EXPECT_EQ(out.changed_tensors, want->size());
+    auto file = SafetensorsFile::Parse(Blob::FromVector(Concat(out.patch)), "fused");
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    for (const TensorView& e : file->tensors()) {
+      if (e.name == "layers.0.sparse.idx" || e.name == "layers.1.sparse.idx" || e.name == "layers.3.just_wide.idx") {
+        EXPECT_EQ(e.dtype, DType::kU32) << e.name;
+      } else if (e.name.ends_with(".idx")) {
+        EXPECT_EQ(e.dtype, DType::kU16) << e.name;
+      }
+    }
+    auto decoded = DecodePatch(std::move(*file));
+    ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+    testing_bf16::ExpectSameChanges(decoded->changes, *want);
+  }
+}
+
+// Against a base given as views in any order (the patch lists tensors by
+// name): the view overload's bytes equal DetectChanges' view overload then
+// EncodeDelta.
+TEST(DetectAndEncodeGapDeltaTest, ViewsInAnyOrder) {
+  const Case c = MakeCase(11, 0.034);
+  std::vector<TensorView> base = Views(c.published);
+  std::reverse(base.begin(), base.end());
+  const std::vector<TensorView> current = Views(c.current);
+  const PatchInfo info = InfoFor(c.state);
+  auto changes = DetectChanges(std::span<const TensorView>(base), current);
+  ASSERT_TRUE(changes.ok()) << changes.status().ToString();
+  auto want = EncodeDelta(info, *changes);
+  ASSERT_TRUE(want.ok());
+  ForEachTarget([&] {
+    for (uint64_t chunk : {uint64_t{4096}, bf16::kDefaultChunkElements}) {
+      DetectedGapDelta out;
+      Status s = bf16::DetectAndEncodeGapDeltaChunked(std::span<const TensorView>(base), current, {.threads = 2}, info,
+                                                      chunk, out);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_EQ(Concat(out.patch), Concat(*want)) << "chunk " << chunk;
+    }
+  });
+}
+
+// Tensors smaller than a block or a chunk, a state without changes (a
+// patch of its header only) and one whose every element changed.
+TEST(DetectAndEncodeGapDeltaTest, TinyNoneAndAllChanged) {
+  std::mt19937_64 rng(9);
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    Case c;
+    for (uint64_t n : {1, 2, 9, 64, 1000}) {
+      AddMastered(rng, c, "t" + std::to_string(n), {n}, [&](uint64_t i) {
+        return variant == 0 ? false : variant == 1 ? true : (i % 3 == 1);
+      });
+    }
+    c.state = std::move(WeightState::FromViews(Views(c.published))).value();
+    const std::vector<TensorView> current = Views(c.current);
+    uint64_t want_changed = 0;
+    auto want = Separate(c.state, current, {}, InfoFor(c.state), &want_changed);
+    ASSERT_TRUE(want.ok());
+    if (variant == 1) {
+      EXPECT_EQ(want_changed, c.state.total_elements());
+    }
+    ForEachTarget([&] {
+      for (uint64_t chunk : {uint64_t{1}, uint64_t{7}, uint64_t{64}, bf16::kDefaultChunkElements}) {
+        for (int threads : {1, 2, 5}) {
+          DetectedGapDelta out;
+          ASSERT_TRUE(bf16::DetectAndEncodeGapDeltaChunked(c.state, current, {.threads = threads}, InfoFor(c.state),
+                                                           chunk, out).ok());
+          EXPECT_EQ(Concat(out.patch), *want) << "chunk " << chunk << " threads " << threads;
+          EXPECT_EQ(out.changed, want_changed);
+        }
+      }
+    });
+  }
+}
+
+// The same refusals as the two calls: a NaN master (the detect's message),
+// the encode's checks of the PatchInfo; and gap_delta only. An error leaves
+// no patch, and the next call fills it again.
+TEST(DetectAndEncodeGapDeltaTest, SameErrorsAndNoPatchAfterOne) {
+  Case c = MakeCase(7, 0.034);
+  const PatchInfo info = InfoFor(c.state);
+  DetectedGapDelta out;
+  ASSERT_TRUE(DetectAndEncodeGapDelta(c.state, Views(c.current), {.threads = 2}, info, out).ok());
+  ASSERT_GT(out.patch.size, 0u);
+  uint64_t unused = 0;
+  auto expect_same_error = [&](const std::vector<TensorView>& current, const PatchInfo& i) {
+    auto want = Separate(c.state, current, {.threads = 2}, i, &unused);
+    ASSERT_FALSE(want.ok());
+    Status got = bf16::DetectAndEncodeGapDeltaChunked(c.state, current, {.threads = 2}, i, 4096, out);
+    EXPECT_EQ(got.code(), want.status().code());
+    EXPECT_EQ(got.message(), want.status().message());
+    EXPECT_TRUE(out.patch.parts.empty());
+    EXPECT_EQ(out.patch.size, 0u);
+  };
+  // NaN masters: one in the middle of a wide tensor, then an earlier one.
+  for (uint64_t at : {uint64_t{120000}, uint64_t{5}}) {
+    const uint32_t nan = 0x7FC00001;
+    std::memcpy(c.current[0].data.data() + 4 * at, &nan, 4);
+    expect_same_error(Views(c.current), info);
+  }
+  PatchInfo small = info;
+  small.total_elements = 10;
+  c = MakeCase(7, 0.034);
+  expect_same_error(Views(c.current), small);
+  PatchInfo same_base = info;
+  same_base.base_version = info.model_version;
+  expect_same_error(Views(c.current), same_base);
+  // A missing tensor.
+  std::vector<TensorView> fewer = Views(c.current);
+  fewer.pop_back();
+  expect_same_error(fewer, info);
+
+  PatchInfo raw = info;
+  raw.encoding = IndexEncoding::kRaw;
+  Status refused = DetectAndEncodeGapDelta(c.state, Views(c.current), {}, raw, out);
+  EXPECT_EQ(refused.code(), ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(out.patch.parts.empty());
+
+  uint64_t changed = 0;
+  auto want = Separate(c.state, Views(c.current), {}, info, &changed);
+  ASSERT_TRUE(want.ok());
+  ASSERT_TRUE(DetectAndEncodeGapDelta(c.state, Views(c.current), {.threads = 2}, info, out).ok());
+  EXPECT_EQ(Concat(out.patch), *want);
+}
+
+}  // namespace
+}  // namespace deltasync
