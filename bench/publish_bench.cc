@@ -211,6 +211,24 @@ int main(int argc, char** argv) {
     Check(failure);
     row("detect+encode, fused", fused_t,
         ("(" + std::to_string(fused.patch.size) + " bytes; DetectAndEncodeGapDelta into the last call's)").c_str());
+    // The two routes in turns (reused, fused, reused, ...): their ratio from
+    // rounds that saw the same host.
+    const int rounds = 4 * reps + 1;
+    const cli::PairedTimes turns = cli::PairedSeconds(
+        rounds,
+        [&] {
+          if (failure.ok()) failure = DetectChanges(*published, masters, DetectOptions{false, threads, nullptr}, changes);
+          if (failure.ok()) failure = EncodeDelta(info, changes, patch);
+        },
+        [&] {
+          if (failure.ok()) {
+            failure = DetectAndEncodeGapDelta(*published, masters, DetectOptions{false, threads, nullptr}, info, fused);
+          }
+        });
+    Check(failure);
+    std::printf("fused in turns with reused, %d rounds: reused / fused = %.3f wall (median), %.3f best against best, "
+                "%.3f process CPU (median)\n",
+                rounds, turns.ratio_median, turns.ratio_best, turns.cpu_ratio_median);
   }
   if (only.empty() || only == "stages") {
     // The fused publish's two stages alone: the scan (detect, code, hash,
