@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <sys/resource.h>
 #include <string>
 #include <vector>
 
@@ -204,11 +205,31 @@ int main(int argc, char** argv) {
     }
   });
 
+  // Page faults per decode (the thread's minor faults over all reps /
+  // reps): the fresh outputs' pages against the reused ones'.
+  auto faults = [] {
+    rusage u{};
+    getrusage(RUSAGE_THREAD, &u);
+    return static_cast<double>(u.ru_minflt);
+  };
+  double f0 = faults();
   const double decode_s = BestThreadSeconds(reps, [&] {
     Result<SafetensorsFile> f = SafetensorsFile::Parse(blob, "bench");
     Check(f.status());
     Check(DecodeCompactDelta(*f, state, hash, 1).status());
   });
+  const double decode_faults = (faults() - f0) / reps;
+  // The same into one CompactDelta reused across the decodes (as a replica
+  // or a checker decoding version after version): no fresh output pages.
+  const std::vector<TensorView> views = state.views();
+  CompactDelta reused;
+  f0 = faults();
+  const double decode_reused_s = BestThreadSeconds(reps, [&] {
+    Result<SafetensorsFile> f = SafetensorsFile::Parse(blob, "bench");
+    Check(f.status());
+    Check(DecodeCompactDelta(*f, views, hash, 1, reused));
+  });
+  const double decode_reused_faults = (faults() - f0) / reps;
   CompactUndo undo;
   const double apply_s = BestThreadSeconds(reps, [&] {
     Result<SafetensorsFile> f = SafetensorsFile::Parse(blob, "bench");
@@ -231,6 +252,10 @@ int main(int argc, char** argv) {
               static_cast<double>(state.total_bytes()) / counts_s / 1e9);
   std::printf("  whole decode (1 thread)     %6.2f   (%.2f GB/s of model)\n", decode_s * ns,
               static_cast<double>(state.total_bytes()) / decode_s / 1e9);
+  std::printf("  whole decode, reused outputs %6.2f   (%.2f GB/s of model)\n", decode_reused_s * ns,
+              static_cast<double>(state.total_bytes()) / decode_reused_s / 1e9);
+  std::printf("  page faults per decode: %.0f fresh outputs, %.0f reused (the first of the reps included)\n",
+              decode_faults, decode_reused_faults);
   std::printf("  whole apply incl. undo restore (1 thread) %6.2f\n", apply_s * ns);
   std::printf("(parsed %llu changes; hash %llx)\n", static_cast<unsigned long long>(parsed_changes),
               static_cast<unsigned long long>(sums[0] ^ sums[1]));

@@ -118,6 +118,17 @@ Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, const Weigh
 // the held tensors, without copying them out). Names unique.
 Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, std::span<const TensorView> base,
                                         const StateHash& base_hash, int threads = 0);
+// The same into `out`, for a caller that decodes version after version (a
+// benchmark, a checker): on success `out` holds exactly what the call above
+// returns; on an error (the same errors) it is a default CompactDelta.
+// Entry k of out.changes reuses the memory of the entry k it held before
+// (as DetectChanges into `out`): its indices and values keep their capacity
+// and only grow, so repeated decodes of about as many changes touch no
+// fresh pages (~10 bytes per change, which the call above maps, faults,
+// zero-fills and unmaps every time). The memory held is the caller's: clear
+// or destroy `out` to free it.
+Status DecodeCompactDelta(const SafetensorsFile& file, std::span<const TensorView> base, const StateHash& base_hash,
+                          int threads, CompactDelta& out);
 
 // The undo log of ApplyCompactDelta: each overwritten element's position
 // and old bytes (about 10 B per change), in buffers reused across calls.

@@ -115,6 +115,9 @@ inline constexpr uint64_t kDecodeChunkElements = uint64_t{1} << 16;
 // `base`: the base's tensors (views of any bytes, e.g. a span of a larger tensor).
 Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, std::span<const TensorView> base,
                                                const StateHash& base_hash, int threads, uint64_t chunk_elements);
+// The same into `out`, reusing its memory (DecodeCompactDelta into `out`).
+Status DecodeCompactDeltaChunked(const SafetensorsFile& file, std::span<const TensorView> base,
+                                 const StateHash& base_hash, int threads, uint64_t chunk_elements, CompactDelta& out);
 inline Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, const WeightState& base,
                                                       const StateHash& base_hash, int threads,
                                                       uint64_t chunk_elements) {

@@ -87,8 +87,24 @@ std::optional<std::string> ParseBf16StreamV2(Reader& in, uint64_t count, compact
   return std::nullopt;
 }
 
+// Sizes an output vector to n elements, reusing its memory: within its
+// capacity only resized (the decode overwrites every element; only those
+// past its old size are zero-filled), else replaced by a fresh vector (its
+// old contents not copied) with room for 1/8 more where it held memory
+// before, as DetectChanges's outputs, so that slowly growing counts do not
+// reallocate every call. A fresh vector gets exactly n.
+template <typename T>
+void SizeOutput(std::vector<T>& v, size_t n) {
+  if (v.capacity() < n) {
+    const size_t room = n + (v.capacity() > 0 ? n / 8 : 0);
+    v = std::vector<T>();
+    v.reserve(room);
+  }
+  v.resize(n);
+}
+
 // Step 1. Raw-mode tensors are decoded completely; bf16 ones into `bf`
-// (c's indices and values sized).
+// (c's indices and values sized, reusing c's memory: SizeOutput).
 Status ReadTensor(const std::string& label, const TensorView& stream, const TensorView& base,
                   const compact::V3Tables* tables, bool fused, TensorChanges& c, Bf16Tensor& bf) {
   auto bad = [&](const std::string& msg) { return CorruptTensor(label, stream.name, msg); };
@@ -116,7 +132,7 @@ Status ReadTensor(const std::string& label, const TensorView& stream, const Tens
     thread_local std::vector<uint8_t> gap_bytes;  // reused: see TakeParseBuffers
     if (auto err = compact::GetBlock(in, std::nullopt, *count * 10, gap_bytes)) return bad("gap block: " + *err);
     Reader g(gap_bytes);
-    c.indices.resize(*count);
+    SizeOutput(c.indices, static_cast<size_t>(*count));
     uint64_t next = 0;
     for (uint64_t k = 0; k < *count; ++k) {
       std::optional<uint64_t> gap = g.Varint();
@@ -168,8 +184,8 @@ Status ReadTensor(const std::string& label, const TensorView& stream, const Tens
   if (in.remaining() != 0) return bad(std::to_string(in.remaining()) + " trailing bytes after the last block");
   bf.count = *count;
   if (!fused) {
-    c.indices.resize(*count);
-    c.values.resize(2 * *count);
+    SizeOutput(c.indices, static_cast<size_t>(*count));
+    SizeOutput(c.values, static_cast<size_t>(2 * *count));
   }
   return Status::OK();
 }
@@ -211,10 +227,10 @@ struct Fused {
   CompactUndo* undo;
 };
 
-// DecodeCompactDeltaChunked, or with `fused` ApplyCompactDeltaChunked.
-Result<CompactDelta> DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> base,
-                                   const StateHash& base_hash, int threads, uint64_t chunk_elements,
-                                   const Fused* fused) {
+// DecodeCompactDeltaChunked into `out` (entry k of out.changes reused:
+// ReadTensor sizes it), or with `fused` ApplyCompactDeltaChunked.
+Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> base, const StateHash& base_hash,
+                     int threads, uint64_t chunk_elements, const Fused* fused, CompactDelta& out) {
   if (chunk_elements == 0) return Status::InvalidArgument("chunk_elements must be at least 1");
   const std::string& label = file.label();
   auto bad = [&](const std::string& msg) { return Status::Corruption(label + ": " + msg); };
@@ -240,7 +256,9 @@ Result<CompactDelta> DecodeOrApply(const SafetensorsFile& file, std::span<const 
   DS_RETURN_IF_ERROR(expect(pm::kVersion, pm::kVersionValue));
   DS_RETURN_IF_ERROR(expect(pm::kEncoding, kCompactEncodingName));
   DS_RETURN_IF_ERROR(expect(pm::kSparse, pm::kTrue));
-  CompactDelta out;
+  out.info = PatchInfo{};
+  out.base_hash = StateHash{};
+  out.hash_delta = StateHash{};
   out.info.kind = PatchKind::kDelta;
   DS_ASSIGN_OR_RETURN(out.info.model_version, integer(pm::kModelVersion));
   DS_ASSIGN_OR_RETURN(uint64_t base_version, integer(pm::kBaseVersion));
@@ -381,14 +399,30 @@ Result<CompactDelta> DecodeOrApply(const SafetensorsFile& file, std::span<const 
     }
     out.changes.clear();
   }
+  return Status::OK();
+}
+
+Result<CompactDelta> ApplyFused(const SafetensorsFile& file, std::span<const TensorView> base,
+                                const StateHash& base_hash, int threads, uint64_t chunk_elements, const Fused& fused) {
+  CompactDelta out;
+  DS_RETURN_IF_ERROR(DecodeOrApply(file, base, base_hash, threads, chunk_elements, &fused, out));
   return out;
 }
 
 }  // namespace
 
+Status DecodeCompactDeltaChunked(const SafetensorsFile& file, std::span<const TensorView> base,
+                                 const StateHash& base_hash, int threads, uint64_t chunk_elements, CompactDelta& out) {
+  Status s = DecodeOrApply(file, base, base_hash, threads, chunk_elements, nullptr, out);
+  if (!s.ok()) out = CompactDelta{};
+  return s;
+}
+
 Result<CompactDelta> DecodeCompactDeltaChunked(const SafetensorsFile& file, std::span<const TensorView> base,
                                                const StateHash& base_hash, int threads, uint64_t chunk_elements) {
-  return DecodeOrApply(file, base, base_hash, threads, chunk_elements, nullptr);
+  CompactDelta out;
+  DS_RETURN_IF_ERROR(DecodeOrApply(file, base, base_hash, threads, chunk_elements, nullptr, out));
+  return out;
 }
 
 Result<CompactDelta> ApplyCompactDeltaChunked(const SafetensorsFile& file, WeightState& state,
@@ -399,7 +433,7 @@ Result<CompactDelta> ApplyCompactDeltaChunked(const SafetensorsFile& file, Weigh
   std::vector<uint8_t*> writable;
   for (WeightState::Tensor& t : state.mutable_tensors()) writable.push_back(t.data.data());
   const Fused fused{writable, &undo};
-  return DecodeOrApply(file, views, base_hash, threads, chunk_elements, &fused);
+  return ApplyFused(file, views, base_hash, threads, chunk_elements, fused);
 }
 
 Result<CompactDelta> ApplyCompactDeltaToViews(const SafetensorsFile& file, std::span<const TensorView> base,
@@ -407,7 +441,7 @@ Result<CompactDelta> ApplyCompactDeltaToViews(const SafetensorsFile& file, std::
                                               int threads, CompactUndo& undo) {
   undo.runs.clear();
   const Fused fused{writable, &undo};
-  return DecodeOrApply(file, base, base_hash, threads, kDecodeChunkElements, &fused);
+  return ApplyFused(file, base, base_hash, threads, kDecodeChunkElements, fused);
 }
 
 Status ReadCompactStream(const std::string& label, const TensorView& stream, const TensorView& base,
@@ -420,6 +454,11 @@ Status ReadCompactStream(const std::string& label, const TensorView& stream, con
 Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, std::span<const TensorView> base,
                                         const StateHash& base_hash, int threads) {
   return compact::DecodeCompactDeltaChunked(file, base, base_hash, threads, compact::kDecodeChunkElements);
+}
+
+Status DecodeCompactDelta(const SafetensorsFile& file, std::span<const TensorView> base, const StateHash& base_hash,
+                          int threads, CompactDelta& out) {
+  return compact::DecodeCompactDeltaChunked(file, base, base_hash, threads, compact::kDecodeChunkElements, out);
 }
 
 Result<CompactDelta> ApplyCompactDelta(const SafetensorsFile& file, WeightState& state, const StateHash& base_hash,
