@@ -19,6 +19,10 @@
 //    whose start-up cost is paid per block);
 //  - each class's rank and diff streams prefetched a few lines ahead per
 //    block (session 30: about 10% fewer of the apply kernel's samples).
+// On AVX3 targets where raw kernels may run (raw_kernels.h), both walk a
+// block in two phases instead (PlaceBlockAvx512, session 34): per class 16
+// ranks at once into a block list of entries, then one loop over the list,
+// each change independent of the others.
 // Compiled per target like the other kernels (foreach_target.h).
 
 #include <algorithm>
@@ -32,6 +36,7 @@
 #endif
 
 #include "bf16/compact_scan.h"
+#include "bf16/class_bytes_avx512.h"
 #include "bf16/prefetch.h"
 #include "bf16/raw_kernels.h"
 #include "bf16/round.h"
@@ -298,6 +303,11 @@ HWY_INLINE size_t PlaceWalk(const Rank* HWY_RESTRICT const ranks, const uint64_t
   return bad;
 }
 
+// GCC 12's false -Wmaybe-uninitialized on its AVX-512 headers, reported
+// where the route below is inlined (class_bytes_avx512.h).
+#if defined(__x86_64__)
+DS_AVX512_WARNINGS_PUSH
+#endif
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
 // The AVX-512 route of both kernels (session 34), where raw kernels may run
 // (raw_kernels.h: "AVX3-no-raw" runs PlaceWalk above instead). PlaceWalk
@@ -499,6 +509,10 @@ size_t ClassPlaceApply16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t*
              ? PlaceWalk<true, true>(s.ranks, masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed)
              : PlaceWalk<true, false>(s.ranks, masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed);
 }
+
+#if defined(__x86_64__)
+DS_AVX512_WARNINGS_POP
+#endif
 
 // Four offsets a word are written whether its bits are set or not (the
 // count advances by the word's popcount, so those past it are scratch) and
