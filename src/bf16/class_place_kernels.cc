@@ -370,6 +370,7 @@ HWY_INLINE size_t PlaceBlockAvx512(const Rank* HWY_RESTRICT const ranks, const u
   size_t pos = 0;
   const uint8_t* HWY_RESTRICT const escapes = s.escapes;
   // Phase 1: the block's list, class by class.
+  const uint64_t g_first = cur.g[0], g_last = cur.g[15];
   uint32_t slot = 0;
   for (uint32_t left_classes = classes; left_classes != 0; left_classes &= left_classes - 1, ++slot) {
     const int c = __builtin_ctz(left_classes);
@@ -438,7 +439,6 @@ HWY_INLINE size_t PlaceBlockAvx512(const Rank* HWY_RESTRICT const ranks, const u
       flag |= static_cast<uint32_t>(compact::DiffByte(o, v) != d) << 15;
     } else {
       v = static_cast<uint16_t>(o + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));  // unzigzag
-      flag |= NotCanonical(o, v);
     }
     if constexpr (kApply) {
       // Logged before written (the undo covers every change placed).
@@ -451,6 +451,25 @@ HWY_INLINE size_t PlaceBlockAvx512(const Rank* HWY_RESTRICT const ranks, const u
       values[i] = v;
     }
   }
+  // The diff bytes' check: only classes 0 and 15 can fail it
+  // (kEdgeClasses), the list's first and last entries (the classes'
+  // cursors moved by their count).
+  const size_t edge_lo = classes & 1u ? static_cast<size_t>(cur.g[0] - g_first) : 0;
+  const size_t edge_hi = pos - (classes >> 15 & 1u ? static_cast<size_t>(cur.g[15] - g_last) : 0);
+  const auto check = [&](size_t from, size_t to) {
+    for (size_t j = from; j < to; ++j) {
+      if (diffs[j] == compact::kEscape) continue;  // checked above
+      if constexpr (kApply) {
+        flag |= NotCanonical(undo_old[j], h_new[j]);
+      } else {
+        size_t w;
+        const size_t i = PlaceEntryOffset(entries[j], masks, &w);
+        flag |= NotCanonical(data[i], values[i]);
+      }
+    }
+  };
+  check(0, edge_lo);
+  check(edge_hi, pos);
   if (placed) *placed = pos;
   if (HWY_LIKELY((flag & 0x8000u) == 0)) return n;
   if constexpr (kApply) {
