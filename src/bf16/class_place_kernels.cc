@@ -326,10 +326,11 @@ DS_AVX512_WARNINGS_PUSH
 //  2. one loop over the block list, in class order, each change then
 //     independent work (mask word, PDEP, the base's load, the new value,
 //     the stores), so one exit per block can mispredict instead of one per
-//     class and block. Every change's check is ORed into one flag: bit 15 of
-//     NotCanonical for a diff byte (0 in classes 1-14, see kEdgeClasses: the
-//     same set as PlaceWalk's), DiffByte's for an escape; the offset is looked
-//     for only where it is set.
+//     class and block. An escape's DiffByte check is ORed into one flag
+//     there; the diff bytes' NotCanonical check (only classes 0 and 15 can
+//     fail it, see kEdgeClasses: the same set as PlaceWalk's) runs after the
+//     loop over those two classes' entries, the list's first and last; the
+//     offset is looked for only where the flag is set.
 // The apply logs each change before it writes it, in class order, as
 // PlaceWalk does.
 constexpr size_t kListCap = kScanBlockElements + 16;  // each class's batch is stored whole (16 lanes)
