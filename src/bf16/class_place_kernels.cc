@@ -19,6 +19,10 @@
 //    whose start-up cost is paid per block);
 //  - each class's rank and diff streams prefetched a few lines ahead per
 //    block (session 30: about 10% fewer of the apply kernel's samples).
+// On AVX3 targets where raw kernels may run (raw_kernels.h), both walk a
+// block in two phases instead (PlaceBlockAvx512, session 34): per class 16
+// ranks at once into a block list of entries, then one loop over the list,
+// each change independent of the others.
 // Compiled per target like the other kernels (foreach_target.h).
 
 #include <algorithm>
@@ -32,7 +36,9 @@
 #endif
 
 #include "bf16/compact_scan.h"
+#include "bf16/class_bytes_avx512.h"
 #include "bf16/prefetch.h"
+#include "bf16/raw_kernels.h"
 #include "bf16/round.h"
 #include "bf16/simd_kernels.h"
 #include "codec/compact_bf16.h"
@@ -146,6 +152,15 @@ HWY_NOINLINE size_t FirstNotCanonical(const ClassApplyOut& out, size_t at, size_
   return bad;
 }
 
+// Whether class c has no change among the block's `total` elements of it;
+// then its cursor skips them (a class past its last change keeps ~0).
+HWY_INLINE bool SkipsBlock(ClassWalkCursor& cur, int c, uint64_t total) {
+  const uint64_t r = cur.rem[c];
+  if (r < total) return false;
+  if (r != ~uint64_t{0}) cur.rem[c] = r - total;
+  return true;
+}
+
 template <bool kApply, bool kFastPdep, typename Rank>
 HWY_INLINE size_t PlaceWalk(const Rank* HWY_RESTRICT const ranks, const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
                             uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur,
@@ -177,11 +192,8 @@ HWY_INLINE size_t PlaceWalk(const Rank* HWY_RESTRICT const ranks, const uint64_t
     masks += kPlaceWords;
     before += kPlaceWords + 1;
     const uint64_t total = bef[kPlaceWords];
+    if (SkipsBlock(cur, c, total)) continue;
     uint64_t r = cur.rem[c];
-    if (r >= total) {
-      if (r != ~uint64_t{0}) cur.rem[c] = r - total;
-      continue;
-    }
     // Change g's rank within the block is ranks[g] - off; the class's
     // changes in the block are those with ranks[g] < lim.
     const Rank* HWY_RESTRICT rp = ranks + cur.g[c];
@@ -291,11 +303,204 @@ HWY_INLINE size_t PlaceWalk(const Rank* HWY_RESTRICT const ranks, const uint64_t
   return bad;
 }
 
+// GCC 12's false -Wmaybe-uninitialized on its AVX-512 headers, reported
+// where the route below is inlined (class_bytes_avx512.h).
+#if defined(__x86_64__)
+DS_AVX512_WARNINGS_PUSH
+#endif
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
+// The AVX-512 route of both kernels (session 34), where raw kernels may run
+// (raw_kernels.h: "AVX3-no-raw" runs PlaceWalk above instead). PlaceWalk
+// places a class's changes one after the other, each one chain of dependent
+// work (rank -> word search -> count and mask -> PDEP -> the base element)
+// that the next hardly overlaps, with one data-dependent loop exit per class
+// and block. Here a block is walked in two phases:
+//  1. per class, 16 of its next ranks at once (masked loads: nothing past
+//     the class's stream is read): the changes in the block are the prefix
+//     of lanes with rank - off < total (ranks strictly ascend), each one's
+//     word found by a four-step binary search of the class's running counts
+//     (VPERMD), its rank within the word, its class slot: one u16 entry
+//     (slot * 16 + word) << 6 | rank-in-word per change into a block list,
+//     its diff byte beside it, an escape's raw value beside that (rare,
+//     scalar, in the class's escape order); the cursors advance here;
+//  2. one loop over the block list, in class order, each change then
+//     independent work (mask word, PDEP, the base's load, the new value,
+//     the stores), so one exit per block can mispredict instead of one per
+//     class and block. An escape's DiffByte check is ORed into one flag
+//     there; the diff bytes' NotCanonical check (only classes 0 and 15 can
+//     fail it, see kEdgeClasses: the same set as PlaceWalk's) runs after the
+//     loop over those two classes' entries, the list's first and last; the
+//     offset is looked for only where the flag is set.
+// The apply logs each change before it writes it, in class order, as
+// PlaceWalk does.
+constexpr size_t kListCap = kScanBlockElements + 16;  // each class's batch is stored whole (16 lanes)
+
+// Lanes [0, 16) of a class's next ranks (at most `left` of them loaded),
+// less off, as u32 (valid where *in_block has the lane's bit), and which of
+// them lie in the block (rank - off < total): a prefix, the ranks ascending.
+HWY_INLINE __m512i BlockRanks16(const uint32_t* rp, __mmask16 lm, uint64_t off, uint32_t total, __mmask16* in_block) {
+  const __m512i rr = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(lm, rp), _mm512_set1_epi32(static_cast<int32_t>(off)));
+  *in_block = _mm512_mask_cmplt_epu32_mask(lm, rr, _mm512_set1_epi32(static_cast<int32_t>(total)));
+  return rr;
+}
+HWY_INLINE __m512i BlockRanks16(const uint64_t* rp, __mmask16 lm, uint64_t off, uint32_t total, __mmask16* in_block) {
+  const __m512i o = _mm512_set1_epi64(static_cast<int64_t>(off)), t = _mm512_set1_epi64(static_cast<int64_t>(total));
+  const auto lo_m = static_cast<__mmask8>(lm), hi_m = static_cast<__mmask8>(lm >> 8);
+  const __m512i lo = _mm512_sub_epi64(_mm512_maskz_loadu_epi64(lo_m, rp), o);
+  const __m512i hi = _mm512_sub_epi64(_mm512_maskz_loadu_epi64(hi_m, rp + 8), o);
+  *in_block = static_cast<__mmask16>(_mm512_mask_cmplt_epu64_mask(lo_m, lo, t) |
+                                     static_cast<unsigned>(_mm512_mask_cmplt_epu64_mask(hi_m, hi, t)) << 8);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(lo)), _mm512_cvtepi64_epi32(hi), 1);
+}
+
+// Change entry e's offset in the block (phase 2), its word in *w.
+HWY_INLINE size_t PlaceEntryOffset(uint32_t e, const uint64_t* HWY_RESTRICT masks, size_t* w) {
+  *w = (e >> 6) & (kPlaceWords - 1);
+  return 64 * *w + static_cast<size_t>(__builtin_ctzll(_pdep_u64(uint64_t{1} << (e & 63), masks[e >> 6])));
+}
+
+template <bool kApply, typename Rank>
+HWY_INLINE size_t PlaceBlockAvx512(const Rank* HWY_RESTRICT const ranks, const uint64_t* HWY_RESTRICT const masks,
+                                   const uint32_t* HWY_RESTRICT before, uint32_t classes, uint16_t* HWY_RESTRICT data,
+                                   size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur,
+                                   uint64_t* HWY_RESTRICT hits, uint16_t* HWY_RESTRICT values,
+                                   const ClassApplyOut* out, size_t* placed) {
+  alignas(64) uint16_t entries[kListCap];
+  alignas(64) uint16_t escaped[kListCap];  // set only where the diff byte is kEscape
+  alignas(64) uint8_t diffs[kListCap];
+  size_t pos = 0;
+  const uint8_t* HWY_RESTRICT const escapes = s.escapes;
+  // Phase 1: the block's list, class by class.
+  const uint64_t g_first = cur.g[0], g_last = cur.g[15];
+  uint32_t slot = 0;
+  for (uint32_t left_classes = classes; left_classes != 0; left_classes &= left_classes - 1, ++slot) {
+    const int c = __builtin_ctz(left_classes);
+    const uint32_t* HWY_RESTRICT const bef = before + slot * (kPlaceWords + 1);
+    const uint64_t total = bef[kPlaceWords];
+    if (SkipsBlock(cur, c, total)) continue;
+    const uint64_t r = cur.rem[c];
+    const Rank* HWY_RESTRICT rp = ranks + cur.g[c];
+    const uint8_t* HWY_RESTRICT dp = s.diffs + cur.g[c];
+    uint64_t left = s.end[c] - cur.g[c];  // > 0: r is not ~0
+    PrefetchPast<0, 2>(rp, 256);
+    PrefetchPast<0, 2>(dp, 64);
+    const uint64_t off = *rp - r;
+    const __m512i befv = _mm512_loadu_si512(bef);  // the running counts of words 0..15
+    const __m512i tag = _mm512_set1_epi32(static_cast<int32_t>(slot * kPlaceWords));
+    for (;;) {
+      const __mmask16 lm = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+      __mmask16 in_block;
+      const __m512i rr = BlockRanks16(rp, lm, off, static_cast<uint32_t>(total), &in_block);
+      const auto k = static_cast<size_t>(__builtin_ctz(~static_cast<uint32_t>(in_block)));  // the prefix in the block
+      // The word: the last w in [0, 16) with before[w] <= rr (before[0] = 0).
+      __m512i w = _mm512_setzero_si512();
+      for (int step = 8; step >= 1; step >>= 1) {
+        const __m512i cand = _mm512_add_epi32(w, _mm512_set1_epi32(step));
+        w = _mm512_mask_mov_epi32(w, _mm512_cmple_epu32_mask(_mm512_permutexvar_epi32(cand, befv), rr), cand);
+      }
+      const __m512i q = _mm512_sub_epi32(rr, _mm512_permutexvar_epi32(w, befv));
+      const __m512i e = _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(w, tag), 6), q);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(entries + pos), _mm512_cvtepi32_epi16(e));
+      const __m128i dv = _mm_maskz_loadu_epi8(lm, dp);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(diffs + pos), dv);
+      uint32_t esc = _mm_cmpeq_epi8_mask(dv, _mm_set1_epi8(static_cast<char>(compact::kEscape))) &
+                     ((uint32_t{1} << k) - 1);
+      if (HWY_UNLIKELY(esc != 0)) {
+        // Lane order is the class's order, so the escapes are taken in turn.
+        for (; esc != 0; esc &= esc - 1) {
+          std::memcpy(escaped + pos + static_cast<size_t>(__builtin_ctz(esc)), escapes + 2 * cur.e[c]++, 2);
+        }
+      }
+      pos += k;
+      rp += k;
+      dp += k;
+      left -= k;
+      if (k < 16 || left == 0) break;
+    }
+    cur.g[c] = static_cast<uint64_t>(rp - ranks);
+    cur.rem[c] = left == 0 ? ~uint64_t{0} : static_cast<uint64_t>(*rp) - (off + total);
+  }
+  // Phase 2: the changes of the list, each independent of the others.
+  uint32_t flag = 0;
+  const uint64_t index0 = kApply ? out->index0 : 0;
+  uint64_t* HWY_RESTRICT const undo_pos = kApply ? out->undo_pos : nullptr;
+  uint16_t* HWY_RESTRICT const undo_old = kApply ? out->undo_old : nullptr;
+  uint16_t* HWY_RESTRICT const h_new = kApply ? out->h_new : nullptr;
+  if constexpr (!kApply) {
+    for (size_t w = 0; w < kPlaceWords; w += 8) _mm512_storeu_si512(hits + w, _mm512_setzero_si512());
+  }
+  for (size_t j = 0; j < pos; ++j) {
+    size_t w;
+    const size_t i = PlaceEntryOffset(entries[j], masks, &w);
+    const uint16_t o = bf16::LoadElement(data, i);
+    const uint8_t d = diffs[j];
+    uint16_t v;
+    if (HWY_UNLIKELY(d == compact::kEscape)) {
+      v = escaped[j];
+      flag |= static_cast<uint32_t>(compact::DiffByte(o, v) != d) << 15;
+    } else {
+      v = static_cast<uint16_t>(o + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));  // unzigzag
+    }
+    if constexpr (kApply) {
+      // Logged before written (the undo covers every change placed).
+      undo_pos[j] = index0 + i;
+      undo_old[j] = o;
+      data[i] = v;
+      h_new[j] = v;
+    } else {
+      hits[w] |= uint64_t{1} << (i & 63);
+      values[i] = v;
+    }
+  }
+  // The diff bytes' check: only classes 0 and 15 can fail it
+  // (kEdgeClasses), the list's first and last entries (the classes'
+  // cursors moved by their count).
+  const size_t edge_lo = classes & 1u ? static_cast<size_t>(cur.g[0] - g_first) : 0;
+  const size_t edge_hi = pos - (classes >> 15 & 1u ? static_cast<size_t>(cur.g[15] - g_last) : 0);
+  const auto check = [&](size_t from, size_t to) {
+    for (size_t j = from; j < to; ++j) {
+      if (diffs[j] == compact::kEscape) continue;  // checked above
+      if constexpr (kApply) {
+        flag |= NotCanonical(undo_old[j], h_new[j]);
+      } else {
+        size_t w;
+        const size_t i = PlaceEntryOffset(entries[j], masks, &w);
+        flag |= NotCanonical(data[i], values[i]);
+      }
+    }
+  };
+  check(0, edge_lo);
+  check(edge_hi, pos);
+  if (placed) *placed = pos;
+  if (HWY_LIKELY((flag & 0x8000u) == 0)) return n;
+  if constexpr (kApply) {
+    return FirstNotCanonical(*out, 0, pos, diffs, n);
+  } else {
+    size_t bad = n;
+    for (size_t j = 0; j < pos; ++j) {
+      size_t w;
+      const size_t i = PlaceEntryOffset(entries[j], masks, &w);
+      const uint16_t o = data[i], v = values[i];
+      const bool wrong =
+          diffs[j] == compact::kEscape ? compact::DiffByte(o, v) != diffs[j] : (NotCanonical(o, v) & 0x8000u) != 0;
+      if (wrong) bad = std::min(bad, i);
+    }
+    return bad;
+  }
+}
+#endif  // HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
+
 size_t ClassPlace16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before, uint32_t classes,
                         const uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur,
                         uint64_t* HWY_RESTRICT hits, uint16_t* HWY_RESTRICT values) {
   // Never written: the select walk only reads data.
   uint16_t* const d = const_cast<uint16_t*>(data);
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
+  if (RawKernelsAllowed()) {
+    return s.ranks32 ? PlaceBlockAvx512<false>(s.ranks32, masks, before, classes, d, n, s, cur, hits, values, nullptr, nullptr)
+                     : PlaceBlockAvx512<false>(s.ranks, masks, before, classes, d, n, s, cur, hits, values, nullptr, nullptr);
+  }
+#endif
   if (s.ranks32) {
     return PlaceFastPdep()
                ? PlaceWalk<false, true>(s.ranks32, masks, before, classes, d, n, s, cur, hits, values, nullptr, nullptr)
@@ -309,6 +514,12 @@ size_t ClassPlace16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_
 size_t ClassPlaceApply16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before,
                              uint32_t classes, uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s,
                              ClassWalkCursor& cur, const ClassApplyOut& out, size_t* placed) {
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
+  if (RawKernelsAllowed()) {
+    return s.ranks32 ? PlaceBlockAvx512<true>(s.ranks32, masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed)
+                     : PlaceBlockAvx512<true>(s.ranks, masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed);
+  }
+#endif
   if (s.ranks32) {
     return PlaceFastPdep()
                ? PlaceWalk<true, true>(s.ranks32, masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed)
@@ -318,6 +529,10 @@ size_t ClassPlaceApply16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t*
              ? PlaceWalk<true, true>(s.ranks, masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed)
              : PlaceWalk<true, false>(s.ranks, masks, before, classes, data, n, s, cur, nullptr, nullptr, &out, placed);
 }
+
+#if defined(__x86_64__)
+DS_AVX512_WARNINGS_POP
+#endif
 
 // Four offsets a word are written whether its bits are set or not (the
 // count advances by the word's popcount, so those past it are scratch) and

@@ -174,9 +174,14 @@ void ExpectCursorsEqual(const kernels::ClassWalkCursor& a, const kernels::ClassW
 }
 
 // Every block of `base` in turn (the last partial), both kernels against
-// the reference, the cursors carried over.
-void ExpectPlaces(const std::vector<uint16_t>& base, const Streams& s, uint32_t classes) {
-  const kernels::ClassWalkStreams streams{s.ranks.data(), nullptr, s.end.data(), s.diffs.data(), s.escapes.data()};
+// the reference, the cursors carried over; the ranks as u64 or (`narrow`)
+// as u32 (ClassWalkStreams::ranks32), each in a vector of exactly their
+// count.
+void ExpectPlacesOfRoute(const std::vector<uint16_t>& base, const Streams& s, uint32_t classes, bool narrow) {
+  SCOPED_TRACE(narrow ? "u32 ranks" : "u64 ranks");
+  const std::vector<uint32_t> ranks32(s.ranks.begin(), s.ranks.end());
+  const kernels::ClassWalkStreams streams{narrow ? nullptr : s.ranks.data(), narrow ? ranks32.data() : nullptr,
+                                          s.end.data(), s.diffs.data(), s.escapes.data()};
   kernels::ClassWalkCursor want = StartCursor(s), select = want, apply = want;
   alignas(64) uint8_t bytes[kBlock];
   uint16_t counts[16];
@@ -223,6 +228,11 @@ void ExpectPlaces(const std::vector<uint16_t>& base, const Streams& s, uint32_t 
     if (classes >> c & 1) ASSERT_EQ(want.g[c], s.end[c]) << "class " << c << ": the case's changes were not all placed";
   }
   (void)bad_blocks;
+}
+
+void ExpectPlaces(const std::vector<uint16_t>& base, const Streams& s, uint32_t classes) {
+  ExpectPlacesOfRoute(base, s, classes, false);
+  ExpectPlacesOfRoute(base, s, classes, true);
 }
 
 TEST(ClassPlace, CanonicalChangesEqualTheReferenceOnEveryTarget) {
@@ -311,6 +321,75 @@ TEST(ClassPlace, EveryDiffByteFromEveryBaseIsCheckedAsDiffByte) {
       }
     }
   });
+}
+
+// Per block and class a given number of changes around the AVX-512 route's
+// batches of 16 ranks (0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, all),
+// placed at the class's last elements of the block (its last word) or
+// spread; blocks 2 and 3 wholly of class 9, every element of block 2
+// changed, block 3's last word only; a short last block; canonical diffs,
+// escapes, and (when `bad`) a non-canonical code now and then.
+Streams CountedStreams(std::mt19937_64& rng, const std::vector<uint16_t>& base, bool bad) {
+  static constexpr size_t kCounts[] = {0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, kBlock};
+  std::array<std::vector<uint64_t>, 16> of_class;
+  for (size_t i = 0; i < base.size(); ++i) of_class[compact::ClassOf(base[i])].push_back(i);
+  std::uniform_int_distribution<uint32_t> any(0, 0xFFFF), small(1, 3);
+  Streams s;
+  for (int c = 0; c < 16; ++c) {
+    s.begin[c] = s.ranks.size();
+    s.first_escape[c] = s.escapes.size() / 2;
+    const std::vector<uint64_t>& pos = of_class[c];
+    for (size_t r0 = 0; r0 < pos.size();) {
+      const size_t blk = pos[r0] / kBlock;
+      size_t r1 = r0;
+      while (r1 < pos.size() && pos[r1] / kBlock == blk) ++r1;
+      const size_t avail = r1 - r0;
+      size_t want = std::min(avail, kCounts[(blk + static_cast<size_t>(c)) % std::size(kCounts)]);
+      bool last = (blk + static_cast<size_t>(c)) % 2 == 1;
+      if (blk == 2) want = avail;
+      if (blk == 3) {
+        want = std::min<size_t>(avail, 64);
+        last = true;
+      }
+      for (size_t j = 0; j < want; ++j) {
+        // The last `want` of the block's class elements, or spread over them.
+        const size_t r = last ? r1 - want + j : r0 + j * avail / want;
+        const uint16_t o = base[pos[r]];
+        const uint32_t kind = any(rng) % 16;
+        uint16_t v = static_cast<uint16_t>(kind == 0 ? any(rng) : o + (kind % 2 ? small(rng) : -small(rng)));
+        uint8_t d = compact::DiffByte(o, v);
+        if (bad && kind == 2) {
+          d = static_cast<uint8_t>(any(rng) % 255);  // any diff byte: canonical or not
+        } else if (bad && kind == 4) {
+          d = compact::kEscape;  // an escape, maybe where a diff fits
+        }
+        s.ranks.push_back(r);
+        s.diffs.push_back(d);
+        if (d == compact::kEscape) {
+          s.escapes.push_back(static_cast<uint8_t>(v));
+          s.escapes.push_back(static_cast<uint8_t>(v >> 8));
+        }
+      }
+      r0 = r1;
+    }
+    s.end[c] = s.ranks.size();
+  }
+  return s;
+}
+
+TEST(ClassPlace, BlocksWithEveryBatchSizeOfChangesOnEveryTarget) {
+  for (int seed = 0; seed < 4; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(340 + seed);
+    std::vector<uint16_t> base = Base(rng, 14 * kBlock + 515);
+    for (size_t i = 2 * kBlock; i < 4 * kBlock; ++i) {
+      base[i] = static_cast<uint16_t>(121 << 7 | (i & 0x7F));  // blocks 2 and 3: class 9 only
+    }
+    const Streams s = CountedStreams(rng, base, seed % 2 == 1);
+    uint32_t classes = 0;
+    for (int c = 0; c < 16; ++c) classes |= uint32_t{s.end[c] > s.begin[c]} << c;
+    testing_bf16::ForEachTarget([&] { ExpectPlaces(base, s, classes); });
+  }
 }
 
 // Why the kernels test a diff byte's change only in classes 0 and 15
