@@ -392,6 +392,58 @@ TEST(ClassPlace, BlocksWithEveryBatchSizeOfChangesOnEveryTarget) {
   }
 }
 
+// The one non-canonical code of a block at the edge of the edge classes'
+// changes in a block of classes 0, 5 and 15 (the AVX-512 route checks the
+// diff bytes of its block list's first entries, class 0's, and its last,
+// class 15's, only): block 0 the last change of class 0, block 1 the first
+// of class 15, block 2 both, block 3 none; every other change canonical.
+// Both kernels must return exactly that offset, as the reference does.
+TEST(ClassPlace, TheEdgeClassesOnlyBadCodeAtTheirListEndsIsFoundOnEveryTarget) {
+  constexpr size_t kBlocks = 4;
+  std::vector<uint16_t> base(kBlocks * kBlock);
+  for (size_t i = 0; i < base.size(); ++i) {
+    const auto mant = static_cast<uint16_t>(1 + i % 0x7D);  // 1..0x7D: one ULP up stays finite, same exponent
+    base[i] = i % 3 == 0 ? mant : i % 3 == 1 ? static_cast<uint16_t>(117 << 7 | mant) : static_cast<uint16_t>(200 << 7 | mant);
+  }
+  // The targets: block 0's last class-0 element (0x0000 one ULP down: NaN),
+  // block 1's first class-15 element (0x7F7F one ULP up: Inf), both in block 2.
+  const auto last0 = [](size_t b) { return (b + 1) * kBlock - 1 - ((b + 1) * kBlock - 1) % 3; };  // i % 3 == 0
+  const auto first15 = [](size_t b) { return b * kBlock + (2 + 3 - b * kBlock % 3) % 3; };          // i % 3 == 2
+  const std::vector<size_t> zeros = {last0(0), last0(2)}, tops = {first15(1), first15(2)};
+  for (size_t t : zeros) base[t] = 0x0000;
+  for (size_t t : tops) base[t] = 0x7F7F;
+  auto is_target = [&](size_t i) {
+    return std::find(zeros.begin(), zeros.end(), i) != zeros.end() || std::find(tops.begin(), tops.end(), i) != tops.end();
+  };
+  Streams s;
+  for (int c = 0; c < 16; ++c) {
+    s.begin[c] = s.ranks.size();
+    s.first_escape[c] = 0;
+    uint64_t r = 0;
+    for (size_t i = 0; i < base.size(); ++i) {
+      if (compact::ClassOf(base[i]) != c) continue;
+      // Every fifth element of the class changes, and the targets.
+      if (r % 5 == 1 || is_target(i)) {
+        s.ranks.push_back(r);
+        s.diffs.push_back(is_target(i) ? ZigZag(base[i] == 0 ? -1 : 1) : ZigZag(1));
+      }
+      ++r;
+    }
+    s.end[c] = s.ranks.size();
+  }
+  const uint32_t classes = 1u << 0 | 1u << 5 | 1u << 15;
+  for (int c = 0; c < 16; ++c) ASSERT_EQ(s.end[c] > s.begin[c], (classes >> c & 1) != 0) << "class " << c;
+  // The reference finds exactly the intended offsets.
+  {
+    kernels::ClassWalkCursor cur = StartCursor(s);
+    const size_t want[kBlocks] = {last0(0), first15(1) - kBlock, std::min(last0(2), first15(2)) - 2 * kBlock, kBlock};
+    for (size_t b = 0; b < kBlocks; ++b) {
+      ASSERT_EQ(Reference(base.data() + b * kBlock, kBlock, b * kBlock, classes, s, cur).bad, want[b]) << "block " << b;
+    }
+  }
+  testing_bf16::ForEachTarget([&] { ExpectPlaces(base, s, classes); });
+}
+
 // Why the kernels test a diff byte's change only in classes 0 and 15
 // (class_place_kernels.cc, kEdgeClasses): from every base of any other
 // class, every diff byte but the escape codes exactly itself (DiffByte of
