@@ -30,6 +30,7 @@
 #include "bf16/scratch.h"
 #include "bf16/simd_kernels.h"
 #include "codec/delta_header.h"
+#include "codec/index_codec.h"
 #include "codec/patch_metadata.h"
 #include "common/parallel.h"
 
@@ -60,7 +61,6 @@ using ChunkStreams = DetectedGapDelta::Buffers::ChunkStreams;
 constexpr uint64_t kBlock = uint64_t{1} << 14;
 constexpr uint64_t kU16Max = std::numeric_limits<uint16_t>::max();
 static_assert(kBlock <= kU16Max + 1, "the gaps inside a block must fit 16 bits");
-constexpr uint64_t kU32Max = std::numeric_limits<uint32_t>::max();
 // Below this many changes in total, the per-tensor finishing stays on the
 // calling thread (EncodeDelta's threshold).
 constexpr uint64_t kParallelMinChanges = uint64_t{1} << 18;
@@ -215,8 +215,8 @@ Status DetectAndEncodeJobs(const std::vector<ScanJob>& jobs, const DetectOptions
       or_gap |= f.gap0 | f.or_gap;
       prev = f.last;
     }
-    if (or_gap <= kU16Max) return;
-    t.index_dtype = or_gap <= kU32Max ? DType::kU32 : DType::kU64;
+    t.index_dtype = indexcodec::GapDType(or_gap);
+    if (t.index_dtype == DType::kU16) return;
     const bool ok = t.index_dtype == DType::kU32 ? Widen<uint32_t>(t, found, buffers.chunks, *buffers.wide[i])
                                                  : Widen<uint64_t>(t, found, buffers.chunks, *buffers.wide[i]);
     t.out_of_memory = !ok;

@@ -235,13 +235,18 @@ std::optional<DType> EncodeGaps(std::span<const uint64_t> idx, std::vector<uint8
   // if a gap did not fit: the narrowest width for this tensor alone.
   const Summary s = PackGaps<uint16_t>(idx, out);
   if (!Ascending(s, idx)) return std::nullopt;
-  if (s.or_gap <= std::numeric_limits<uint16_t>::max()) return DType::kU16;
-  if (s.or_gap <= std::numeric_limits<uint32_t>::max()) {
+  const DType dtype = GapDType(s.or_gap);
+  if (dtype == DType::kU32) {
     PackGaps<uint32_t>(idx, out);
-    return DType::kU32;
+  } else if (dtype == DType::kU64) {
+    PackGaps<uint64_t>(idx, out);
   }
-  PackGaps<uint64_t>(idx, out);
-  return DType::kU64;
+  return dtype;
+}
+
+DType GapDType(uint64_t or_gap) {
+  if (or_gap <= std::numeric_limits<uint16_t>::max()) return DType::kU16;
+  return or_gap <= std::numeric_limits<uint32_t>::max() ? DType::kU32 : DType::kU64;
 }
 
 DecodeError DecodeRaw(DType dtype, ByteSpan bytes, std::vector<uint64_t>& out) {

@@ -23,6 +23,11 @@ namespace deltasync::indexcodec {
 std::optional<DType> EncodeRaw(std::span<const uint64_t> idx, std::vector<uint8_t>& out);
 std::optional<DType> EncodeGaps(std::span<const uint64_t> idx, std::vector<uint8_t>& out);
 
+// The gap_delta width of a tensor whose gaps ORed together give `or_gap`:
+// U16 when every gap fits, else U32, else U64 (EncodeGaps' choice; the fused
+// detect+encode's too).
+DType GapDType(uint64_t or_gap);
+
 // The first k >= 1 with idx[k] <= idx[k-1], or 0 when strictly ascending.
 size_t FirstNotAscending(std::span<const uint64_t> idx);
 
