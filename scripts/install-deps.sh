@@ -11,9 +11,13 @@
 #                                    radosgw for the S3 tests
 #
 # With --test: DS_WITH_S3=0 leaves out Ceph (scripts/test.sh then skips the S3
-# step), DS_WITH_TORCH=0 leaves out torch (~1 GB; the torch tests skip),
+# step), DS_WITH_TORCH=0 leaves out torch (~7 GB with the CUDA libraries that
+# PyPI's wheel pulls; the torch tests skip),
 # DS_WITH_VLLM=0 leaves out .venv-vllm (a real vLLM, ~4 GB:
 # scripts/install-vllm.sh; the real-vLLM tests then skip).
+# Before installing, --test checks the free disk space against what the
+# missing parts and a whole test run need (scripts/check-disk.sh), and stops
+# with the figures when it is short; DS_SKIP_DISK_CHECK=1 skips that check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +25,7 @@ TEST=0
 for arg in "$@"; do
   case "$arg" in
     --test) TEST=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "install-deps: unknown argument '$arg' (expected --test)" >&2; exit 2 ;;
   esac
 done
@@ -55,10 +59,12 @@ fi
 
 ((TEST)) || exit 0
 
+[[ "${DS_SKIP_DISK_CHECK:-0}" == 1 ]] || scripts/check-disk.sh
+
 # Python: a venv beside the checkout; the interop tests use the official
 # safetensors package. scikit-build-core and nanobind build the Python package
 # (`pip install --no-build-isolation .`, as scripts/test.sh does); torch is
-# for deltasync.torch and its tests (DS_WITH_TORCH=0 skips it: ~1 GB).
+# for deltasync.torch and its tests (DS_WITH_TORCH=0 skips it: ~7 GB).
 # transformers (4.x, what RL stacks pin) and tokenizers: the model-folder
 # tests build, load and compare a tiny Llama (tests/python/test_hf_folders.py).
 PY_PACKAGES=(pytest==9.2.0 numpy==2.4.6 ml_dtypes==0.6.0 safetensors==0.8.0
