@@ -15,6 +15,7 @@
 #include "bf16/scan.h"
 #include "bf16/scratch.h"
 #include "bf16/simd_kernels.h"
+#include "common/pages.h"  // ReserveForReuse
 #include "common/parallel.h"
 #include "deltasync/changes.h"
 
@@ -328,19 +329,8 @@ Status DetectJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options
     tc.dtype = job.published_dtype;
     tc.indices.clear();
     tc.values.clear();
-    // A fresh or reused entry too small for this call gets room for 1/8
-    // more, so that slowly growing counts do not reallocate every call.
-    const size_t room = o.count + (tc.indices.capacity() > 0 ? o.count / 8 : 0);
-    if (tc.indices.capacity() < o.count) {
-      tc.indices = std::vector<uint64_t>();
-      tc.indices.reserve(room);
-      AdviseHugePages(tc.indices.data(), room * sizeof(uint64_t));
-    }
-    if (tc.values.capacity() < o.count * value_size) {
-      tc.values = std::vector<uint8_t>();
-      tc.values.reserve(room * value_size);
-      AdviseHugePages(tc.values.data(), room * value_size);
-    }
+    ReserveForReuse(tc.indices, o.count, /*huge=*/true);
+    ReserveForReuse(tc.values, o.count * value_size, /*huge=*/true);
     for (size_t c = o.first_chunk; c < o.end_chunk; ++c) {
       const ChunkResult& r = results[c];
       WorkerScratch& w = *scratch[r.worker];

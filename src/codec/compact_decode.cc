@@ -20,6 +20,7 @@
 #include "codec/compact_v3.h"
 #include "codec/compact_walk.h"
 #include "codec/patch_metadata.h"
+#include "common/pages.h"  // ReserveForReuse
 #include "common/parallel.h"
 #include "deltasync/compact.h"
 
@@ -91,17 +92,15 @@ std::optional<std::string> ParseBf16StreamV2(Reader& in, uint64_t count, compact
 // capacity only resized (the decode overwrites every element; only those
 // past its old size are zero-filled), else replaced by a fresh vector (its
 // old contents not copied) with room for 1/8 more where it held memory
-// before, as DetectChanges's outputs, so that slowly growing counts do not
-// reallocate every call. A fresh vector gets exactly n.
+// before, so that slowly growing counts do not reallocate every call
+// (ReserveForReuse, as DetectChanges's outputs; no huge pages: they gained
+// nothing here). A fresh vector gets exactly n.
 template <typename T>
 void SizeOutput(std::vector<T>& v, size_t n) {
-  if (v.capacity() < n) {
-    const size_t room = n + (v.capacity() > 0 ? n / 8 : 0);
-    v = std::vector<T>();
-    v.reserve(room);
-  }
+  ReserveForReuse(v, n, /*huge=*/false);
   v.resize(n);
 }
+
 
 // Step 1. Raw-mode tensors are decoded completely; bf16 ones into `bf`
 // (c's indices and values sized, reusing c's memory: SizeOutput).

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "deltasync/tensor.h"
 
@@ -31,5 +32,20 @@ void AdviseHugePages(void* p, size_t bytes);
 // qualifies). Under 16 MiB in all, nothing is faulted in ahead (the writes
 // do it). A no-op where MADV_POPULATE_WRITE is missing (Linux before 5.14).
 void PrepareFreshPages(std::span<const MutableByteSpan> ranges, int threads);
+
+// Gives `v` capacity for `n` elements for an output that is refilled call
+// after call: kept as is when it holds enough; otherwise its memory (and
+// contents) dropped for a fresh allocation of n elements, or of n + n/8 when
+// it had memory before (so that a slowly growing count does not reallocate
+// every call), advised to huge pages when `huge`. v's size (and, when kept,
+// contents) is the caller's to set.
+template <typename T>
+void ReserveForReuse(std::vector<T>& v, size_t n, bool huge) {
+  if (v.capacity() >= n) return;
+  const size_t room = n + (v.capacity() > 0 ? n / 8 : 0);
+  v = std::vector<T>();
+  v.reserve(room);
+  if (huge) AdviseHugePages(v.data(), room * sizeof(T));
+}
 
 }  // namespace deltasync
