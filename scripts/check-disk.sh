@@ -6,19 +6,19 @@
 #
 # The sizes are what a fresh-clone run took on Debian 12 (2026-12-03), rounded
 # up; only the parts not yet there are counted, so a second run needs little.
-# Pip unpacks its downloads under TMPDIR (default /tmp) before installing them;
-# the tests write their scratch data there too. When the checkout and TMPDIR
-# share a file system, the two needs add up.
+# Pip unpacks its downloads under TMPDIR (default /tmp) before installing them
+# (and frees them after); the tests write their scratch data there later. When
+# the checkout and TMPDIR share a file system, the two needs add up.
 # DS_WITH_TORCH / DS_WITH_VLLM as for install-deps.sh; DS_SKIP_DISK_CHECK=1
 # (read by install-deps.sh) skips this check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_here=0  # MiB in the checkout's file system
-need_tmp=0   # MiB under TMPDIR
+need_tmp=0   # MiB under TMPDIR at the peak (downloads and scratch come one after another)
 parts=()
-add() {  # add HERE_MIB TMP_MIB WHAT
-  need_here=$((need_here + $1)); need_tmp=$((need_tmp + $2)); parts+=("$3")
+add() {  # add HERE_MIB DOWNLOAD_MIB WHAT: installed size, pip's downloads unpacked before it
+  need_here=$((need_here + $1)); ((need_tmp >= $2)) || need_tmp=$2; parts+=("$3")
 }
 
 if ! .venv/bin/python -c "import pytest, numpy, safetensors, transformers" 2>/dev/null; then
@@ -31,9 +31,9 @@ if [[ "${DS_WITH_VLLM:-1}" == 1 && ! -f .venv-vllm/.deltasync-recipe ]]; then
   add 4300 1500 ".venv-vllm, a real vLLM (~4.3 GB, ~1.5 GB of downloads)"
 fi
 [[ -d build-asan ]] || add 2500 0 "the sanitizer and fuzzer builds (~2.5 GB)"
-# Every run: the test data (buckets, soak states, pytest's folders), the
-# builds' growth, and a margin.
-add 500 2500 "one test run's scratch data (~2.5 GB under TMPDIR)"
+# Every run: the test data (buckets, soak states, pytest's folders) and the
+# builds' growth.
+add 500 2000 "one test run's scratch data (~2 GB under TMPDIR)"
 
 tmp="${TMPDIR:-/tmp}"
 free_mib() { df -Pm "$1" | awk 'NR == 2 {print $4}'; }
