@@ -17,6 +17,9 @@
 #include <string>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "bf16/bf16_test_util.h"
 #include "bf16/simd_kernels.h"
 #include "codec/compact_bf16.h"
@@ -442,6 +445,79 @@ TEST(ClassPlace, TheEdgeClassesOnlyBadCodeAtTheirListEndsIsFoundOnEveryTarget) {
     }
   }
   testing_bf16::ForEachTarget([&] { ExpectPlaces(base, s, classes); });
+}
+
+// A block whose last element ends a readable page (the next one
+// unmapped), every element changed: neither kernel reads past the block's
+// last element on any target (a route that loads a base value wider than
+// its element, e.g. a dword gather, must load the block's last one alone:
+// session 35 tried one), and both place what the reference places; blocks
+// of 1024, 37, 1 and 1023 elements (the data 4-byte aligned or 2 bytes off).
+TEST(ClassPlace, NothingPastTheBlockIsReadOnEveryTarget) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* const map = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ASSERT_EQ(mprotect(static_cast<uint8_t*>(map) + page, page, PROT_NONE), 0);
+  uint16_t* const page_end = reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(map) + page);
+  for (const size_t n : {kBlock, size_t{37}, size_t{1}, size_t{1023}}) {
+    SCOPED_TRACE("block of " + std::to_string(n));
+    std::mt19937_64 rng(350 + n);
+    const std::vector<uint16_t> base = Base(rng, n);
+    // Every element changed by one ULP (an escape where that is not a
+    // diff), the ranks, diff bytes and escapes in class order.
+    Streams s;
+    std::array<std::vector<size_t>, 16> where;
+    for (size_t i = 0; i < n; ++i) where[compact::ClassOf(base[i])].push_back(i);
+    uint32_t classes = 0;
+    for (int c = 0; c < 16; ++c) {
+      s.begin[c] = s.ranks.size();
+      s.first_escape[c] = s.escapes.size() / 2;
+      for (size_t r = 0; r < where[c].size(); ++r) {
+        const size_t i = where[c][r];
+        const auto v = static_cast<uint16_t>(base[i] + 1);
+        s.ranks.push_back(r);
+        s.diffs.push_back(compact::DiffByte(base[i], v));
+        if (s.diffs.back() == compact::kEscape) {
+          s.escapes.push_back(static_cast<uint8_t>(v));
+          s.escapes.push_back(static_cast<uint8_t>(v >> 8));
+        }
+      }
+      s.end[c] = s.ranks.size();
+      classes |= uint32_t{s.end[c] > s.begin[c]} << c;
+    }
+    uint16_t* const data = page_end - n;
+    std::memcpy(data, base.data(), 2 * n);
+    alignas(64) uint8_t bytes[kBlock];
+    uint16_t counts[16];
+    uint64_t masks[16 * kWords];
+    uint32_t before[16 * (kWords + 1)];
+    kernels::ClassCountsBytes16(data, n, classes, counts, bytes);
+    kernels::ClassMasksOfBytes16(bytes, n, classes, masks, before);
+    const kernels::ClassWalkStreams streams{s.ranks.data(), nullptr, s.end.data(), s.diffs.data(), s.escapes.data()};
+    testing_bf16::ForEachTarget([&] {
+      std::memcpy(data, base.data(), 2 * n);
+      kernels::ClassWalkCursor want = StartCursor(s), select = want, apply = want;
+      const BlockOut ref = Reference(base.data(), n, 0, classes, s, want);
+      std::vector<uint64_t> hits(kWords, 0);
+      std::vector<uint16_t> values(kBlock, 0);
+      ASSERT_EQ(kernels::ClassPlace16(masks, before, classes, data, n, streams, select, hits.data(), values.data()), ref.bad);
+      ASSERT_EQ(hits, ref.hits);
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(values[i], ref.values[i]) << "element " << i;
+      ExpectCursorsEqual(select, want, 0);
+      std::vector<uint64_t> undo_pos(n);
+      std::vector<uint16_t> undo_old(n), h_new(n);
+      size_t placed = 0;
+      const kernels::ClassApplyOut out{0, undo_pos.data(), undo_old.data(), h_new.data()};
+      ASSERT_EQ(kernels::ClassPlaceApply16(masks, before, classes, data, n, streams, apply, out, &placed), ref.bad);
+      ASSERT_EQ(placed, n);
+      ASSERT_EQ(std::vector<uint16_t>(data, data + n), ref.data);
+      ASSERT_EQ(undo_pos, ref.undo_pos);
+      ASSERT_EQ(undo_old, ref.undo_old);
+      ASSERT_EQ(h_new, ref.h_new);
+      ExpectCursorsEqual(apply, want, 0);
+    });
+  }
+  munmap(map, 2 * page);
 }
 
 // Why the kernels test a diff byte's change only in classes 0 and 15
