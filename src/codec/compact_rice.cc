@@ -164,8 +164,15 @@ void PutRiceGaps(BitWriter& w, uint64_t count, GapSource& source) {
 }
 
 // Reads `count` gaps of one class into `out`; nullopt-style error text.
+// Inlined into its two copies (codec_targets.h): the BMI2 one's fast path
+// (BitReader::RiceRun) shifts without a move to cl and counts with TZCNT.
+static_assert(kRiceBlock <= BitReader::kFastRun, "RiceRun takes a whole block");
+static_assert(kUnaryEscape >= BitReader::kFastUnary, "RiceRun's codes are ordinary ones");
+
+namespace {
+
 template <typename T>
-std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, T* out, GapRanks* ranks) {
+DS_CODEC_INLINE std::optional<std::string> GetRiceGapsBody(BitReader& r, uint64_t count, T* out, GapRanks* ranks) {
   static_assert(std::is_same_v<T, uint64_t> || std::is_same_v<T, uint32_t>);
   if constexpr (std::is_same_v<T, uint32_t>) {
     if (ranks == nullptr) return "internal: 32-bit gaps without ranks";
@@ -178,7 +185,7 @@ std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, T* out, Gap
     const uint64_t e = std::min<uint64_t>(count, b + kRiceBlock);
     for (uint64_t i = b; i < e; ++i) {
       // Fast: a run of ordinary codes; then one code the slow way.
-      i = ranks ? r.RiceRun(kk, kUnaryEscape, out, i, e, ranks) : r.RiceRun(kk, kUnaryEscape, out, i, e);
+      i = ranks ? r.RiceRun(kk, out, i, e, ranks) : r.RiceRun(kk, out, i, e);
       if (i == e) break;
       std::optional<int> q = r.Unary(kUnaryEscape);
       if (!q) return "gap " + std::to_string(i) + " is truncated";
@@ -199,6 +206,25 @@ std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, T* out, Gap
     }
   }
   return std::nullopt;
+}
+
+template <typename T>
+std::optional<std::string> GetRiceGapsBaseline(BitReader& r, uint64_t count, T* out, GapRanks* ranks) {
+  return GetRiceGapsBody(r, count, out, ranks);
+}
+
+template <typename T>
+DS_CODEC_BMI2_TARGET std::optional<std::string> GetRiceGapsBmi2(BitReader& r, uint64_t count, T* out,
+                                                                GapRanks* ranks) {
+  return GetRiceGapsBody(r, count, out, ranks);
+}
+
+}  // namespace
+
+template <typename T>
+std::optional<std::string> GetRiceGaps(BitReader& r, uint64_t count, T* out, GapRanks* ranks) {
+  if (UseCodecBmi2()) return GetRiceGapsBmi2(r, count, out, ranks);
+  return GetRiceGapsBaseline(r, count, out, ranks);
 }
 
 template std::optional<std::string> GetRiceGaps(BitReader&, uint64_t, uint64_t*, GapRanks*);

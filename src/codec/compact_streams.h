@@ -201,61 +201,96 @@ class BitReader {
     Drop(ones + 1);
     return ones;
   }
-  // Rice codes with parameter k (<= 56) into out[i, e) for as long as each
-  // code's unary part is shorter than max_unary (<= 32) and the whole code
-  // is at hand; returns the index of the first gap left for a slower
-  // reader (e when none). The state lives in locals meanwhile, so the loop
-  // runs in registers.
-  // With `rank` (a GapRanks), writes ranks instead (GapRanks::Next).
-  // A uint32_t `out` takes each rank's low 32 bits (GetRiceGaps).
+  // The fast path of the Rice reader (GetRiceGaps): codes with parameter k
+  // into out[i, e) for as long as each code's unary part is shorter than
+  // kFastUnary and the whole code is at hand; returns the index of the first
+  // gap left for a slower reader (e when none; i at once where k >
+  // kFastK). The state lives in locals meanwhile, so the loop runs in
+  // registers. With `rank` (a GapRanks), writes ranks instead (the ranks
+  // GapRanks::Next gives, and the same `past`); a uint32_t `out` takes each
+  // rank's low 32 bits (GetRiceGaps).
+  // The window is read at a bit offset b instead of shifted per code: the
+  // loop's chain per code is b -> shift of the complemented window -> TZCNT
+  // -> add (the code's end), where a shifted window's was shift, NOT,
+  // TZCNT, add, and a test for 64 ones. Always inlined, so that
+  // GetRiceGaps's BMI2 copy compiles it with BMI1/2 (codec_targets.h).
+  static constexpr int kFastUnary = 16;
+  static constexpr int kFastK = 40;
+  static constexpr uint64_t kFastRun = 1024;  // codes at most per call (GetRiceGaps: a block's)
   template <typename T, typename Ranks = std::nullptr_t>
-  uint64_t RiceRun(int k, int max_unary, T* out, uint64_t i, uint64_t e, Ranks rank = nullptr) {
+  __attribute__((always_inline)) inline uint64_t RiceRun(int k, T* out, uint64_t i, uint64_t e,
+                                                          Ranks rank = nullptr) {
+    if (k > kFastK || i >= e) return i;
+    e = std::min(e, i + kFastRun);
     uint64_t acc = acc_;
-    int n = n_;
     size_t pos = pos_;
     const uint8_t* data = bytes_.data();
     const size_t size = bytes_.size();
     const uint64_t low_mask = (uint64_t{1} << k) - 1;
-    // The ranks' state in a local too: through the pointer, every store to
-    // out[] may alias it (both uint64_t), so the compiler would reload and
-    // store it at each code, a store-to-load forward on the loop's chain.
+    const uint64_t uk = static_cast<uint64_t>(k), k1 = uk + 1;
+    // The ranks' state in a local (through the pointer every store to out[]
+    // may alias it). `past` is settled once at the end (below).
     constexpr bool kRanks = !std::is_same_v<Ranks, std::nullptr_t>;
-    std::conditional_t<kRanks, std::remove_pointer_t<Ranks>, char> local{};
-    if constexpr (kRanks) local = *rank;
+    uint64_t next = 0;
+    if constexpr (kRanks) next = rank->next;
+    const uint64_t next0 = next;
+    // Bits [b, n) of acc are the stream's next (n <= 63; above n zeros or
+    // the stream's next bits, as in Refill). inv is ~acc with bit 63 set:
+    // no code ends there (n <= 63), and TZCNT of inv >> b (b <= 63) is never
+    // of 0. A code whose terminator or low bits lie at or past n has
+    // end > n and refills. Unsigned 64-bit throughout (no sign extensions
+    // on the chain); b + k1 is summed beside the shift and TZCNT.
+    constexpr uint64_t kTop = uint64_t{1} << 63;
+    uint64_t inv = ~acc | kTop;
+    uint64_t b = 0, un = static_cast<uint64_t>(n_);
     for (; i < e; ++i) {
-      // Refilled only when the next code is not wholly in the n bits held
-      // (bits above n are zeros or the stream's next bits: either way a code
-      // whose terminator or low bits lie past n has used > n): a refill
-      // every few codes, and the codes between decode from the register
-      // alone (a refill every code would put its load on the loop's chain).
-      int ones = ~acc == 0 ? 64 : __builtin_ctzll(~acc);
-      int used = ones + 1 + k;
-      if (used > n) [[unlikely]] {
-        if (n > 56 || pos + 8 > size) break;
+      uint64_t ones = static_cast<uint64_t>(__builtin_ctzll(inv >> b));
+      uint64_t end = (b + k1) + ones;
+      if (end > un) [[unlikely]] {
+        // A refill every few codes: the consumed bits dropped, then one
+        // load of as many whole bytes as fit above the n bits held.
+        acc >>= b;
+        un -= b;
+        b = 0;
+        if (un > 56 || pos + 8 > size) break;
         uint64_t w;
         std::memcpy(&w, data + pos, 8);
-        acc |= w << n;
-        const int take = (63 - n) >> 3;
+        acc |= w << un;
+        const uint64_t take = (63 - un) >> 3;
         pos += static_cast<size_t>(take);
-        n += 8 * take;
-        ones = ~acc == 0 ? 64 : __builtin_ctzll(~acc);
-        used = ones + 1 + k;
-        if (used > n) break;
+        un += 8 * take;
+        inv = ~acc | kTop;
+        ones = static_cast<uint64_t>(__builtin_ctzll(inv));
+        end = k1 + ones;
+        if (end > un) break;
       }
-      if (ones >= max_unary) break;
-      const uint64_t gap = (static_cast<uint64_t>(ones) << k) | ((acc >> (ones + 1)) & low_mask);
+      if (ones >= kFastUnary) break;
+      // The k low bits after the terminator (end - k <= n - k <= 63).
+      const uint64_t gap = (ones << uk) | ((acc >> (end - uk)) & low_mask);
       if constexpr (kRanks) {
-        out[i] = static_cast<T>(local.Next(gap));
+        out[i] = static_cast<T>(next + gap);
+        next += gap + 1;
       } else {
         out[i] = gap;
       }
-      acc = used >= 64 ? 0 : acc >> used;  // used <= n <= 63 here; the test costs nothing off the chain
-      n -= used;
+      b = end;
     }
-    if constexpr (kRanks) *rank = local;
-    acc_ = acc;
-    n_ = n;
+    acc_ = acc >> b;
+    n_ = static_cast<int>(un - b);
     pos_ = pos;
+    if constexpr (kRanks) {
+      // GapRanks::Next sets `past` once a rank reaches `elements` (or the
+      // sum wraps). Here a gap is below kFastUnary << kFastK = 2^44, so the
+      // run (at most kFastRun codes) adds below 2^54 to next0: the ranks
+      // rise, and wrap at most once (then the last one is below next0). So
+      // some rank reached `elements` exactly when the last did or the sum
+      // wrapped: one test per run instead of per code.
+      if (next != next0) {
+        const uint64_t last = next - 1;
+        rank->past |= (last >= rank->elements) | (last < next0);
+      }
+      rank->next = next;
+    }
     return i;
   }
   // True when only zero padding (fewer than 8 bits) is left.

@@ -27,6 +27,8 @@ std::vector<uint8_t> Coded(const std::vector<uint64_t>& gaps) {
 }
 
 TEST(CompactRice, RanksInOnePassEqualTheSummedGapsAcrossCalls) {
+  ForEachCodecCopy([&](const char* copy) {
+  SCOPED_TRACE(copy);
   std::mt19937_64 rng(7);
   std::vector<uint64_t> gaps(5000);
   for (uint64_t& g : gaps) g = rng() % 8 == 0 ? rng() % 100000 : rng() % 20;  // escapes and short codes
@@ -46,22 +48,69 @@ TEST(CompactRice, RanksInOnePassEqualTheSummedGapsAcrossCalls) {
     EXPECT_EQ(got, want);
     EXPECT_EQ(ranks.past, elements == want.back()) << elements;
   }
+  });
 }
 
 TEST(CompactRice, AGapThatWouldWrapTheRankIsPast) {
-  const std::vector<uint8_t> coded = Coded({5, ~uint64_t{0} - 3, 0});
-  GapRanks ranks;
-  ranks.elements = 100;
-  std::vector<uint64_t> got(3);
-  BitReader r(coded);
-  ASSERT_FALSE(GetRiceGaps(r, 3, got.data(), &ranks));
-  EXPECT_TRUE(ranks.past);
+  ForEachCodecCopy([&](const char* copy) {
+    const std::vector<uint8_t> coded = Coded({5, ~uint64_t{0} - 3, 0});
+    GapRanks ranks;
+    ranks.elements = 100;
+    std::vector<uint64_t> got(3);
+    BitReader r(coded);
+    ASSERT_FALSE(GetRiceGaps(r, 3, got.data(), &ranks));
+    EXPECT_TRUE(ranks.past) << copy;
+  });
+}
+
+// The fast path (BitReader::RiceRun) settles `past` once per run of short
+// codes: a run that starts just below 2^64 (after a huge gap read by the
+// slow path, in an earlier call as an earlier piece's part would be) and
+// wraps the rank is past, though its last rank is small; one that stops
+// just below `elements` is not, one that reaches it is.
+TEST(CompactRice, ARunOfShortCodesThatWrapsTheRankIsPast) {
+  ForEachCodecCopy([&](const char* copy) {
+    SCOPED_TRACE(copy);
+    std::vector<uint64_t> small(40);
+    for (size_t i = 0; i < small.size(); ++i) small[i] = i % 4;
+    uint64_t span = 0;  // what the small gaps add to the rank
+    for (uint64_t g : small) span += g + 1;
+    const std::vector<uint8_t> tail = Coded(small);
+    struct Case {
+      uint64_t first_gap, elements;
+      bool past;
+    };
+    const uint64_t top = ~uint64_t{0};
+    for (const Case& c : {Case{top - 20, top, true},                    // wraps past 2^64
+                          Case{top - 20, top - 1, true},                // the same
+                          Case{1000, 1000 + span + 1, false},           // the last rank is 1000 + span
+                          Case{1000, 1000 + span, true},                // ... reaching `elements`
+                          Case{top - span - 2, top, false}}) {          // the last rank top - 2
+      const std::vector<uint8_t> head = Coded({c.first_gap});
+      GapRanks ranks;
+      ranks.elements = c.elements;
+      std::vector<uint64_t> got(1 + small.size());
+      BitReader rh(head), rt(tail);
+      ASSERT_FALSE(GetRiceGaps(rh, 1, got.data(), &ranks));
+      ASSERT_FALSE(GetRiceGaps(rt, small.size(), got.data() + 1, &ranks));
+      uint64_t want = c.first_gap;
+      EXPECT_EQ(got[0], want);
+      for (size_t i = 0; i < small.size(); ++i) {
+        want += 1 + small[i];
+        EXPECT_EQ(got[1 + i], want) << i;
+      }
+      EXPECT_EQ(ranks.past, c.past) << c.first_gap << " " << c.elements;
+      EXPECT_EQ(ranks.next, want + 1);
+    }
+  });
 }
 
 // RankBuffer's two routes read the same ranks: the narrow (u32) one for up
 // to 2^32 elements, its top rank 2^32 - 1 included (and a rank of 2^32
 // past), the wide one above; ForceWideRanks sends a small tensor wide.
 TEST(CompactRice, NarrowAndWideRankRoutesReadTheSameRanks) {
+  ForEachCodecCopy([&](const char* copy) {
+  SCOPED_TRACE(copy);
   constexpr uint64_t kTop = RankBuffer::kNarrowMax;
   // Short codes, a huge gap up to rank 2^32 - 2, then a gap of 0 (2^32 - 1),
   // then, for the past test, one more (2^32).
@@ -100,6 +149,7 @@ TEST(CompactRice, NarrowAndWideRankRoutesReadTheSameRanks) {
   ranks.elements = kTop;
   ASSERT_FALSE(buf.Read(r, 0, gaps.size(), ranks));
   EXPECT_TRUE(ranks.past);
+  });
 }
 
 // A reference reader of Rice-coded gaps: code by code through BitReader's
@@ -158,6 +208,8 @@ std::vector<uint64_t> MixedGaps(std::mt19937_64& rng) {
 }
 
 TEST(CompactRice, FastReaderEqualsTheReferenceForEveryParameterAndWindow) {
+  ForEachCodecCopy([&](const char* copy) {
+  SCOPED_TRACE(copy);
   std::mt19937_64 rng(21);
   const std::vector<uint64_t> gaps = MixedGaps(rng);
   // Two runs back to back: the second starts wherever the fast path left
@@ -198,12 +250,15 @@ TEST(CompactRice, FastReaderEqualsTheReferenceForEveryParameterAndWindow) {
     ASSERT_EQ(got[i], gaps[i]) << i;
     ASSERT_EQ(got[gaps.size() + i], gaps[i]) << i;
   }
+  });
 }
 
 // Every prefix of a coded stream (and the whole with a byte flipped): the
 // fast reader decodes what the reference decodes and refuses with the same
 // message, straight into ranks too.
 TEST(CompactRice, TruncatedAndCorruptedStreamsFailAsTheReference) {
+  ForEachCodecCopy([&](const char* copy) {
+  SCOPED_TRACE(copy);
   std::mt19937_64 rng(5);
   std::vector<uint64_t> gaps;
   for (int i = 0; i < 1500; ++i) {
@@ -236,6 +291,7 @@ TEST(CompactRice, TruncatedAndCorruptedStreamsFailAsTheReference) {
       }
     }
   }
+  });
 }
 
 // BitWriter::Local (the state in locals, PutRiceGaps' writer) writes the
