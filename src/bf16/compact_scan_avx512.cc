@@ -12,12 +12,13 @@
 //     an 8 x 8 byte transpose: ClassMasks64) and the running counts as two
 //     vectors of u64 (VPOPCNTQ of the masks); each change's rank from them,
 //     8 changes at a time (VPERMT2Q of the masks and counts by class,
-//     VPSLLVQ, VPOPCNTQ);
+//     VPSLLVQ, VPOPCNTQ), and its flat index beside it;
 //  5. the changes packed in element order by VPCOMPRESSB/W (into registers,
 //     then stored whole: a compress straight to memory is slow on Zen 4):
-//     offsets, class bytes, diff bytes (compact::DiffByte on 32 u16 lanes),
-//     old and new values; and the new values stored into the base (masked
-//     stores, changed elements only).
+//     class bytes, old and new values; and the new values stored into the
+//     base (masked stores, changed elements only).
+// After the block's words, the diff bytes (compact::DiffByte on 32 u16
+// lanes) of its changes, 32 at a time from the packed old and new values.
 // The scan's per-change loop then only appends each change to its class's
 // gap and diff streams: no compare, popcount or add per class per word, and
 // no per-change rank, diff byte, load of the values, or store of the old
@@ -111,9 +112,10 @@ DS_AVX512_SCAN size_t ScanBlockAvx512(uint16_t* pub, const void* cur, bool f32, 
   const size_t n_words = (len + 63) / 64;
   for (size_t w = 0; w < n_words; ++w) {
     const size_t at = 64 * w;
-    // Into L2 (prefetcht2): two blocks of fp32 and bf16 lines in flight
-    // into L1 as well evicted lines this pass still needed, and made the
-    // pass ~10% slower (docs/benchmarks.md, session 35).
+    // Into L2 (prefetcht2): the same lines prefetched into L1 made the
+    // scan 15-20% slower (docs/benchmarks.md, session 35; presumably as L1
+    // also holds the block at hand, its packed outputs and the class
+    // streams' lines).
     if (ahead.cur != nullptr) PrefetchWordShare<1>(ahead.cur, ahead.elem_size, ahead.pub, w);
     const __mmask64 valid = len - at >= 64 ? ~__mmask64{0} : _bzhi_u64(~uint64_t{0}, static_cast<unsigned>(len - at));
     const auto valid_low = static_cast<__mmask32>(valid), valid_high = static_cast<__mmask32>(valid >> 32);

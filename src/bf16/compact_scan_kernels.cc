@@ -10,7 +10,7 @@
 //  3. the block's hash change in one vector call over its changes.
 // Compiled per target like the other kernels (foreach_target.h). On the
 // AVX-512 targets, where the CPU has VBMI, VBMI2, GFNI, BITALG, VPOPCNTDQ and BF16,
-// pass 1, step 2's masks and counts, and the changes' offsets, diff bytes,
+// pass 1, step 2's masks and counts, and the changes' indices, diff bytes,
 // old and new values (packed) are one raw-intrinsics pass instead
 // (compact_scan_avx512.h), which also stores the new values; each change's
 // gap then runs in one flat loop over the block's changes.
@@ -255,7 +255,7 @@ HWY_INLINE void PrefetchForWrite(const T* p, size_t ahead) {
 // through those the compiler would reload them after every store.
 // kRaw: each block's first pass is ScanBlockAvx512 (compact_scan_avx512.h),
 // which also gives every word's class masks and running counts and the
-// changes packed (offsets, classes, diff bytes, old and new values), so that
+// changes packed (indices, classes, diff bytes, old and new values), so that
 // the changes run in one flat loop per block; only where
 // HasCompactScanAvx512().
 template <bool kF32, bool kRaw>
