@@ -140,7 +140,7 @@ Status CompactScan::Run(WeightState& published, std::span<const TensorView> curr
     const size_t in_size = DTypeSize(job.current_dtype);
     for (uint64_t begin = chunk.begin; begin < chunk.end; begin += kSpan) {
       const size_t n = static_cast<size_t>(std::min(kSpan, chunk.end - begin));
-      bool ok = w.old_values.Reserve(n);
+      bool ok = w.old_values.Reserve(n + kernels::kScanOldSlack);
       for (int k = 0; k < kClasses && ok; ++k) {
         ok = w.gaps[k].Reserve(n) && w.diffs[k].Reserve(n) && w.escapes[k].Reserve(n);
       }

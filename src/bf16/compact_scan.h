@@ -37,8 +37,13 @@ inline constexpr int kScanClasses = compact::kClasses;
 // many elements.
 inline constexpr size_t kScanBlockElements = 1024;
 
+// Room ScanCompactSpan's old_values need past a span's n entries: the raw
+// AVX-512 route stores them in whole vectors.
+inline constexpr size_t kScanOldSlack = 64;
+
 // One span of a chunk of a bf16 tensor, for ScanCompactSpan. Outputs need
-// room for n more entries each (escapes per class too).
+// room for n more entries each (escapes per class too; old_values n +
+// kScanOldSlack, written past its count).
 struct CompactScanSpan {
   uint16_t* published = nullptr;   // elements [0, n); changed ones are overwritten
   const void* current = nullptr;   // n fp32 (f32) or bf16 bit patterns
@@ -50,7 +55,7 @@ struct CompactScanSpan {
   std::array<uint32_t*, kScanClasses> gaps{};
   std::array<uint8_t*, kScanClasses> diffs{};
   std::array<uint16_t*, kScanClasses> escapes{};
-  uint16_t* old_values = nullptr;  // old value of each change, in element order
+  uint16_t* old_values = nullptr;  // old value of each change, in element order (scratch past them)
   uint64_t* changed_words = nullptr;  // (n + 63) / 64 words; bit k of word w: element 64w+k changed
 };
 

@@ -12,12 +12,13 @@
 //     an 8 x 8 byte transpose: ClassMasks64) and the running counts as two
 //     vectors of u64 (VPOPCNTQ of the masks); each change's rank from them,
 //     8 changes at a time (VPERMT2Q of the masks and counts by class,
-//     VPSLLVQ, VPOPCNTQ);
+//     VPSLLVQ, VPOPCNTQ), and its flat index beside it;
 //  5. the changes packed in element order by VPCOMPRESSB/W (into registers,
 //     then stored whole: a compress straight to memory is slow on Zen 4):
-//     offsets, class bytes, diff bytes (compact::DiffByte on 32 u16 lanes),
-//     old and new values; and the new values stored into the base (masked
-//     stores, changed elements only).
+//     class bytes, old and new values; and the new values stored into the
+//     base (masked stores, changed elements only).
+// After the block's words, the diff bytes (compact::DiffByte on 32 u16
+// lanes) of its changes, 32 at a time from the packed old and new values.
 // The scan's per-change loop then only appends each change to its class's
 // gap and diff streams: no compare, popcount or add per class per word, and
 // no per-change rank, diff byte, load of the values, or store of the old
@@ -93,14 +94,6 @@ DS_AVX512_SCAN inline void Compress16(uint16_t* dst, __mmask32 keep, __m512i v) 
 DS_AVX512_SCAN size_t ScanBlockAvx512(uint16_t* pub, const void* cur, bool f32, size_t len, const uint64_t* seen_in,
                                       const ScanBlockAhead& ahead, const ScanBlockOut& out, size_t* changed) {
   const __m512i exp = _mm512_set1_epi16(static_cast<short>(bf16::kBf16ExpMask));
-  const __m512i iota = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12,
-                                        11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  // Byte k = byte 2 k of two vectors (the low byte of each u16 lane).
-  alignas(64) static constexpr uint8_t kEvenBytes[64] = {
-      0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
-      44, 46, 48, 50, 52, 54, 56, 58, 60, 62, 64, 66, 68, 70, 72, 74, 76, 78, 80, 82, 84, 86,
-      88, 90, 92, 94, 96, 98, 100, 102, 104, 106, 108, 110, 112, 114, 116, 118, 120, 122, 124, 126};
-  const __m512i even = _mm512_load_si512(kEvenBytes);
   const __m512i byte_iota = _mm512_set_epi64(0x3F3E3D3C3B3A3938ll, 0x3736353433323130ll, 0x2F2E2D2C2B2A2928ll,
                                              0x2726252423222120ll, 0x1F1E1D1C1B1A1918ll, 0x1716151413121110ll,
                                              0x0F0E0D0C0B0A0908ll, 0x0706050403020100ll);
@@ -108,11 +101,10 @@ DS_AVX512_SCAN size_t ScanBlockAvx512(uint16_t* pub, const void* cur, bool f32, 
   // In locals: the stores through them could alias `out` itself.
   uint64_t* const out_words = out.words;
   uint64_t* const out_ranks = out.ranks;
-  uint16_t* const out_offsets = out.offsets;
+  uint64_t* const out_indices = out.indices;
   uint8_t* const out_classes = out.classes;
   uint8_t* const out_diffs = out.diffs;
   uint16_t* const out_old = out.old_values;
-  uint16_t* const out_old_copy = out.old_copy;
   uint16_t* const out_new = out.new_values;
   size_t n_changed = 0;
   __m512i seen_low = _mm512_loadu_si512(seen_in), seen_high = _mm512_loadu_si512(seen_in + 8);
@@ -120,7 +112,11 @@ DS_AVX512_SCAN size_t ScanBlockAvx512(uint16_t* pub, const void* cur, bool f32, 
   const size_t n_words = (len + 63) / 64;
   for (size_t w = 0; w < n_words; ++w) {
     const size_t at = 64 * w;
-    if (ahead.cur != nullptr) PrefetchWordShare(ahead.cur, ahead.elem_size, ahead.pub, w);
+    // Into L2 (prefetcht2): the same lines prefetched into L1 made the
+    // scan 15-20% slower (docs/benchmarks.md, session 35; presumably as L1
+    // also holds the block at hand, its packed outputs and the class
+    // streams' lines).
+    if (ahead.cur != nullptr) PrefetchWordShare<1>(ahead.cur, ahead.elem_size, ahead.pub, w);
     const __mmask64 valid = len - at >= 64 ? ~__mmask64{0} : _bzhi_u64(~uint64_t{0}, static_cast<unsigned>(len - at));
     const auto valid_low = static_cast<__mmask32>(valid), valid_high = static_cast<__mmask32>(valid >> 32);
     __m512i r0, r1;
@@ -155,49 +151,53 @@ DS_AVX512_SCAN size_t ScanBlockAvx512(uint16_t* pub, const void* cur, bool f32, 
     const __m512i c = avx512::ClassBytesOf(p0, p1, valid);
     __m512i mask_low, mask_high;
     avx512::ClassMasks64(c, &mask_low, &mask_high);
-    // The changes, packed in element order: each one's class byte and diff
-    // byte (64 lanes at once), offset, old and new value (32 at once).
+    // The changes, packed in element order: each one's class byte (64
+    // lanes at once), old and new value (32 at once).
     __m512i classes = _mm512_maskz_compress_epi8(changed64, c);
     _mm512_storeu_si512(out_classes + n_changed, classes);
-    // Their ranks, 8 at a time (once unless the word has more than 8
-    // changes): the count of their class before the word, plus the class's
-    // elements before them in it (its mask shifted left by 64 - position:
-    // VPSLLVQ gives 0 from 64 on).
+    // Their ranks and flat indices, 8 at a time (once unless the word has
+    // more than 8 changes): the count of their class before the word, plus
+    // the class's elements before them in it (its mask shifted left by 64 -
+    // position: VPSLLVQ gives 0 from 64 on); the word's first index plus
+    // the position.
     __m512i positions = _mm512_maskz_compress_epi8(changed64, byte_iota);
     const size_t n_word = static_cast<size_t>(__builtin_popcountll(changed64));
-    size_t g = 0;
-    do {
+    const __m512i word_index = _mm512_set1_epi64(static_cast<long long>(out.index_base + at));
+    for (size_t g = 0;;) {
       const __m512i cl = _mm512_maskz_cvtepu8_epi64(0xFF, _mm512_castsi512_si128(classes));
       const __m512i j = _mm512_maskz_cvtepu8_epi64(0xFF, _mm512_castsi512_si128(positions));
       const __m512i m = _mm512_permutex2var_epi64(mask_low, cl, mask_high);
       const __m512i before = _mm512_permutex2var_epi64(seen_low, cl, seen_high);
       const __m512i below = _mm512_popcnt_epi64(_mm512_sllv_epi64(m, _mm512_sub_epi64(c64, j)));
       _mm512_storeu_si512(out_ranks + n_changed + g, _mm512_add_epi64(before, below));
+      _mm512_storeu_si512(out_indices + n_changed + g, _mm512_add_epi64(word_index, j));
+      g += 8;
+      if (g >= n_word) break;
       classes = _mm512_maskz_compress_epi8(~__mmask64{0xFF}, classes);
       positions = _mm512_maskz_compress_epi8(~__mmask64{0xFF}, positions);
-      g += 8;
-    } while (g < n_word);
+    }
     seen_low = _mm512_add_epi64(seen_low, _mm512_popcnt_epi64(mask_low));
     seen_high = _mm512_add_epi64(seen_high, _mm512_popcnt_epi64(mask_high));
-    const __m512i diffs = _mm512_permutex2var_epi8(DiffBytes32(p0, r0, bad0), even, DiffBytes32(p1, r1, bad1));
-    _mm512_storeu_si512(out_diffs + n_changed, _mm512_maskz_compress_epi8(changed64, diffs));
-    const __m512i offset0 = _mm512_add_epi16(iota, _mm512_set1_epi16(static_cast<short>(at)));
     const size_t n0 = static_cast<size_t>(__builtin_popcount(changed0));
-    const size_t n1 = static_cast<size_t>(__builtin_popcount(changed1));
-    Compress16(out_offsets + n_changed, changed0, offset0);
-    Compress16(out_offsets + n_changed + n0, changed1, _mm512_add_epi16(offset0, _mm512_set1_epi16(32)));
-    const __m512i old0 = _mm512_maskz_compress_epi16(changed0, p0);
-    const __m512i old1 = _mm512_maskz_compress_epi16(changed1, p1);
-    _mm512_storeu_si512(out_old_copy + n_changed, old0);
-    _mm512_storeu_si512(out_old_copy + n_changed + n0, old1);
-    _mm512_mask_storeu_epi16(out_old + n_changed, _bzhi_u32(~0u, static_cast<unsigned>(n0)), old0);
-    _mm512_mask_storeu_epi16(out_old + n_changed + n0, _bzhi_u32(~0u, static_cast<unsigned>(n1)), old1);
+    // Whole vectors: the entries past the changes are overwritten by the
+    // next word's (the caller gives room past its count).
+    Compress16(out_old + n_changed, changed0, p0);
+    Compress16(out_old + n_changed + n0, changed1, p1);
     Compress16(out_new + n_changed, changed0, r0);
     Compress16(out_new + n_changed + n0, changed1, r1);
     // The new values into the base, changed elements only.
     _mm512_mask_storeu_epi16(p, changed0, r0);
     _mm512_mask_storeu_epi16(p + 32, changed1, r1);
-    n_changed += n0 + n1;
+    n_changed += n_word;
+  }
+  // The diff bytes from the packed old and new values, 32 changes a step
+  // (not per word: a word has about 2 changes at a realistic rate).
+  for (size_t i = 0; i < n_changed; i += 32) {
+    const __mmask32 m = n_changed - i >= 32 ? ~__mmask32{0} : _bzhi_u32(~0u, static_cast<unsigned>(n_changed - i));
+    const __m512i o = _mm512_maskz_loadu_epi16(m, out_old + i);
+    const __m512i r = _mm512_maskz_loadu_epi16(m, out_new + i);
+    const __mmask32 non_finite = _mm512_cmpeq_epi16_mask(_mm512_and_si512(r, exp), exp);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_diffs + i), _mm512_cvtepi16_epi8(DiffBytes32(o, r, non_finite)));
   }
   _mm512_storeu_si512(out.seen_end, seen_low);
   _mm512_storeu_si512(out.seen_end + 8, seen_high);

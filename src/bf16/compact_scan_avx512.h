@@ -30,24 +30,25 @@ inline constexpr size_t kScanOffsetsSlack = 64;
 // element order):
 //  - words[w] bit k = element 64 w + k changed (new != base);
 //  - seen_end[c] = seen_in[c] + the block's class-c elements;
-//  - offsets[h] = the offset of change h in the block;
+//  - indices[h] = index_base + the offset of change h in the block;
 //  - classes[h] = compact::ClassOf of its base value (c), ranks[h] =
 //    seen_in[c] + the block's class-c elements before it; diffs[h] =
 //    compact::DiffByte(base, new) (kEscape where it must be escaped);
-//  - old_values[h] = its base value: exactly the changes' entries are
-//    written (masked stores), so this may be the caller's own run;
-//    old_copy[h] = the same, and new_values[h] = its new bf16 value.
-// offsets, classes, ranks, diffs, old_copy and new_values are scratch
-// written past the count (room for len + kScanOffsetsSlack each).
+//  - old_values[h] = its base value, new_values[h] = its new bf16 value.
+// Every output is written in whole vectors past the count: ranks, indices,
+// classes, diffs and new_values are scratch with room for len +
+// kScanOffsetsSlack entries, and old_values (which may be the caller's own
+// run) needs room for kScanOffsetsSlack entries past the block's changes
+// (written there, overwritten by what comes next).
 struct ScanBlockOut {
   uint64_t* words = nullptr;
   uint64_t* seen_end = nullptr;
   uint64_t* ranks = nullptr;
-  uint16_t* offsets = nullptr;
+  uint64_t* indices = nullptr;
+  uint64_t index_base = 0;
   uint8_t* classes = nullptr;
   uint8_t* diffs = nullptr;
   uint16_t* old_values = nullptr;
-  uint16_t* old_copy = nullptr;
   uint16_t* new_values = nullptr;
 };
 
@@ -55,7 +56,7 @@ struct ScanBlockOut {
 // base's bf16 bits at pub, the new values at cur (fp32 bit patterns where
 // f32, else bf16: rounded as bf16::RoundFp32ToBf16), any alignment. Fills
 // `out` (above), sets *changed to the block's changes and **stores each
-// change's new value into pub** (the caller puts old_copy back where it
+// change's new value into pub** (the caller puts old_values back where it
 // refuses the block). Returns the offset of the first new value that is Inf
 // or NaN, len where none is. Where ahead.cur is not null, also prefetches a
 // block's lines ahead, word w's share of them (PrefetchWordShare,

@@ -10,7 +10,7 @@
 //  3. the block's hash change in one vector call over its changes.
 // Compiled per target like the other kernels (foreach_target.h). On the
 // AVX-512 targets, where the CPU has VBMI, VBMI2, GFNI, BITALG, VPOPCNTDQ and BF16,
-// pass 1, step 2's masks and counts, and the changes' offsets, diff bytes,
+// pass 1, step 2's masks and counts, and the changes' indices, diff bytes,
 // old and new values (packed) are one raw-intrinsics pass instead
 // (compact_scan_avx512.h), which also stores the new values; each change's
 // gap then runs in one flat loop over the block's changes.
@@ -255,7 +255,7 @@ HWY_INLINE void PrefetchForWrite(const T* p, size_t ahead) {
 // through those the compiler would reload them after every store.
 // kRaw: each block's first pass is ScanBlockAvx512 (compact_scan_avx512.h),
 // which also gives every word's class masks and running counts and the
-// changes packed (offsets, classes, diff bytes, old and new values), so that
+// changes packed (indices, classes, diff bytes, old and new values), so that
 // the changes run in one flat loop per block; only where
 // HasCompactScanAvx512().
 template <bool kF32, bool kRaw>
@@ -267,20 +267,19 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
   HWY_ALIGN uint16_t fresh[kRaw ? 1 : kScanBlock];
   HWY_ALIGN uint8_t cls[kRaw ? 1 : kScanBlock];
   HWY_ALIGN uint64_t words[kRaw ? 1 : kScanWords];
-  // kRaw: ScanBlockAvx512's changes' offsets, class bytes, ranks, diff bytes
-  // and old values (packed).
+  // kRaw: ScanBlockAvx512's changes' class bytes, ranks and diff bytes
+  // (packed).
   static_assert(kScanWords == kScanBlockWords && kScanClasses == kScanWordClasses);
+  static_assert(kScanOldSlack >= kScanOffsetsSlack);
   constexpr size_t kPacked = kRaw ? kScanBlock + kScanOffsetsSlack : 1;
   HWY_ALIGN uint64_t ranks[kPacked];
-  HWY_ALIGN uint16_t offsets[kPacked];
   HWY_ALIGN uint8_t ch_classes[kPacked];
   HWY_ALIGN uint8_t ch_diffs[kPacked];
-  HWY_ALIGN uint16_t old_copy[kPacked];
   // The hash inputs of the block's changes: bf16 bits as u16 (HashTermDiffs16
   // multiplies them in one step less than u64 bits, and stores a quarter);
-  // the old bits are the block's run of old_values (kRaw: old_copy). kRaw
-  // pads them to whole vectors of 8 (see below).
-  HWY_ALIGN uint64_t h_index[kScanBlock + 8];
+  // the old bits are the block's run of old_values. kRaw pads them to whole
+  // vectors of 8 (see below).
+  HWY_ALIGN uint64_t h_index[kScanBlock + kScanOffsetsSlack];
   HWY_ALIGN uint16_t h_new[kScanBlock + kScanOffsetsSlack];
   const uint64_t index0 = s.index0;
   uint64_t seen[kScanClasses], next[kScanClasses], count[kScanClasses], escapes[kScanClasses];
@@ -323,11 +322,13 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
       size_t n_changed = 0;
       const ScanBlockAhead ahead{prefetch ? cur_ahead : nullptr, elem_size, pub_ahead};
       uint64_t seen_end[kScanClasses];
-      const ScanBlockOut out{changed_words + (start >> 6), seen_end, ranks, offsets, ch_classes, ch_diffs,
-                             old_out + n_old, old_copy, h_new};
+      uint16_t* const old_copy = old_out + n_old;  // the block's run of old values
+      const ScanBlockOut out{changed_words + (start >> 6), seen_end, ranks, h_index, index0 + start, ch_classes, ch_diffs,
+                             old_copy, h_new};
       const size_t first_bad = ScanBlockAvx512(pub, current + start * elem_size, kF32, len, seen, ahead, out, &n_changed);
       if (first_bad < len && s.check_finite) [[unlikely]] {
-        for (size_t i = 0; i < n_changed; ++i) pub[offsets[i]] = old_copy[i];  // the block untouched
+        // The block untouched (its old values past n_old are left as scratch).
+        for (size_t i = 0; i < n_changed; ++i) pub[h_index[i] - (index0 + start)] = old_copy[i];
         result = start + first_bad;
         break;
       }
@@ -349,12 +350,8 @@ HWY_INLINE size_t ScanLoop(const CompactScanSpan& s, CompactScanState& st) {
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
         // Whole vectors of 8 (HashTermDiffs16's lanes here): the entries
         // past the changes get equal old and new values (0), so they add
-        // nothing whatever their index, and no scalar tail runs.
-        const __m512i base = _mm512_set1_epi64(static_cast<long long>(index0 + start));
-        for (size_t i = 0; i < n_changed; i += 8) {
-          const __m128i o = _mm_loadu_si128(reinterpret_cast<const __m128i*>(offsets + i));
-          _mm512_storeu_si512(h_index + i, _mm512_add_epi64(_mm512_maskz_cvtepu16_epi64(0xFF, o), base));
-        }
+        // nothing whatever their index, and no scalar tail runs. (The old
+        // values' run has room past its count: kScanOldSlack.)
         _mm_storeu_si128(reinterpret_cast<__m128i*>(h_new + n_changed), _mm_setzero_si128());
         _mm_storeu_si128(reinterpret_cast<__m128i*>(old_copy + n_changed), _mm_setzero_si128());
         HashTermDiffs16(h_index, reinterpret_cast<const uint8_t*>(h_new), reinterpret_cast<const uint8_t*>(old_copy),

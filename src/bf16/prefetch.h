@@ -18,10 +18,13 @@ inline void PrefetchPast(const void* p, uintptr_t bytes) {
 // current (elem_size bytes each, at cur_ahead) and of the bf16 base (at
 // pub_ahead). Issued word by word between the emits of the block at hand (the
 // fused compact scan, the fp32 compare): a block's lines in one burst wait
-// for free fill buffers.
+// for free fill buffers. kLocality as __builtin_prefetch's: 3 (prefetcht0)
+// into L1, 1 (prefetcht2) into L2 only, where the lines wait without
+// evicting the block at hand's (the compact scan's raw route).
+template <int kLocality = 3>
 inline void PrefetchWordShare(const uint8_t* cur_ahead, size_t elem_size, const uint8_t* pub_ahead, size_t w) {
-  for (size_t b = 0; b < 64 * elem_size; b += 64) __builtin_prefetch(cur_ahead + 64 * elem_size * w + b);
-  for (size_t b = 0; b < 128; b += 64) __builtin_prefetch(pub_ahead + 128 * w + b);
+  for (size_t b = 0; b < 64 * elem_size; b += 64) __builtin_prefetch(cur_ahead + 64 * elem_size * w + b, 0, kLocality);
+  for (size_t b = 0; b < 128; b += 64) __builtin_prefetch(pub_ahead + 128 * w + b, 0, kLocality);
 }
 
 }  // namespace deltasync::kernels

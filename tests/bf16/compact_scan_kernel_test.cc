@@ -108,7 +108,7 @@ ScanOut Kernel(std::vector<uint16_t> pub, const std::vector<uint32_t>& cur, bool
   std::array<std::vector<uint32_t>, kScanClasses> gaps;
   std::array<std::vector<uint8_t>, kScanClasses> diffs;
   std::array<std::vector<uint16_t>, kScanClasses> escapes;
-  std::vector<uint16_t> old_values(st.old_values + n + 1);
+  std::vector<uint16_t> old_values(st.old_values + n + kernels::kScanOldSlack);
   std::vector<uint64_t> words((n + 63) / 64 + 1, ~uint64_t{0});
   CompactScanSpan span;
   span.published = pub.data();
@@ -293,6 +293,72 @@ TEST(CompactScanKernel, StopsAtTheFirstNonFiniteValueOnEveryTarget) {
       const ScanOut want = Reference(pub, cur, f32, true, 0, {});
       ASSERT_EQ(want.result, bad_at);
       ForEachTarget([&] { ExpectSame(Kernel(pub, cur, f32, true, 0, {}), want); });
+    }
+  }
+}
+
+// The old values' run is the caller's (CompactScan keeps one per worker
+// and chunk after chunk in it): the scan writes nothing before its count
+// nor past n + kScanOldSlack entries after it (the raw route stores whole
+// vectors past the count), whether every element changes or a block is
+// refused.
+TEST(CompactScanKernel, OldValuesStayInsideTheirRoomOnEveryTarget) {
+  std::mt19937_64 rng(80);
+  constexpr uint16_t kGuard = 0xA5A5;
+  for (bool f32 : {true, false}) {
+    for (size_t n : {size_t{1}, size_t{64}, size_t{1000}, size_t{2048}, size_t{3071}}) {
+      for (bool refuse : {false, true}) {
+        SCOPED_TRACE((f32 ? "f32 n " : "bf16 n ") + std::to_string(n) + (refuse ? " refused" : ""));
+        std::vector<uint16_t> pub;
+        std::vector<uint32_t> cur;
+        MakeSpan(rng, n, 1.0, 0.0, f32, pub, cur);
+        for (size_t e = 0; e < n; ++e) {
+          if (bf16::IsNonFinite(Fresh(cur, f32, e), bf16::kBf16ExpMask)) cur[e] = f32 ? 0x3F800000 : 0x3F80;
+          if (bf16::IsNonFinite(pub[e], bf16::kBf16ExpMask)) pub[e] = 0x3F80;
+          if (pub[e] == Fresh(cur, f32, e)) pub[e] ^= 1;  // every element changes
+        }
+        if (refuse) cur[n - 1] = f32 ? 0x7F800000 : 0x7F80;
+        CompactScanState st;
+        st.old_values = 7;
+        const ScanOut want = Reference(pub, cur, f32, refuse, 0, st);
+        ForEachTarget([&] {
+          const size_t room = st.old_values + n + kernels::kScanOldSlack;
+          std::vector<uint16_t> old_values(room + 64, kGuard);
+          std::array<std::vector<uint32_t>, kScanClasses> gaps;
+          std::array<std::vector<uint8_t>, kScanClasses> diffs;
+          std::array<std::vector<uint16_t>, kScanClasses> escapes;
+          std::vector<uint64_t> words((n + 63) / 64);
+          std::vector<uint16_t> p = pub;
+          CompactScanSpan span;
+          span.published = p.data();
+          std::vector<uint16_t> cur16(n);
+          for (size_t e = 0; e < n; ++e) cur16[e] = static_cast<uint16_t>(cur[e]);
+          span.current = f32 ? static_cast<const void*>(cur.data()) : cur16.data();
+          span.f32 = f32;
+          span.check_finite = refuse;
+          span.n = n;
+          span.seed = kSeed;
+          for (int c = 0; c < kScanClasses; ++c) {
+            gaps[c].assign(n + 1, 0);
+            diffs[c].assign(n + 1, 0);
+            escapes[c].assign(n + 1, 0);
+            span.gaps[c] = gaps[c].data();
+            span.diffs[c] = diffs[c].data();
+            span.escapes[c] = escapes[c].data();
+          }
+          span.old_values = old_values.data();
+          span.changed_words = words.data();
+          CompactScanState got = st;
+          EXPECT_EQ(kernels::ScanCompactSpan(span, got), want.result);
+          EXPECT_EQ(got.old_values, want.state.old_values);
+          EXPECT_EQ(p, want.published);
+          for (size_t i = 0; i < st.old_values; ++i) ASSERT_EQ(old_values[i], kGuard) << "before the count, entry " << i;
+          for (size_t i = st.old_values; i < got.old_values; ++i) {
+            ASSERT_EQ(old_values[i], want.old_values[i - st.old_values]) << "entry " << i;
+          }
+          for (size_t i = room; i < old_values.size(); ++i) ASSERT_EQ(old_values[i], kGuard) << "past the room, entry " << i;
+        });
+      }
     }
   }
 }
