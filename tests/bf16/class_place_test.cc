@@ -35,6 +35,24 @@ struct Streams {
   std::vector<uint8_t> diffs;
   std::vector<uint8_t> escapes;  // u16 LE each
   std::array<uint64_t, 16> begin{}, end{}, first_escape{};
+
+  // Classes are written in order: BeginClass(c), its changes by Add in
+  // rank order, EndClass(c).
+  void BeginClass(int c) {
+    begin[c] = ranks.size();
+    first_escape[c] = escapes.size() / 2;
+  }
+  // One change: its rank in the class, its diff byte, and the new value
+  // (written to the escapes when the diff byte is the escape code).
+  void Add(uint64_t rank, uint8_t diff, uint16_t raw) {
+    ranks.push_back(rank);
+    diffs.push_back(diff);
+    if (diff == compact::kEscape) {
+      escapes.push_back(static_cast<uint8_t>(raw));
+      escapes.push_back(static_cast<uint8_t>(raw >> 8));
+    }
+  }
+  void EndClass(int c) { end[c] = ranks.size(); }
 };
 
 // The base: values around every class edge and anywhere, a run of one
@@ -71,14 +89,12 @@ Streams MakeStreams(std::mt19937_64& rng, const std::vector<uint16_t>& base, int
   Streams s;
   for (int c = 0; c < 16; ++c) {
     const double rate = c == 3 ? 0.0 : c == 8 ? 1.0 : c == 0 ? 0.5 : c % 4 == 1 ? 0.002 : 0.05;
-    s.begin[c] = s.ranks.size();
-    s.first_escape[c] = s.escapes.size() / 2;
+    s.BeginClass(c);
     for (uint64_t r = 0; r < of_class[c].size(); ++r) {
       if (u(rng) >= rate) continue;
       const uint16_t o = base[of_class[c][r]];
       uint8_t d;
       uint16_t raw = 0;
-      bool escape = false;
       if (bad_one_in > 0 && any(rng) % static_cast<uint32_t>(bad_one_in) == 0) {
         switch (any(rng) % 3) {
           case 0:  // any diff byte: into the other sign, from/to NaN or Inf, wrapping, or canonical
@@ -88,7 +104,6 @@ Streams MakeStreams(std::mt19937_64& rng, const std::vector<uint16_t>& base, int
             d = ZigZag(o & 0x8000 ? 127 : -127);
             break;
           default:  // an escape where a diff fits (or a canonical one)
-            escape = true;
             raw = static_cast<uint16_t>(o + small(rng));
             d = compact::kEscape;
             break;
@@ -96,17 +111,11 @@ Streams MakeStreams(std::mt19937_64& rng, const std::vector<uint16_t>& base, int
       } else {
         const uint16_t v = static_cast<uint16_t>(u(rng) < 0.05 ? any(rng) : o + (any(rng) & 1 ? small(rng) : -small(rng)));
         d = compact::DiffByte(o, v);
-        escape = d == compact::kEscape;
         raw = v;
       }
-      s.ranks.push_back(r);
-      s.diffs.push_back(d);
-      if (escape) {
-        s.escapes.push_back(static_cast<uint8_t>(raw));
-        s.escapes.push_back(static_cast<uint8_t>(raw >> 8));
-      }
+      s.Add(r, d, raw);
     }
-    s.end[c] = s.ranks.size();
+    s.EndClass(c);
   }
   return s;
 }
@@ -339,8 +348,7 @@ Streams CountedStreams(std::mt19937_64& rng, const std::vector<uint16_t>& base, 
   std::uniform_int_distribution<uint32_t> any(0, 0xFFFF), small(1, 3);
   Streams s;
   for (int c = 0; c < 16; ++c) {
-    s.begin[c] = s.ranks.size();
-    s.first_escape[c] = s.escapes.size() / 2;
+    s.BeginClass(c);
     const std::vector<uint64_t>& pos = of_class[c];
     for (size_t r0 = 0; r0 < pos.size();) {
       const size_t blk = pos[r0] / kBlock;
@@ -366,16 +374,11 @@ Streams CountedStreams(std::mt19937_64& rng, const std::vector<uint16_t>& base, 
         } else if (bad && kind == 4) {
           d = compact::kEscape;  // an escape, maybe where a diff fits
         }
-        s.ranks.push_back(r);
-        s.diffs.push_back(d);
-        if (d == compact::kEscape) {
-          s.escapes.push_back(static_cast<uint8_t>(v));
-          s.escapes.push_back(static_cast<uint8_t>(v >> 8));
-        }
+        s.Add(r, d, v);
       }
       r0 = r1;
     }
-    s.end[c] = s.ranks.size();
+    s.EndClass(c);
   }
   return s;
 }
@@ -420,19 +423,15 @@ TEST(ClassPlace, TheEdgeClassesOnlyBadCodeAtTheirListEndsIsFoundOnEveryTarget) {
   };
   Streams s;
   for (int c = 0; c < 16; ++c) {
-    s.begin[c] = s.ranks.size();
-    s.first_escape[c] = 0;
+    s.BeginClass(c);
     uint64_t r = 0;
     for (size_t i = 0; i < base.size(); ++i) {
       if (compact::ClassOf(base[i]) != c) continue;
       // Every fifth element of the class changes, and the targets.
-      if (r % 5 == 1 || is_target(i)) {
-        s.ranks.push_back(r);
-        s.diffs.push_back(is_target(i) ? ZigZag(base[i] == 0 ? -1 : 1) : ZigZag(1));
-      }
+      if (r % 5 == 1 || is_target(i)) s.Add(r, is_target(i) ? ZigZag(base[i] == 0 ? -1 : 1) : ZigZag(1), 0);
       ++r;
     }
-    s.end[c] = s.ranks.size();
+    s.EndClass(c);
   }
   const uint32_t classes = 1u << 0 | 1u << 5 | 1u << 15;
   for (int c = 0; c < 16; ++c) ASSERT_EQ(s.end[c] > s.begin[c], (classes >> c & 1) != 0) << "class " << c;
@@ -470,19 +469,13 @@ TEST(ClassPlace, NothingPastTheBlockIsReadOnEveryTarget) {
     for (size_t i = 0; i < n; ++i) where[compact::ClassOf(base[i])].push_back(i);
     uint32_t classes = 0;
     for (int c = 0; c < 16; ++c) {
-      s.begin[c] = s.ranks.size();
-      s.first_escape[c] = s.escapes.size() / 2;
+      s.BeginClass(c);
       for (size_t r = 0; r < where[c].size(); ++r) {
         const size_t i = where[c][r];
         const auto v = static_cast<uint16_t>(base[i] + 1);
-        s.ranks.push_back(r);
-        s.diffs.push_back(compact::DiffByte(base[i], v));
-        if (s.diffs.back() == compact::kEscape) {
-          s.escapes.push_back(static_cast<uint8_t>(v));
-          s.escapes.push_back(static_cast<uint8_t>(v >> 8));
-        }
+        s.Add(r, compact::DiffByte(base[i], v), v);
       }
-      s.end[c] = s.ranks.size();
+      s.EndClass(c);
       classes |= uint32_t{s.end[c] > s.begin[c]} << c;
     }
     uint16_t* const data = page_end - n;
