@@ -15,7 +15,8 @@
 // manifest, written and synced).
 //
 // --encoding gap_delta|raw: the publish row's Publisher encodes that instead
-// (it detects into its kept change list and encodes into its kept patch).
+// (gap_delta: detected and encoded in one pass, then applied from the
+// delta's bytes; raw: detected into its kept change list, then encoded).
 //
 // --target T: the SIMD kernels restricted to one target (AVX3, AVX3-no-raw,
 // AVX2, ...; kernels::SupportedTargetNames()), to compare routes in one binary.

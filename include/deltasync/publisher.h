@@ -28,6 +28,7 @@ class Stopwatch;  // src/common/clock.h
 namespace compact {
 class StreamBuffers;  // src/codec/stream_buffers.h
 }
+class GapDeltaPublish;  // src/sync/gap_delta_publish.h
 namespace bf16 {
 class CompactScan;  // src/bf16/compact_scan.h
 }
@@ -204,8 +205,9 @@ class Publisher {
   const std::string& degraded_reason() const { return degraded_reason_; }
   const Manifest& manifest() const { return manifest_; }
   // Frees the buffers kept from the last delta for the next one: a compact
-  // delta's streams (bounded to about 4x that delta's size), a gap_delta or
-  // raw delta's change list and patch (docs/python.md, "publish").
+  // delta's streams (bounded to about 4x that delta's size), a gap_delta
+  // delta's buffers and its decoded copy, a raw delta's change list and
+  // patch (docs/python.md, "publish").
   void ReleaseBuffers();
 
  private:
@@ -232,7 +234,10 @@ class Publisher {
   };
   // From a change list (any encoding).
   Result<Prepared> PrepareChanges(uint64_t version, std::vector<TensorChanges> changes);
-  // gap_delta or raw: detects the changes into kept_changes_ and applies
+  // gap_delta: detected and encoded in one pass, then applied from the
+  // delta's own bytes as a replica applies it (gap_ holds the buffers).
+  Result<Prepared> PrepareGapDelta(uint64_t version, std::span<const TensorView> tensors);
+  // raw: detects the changes into kept_changes_ and applies
   // them in the same pass, their old values into kept_old_ for the rollback
   // (bf16/detect_apply.h), then encodes them into kept_patch_'s buffers (no
   // fresh pages for a version about as large as the last).
@@ -282,6 +287,9 @@ class Publisher {
   std::vector<TensorChanges> kept_changes_;
   std::vector<std::vector<uint8_t>> kept_old_;
   EncodedPatch kept_patch_;
+  // PrepareGapDelta's buffers (about 10 bytes per change of the largest
+  // version so far), likewise valid while its version commits.
+  std::unique_ptr<GapDeltaPublish> gap_;
   // Non-empty while the newest state is unknown (Open could not rebuild it).
   std::string degraded_reason_;
 };

@@ -27,6 +27,7 @@
 
 #include <random>
 #include "sync/bucket_settings.h"
+#include "sync/gap_delta_publish.h"
 #include "sync/manifest_writer.h"
 #include "sync/notifier.h"
 #include "sync/replay.h"
@@ -192,7 +193,8 @@ Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const Tensor
     DS_ASSIGN_OR_RETURN(Prepared delta, PrepareScanned(version, tensors));
     return Commit(version, std::nullopt, std::move(delta), clock, std::move(changed_files));
   }
-  DS_ASSIGN_OR_RETURN(Prepared delta, PrepareDetected(version, tensors));
+  DS_ASSIGN_OR_RETURN(Prepared delta, settings_.encoding == IndexEncoding::kGapDelta ? PrepareGapDelta(version, tensors)
+                                                                                    : PrepareDetected(version, tensors));
   return Commit(version, std::nullopt, std::move(delta), clock, std::move(changed_files));
 }
 
@@ -246,6 +248,20 @@ Result<Publisher::Prepared> Publisher::PrepareDetected(uint64_t version, std::sp
   }
   p.delta = std::move(kept_patch_);
   p.recycle = Prepared::Recycle::kKeptPatch;
+  return p;
+}
+
+Result<Publisher::Prepared> Publisher::PrepareGapDelta(uint64_t version, std::span<const TensorView> tensors) {
+  if (!gap_) gap_ = std::make_unique<GapDeltaPublish>();
+  const int threads = options_.threads;
+  DS_ASSIGN_OR_RETURN(StateHash delta_hash,
+                      gap_->Run(state_, tensors, Detection(), DeltaInfo(version, latest_version(), state_), threads));
+  Prepared p;
+  p.delta = gap_->TakePatch();
+  p.changed = gap_->changed();
+  p.next_hash = state_hash_ + delta_hash;
+  if (options_.measure_gap_delta) p.gap_delta_bytes = p.delta.size;
+  p.rollback = [this, threads] { gap_->Undo(state_, threads); };
   return p;
 }
 
@@ -567,6 +583,7 @@ void Publisher::ReleaseBuffers() {
   kept_changes_ = {};
   kept_old_ = {};
   kept_patch_ = EncodedPatch{};
+  if (gap_) gap_->Release();
 }
 
 void Publisher::RememberAnchor() {

@@ -200,8 +200,8 @@ Status RunBench(const BenchArgs& args) {
   // found elsewhere (DetectChanges, then PublishChanges: encode, hash,
   // apply). Versions alternate between the masters (timed) and the base
   // (untimed), so each timed version changes the same elements.
-  // The same Publisher with gap_delta (TRL's encoding): detect and apply in
-  // one pass (bf16/detect_apply.h), then encode into its kept patch.
+  // The same Publisher with gap_delta (TRL's encoding): detect and encode in
+  // one pass, then apply the delta's own bytes (sync/gap_delta_publish.h).
   const std::filesystem::path bucket_dir =
       std::filesystem::temp_directory_path() / ("deltasync-bench-" + std::to_string(::getpid()));
   double fused_s = 0, unfused_s = 0, gap_publish_s = 0;
