@@ -13,8 +13,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "bf16/class_counts_avx512.h"
-#include "bf16/class_masks_avx512.h"
 #include "bf16/simd_kernels.h"
 
 namespace deltasync::compact {
@@ -82,20 +80,14 @@ Status ChunkWalker::Walk(size_t k) {
   // Per thread, reused: fresh memory would cost page faults every chunk.
   thread_local std::vector<uint16_t> block_counts;
   block_counts.resize(std::max(block_counts.size(), blocks * kClasses));
-  const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
   // The chunk's class bytes, one per element (64-byte aligned, padded to a
-  // whole word), kept for the masks of its blocks (Place); none where Place
-  // builds every class's masks from the base itself (class_masks_avx512.h).
-  uint8_t* bytes = nullptr;
-  if (kernels::UseClassMasksAll16()) {
-    kernels::ClassCounts16Avx512(data + c.begin, static_cast<size_t>(c.end - c.begin), classes, block_counts.data());
-  } else {
-    thread_local std::vector<uint8_t> class_bytes;
-    class_bytes.resize(std::max(class_bytes.size(), blocks * kBlock + 64));
-    bytes = class_bytes.data() + (-reinterpret_cast<uintptr_t>(class_bytes.data()) & 63);
-    kernels::ClassCountsBytes16(data + c.begin, static_cast<size_t>(c.end - c.begin), classes, block_counts.data(),
-                                bytes);
-  }
+  // whole word), kept for the masks of its blocks (Place).
+  thread_local std::vector<uint8_t> class_bytes;
+  class_bytes.resize(std::max(class_bytes.size(), blocks * kBlock + 64));
+  uint8_t* const bytes = class_bytes.data() + (-reinterpret_cast<uintptr_t>(class_bytes.data()) & 63);
+  const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
+  kernels::ClassCountsBytes16(data + c.begin, static_cast<size_t>(c.end - c.begin), classes, block_counts.data(),
+                              bytes);
   std::array<uint64_t, kClasses> counts{};
   for (size_t b = 0; b < blocks; ++b) {
     for (int cl = 0; cl < kClasses; ++cl) counts[cl] += block_counts[b * kClasses + cl];
@@ -141,12 +133,8 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   const kernels::ClassWalkStreams streams{t.ranks.is_narrow ? nullptr : t.ranks.wide.data(),
                                           t.ranks.is_narrow ? t.ranks.narrow.data() : nullptr, end.data(),
                                           t.diffs.data(), t.escapes.data()};
-  alignas(64) uint64_t masks[kClasses * kWords];
+  uint64_t masks[kClasses * kWords];
   uint32_t before[kClasses * (kWords + 1)];
-  // Where the raw kernels run (class_masks_avx512.h): every class's masks
-  // of a block from its base elements, instead of the needed classes' from
-  // the class bytes.
-  const bool all_masks = bytes == nullptr;
   uint64_t hit_words[kWords];
   uint16_t block_values[kBlock];
   uint16_t offsets[kBlock + kernels::kHitOffsetsSlack];
@@ -168,9 +156,7 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   // A fused apply (run != nullptr) writes into the base itself. That is
   // safe: the class counts and class bytes of all this chunk's blocks were
   // taken (Walk) before anything is placed; a block's masks are built from
-  // its own elements only (their class bytes, or where every class's masks
-  // are built from the base, the elements themselves, before any of them
-  // is written); ClassPlaceApply16 reads only
+  // its own elements' class bytes only; ClassPlaceApply16 reads only
   // the elements of the block it places, before it writes them; each element changes at most
   // once (a class's ranks strictly ascend, classes are disjoint); and every
   // other chunk reads and writes only its own elements, sharing with this one
@@ -199,48 +185,24 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
     // the others skip the block's elements of their class.
     const uint16_t* in_block = counts + blk * kClasses;
     uint32_t need = 0;
-    if (all_masks) {
-      // Every class's masks, so the kernels take all 16 (slot = class) and
-      // skip the classes without a change here themselves (SkipsBlock):
-      // only a block without any change is skipped here.
-      for (uint32_t left = classes; left != 0; left &= left - 1) {
-        const int cl = __builtin_ctz(left);
-        need |= uint32_t{cur.rem[cl] < in_block[cl]} << cl;
+    for (uint32_t left = classes; left != 0; left &= left - 1) {
+      const int cl = __builtin_ctz(left);
+      if (cur.rem[cl] < in_block[cl]) {
+        need |= uint32_t{1} << cl;
+      } else if (cur.rem[cl] != kNone) {
+        cur.rem[cl] -= in_block[cl];
       }
-      if (need == 0) {
-        for (uint32_t left = classes; left != 0; left &= left - 1) {
-          const int cl = __builtin_ctz(left);
-          if (cur.rem[cl] != kNone) cur.rem[cl] -= in_block[cl];
-        }
-        continue;
-      }
-      need = 0xFFFF;
-    } else {
-      for (uint32_t left = classes; left != 0; left &= left - 1) {
-        const int cl = __builtin_ctz(left);
-        if (cur.rem[cl] < in_block[cl]) {
-          need |= uint32_t{1} << cl;
-        } else if (cur.rem[cl] != kNone) {
-          cur.rem[cl] -= in_block[cl];
-        }
-      }
-      if (need == 0) continue;
     }
-    // The next block's base (and class bytes) into L1 while this one is
+    if (need == 0) continue;
+    // The next block's base and class bytes into L1 while this one is
     // placed: they are in L2 (the counting pass read them), and the walk's
     // loads of them otherwise wait on L2 about once per change.
     if (blk + 1 < blocks) {
       const auto* next_base = reinterpret_cast<const uint8_t*>(data + at + kBlock);
       for (size_t b = 0; b < 2 * kBlock; b += 64) __builtin_prefetch(next_base + b);
-      if (!all_masks) {
-        for (size_t b = 0; b < kBlock; b += 64) __builtin_prefetch(bytes + (blk + 1) * kBlock + b);
-      }
+      for (size_t b = 0; b < kBlock; b += 64) __builtin_prefetch(bytes + (blk + 1) * kBlock + b);
     }
-    if (all_masks) {
-      kernels::ClassMasksAll16Avx512(data + at, len, masks, before);
-    } else {
-      kernels::ClassMasksOfBytes16(bytes + blk * kBlock, len, need, masks, before);
-    }
+    kernels::ClassMasksOfBytes16(bytes + blk * kBlock, len, need, masks, before);
     const uint64_t* m = masks;
     const uint32_t* p = before;
     if (run) {
