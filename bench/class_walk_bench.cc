@@ -4,9 +4,7 @@
 // (ClassCountsBytes16 per chunk, then ClassMasksOfBytes16 for every block
 // and class: a dense delta's worst case), over a bf16 buffer far larger
 // than the caches, each against a plain read of the same bytes (a vector
-// sum of the u16 lanes), measured in the same run; and where the raw
-// kernels run, the walk's route there (counts only, then every class's
-// masks of each block from the base: class_masks_avx512.h). Prints figures, never
+// sum of the u16 lanes), measured in the same run. Prints figures, never
 // pass/fail.
 //
 //   class_walk_bench [--mib 512] [--reps 5] [--classes all|present]
@@ -30,8 +28,6 @@
 #include <immintrin.h>
 #endif
 
-#include "bf16/class_counts_avx512.h"
-#include "bf16/class_masks_avx512.h"
 #include "bf16/simd_kernels.h"
 #include "codec/compact_bf16.h"
 
@@ -156,42 +152,12 @@ int main(int argc, char** argv) {
     }
   });
 
-  // The same walk where the raw kernels run (class_masks_avx512.h): per
-  // chunk the counts only, then per block every class's masks from the
-  // base itself.
-  double t_all = 0;
-  uint64_t all_total = 0;
-  if (kernels::UseClassMasksAll16()) {
-    alignas(64) uint64_t all_masks[16 * 16];
-    t_all = BestSeconds(reps, [&] {
-      all_total = 0;
-      for (size_t at = 0; at < n; at += kChunk) {
-        const size_t len = std::min(kChunk, n - at);
-        kernels::ClassCounts16Avx512(data.data() + at, len, classes, counts.data());
-        for (size_t b = 0; b * kBlock < len; ++b) {
-          kernels::ClassMasksAll16Avx512(data.data() + at + b * kBlock, std::min(kBlock, len - b * kBlock), all_masks,
-                                         before);
-          for (int c = 0; c < 16; ++c) all_total += before[17 * c + 16];
-        }
-      }
-    });
-  }
-
   std::printf("class walk floor, 1 thread, target %s: %.0f MiB of bf16, %d classes counted (%s), best of %d\n",
               kernels::ActiveTargetName().c_str(), static_cast<double>(mib), k, which.c_str(), reps);
   std::printf("  read (u16 sum)        %6.2f GB/s\n", gb / t_read);
   std::printf("  ClassCountsBytes16 pass  %6.2f GB/s  (%.3f x read)\n", gb / t_count, t_read / t_count);
   std::printf("  counts + bytes, then masks of the bytes, every block  %6.2f GB/s  (%.3f x read)\n", gb / t_walk,
               t_read / t_walk);
-  if (t_all > 0) {
-    std::printf("  counts, then every class's masks of the base, every block  %6.2f GB/s  (%.3f x read)\n",
-                gb / t_all, t_read / t_all);
-    if (all_total != n) {
-      std::fprintf(stderr, "class_walk_bench: every class's masks hold %llu of %zu elements\n",
-                   static_cast<unsigned long long>(all_total), n);
-      return 1;
-    }
-  }
   if (which == "all" && (total != n || walk_total != n)) {
     std::fprintf(stderr, "class_walk_bench: counted %llu / %llu of %zu elements\n",
                  static_cast<unsigned long long>(total), static_cast<unsigned long long>(walk_total), n);

@@ -72,40 +72,19 @@ DS_AVX512_CLASSES inline void ClassLaneBits(__m512i c, __m512i* low, __m512i* hi
   *high = _mm512_gf2p8affine_epi64_epi8(unit, _mm512_shuffle_epi8(high_table, c), 0);
 }
 
-// ClassMasks64 of class bytes whose 8 bytes in each 64-bit lane are in
-// reverse order (byte 8 q + r holds the class of element 8 q + 7 - r).
-DS_AVX512_CLASSES inline void ClassMasksOfReversed64(__m512i reversed, __m512i* low, __m512i* high) {
-  // ClassLaneBits puts byte r's bit at bit 7 - r, so element k's at bit k;
-  // then the 8 x 8 byte transpose gathers each class's bytes.
-  __m512i lane_low, lane_high;
-  ClassLaneBits(reversed, &lane_low, &lane_high);
-  const __m512i transpose = _mm512_load_si512(kTransposeBytes);
-  *low = _mm512_permutexvar_epi8(transpose, lane_low);
-  *high = _mm512_permutexvar_epi8(transpose, lane_high);
-}
-
 // The masks of the 64 class bytes c by class: lane j of *low = the mask of
 // class j (bit k: byte k is of class j), lane j of *high that of class j + 8.
 DS_AVX512_CLASSES inline void ClassMasks64(__m512i c, __m512i* low, __m512i* high) {
-  // Each lane's bytes reversed first (ClassMasksOfReversed64).
+  // Each lane's bytes reversed first, so that ClassLaneBits puts byte k's
+  // bit at bit k; then the 8 x 8 byte transpose gathers each class's bytes.
   const __m512i reverse = _mm512_set_epi64(0x08090A0B0C0D0E0Fll, 0x0001020304050607ll, 0x08090A0B0C0D0E0Fll,
                                            0x0001020304050607ll, 0x08090A0B0C0D0E0Fll, 0x0001020304050607ll,
                                            0x08090A0B0C0D0E0Fll, 0x0001020304050607ll);
-  ClassMasksOfReversed64(_mm512_shuffle_epi8(c, reverse), low, high);
-}
-
-// The class bytes of the 64 elements at p (all of them valid) in
-// ClassMasksOfReversed64's order: ClassBytesOf's exponent gather takes the
-// bytes of each 8 elements in reverse, so no shuffle reverses them after.
-DS_AVX512_CLASSES inline __m512i ClassBytesReversed64(const uint16_t* p) {
-  alignas(64) static constexpr uint8_t kOddBytesReversed[64] = {
-      15,  13,  11,  9,   7,   5,   3,   1,   31,  29,  27,  25,  23,  21,  19,  17,  47,  45,  43,  41,  39,  37,
-      35,  33,  63,  61,  59,  57,  55,  53,  51,  49,  79,  77,  75,  73,  71,  69,  67,  65,  95,  93,  91,  89,
-      87,  85,  83,  81,  111, 109, 107, 105, 103, 101, 99,  97,  127, 125, 123, 121, 119, 117, 115, 113};
-  const __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 32);
-  const __m512i e =
-      _mm512_permutex2var_epi8(_mm512_add_epi16(a, a), _mm512_load_si512(kOddBytesReversed), _mm512_add_epi16(b, b));
-  return _mm512_min_epu8(_mm512_subs_epu8(e, _mm512_set1_epi8(112)), _mm512_set1_epi8(15));
+  __m512i lane_low, lane_high;
+  ClassLaneBits(_mm512_shuffle_epi8(c, reverse), &lane_low, &lane_high);
+  const __m512i transpose = _mm512_load_si512(kTransposeBytes);
+  *low = _mm512_permutexvar_epi8(transpose, lane_low);
+  *high = _mm512_permutexvar_epi8(transpose, lane_high);
 }
 
 }  // namespace deltasync::kernels::avx512

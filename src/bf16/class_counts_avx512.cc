@@ -54,11 +54,10 @@ DS_AVX512_CLASSES inline __m128i SumLanes(__m512i acc) {
   return _mm512_cvtepi64_epi16(_mm512_sad_epu8(by_class, _mm512_setzero_si512()));
 }
 
-// kBytes: the class bytes stored too (ClassCountsBytes16Avx512), or not
-// (ClassCounts16Avx512).
-template <bool kBytes>
-DS_AVX512_CLASSES inline void CountsBytes(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts,
-                                          uint8_t* bytes) {
+}  // namespace
+
+DS_AVX512_CLASSES void ClassCountsBytes16Avx512(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts,
+                                               uint8_t* bytes) {
   for (size_t at = 0; at < n; at += kBlock, counts += 16) {
     const size_t len = n - at < kBlock ? n - at : kBlock;
     // Two blocks ahead: the stream from memory is what bounds this loop.
@@ -70,7 +69,7 @@ DS_AVX512_CLASSES inline void CountsBytes(const uint16_t* data, size_t n, uint32
     for (size_t g = 0; g < len; g += 64) {
       const __mmask64 valid = len - g >= 64 ? ~__mmask64{0} : _bzhi_u64(~uint64_t{0}, static_cast<unsigned>(len - g));
       const __m512i c = avx512::ClassBytes64(data + at + g, valid);
-      if constexpr (kBytes) _mm512_store_si512(bytes + at + g, c);
+      _mm512_store_si512(bytes + at + g, c);
       __m512i t_low, t_high;
       avx512::ClassLaneBits(c, &t_low, &t_high);
       acc_low = _mm512_add_epi8(acc_low, _mm512_popcnt_epi8(t_low));
@@ -81,17 +80,6 @@ DS_AVX512_CLASSES inline void CountsBytes(const uint16_t* data, size_t n, uint32
   }
 }
 
-}  // namespace
-
-DS_AVX512_CLASSES void ClassCountsBytes16Avx512(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts,
-                                               uint8_t* bytes) {
-  CountsBytes<true>(data, n, classes, counts, bytes);
-}
-
-DS_AVX512_CLASSES void ClassCounts16Avx512(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts) {
-  CountsBytes<false>(data, n, classes, counts, nullptr);
-}
-
 DS_AVX512_WARNINGS_POP
 
 #else  // !__x86_64__
@@ -99,8 +87,6 @@ DS_AVX512_WARNINGS_POP
 bool CpuHasClassCountsAvx512() { return false; }
 
 void ClassCountsBytes16Avx512(const uint16_t*, size_t, uint32_t, uint16_t*, uint8_t*) {}
-
-void ClassCounts16Avx512(const uint16_t*, size_t, uint32_t, uint16_t*) {}
 
 #endif
 

@@ -22,8 +22,5 @@ bool HasClassCountsAvx512();
 // i's class for i < n, then 0xFF up to a multiple of 64 (`bytes` 64-byte
 // aligned). Only where HasClassCountsAvx512().
 void ClassCountsBytes16Avx512(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts, uint8_t* bytes);
-// The same counts without the class bytes (the compact walk, where it
-// builds every class's masks from the base: class_masks_avx512.h).
-void ClassCounts16Avx512(const uint16_t* data, size_t n, uint32_t classes, uint16_t* counts);
 
 }  // namespace deltasync::kernels

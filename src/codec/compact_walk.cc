@@ -13,8 +13,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "bf16/class_counts_avx512.h"
-#include "bf16/class_masks_avx512.h"
 #include "bf16/simd_kernels.h"
 
 namespace deltasync::compact {
@@ -82,57 +80,25 @@ Status ChunkWalker::Walk(size_t k) {
   // Per thread, reused: fresh memory would cost page faults every chunk.
   thread_local std::vector<uint16_t> block_counts;
   block_counts.resize(std::max(block_counts.size(), blocks * kClasses));
-  const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
-  const bool all_masks = kernels::UseClassMasksAll16();
-  std::array<uint64_t, kClasses> start_at{};
-  const auto wait_start = [&] {
-    if (c.begin > 0) {
-      // Chunk k - 1 was handed out before this one and publishes (before
-      // its walk, or on one thread after it), so this wait cannot deadlock.
-      while (ready_[k - 1].load(std::memory_order_acquire) == 0) ready_[k - 1].wait(0, std::memory_order_acquire);
-      start_at = upto_[k - 1];
-    }
-  };
-  if (all_masks && ahead_ != 0) {
-    // On one thread (the decoder passes ahead_ != 0 only there) no other
-    // thread waits for this chunk's class totals while it is placed, and
-    // Place builds every class's masks of each block from the base anyway:
-    // it counts each block's classes from those masks as it goes (and the
-    // blocks after the tensor's last change by the counting kernel), so no
-    // separate counting pass reads the chunk first. The totals are
-    // published after Place, whatever it returns, so a later chunk never
-    // waits for ever (after an error its start may be wrong; the decoder
-    // reports the first chunk's error).
-    wait_start();
-    const WalkStart start = t.ranks.Visit([&](auto ranks) { return StartAt(t, ranks, start_at); });
-    std::array<uint64_t, kClasses> end_at = start_at;
-    const Status s = Place(t, c, blocks, classes, nullptr, nullptr, start, c.last ? nullptr : &end_at, hash_[k].data(),
-                           runs_ ? &runs_[k] : nullptr, AheadOf(k), &end_at);
-    if (!c.last) {
-      upto_[k] = end_at;
-      ready_[k].store(1, std::memory_order_release);
-      ready_[k].notify_all();
-    }
-    return s;
-  }
   // The chunk's class bytes, one per element (64-byte aligned, padded to a
-  // whole word), kept for the masks of its blocks (Place); none where Place
-  // builds every class's masks from the base itself (class_masks_avx512.h).
-  uint8_t* bytes = nullptr;
-  if (all_masks) {
-    kernels::ClassCounts16Avx512(data + c.begin, static_cast<size_t>(c.end - c.begin), classes, block_counts.data());
-  } else {
-    thread_local std::vector<uint8_t> class_bytes;
-    class_bytes.resize(std::max(class_bytes.size(), blocks * kBlock + 64));
-    bytes = class_bytes.data() + (-reinterpret_cast<uintptr_t>(class_bytes.data()) & 63);
-    kernels::ClassCountsBytes16(data + c.begin, static_cast<size_t>(c.end - c.begin), classes, block_counts.data(),
-                                bytes);
-  }
+  // whole word), kept for the masks of its blocks (Place).
+  thread_local std::vector<uint8_t> class_bytes;
+  class_bytes.resize(std::max(class_bytes.size(), blocks * kBlock + 64));
+  uint8_t* const bytes = class_bytes.data() + (-reinterpret_cast<uintptr_t>(class_bytes.data()) & 63);
+  const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
+  kernels::ClassCountsBytes16(data + c.begin, static_cast<size_t>(c.end - c.begin), classes, block_counts.data(),
+                              bytes);
   std::array<uint64_t, kClasses> counts{};
   for (size_t b = 0; b < blocks; ++b) {
     for (int cl = 0; cl < kClasses; ++cl) counts[cl] += block_counts[b * kClasses + cl];
   }
-  wait_start();
+  std::array<uint64_t, kClasses> start_at{};
+  if (c.begin > 0) {
+    // Chunk k - 1 was handed out before this one and publishes before
+    // its walk, so this wait is short and cannot deadlock.
+    while (ready_[k - 1].load(std::memory_order_acquire) == 0) ready_[k - 1].wait(0, std::memory_order_acquire);
+    start_at = upto_[k - 1];
+  }
   std::array<uint64_t, kClasses> end_at = start_at;
   for (int cl = 0; cl < kClasses; ++cl) end_at[cl] += counts[cl];
   if (!c.last) {
@@ -144,7 +110,7 @@ Status ChunkWalker::Walk(size_t k) {
   // missing the caches): where the walk ends is checked in O(1) per class.
   const WalkStart start = t.ranks.Visit([&](auto ranks) { return StartAt(t, ranks, start_at); });
   return Place(t, c, blocks, classes, block_counts.data(), bytes, start, c.last ? nullptr : &end_at, hash_[k].data(),
-               runs_ ? &runs_[k] : nullptr, AheadOf(k), nullptr);
+               runs_ ? &runs_[k] : nullptr, AheadOf(k));
 }
 
 // The walk of a chunk from `start` over its blocks' class masks, then
@@ -153,7 +119,7 @@ Status ChunkWalker::Walk(size_t k) {
 Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, uint32_t classes,
                           const uint16_t* counts, const uint8_t* bytes, const WalkStart& start,
                           const std::array<uint64_t, kClasses>* end_at, uint64_t hash[2], CompactUndo::Run* run,
-                          std::span<const uint16_t> ahead, std::array<uint64_t, kClasses>* counted) {
+                          std::span<const uint16_t> ahead) {
   const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
   kernels::ClassWalkCursor cur;
   std::array<uint64_t, kClasses> end;
@@ -167,12 +133,8 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   const kernels::ClassWalkStreams streams{t.ranks.is_narrow ? nullptr : t.ranks.wide.data(),
                                           t.ranks.is_narrow ? t.ranks.narrow.data() : nullptr, end.data(),
                                           t.diffs.data(), t.escapes.data()};
-  alignas(64) uint64_t masks[kClasses * kWords];
+  uint64_t masks[kClasses * kWords];
   uint32_t before[kClasses * (kWords + 1)];
-  // Where the raw kernels run (class_masks_avx512.h): every class's masks
-  // of a block from its base elements, instead of the needed classes' from
-  // the class bytes.
-  const bool all_masks = bytes == nullptr;
   uint64_t hit_words[kWords];
   uint16_t block_values[kBlock];
   uint16_t offsets[kBlock + kernels::kHitOffsetsSlack];
@@ -194,9 +156,7 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   // A fused apply (run != nullptr) writes into the base itself. That is
   // safe: the class counts and class bytes of all this chunk's blocks were
   // taken (Walk) before anything is placed; a block's masks are built from
-  // its own elements only (their class bytes, or where every class's masks
-  // are built from the base, the elements themselves, before any of them
-  // is written); ClassPlaceApply16 reads only
+  // its own elements' class bytes only; ClassPlaceApply16 reads only
   // the elements of the block it places, before it writes them; each element changes at most
   // once (a class's ranks strictly ascend, classes are disjoint); and every
   // other chunk reads and writes only its own elements, sharing with this one
@@ -208,8 +168,7 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   if (run) *run = {reinterpret_cast<uint8_t*>(target), 2, undo_pos + k, reinterpret_cast<const uint8_t*>(undo_old + k), 0};
   uint64_t* const indices = run ? nullptr : t.out->indices.data();
   uint8_t* const values = run ? nullptr : t.out->values.data();
-  size_t blk = 0;
-  for (; blk < blocks && k < k_end; ++blk) {
+  for (size_t blk = 0; blk < blocks && k < k_end; ++blk) {
     const uint64_t at = chunk.begin + blk * kBlock;
     // Block blk's share of the chunk walked next (AheadOf), into L2
     // (prefetcht1): its counting pass then reads the base from L2 instead
@@ -222,76 +181,28 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
       for (size_t b = 0; b < share; b += 64) __builtin_prefetch(p + b, 0, 2);
     }
     const size_t len = static_cast<size_t>(std::min<uint64_t>(kBlock, chunk.end - at));
+    // The classes with a change in this block: only their masks are built;
+    // the others skip the block's elements of their class.
+    const uint16_t* in_block = counts + blk * kClasses;
     uint32_t need = 0;
-    if (counted) {
-      // Counting as it goes (Walk): every block's masks, its class totals
-      // from them; the next block's base into L1 meanwhile.
-      if (blk + 1 < blocks) {
-        const auto* next_base = reinterpret_cast<const uint8_t*>(data + at + kBlock);
-        for (size_t b = 0; b < 2 * kBlock; b += 64) __builtin_prefetch(next_base + b);
-      }
-      kernels::ClassMasksAll16Avx512(data + at, len, masks, before);
-      for (int cl = 0; cl < kClasses; ++cl) {
-        const uint32_t total = before[cl * (kWords + 1) + kWords];
-        (*counted)[cl] += total;
-        need |= uint32_t{cur.rem[cl] < total} << cl;
-      }
-      if (need == 0) {
-        for (int cl = 0; cl < kClasses; ++cl) {
-          if (cur.rem[cl] != kNone) cur.rem[cl] -= before[cl * (kWords + 1) + kWords];
-        }
-        continue;
-      }
-      need = 0xFFFF;
-    } else {
-      // The classes with a change in this block (in_block: the counting
-      // pass's counts).
-      const uint16_t* in_block = counts + blk * kClasses;
-      if (all_masks) {
-        // Every class's masks, so the kernels take all 16 (slot = class)
-        // and skip the classes without a change here themselves
-        // (SkipsBlock): only a block without any change is skipped here.
-        for (uint32_t left = classes; left != 0; left &= left - 1) {
-          const int cl = __builtin_ctz(left);
-          need |= uint32_t{cur.rem[cl] < in_block[cl]} << cl;
-        }
-        if (need == 0) {
-          for (uint32_t left = classes; left != 0; left &= left - 1) {
-            const int cl = __builtin_ctz(left);
-            if (cur.rem[cl] != kNone) cur.rem[cl] -= in_block[cl];
-          }
-          continue;
-        }
-        need = 0xFFFF;
-      } else {
-        // Only their masks are built; the others skip the block's elements
-        // of their class.
-        for (uint32_t left = classes; left != 0; left &= left - 1) {
-          const int cl = __builtin_ctz(left);
-          if (cur.rem[cl] < in_block[cl]) {
-            need |= uint32_t{1} << cl;
-          } else if (cur.rem[cl] != kNone) {
-            cur.rem[cl] -= in_block[cl];
-          }
-        }
-        if (need == 0) continue;
-      }
-      // The next block's base (and class bytes) into L1 while this one is
-      // placed: they are in L2 (the counting pass read them), and the walk's
-      // loads of them otherwise wait on L2 about once per change.
-      if (blk + 1 < blocks) {
-        const auto* next_base = reinterpret_cast<const uint8_t*>(data + at + kBlock);
-        for (size_t b = 0; b < 2 * kBlock; b += 64) __builtin_prefetch(next_base + b);
-        if (!all_masks) {
-          for (size_t b = 0; b < kBlock; b += 64) __builtin_prefetch(bytes + (blk + 1) * kBlock + b);
-        }
-      }
-      if (all_masks) {
-        kernels::ClassMasksAll16Avx512(data + at, len, masks, before);
-      } else {
-        kernels::ClassMasksOfBytes16(bytes + blk * kBlock, len, need, masks, before);
+    for (uint32_t left = classes; left != 0; left &= left - 1) {
+      const int cl = __builtin_ctz(left);
+      if (cur.rem[cl] < in_block[cl]) {
+        need |= uint32_t{1} << cl;
+      } else if (cur.rem[cl] != kNone) {
+        cur.rem[cl] -= in_block[cl];
       }
     }
+    if (need == 0) continue;
+    // The next block's base and class bytes into L1 while this one is
+    // placed: they are in L2 (the counting pass read them), and the walk's
+    // loads of them otherwise wait on L2 about once per change.
+    if (blk + 1 < blocks) {
+      const auto* next_base = reinterpret_cast<const uint8_t*>(data + at + kBlock);
+      for (size_t b = 0; b < 2 * kBlock; b += 64) __builtin_prefetch(next_base + b);
+      for (size_t b = 0; b < kBlock; b += 64) __builtin_prefetch(bytes + (blk + 1) * kBlock + b);
+    }
+    kernels::ClassMasksOfBytes16(bytes + blk * kBlock, len, need, masks, before);
     const uint64_t* m = masks;
     const uint32_t* p = before;
     if (run) {
@@ -319,16 +230,6 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
       side16[k - k0 + j] = data[at + i];
     }
     k += placed;
-  }
-  if (counted && blk < blocks) {
-    // Past the tensor's last change: the rest of the chunk only counted.
-    thread_local std::vector<uint16_t> rest;
-    rest.resize(std::max(rest.size(), (blocks - blk) * kClasses));
-    const uint64_t from = chunk.begin + blk * kBlock;
-    kernels::ClassCounts16Avx512(data + from, static_cast<size_t>(chunk.end - from), 0xFFFF, rest.data());
-    for (size_t b = 0; b < blocks - blk; ++b) {
-      for (int cl = 0; cl < kClasses; ++cl) (*counted)[cl] += rest[b * kClasses + cl];
-    }
   }
   // The chunk's hash change in one call. A fused apply's old values come
   // straight from the undo log (u16 little-endian, as HashTermDiffs16 reads

@@ -80,8 +80,7 @@ class ChunkWalker {
   struct WalkStart;
   Status Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, uint32_t classes, const uint16_t* counts,
                const uint8_t* bytes, const WalkStart& start, const std::array<uint64_t, kClasses>* end_at,
-               uint64_t hash[2], CompactUndo::Run* run, std::span<const uint16_t> ahead,
-               std::array<uint64_t, kClasses>* counted);
+               uint64_t hash[2], CompactUndo::Run* run, std::span<const uint16_t> ahead);
   template <typename Rank>
   static WalkStart StartAt(const Bf16Tensor& t, std::span<const Rank> ranks, const std::array<uint64_t, kClasses>& before);
   template <typename Rank>

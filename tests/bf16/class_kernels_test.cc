@@ -1,5 +1,5 @@
 // The compact decoder's walk kernels (kernels::ClassCountsBytes16,
-// ClassMasksOfBytes16, and where it runs ClassMasksAll16Avx512)
+// ClassMasksOfBytes16)
 // against a one-element-at-a-time reference (compact::ClassOf), on every
 // SIMD target: tails shorter than a vector (1..31 elements past the last
 // 32), partial last blocks, unaligned data, classes asked for but absent,
@@ -12,15 +12,12 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
-#include <sys/mman.h>
-#include <unistd.h>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "bf16/bf16_test_util.h"
 #include "bf16/class_counts_avx512.h"
-#include "bf16/class_masks_avx512.h"
 #include "bf16/raw_kernels.h"
 #include "bf16/simd_kernels.h"
 #include "codec/compact_bf16.h"
@@ -100,30 +97,6 @@ void ExpectMasks(const uint16_t* data, size_t n, uint32_t classes, bool count_no
     ASSERT_EQ(before[slot * (kWords + 1) + kWords], total) << "n " << n << ", class " << c;
     ++slot;
   }
-}
-
-// ClassMasksAll16Avx512 of the n <= kBlock elements at data against the
-// reference: every class's mask of every word (none past n) and its running
-// counts, nothing written past the 16 classes' masks and counts.
-void ExpectAllMasks(const uint16_t* data, size_t n) {
-  alignas(64) uint64_t masks[16 * kWords + 8];
-  uint32_t before[16 * (kWords + 1) + 1];
-  std::fill(std::begin(masks), std::end(masks), 0xA5A5A5A5A5A5A5A5ull);
-  std::fill(std::begin(before), std::end(before), 0xBEEFu);
-  kernels::ClassMasksAll16Avx512(data, n, masks, before);
-  for (int c = 0; c < 16; ++c) {
-    uint32_t total = 0;
-    for (size_t w = 0; w < kWords; ++w) {
-      uint64_t m = 0;
-      for (size_t k = 0; k < 64 && 64 * w + k < n; ++k) m |= uint64_t{compact::ClassOf(data[64 * w + k]) == c} << k;
-      ASSERT_EQ(masks[c * kWords + w], m) << "n " << n << ", class " << c << ", word " << w;
-      ASSERT_EQ(before[c * (kWords + 1) + w], total) << "n " << n << ", class " << c << ", word " << w;
-      total += static_cast<uint32_t>(__builtin_popcountll(m));
-    }
-    ASSERT_EQ(before[c * (kWords + 1) + kWords], total) << "n " << n << ", class " << c;
-  }
-  ASSERT_EQ(masks[16 * kWords], 0xA5A5A5A5A5A5A5A5ull) << "n " << n << ": a mask written past the last class";
-  ASSERT_EQ(before[16 * (kWords + 1)], 0xBEEFu) << "n " << n << ": a count written past the last class";
 }
 
 const std::vector<size_t>& Sizes() {
@@ -207,53 +180,6 @@ TEST(ClassKernels, EveryBitPatternIsCountedInItsClass) {
       ASSERT_NO_FATAL_FAILURE(ExpectMasks(all.data() + at, kBlock, 0xFFFF, /*count_none=*/true));
     }
   });
-}
-
-// The walk's masks of every class (class_masks_avx512.h), where this CPU
-// runs them: every size up to a block, both alignments, edge values, one
-// class only, every bit pattern; and UseClassMasksAll16 follows the target.
-TEST(ClassKernels, AllClassMasksEqualTheReference) {
-  if (!kernels::CpuHasClassMasksAvx512()) GTEST_SKIP() << "no AVX-512 VBMI/GFNI/BITALG/VPOPCNTDQ here";
-  std::mt19937_64 rng(17);
-  const std::vector<uint16_t> edges = EdgeValues(rng, kBlock);
-  const std::vector<uint16_t> one = OneClassValues(kBlock);
-  for (const std::vector<uint16_t>* v : {&edges, &one}) {
-    for (size_t offset : {size_t{0}, size_t{1}}) {
-      for (size_t n = 0; n <= kBlock; n += n < 130 ? 1 : 37) {
-        ASSERT_NO_FATAL_FAILURE(ExpectAllMasks(v->data() + offset, n));
-      }
-      ASSERT_NO_FATAL_FAILURE(ExpectAllMasks(v->data() + offset, kBlock));
-    }
-  }
-  std::vector<uint16_t> all(65536);
-  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
-  for (size_t at = 0; at < all.size(); at += kBlock) ASSERT_NO_FATAL_FAILURE(ExpectAllMasks(all.data() + at, kBlock));
-  // The route: on with the raw kernels on an AVX3 target, off elsewhere.
-  for (const std::string& name : kernels::SupportedTargetNames()) {
-    ASSERT_TRUE(kernels::UseOnlyTarget(name));
-    const bool raw_avx3 = name.starts_with("AVX3") && !std::string_view(name).ends_with(kernels::kNoRawSuffix) &&
-                          kernels::CpuHasClassMasksAvx512();
-    EXPECT_EQ(kernels::UseClassMasksAll16(), raw_avx3) << name;
-  }
-  ASSERT_TRUE(kernels::UseOnlyTarget(""));
-}
-
-// Nothing past the block's last element is read: blocks that end where a
-// readable page does (the next one PROT_NONE).
-TEST(ClassKernels, AllClassMasksReadNothingPastTheBlock) {
-  if (!kernels::CpuHasClassMasksAvx512()) GTEST_SKIP() << "no AVX-512 VBMI/GFNI/BITALG/VPOPCNTDQ here";
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  void* const map = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(map, MAP_FAILED);
-  ASSERT_EQ(mprotect(static_cast<uint8_t*>(map) + page, page, PROT_NONE), 0);
-  auto* const end = reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(map) + page);
-  std::mt19937_64 rng(18);
-  const std::vector<uint16_t> edges = EdgeValues(rng, kBlock);
-  for (size_t n : {size_t{1}, size_t{37}, size_t{64}, size_t{65}, size_t{1000}, size_t{1023}, kBlock}) {
-    std::copy(edges.begin(), edges.begin() + static_cast<std::ptrdiff_t>(n), end - n);
-    ASSERT_NO_FATAL_FAILURE(ExpectAllMasks(end - n, n));
-  }
-  munmap(map, 2 * page);
 }
 
 }  // namespace
