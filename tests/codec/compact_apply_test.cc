@@ -57,6 +57,26 @@ void ExpectEqualsDecodeAndScatterOnEveryTargetThreadCountAndChunkSize(const Case
   });
 }
 
+// A case the apply walks on every thread it is given (the walk's class
+// totals from the counting pass, or on one thread from the walk itself).
+TEST(CompactApply, ALargeCaseWalkedOnEveryThreadCountEqualsDecodeAndScatter) {
+  const Case c = MakeLargeCase();
+  ASSERT_FALSE(c.bytes.empty());
+  WeightState want = Copy(c.state);
+  ApplyChanges(want, c.changes, 1);
+  const StateHash want_delta = HashChanges(c.state, c.changes, 1);
+  CompactUndo undo;
+  WeightState s = Copy(c.state);
+  ForEachTargetThreadCountAndLargeChunk([&](int threads, uint64_t chunk) {
+    Result<CompactDelta> d = Apply(c.bytes, s, c.hash, threads, chunk, undo);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->hash_delta, want_delta);
+    ASSERT_TRUE(SameBytes(s, want));
+    undo.Restore(threads);
+    ASSERT_TRUE(SameBytes(s, c.state));
+  });
+}
+
 TEST(CompactApply, EqualsDecodeAndScatterOnEveryTargetThreadCountAndChunkSize) {
   ExpectEqualsDecodeAndScatterOnEveryTargetThreadCountAndChunkSize(MakeCase());
 }

@@ -225,6 +225,48 @@ inline Case MakeEdgeCase() {
   return c;
 }
 
+// A case large enough (2^20 + 1 elements and more) that the decoder walks
+// its chunks on every thread it is given (compact_decode.cc walks fewer
+// elements on one thread): "large" (1,050,000 elements spanning every
+// class, about 3% changed, a run of 1,100 changes across the border of the
+// decoder's 64 Ki chunks, none from element 900,000 on: its last chunks
+// hold no change) and "after" (40,000 elements, changes only among its
+// first 500).
+inline Case MakeLargeCase() {
+  std::mt19937_64 rng(36);
+  Model m;
+  m.Add("large", Spread(rng, 1050000));
+  m.Add("after", Spread(rng, 40000));
+  Case c{m.State(), {}, {}, {}};
+  c.hash = HashState(c.state, 1);
+  std::bernoulli_distribution p(0.03);
+  std::vector<uint64_t> large, after;
+  for (uint64_t i = 0; i < 900000; ++i) {
+    if ((i >= 65000 && i < 66100) || p(rng)) large.push_back(i);
+  }
+  for (uint64_t i = 0; i < 500; ++i) {
+    if (p(rng) || i == 499) after.push_back(i);
+  }
+  c.changes = {Change(c.state, "after", after, rng), Change(c.state, "large", large, rng)};
+  EncodeCase(c);
+  return c;
+}
+
+// fn(threads, chunk) for every SIMD target, 1 to 3 threads and a few chunk
+// sizes (a large case: fewer than ForEachRouteTargetThreadCountAndChunk),
+// traced; stops at a fatal failure.
+inline void ForEachTargetThreadCountAndLargeChunk(const std::function<void(int, uint64_t)>& fn) {
+  testing_bf16::ForEachTarget([&] {
+    for (int threads : {1, 2, 3}) {
+      for (uint64_t chunk : {uint64_t{1000}, uint64_t{4096}, compact::kDecodeChunkElements}) {
+        SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
+        fn(threads, chunk);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    }
+  });
+}
+
 // The case's tensors, but "one_class" holds half as many class-8 elements
 // (from element 1500 on, 2^-12, of another class): the delta's class-8 gaps
 // run past them, and only the last chunk of the walk can tell.

@@ -60,6 +60,25 @@ TEST(CompactDecode, BaseValuesAtEveryClassEdgeGiveTheChanges) {
   ExpectDecodesOnEveryTargetThreadCountAndChunkSize(MakeEdgeCase());
 }
 
+// A case the decoder walks on every thread it is given, in chunks whose
+// class totals come from the counting pass (more than one thread) or, on
+// one thread, from the walk itself (compact_walk.cc), with chunks past the
+// last change.
+TEST(CompactDecode, ALargeCaseWalkedOnEveryThreadCountGivesTheChanges) {
+  const Case c = MakeLargeCase();
+  ASSERT_FALSE(c.bytes.empty());
+  ForEachTargetThreadCountAndLargeChunk([&](int threads, uint64_t chunk) {
+    Result<CompactDelta> d = Decode(c, c.state, threads, chunk);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    ASSERT_EQ(d->changes.size(), c.changes.size());
+    EXPECT_EQ(d->hash_delta, HashChanges(c.state, c.changes, 1));
+    for (size_t i = 0; i < c.changes.size(); ++i) {
+      EXPECT_EQ(d->changes[i].indices, c.changes[i].indices) << c.changes[i].name;
+      EXPECT_EQ(d->changes[i].values, c.changes[i].values) << c.changes[i].name;
+    }
+  });
+}
+
 // A CompactDelta holding junk: more entries than any case, of another
 // dtype, larger and smaller than the cases' entries, and info and hashes
 // that no decode gives.
