@@ -7,6 +7,7 @@ namespace deltasync::compact {
 namespace {
 
 std::atomic<bool> g_allowed{true};
+std::atomic<bool> g_avx512_allowed{true};
 
 }  // namespace
 
@@ -24,5 +25,23 @@ bool CpuHasCodecBmi2() {
 bool UseCodecBmi2() { return g_allowed.load(std::memory_order_relaxed) && CpuHasCodecBmi2(); }
 
 void AllowCodecBmi2(bool allowed) { g_allowed.store(allowed, std::memory_order_relaxed); }
+
+bool CpuHasCodecAvx512() {
+#if DS_CODEC_HAS_AVX512
+  static const bool has = CpuHasCodecBmi2() && __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vl");
+  return has;
+#else
+  return false;
+#endif
+}
+
+bool UseCodecAvx512() {
+  return g_allowed.load(std::memory_order_relaxed) && g_avx512_allowed.load(std::memory_order_relaxed) &&
+         CpuHasCodecAvx512();
+}
+
+void AllowCodecAvx512(bool allowed) { g_avx512_allowed.store(allowed, std::memory_order_relaxed); }
 
 }  // namespace deltasync::compact
