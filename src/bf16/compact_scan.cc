@@ -227,29 +227,39 @@ class CompactScan::Gaps final : public compact::GapSource {
  public:
   Gaps(const CompactScan& scan, const TensorRange& t, int cl) : scan_(scan), t_(t), cl_(cl), chunk_(t.first_chunk) {}
 
+  // The state in locals while it runs: through the members, each store to
+  // out[] (u64, like pos_) may alias them, and the widening copy became a
+  // scalar loop reloading pos_ for every gap.
   size_t Next(uint64_t* out, size_t max) override {
     size_t n = 0;
-    while (n < max && chunk_ < t_.end_chunk) {
-      const ChunkResult& r = scan_.results_[chunk_];
+    size_t chunk = chunk_;
+    uint64_t pos = pos_, carry = carry_;
+    while (n < max && chunk < t_.end_chunk) {
+      const ChunkResult& r = scan_.results_[chunk];
       const uint64_t count = r.state.changes[cl_];
-      if (pos_ == count) {
+      if (pos == count) {
         // Done with this chunk: carry its class elements after its last change.
-        carry_ += r.state.seen[cl_] - r.state.next[cl_];
-        ++chunk_;
-        pos_ = 0;
+        carry += r.state.seen[cl_] - r.state.next[cl_];
+        ++chunk;
+        pos = 0;
         continue;
       }
       const uint32_t* g = scan_.workers_[r.worker]->gaps[cl_].at(r.gap_offset[cl_]);
-      if (pos_ == 0) {
-        out[n++] = carry_ + g[0];
-        carry_ = 0;
-        pos_ = 1;
+      if (pos == 0) {
+        out[n++] = carry + g[0];
+        carry = 0;
+        pos = 1;
       }
-      const size_t take = static_cast<size_t>(std::min<uint64_t>(max - n, count - pos_));
-      for (size_t k = 0; k < take; ++k) out[n + k] = g[pos_ + k];
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(max - n, count - pos));
+      const uint32_t* from = g + pos;
+      uint64_t* to = out + n;
+      for (size_t k = 0; k < take; ++k) to[k] = from[k];
       n += take;
-      pos_ += take;
+      pos += take;
     }
+    chunk_ = chunk;
+    pos_ = pos;
+    carry_ = carry;
     return n;
   }
 

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "codec/codec_targets.h"
+
 namespace deltasync::compact {
 namespace {
 
@@ -84,6 +86,124 @@ std::optional<std::string> DecodeRansPiece(ByteSpan rans, const std::array<uint6
   if (x0 != kRansLow || x1 != kRansLow) return "rANS final states are not the initial ones";
   if (ptr != end) return std::to_string(end - ptr) + " trailing rANS bytes";
   return std::nullopt;
+}
+
+namespace {
+
+// ceil(2^64 / f) for f in [2, 4096] = floor((2^64 - 1) / f) + 1 (f a power
+// of two included), 2^64 - 1 for f = 1 (with the bias of RansEncSymbol);
+// computed once, so that a table needs no division.
+const std::array<uint64_t, kRansTotal + 1>& Reciprocals() {
+  static const auto* table = [] {
+    auto* t = new std::array<uint64_t, kRansTotal + 1>();
+    (*t)[1] = ~uint64_t{0};
+    for (uint32_t f = 2; f <= kRansTotal; ++f) (*t)[f] = ~uint64_t{0} / f + 1;
+    return t;
+  }();
+  return *table;
+}
+
+}  // namespace
+
+RansEncSymbol MakeRansEncSymbol(uint32_t freq, uint32_t start) {
+  RansEncSymbol e;
+  e.x_max = ((kRansLow >> kRansScaleBits) << 8) * freq;
+  e.cmpl = static_cast<uint16_t>(kRansTotal - freq);
+  e.rcp = Reciprocals()[freq];
+  e.bias = static_cast<uint16_t>(start + (freq == 1 ? kRansTotal - 1 : 0));
+  return e;
+}
+
+void RansEncoderTables::Update(const V3Tables& tables, const std::array<uint64_t, kClasses>& counts) {
+  for (int cl = 0; cl < kClasses; ++cl) {
+    const V3Tables::Class& t = tables.classes[cl];
+    if (counts[cl] == 0 || (built_[cl] && freq_[cl] == t.freq && start_[cl] == t.start)) continue;
+    for (int sym = 0; sym < 256; ++sym) symbols_[cl][sym] = MakeRansEncSymbol(t.freq[sym], t.start[sym]);
+    freq_[cl] = t.freq;
+    start_[cl] = t.start;
+    built_[cl] = true;
+  }
+}
+
+namespace {
+
+// Encodes a symbol on rANS state x (the encoder's step; symbols go in last
+// first), its renormalisation bytes below ptr, which moves down past them.
+// Bytes out while x >= x_max = 2^19 f: n <= 2 (x < 2^31, x_max >= 2^19),
+// without a branch on them (data: it mispredicts). The two low bytes are
+// stored always, low byte at ptr - 1 (the decoder reads it last); below the
+// new ptr a store is overwritten later. Needs ptr - 2 inside the buffer.
+// The state's chain: two compares and two selects (x, x >> 8 or x >> 16,
+// the shifts beside the compares), the high multiply, the multiply by cmpl
+// and an add (RansEncSymbol).
+DS_CODEC_INLINE void RansPut(uint32_t& x, const RansEncSymbol& e, uint8_t*& ptr) {
+  const uint64_t x64 = x, x8 = x64 >> 8;
+  const uint64_t x_max = e.x_max;
+  // x >= 2^8 x_max exactly when floor(x / 2^8) >= x_max.
+  const bool one = x64 >= x_max, two = x8 >= x_max;
+  const uint16_t low2 = __builtin_bswap16(static_cast<uint16_t>(x));
+  std::memcpy(ptr - 2, &low2, 2);
+  ptr -= static_cast<size_t>(one) + static_cast<size_t>(two);
+  uint64_t y = one ? x8 : x64;
+  y = two ? x8 >> 8 : y;
+  const auto q = static_cast<uint64_t>((static_cast<unsigned __int128>(y) * e.rcp) >> 64);
+  x = static_cast<uint32_t>(y + e.bias + q * e.cmpl);
+}
+
+// EncodeRansPiece's body, inlined into its two copies (codec_targets.h).
+DS_CODEC_INLINE uint8_t* EncodeRansPieceBody(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin,
+                                             uint64_t lo, uint64_t hi, const RansEncoderTables& tables,
+                                             uint8_t* end) {
+  const bool two = hi - lo >= kRansTwoStates;
+  uint8_t* ptr = end;
+  uint32_t xs[2] = {kRansLow, kRansLow};
+  for (int cl = kClasses - 1; cl >= 0; --cl) {
+    const Span part = ClassPart(begin, cl, lo, hi);
+    if (part.a >= part.b) continue;
+    const RansEncSymbol* t = tables.of(cl);
+    // Descending r; change r is on state (r - lo) & 1 (always 0 with one
+    // state). Two at a time, state 1 then 0, so that both stay in
+    // registers (a state picked by index lives in memory, and its store
+    // and reload lengthen every step's chain).
+    uint64_t r = part.b;
+    if (!two) {
+      for (; r > part.a; --r) RansPut(xs[0], t[diffs[r - 1]], ptr);
+    } else {
+      uint32_t x0 = xs[0], x1 = xs[1];
+      if (r > part.a && ((r - 1 - lo) & 1) == 0) --r, RansPut(x0, t[diffs[r]], ptr);
+      for (; r >= part.a + 2; r -= 2) {
+        RansPut(x1, t[diffs[r - 1]], ptr);
+        RansPut(x0, t[diffs[r - 2]], ptr);
+      }
+      if (r > part.a) --r, RansPut(x1, t[diffs[r]], ptr);
+      xs[0] = x0;
+      xs[1] = x1;
+    }
+  }
+  for (int j = two ? 1 : 0; j >= 0; --j) {
+    ptr -= 4;
+    for (int k = 0; k < 4; ++k) ptr[k] = static_cast<uint8_t>(xs[j] >> (8 * k));
+  }
+  return ptr;
+}
+
+uint8_t* EncodeRansPieceBaseline(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin, uint64_t lo,
+                                 uint64_t hi, const RansEncoderTables& tables, uint8_t* end) {
+  return EncodeRansPieceBody(diffs, begin, lo, hi, tables, end);
+}
+
+DS_CODEC_BMI2_TARGET uint8_t* EncodeRansPieceBmi2(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin,
+                                                  uint64_t lo, uint64_t hi, const RansEncoderTables& tables,
+                                                  uint8_t* end) {
+  return EncodeRansPieceBody(diffs, begin, lo, hi, tables, end);
+}
+
+}  // namespace
+
+uint8_t* EncodeRansPiece(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin, uint64_t lo,
+                         uint64_t hi, const RansEncoderTables& tables, uint8_t* end) {
+  if (UseCodecBmi2()) return EncodeRansPieceBmi2(diffs, begin, lo, hi, tables, end);
+  return EncodeRansPieceBaseline(diffs, begin, lo, hi, tables, end);
 }
 
 }  // namespace deltasync::compact

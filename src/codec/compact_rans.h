@@ -2,6 +2,7 @@
 // the compact codec; docs/format.md, "Compact stream version 3"): static
 // 12-bit tables per class (V3Tables), byte-wise renormalisation, states in
 // [kRansLow, 2^31), one state or two taking turns (kRansTwoStates).
+// The encoder here too (WriteBf16StreamV3 calls it piece by piece).
 #pragma once
 
 #include <array>
@@ -21,5 +22,48 @@ namespace deltasync::compact {
 // final states not the initial ones, trailing bytes.
 std::optional<std::string> DecodeRansPiece(ByteSpan rans, const std::array<uint64_t, kClasses + 1>& begin,
                                            uint64_t lo, uint64_t hi, const V3Tables& tables, uint8_t* d);
+
+// The encoder's constants for a symbol of frequency f (1 <= f <= 4096) and
+// cumulative start: the step x -> (x / f) * 4096 + x % f + start, after the
+// renormalisation bytes that leave while x >= x_max, is
+//   q = high 64 bits of x * rcp;  x = x + bias + q * cmpl
+// with rcp = ceil(2^64 / f) (exactly x / f for x < 2^32: the rounding adds
+// below x / 2^64 < 1/f), cmpl = 4096 - f and bias = start. For f = 1 rcp is
+// 2^64 - 1, so q = x - 1 (x >= 1), and bias = start + 4095 makes up for it
+// (ryg_rans's trick). No division and no shift by a looked-up count on the
+// state's chain.
+struct RansEncSymbol {
+  uint64_t rcp = 0;
+  uint32_t x_max = 0;  // 2^19 f (at most 2^31)
+  uint16_t bias = 0;   // start, + 4095 for f = 1 (below 2^13)
+  uint16_t cmpl = 0;   // 4096 - f
+};
+RansEncSymbol MakeRansEncSymbol(uint32_t freq, uint32_t start);
+
+// The encoder's entries of a delta's tables, kept from tensor to tensor (a
+// writer's scratch holds one): Update makes those of the classes a tensor
+// has changes in (counts[cl] > 0) match `tables`, rebuilding only a class
+// whose frequencies or starts differ from the last ones it built (every
+// tensor of a delta shares its tables).
+class RansEncoderTables {
+ public:
+  void Update(const V3Tables& tables, const std::array<uint64_t, kClasses>& counts);
+  // Class cl's 256 entries (those of frequency-0 symbols meaningless).
+  const RansEncSymbol* of(int cl) const { return symbols_[cl].data(); }
+
+ private:
+  std::array<std::array<RansEncSymbol, 256>, kClasses> symbols_{};
+  std::array<std::array<uint16_t, 256>, kClasses> freq_{}, start_{};
+  std::array<bool, kClasses> built_{};
+};
+
+// The rANS bytes of the piece's changes [lo, hi) (their diff bytes at
+// diffs[lo..hi), classes from `begin`), last symbol first, written to end
+// at `end`: returns where they start. Two states taking turns from a piece
+// of kRansTwoStates changes on (docs/format.md). Needs 2 (hi - lo) + 8
+// bytes below end (at most 2 bytes a symbol with 12-bit frequencies, plus
+// the final states). Every symbol must have a non-zero frequency.
+uint8_t* EncodeRansPiece(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin, uint64_t lo,
+                         uint64_t hi, const RansEncoderTables& tables, uint8_t* end);
 
 }  // namespace deltasync::compact

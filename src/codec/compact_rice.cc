@@ -8,6 +8,9 @@
 #include <type_traits>
 
 #include "codec/codec_targets.h"
+#if DS_CODEC_HAS_AVX512
+#include <immintrin.h>
+#endif
 
 namespace deltasync::compact {
 namespace {
@@ -99,7 +102,84 @@ DS_CODEC_INLINE void RiceCosts3(const uint64_t* gaps, size_t n, const int k[3], 
   }
 }
 
-// PutRiceGaps's body, inlined into its two copies (codec_targets.h).
+// The codes of a block's gaps [0, e) at parameter k, as PutRice would
+// write them one by one: four at a time, joined where they fit.
+DS_CODEC_INLINE void PutRiceCodes(BitWriter::Local& l, const uint64_t* gaps, size_t e, int k) {
+  size_t i = 0;
+  for (; i + 4 <= e; i += 4) {
+    if (!PutRice4(l, gaps + i, k)) {
+      for (size_t j = i; j < i + 4; ++j) PutRice(l, gaps[j], k);
+    }
+  }
+  for (; i < e; ++i) PutRice(l, gaps[i], k);
+}
+
+#if DS_CODEC_HAS_AVX512
+// PutRiceCodes on AVX-512, eight gaps a step: each gap's ordinary code and
+// length in a u64 lane (q = gap >> k; (2^q - 1) | low << (q + 1); q + 1 + k
+// bits), lanes 2j and 2j + 1 joined into lane 2j, then lanes 4j and 4j + 2
+// into lane 4j: two writes of up to 56 bits (PutFitting) for eight codes,
+// where the scalar route computes every code apart and joins four. Eight
+// with an escape (q >= 31) or a four longer than 56 bits take the scalar
+// route (PutRice4, PutRice): the same bits either way, the codes being
+// concatenated in order. Not inlined: a function of this target is called
+// from the body (inlining it into a body of no target would be refused).
+// GCC 12's AVX-512 headers start some results from _mm512_undefined_*(),
+// which its -Wmaybe-uninitialized then flags (a known false positive).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+DS_CODEC_AVX512_TARGET __attribute__((noinline)) void PutRiceCodesAvx512(BitWriter::Local& w, const uint64_t* gaps,
+                                                                          size_t e, int k) {
+  BitWriter::Local l = w;
+  const __m128i vk = _mm_cvtsi32_si128(k);
+  const __m512i k1 = _mm512_set1_epi64(k + 1);
+  const __m512i one = _mm512_set1_epi64(1);
+  const __m512i low_mask = _mm512_set1_epi64(static_cast<int64_t>((uint64_t{1} << k) - 1));  // k <= 56
+  const __m512i last_q = _mm512_set1_epi64(kUnaryEscape - 1);
+  const __m512i fit = _mm512_set1_epi64(56);
+  size_t i = 0;
+  for (; i + 8 <= e; i += 8) {
+    const __m512i g = _mm512_loadu_si512(gaps + i);
+    const __m512i q = _mm512_srl_epi64(g, vk);
+    const __m512i len = _mm512_add_epi64(q, k1);
+    // (2^q - 1) | low << (q + 1); a shift by 64 or more gives 0 (such a
+    // lane fails the length test below).
+    const __m512i ones = _mm512_sub_epi64(_mm512_sllv_epi64(one, q), one);
+    const __m512i low = _mm512_sllv_epi64(_mm512_and_si512(g, low_mask), _mm512_add_epi64(q, one));
+    const __m512i code = _mm512_or_si512(ones, low);
+    // Pairs into even lanes: the odd lane's code after the even one's.
+    const __m512i code_odd = _mm512_shuffle_epi32(code, _MM_PERM_BADC);
+    const __m512i len_odd = _mm512_shuffle_epi32(len, _MM_PERM_BADC);
+    const __m512i pair = _mm512_or_si512(code, _mm512_sllv_epi64(code_odd, len));
+    const __m512i pair_len = _mm512_add_epi64(len, len_odd);
+    // Fours into lanes 0 and 4: lane 2's pair after lane 0's, 6's after 4's.
+    const __m512i pair_next = _mm512_alignr_epi64(pair, pair, 2);
+    const __m512i pair_len_next = _mm512_alignr_epi64(pair_len, pair_len, 2);
+    const __m512i four = _mm512_or_si512(pair, _mm512_sllv_epi64(pair_next, pair_len));
+    const __m512i four_len = _mm512_add_epi64(pair_len, pair_len_next);
+    // Four lengths of at most 56 bits in all bound every code and pair
+    // below 64 bits, so that no shift above lost bits.
+    const auto bad = static_cast<unsigned>(_mm512_cmpgt_epu64_mask(q, last_q)) |
+                     (static_cast<unsigned>(_mm512_cmpgt_epu64_mask(four_len, fit)) & 0x11u);
+    if (bad != 0) [[unlikely]] {
+      PutRiceCodes(l, gaps + i, 8, k);
+      continue;
+    }
+    const __m128i lo = _mm512_castsi512_si128(four), lo_len = _mm512_castsi512_si128(four_len);
+    const __m128i hi = _mm512_extracti64x2_epi64(four, 2), hi_len = _mm512_extracti64x2_epi64(four_len, 2);
+    l.PutFitting(static_cast<uint64_t>(_mm_cvtsi128_si64(lo)), static_cast<int>(_mm_cvtsi128_si64(lo_len)));
+    l.PutFitting(static_cast<uint64_t>(_mm_cvtsi128_si64(hi)), static_cast<int>(_mm_cvtsi128_si64(hi_len)));
+  }
+  PutRiceCodes(l, gaps + i, e - i, k);
+  w = l;
+}
+#pragma GCC diagnostic pop
+#endif
+
+// PutRiceGaps's body, inlined into its copies (codec_targets.h); the third
+// (kAvx512) writes the codes by PutRiceCodesAvx512.
+template <bool kAvx512>
 DS_CODEC_INLINE void PutRiceGapsBody(BitWriter& w, uint64_t count, GapSource& source) {
   uint64_t gaps[kRiceBlock];
   for (uint64_t done = 0; done < count;) {
@@ -139,26 +219,39 @@ DS_CODEC_INLINE void PutRiceGapsBody(BitWriter& w, uint64_t count, GapSource& so
     // At most kUnaryEscape + 7 + 64 bits a gap (an escape), and the 6 of k.
     BitWriter::Local l = w.Begin(6 + e * (kUnaryEscape + 7 + 64));
     l.Put(static_cast<uint64_t>(best_k), 6);
-    size_t i = 0;
-    for (; i + 4 <= e; i += 4) {
-      if (!PutRice4(l, gaps + i, best_k)) {
-        for (size_t j = i; j < i + 4; ++j) PutRice(l, gaps[j], best_k);
-      }
+#if DS_CODEC_HAS_AVX512
+    if constexpr (kAvx512) {
+      PutRiceCodesAvx512(l, gaps, e, best_k);
+    } else {
+      PutRiceCodes(l, gaps, e, best_k);
     }
-    for (; i < e; ++i) PutRice(l, gaps[i], best_k);
+#else
+    PutRiceCodes(l, gaps, e, best_k);
+#endif
     w.End(l);
   }
 }
 
-void PutRiceGapsBaseline(BitWriter& w, uint64_t count, GapSource& source) { PutRiceGapsBody(w, count, source); }
+void PutRiceGapsBaseline(BitWriter& w, uint64_t count, GapSource& source) {
+  PutRiceGapsBody<false>(w, count, source);
+}
 
 DS_CODEC_BMI2_TARGET void PutRiceGapsBmi2(BitWriter& w, uint64_t count, GapSource& source) {
-  PutRiceGapsBody(w, count, source);
+  PutRiceGapsBody<false>(w, count, source);
 }
+
+#if DS_CODEC_HAS_AVX512
+DS_CODEC_AVX512_TARGET void PutRiceGapsAvx512(BitWriter& w, uint64_t count, GapSource& source) {
+  PutRiceGapsBody<true>(w, count, source);
+}
+#endif
 
 }  // namespace
 
 void PutRiceGaps(BitWriter& w, uint64_t count, GapSource& source) {
+#if DS_CODEC_HAS_AVX512
+  if (UseCodecAvx512()) return PutRiceGapsAvx512(w, count, source);
+#endif
   if (UseCodecBmi2()) return PutRiceGapsBmi2(w, count, source);
   PutRiceGapsBaseline(w, count, source);
 }

@@ -8,7 +8,6 @@
 #include <memory>
 #include <mutex>
 
-#include "codec/codec_targets.h"
 #include "codec/compact_rans.h"
 #include "codec/compact_rice.h"
 
@@ -38,6 +37,7 @@ struct WriterScratch {
   std::vector<uint8_t> body;   // the coded pieces, one after another
   std::vector<uint8_t> buf;    // one piece's rANS bytes, written backwards
   BitWriter bits;
+  RansEncoderTables encoder;   // the rANS encoder's entries (kept: a delta's tensors share its tables)
 
   class Lease {
    public:
@@ -75,85 +75,6 @@ int HexDigit(char ch) {
   if (ch >= '0' && ch <= '9') return ch - '0';
   if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
   return -1;
-}
-
-// x / f as (x * rcp) >> shift (WriteBf16StreamV3 builds them).
-struct Divide {
-  uint64_t rcp;
-  int shift;
-};
-
-// Encodes symbol sym on rANS state x (the encoder's step; symbols go in last
-// first), its renormalisation bytes below ptr, which moves down past them.
-// Bytes out while x >= x_max = 2^19 f: n <= 2 (x < 2^31, x_max >= 2^19),
-// without a branch on them (data: it mispredicts). The two low bytes are
-// stored always, low byte at ptr - 1 (the decoder reads it last); below the
-// new ptr a store is overwritten later. Needs ptr - 2 inside the buffer.
-DS_CODEC_INLINE void RansPut(uint32_t& x, uint8_t sym, const V3Tables::Class& t, const Divide* div, uint8_t*& ptr) {
-  const uint32_t f = t.freq[sym];
-  const uint32_t x_max = ((kRansLow >> kRansScaleBits) << 8) * f;
-  const uint32_t n = static_cast<uint32_t>(x >= x_max) + static_cast<uint32_t>(uint64_t{x} >= uint64_t{x_max} << 8);
-  const uint16_t low2 = __builtin_bswap16(static_cast<uint16_t>(x));
-  std::memcpy(ptr - 2, &low2, 2);
-  ptr -= n;
-  x >>= 8 * n;
-  const uint32_t q = static_cast<uint32_t>((uint64_t{x} * div[sym].rcp) >> div[sym].shift);  // x / f
-  x = (q << kRansScaleBits) + (x - q * f) + t.start[sym];
-}
-
-using Dividers = std::array<std::vector<Divide>, kClasses>;
-
-// The rANS bytes of changes [lo, hi) (their diff bytes at diffs[lo..hi),
-// classes from `begin`), last symbol first, ending at `end`: returns where
-// they start. Two states taking turns from a piece of kRansTwoStates changes
-// on. Needs 2 (hi - lo) + 8 bytes below end (at most 2 bytes a symbol with
-// 12-bit frequencies, plus the final states). Inlined into its two copies
-// (codec_targets.h).
-DS_CODEC_INLINE uint8_t* EncodeRansPieceBody(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin,
-                                             uint64_t lo, uint64_t hi, const V3Tables& tables, const Dividers& divide,
-                                             uint8_t* end) {
-  const bool two = hi - lo >= kRansTwoStates;
-  uint8_t* ptr = end;
-  uint32_t xs[2] = {kRansLow, kRansLow};
-  for (int cl = kClasses - 1; cl >= 0; --cl) {
-    const Span part = ClassPart(begin, cl, lo, hi);
-    const V3Tables::Class& t = tables.classes[cl];
-    const Divide* div = divide[cl].data();
-    // Descending r; change r is on state (r - lo) & 1 (always 0 with one
-    // state). Two at a time, state 1 then 0, so that both stay in
-    // registers (a state picked by index lives in memory, and its store
-    // and reload lengthen every step's chain).
-    uint64_t r = part.b;
-    if (!two) {
-      for (; r > part.a; --r) RansPut(xs[0], diffs[r - 1], t, div, ptr);
-    } else {
-      uint32_t x0 = xs[0], x1 = xs[1];
-      if (r > part.a && ((r - 1 - lo) & 1) == 0) --r, RansPut(x0, diffs[r], t, div, ptr);
-      for (; r >= part.a + 2; r -= 2) {
-        RansPut(x1, diffs[r - 1], t, div, ptr);
-        RansPut(x0, diffs[r - 2], t, div, ptr);
-      }
-      if (r > part.a) --r, RansPut(x1, diffs[r], t, div, ptr);
-      xs[0] = x0;
-      xs[1] = x1;
-    }
-  }
-  for (int j = two ? 1 : 0; j >= 0; --j) {
-    ptr -= 4;
-    for (int k = 0; k < 4; ++k) ptr[k] = static_cast<uint8_t>(xs[j] >> (8 * k));
-  }
-  return ptr;
-}
-
-uint8_t* EncodeRansPieceBaseline(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin, uint64_t lo,
-                                 uint64_t hi, const V3Tables& tables, const Dividers& divide, uint8_t* end) {
-  return EncodeRansPieceBody(diffs, begin, lo, hi, tables, divide, end);
-}
-
-DS_CODEC_BMI2_TARGET uint8_t* EncodeRansPieceBmi2(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin,
-                                                  uint64_t lo, uint64_t hi, const V3Tables& tables,
-                                                  const Dividers& divide, uint8_t* end) {
-  return EncodeRansPieceBody(diffs, begin, lo, hi, tables, divide, end);
 }
 
 }  // namespace
@@ -293,22 +214,9 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
   for (int cl = 0; cl < kClasses; ++cl) {
     for (ByteSpan p : s.diffs[cl]) diffs.insert(diffs.end(), p.begin(), p.end());
   }
-  // x / f as a multiply and a shift: with s = ceil(log2 f) and rcp =
-  // ceil(2^(31+s) / f) (at most 2^32), (x * rcp) >> (31 + s) is exactly
-  // x / f for every state x < 2^31 (the rounding up adds less than x / 2^(31+s)
-  // < 1/f, too little to reach the next multiple). A division per symbol
-  // otherwise bounds the encoder. Only the symbols of the classes present.
-  Dividers divide;
-  for (int cl = 0; cl < kClasses; ++cl) {
-    if (s.counts[cl] == 0) continue;
-    divide[cl].resize(256);
-    for (int sym = 0; sym < 256; ++sym) {
-      const uint32_t f = tables.classes[cl].freq[sym];
-      if (f == 0) continue;
-      const int sh = f == 1 ? 0 : 32 - __builtin_clz(f - 1);
-      divide[cl][sym] = {((uint64_t{1} << (31 + sh)) + f - 1) / f, 31 + sh};
-    }
-  }
+  // The encoder's constants of the classes present (compact_rans.h).
+  RansEncoderTables& encoder = scratch.encoder;
+  encoder.Update(tables, s.counts);
   const uint64_t pieces = (count + kV3Piece - 1) / kV3Piece;
   // Per piece: its gap bytes and rANS bytes (the directory's entries).
   std::vector<std::pair<uint64_t, uint64_t>> lens(pieces);
@@ -325,8 +233,7 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
     // rANS, last symbol first, into the end of buf.
     buf.resize(2 * (hi - lo) + 8);
     uint8_t* const end = buf.data() + buf.size();
-    uint8_t* const ptr = UseCodecBmi2() ? EncodeRansPieceBmi2(diffs.data(), begin, lo, hi, tables, divide, end)
-                                        : EncodeRansPieceBaseline(diffs.data(), begin, lo, hi, tables, divide, end);
+    uint8_t* const ptr = EncodeRansPiece(diffs.data(), begin, lo, hi, encoder, end);
     body.insert(body.end(), ptr, end);
     lens[p].second = static_cast<uint64_t>(end - ptr);
   }

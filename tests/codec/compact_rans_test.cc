@@ -251,5 +251,32 @@ TEST(CompactRans, WriterPiecesAreTheReferenceEncodersBytes) {
   });
 }
 
+// The encoder's constants (RansEncSymbol: a high multiply by ceil(2^64 / f)
+// instead of a division, and the bias that makes f = 1 exact) give the
+// format's step x -> (x / f) * 4096 + x % f + start for every frequency, at
+// the ends of the state range the step sees (after renormalisation: from
+// 2^7 up to 2^19 f - 1), around every multiple of f there and at random.
+TEST(CompactRans, EncoderConstantsGiveTheFormatsStepForEveryFrequency) {
+  std::mt19937_64 rng(21);
+  for (uint32_t f = 1; f <= kRansTotal; ++f) {
+    const uint32_t start = f == kRansTotal ? 0 : static_cast<uint32_t>(rng() % (kRansTotal - f + 1));
+    const RansEncSymbol e = MakeRansEncSymbol(f, start);
+    ASSERT_EQ(e.x_max, (kRansLow >> kRansScaleBits << 8) * f) << f;
+    const uint64_t top = uint64_t{e.x_max} - 1;
+    std::vector<uint64_t> xs = {kRansLow >> 16, top, top - 1, top / 2, top / 3};
+    for (uint64_t m : {uint64_t{1}, uint64_t{2}, top / f / 2, top / f}) {
+      for (int d = -1; d <= 1; ++d) xs.push_back(m * f + static_cast<uint64_t>(d));
+    }
+    for (int i = 0; i < 8; ++i) xs.push_back((kRansLow >> 16) + rng() % (top - (kRansLow >> 16) + 1));
+    for (const uint64_t x : xs) {
+      if (x < (kRansLow >> 16) || x > top) continue;
+      const auto q = static_cast<uint64_t>((static_cast<unsigned __int128>(x) * e.rcp) >> 64);
+      const uint64_t got = static_cast<uint32_t>(x + e.bias + q * e.cmpl);
+      const uint64_t want = (x / f) * kRansTotal + x % f + start;
+      ASSERT_EQ(got, want) << "f " << f << ", x " << x;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deltasync::compact
