@@ -63,23 +63,16 @@ TEST(CompactDecode, BaseValuesAtEveryClassEdgeGiveTheChanges) {
   ExpectDecodesOnEveryTargetThreadCountAndChunkSize(MakeEdgeCase());
 }
 
-// A case the decoder walks on every thread it is given, in chunks whose
-// class totals come from the counting pass (more than one thread) or, on
-// one thread, from the walk itself (compact_walk.cc), with chunks past the
-// last change.
+// A case the decoder walks on every thread it is given (above
+// kParallelWalkMin; the other cases walk on one thread whatever `threads`
+// says), chunks handed out one ahead (ParallelForAhead), each thread
+// prefetching the chunk it walks next; class totals from the counting pass
+// (more than one thread) or, on one thread, from the walk itself
+// (compact_walk.cc); chunks past the last change.
 TEST(CompactDecode, ALargeCaseWalkedOnEveryThreadCountGivesTheChanges) {
   const Case c = MakeLargeCase();
   ASSERT_FALSE(c.bytes.empty());
-  ForEachTargetThreadCountAndLargeChunk([&](int threads, uint64_t chunk) {
-    Result<CompactDelta> d = Decode(c, c.state, threads, chunk);
-    ASSERT_TRUE(d.ok()) << d.status().ToString();
-    ASSERT_EQ(d->changes.size(), c.changes.size());
-    EXPECT_EQ(d->hash_delta, HashChanges(c.state, c.changes, 1));
-    for (size_t i = 0; i < c.changes.size(); ++i) {
-      EXPECT_EQ(d->changes[i].indices, c.changes[i].indices) << c.changes[i].name;
-      EXPECT_EQ(d->changes[i].values, c.changes[i].values) << c.changes[i].name;
-    }
-  });
+  ForEachTargetThreadCountAndLargeChunk([&](int threads, uint64_t chunk) { ExpectDecodesTo(c, threads, chunk); });
 }
 
 // A CompactDelta holding junk: more entries than any case, of another
@@ -251,43 +244,6 @@ TEST(CompactDecode, GapsPastTheBaseAreRefusedWhateverTheChunks) {
       }
     });
   });
-}
-
-}  // namespace
-}  // namespace deltasync
-
-namespace deltasync {
-namespace {
-
-// Above kParallelWalkMin (1 Mi elements walked) the walk itself runs on
-// several threads, chunks handed out one ahead (ParallelForAhead) with
-// each thread prefetching the chunk it walks next; the cases above are
-// smaller and walk on one thread whatever `threads` says. Decoded on 2
-// and 3 threads, chunk sizes from 4096 to the decoder's own, the result is
-// the encoded changes.
-TEST(CompactDecode, AWalkOnSeveralThreadsGivesTheChanges) {
-  using namespace testing_compact;
-  std::mt19937_64 rng(36);
-  Model m;
-  m.Add("huge", Spread(rng, (size_t{1} << 20) + 4321));
-  m.Add("small", Spread(rng, 3000));
-  Case c{m.State(), {}, {}, {}};
-  c.hash = HashState(c.state, 1);
-  std::vector<uint64_t> huge, small;
-  std::bernoulli_distribution p(0.03);
-  for (uint64_t i = 0; i < (uint64_t{1} << 20) + 4321; ++i) {
-    if ((i >= 200000 && i < 204000) || p(rng)) huge.push_back(i);  // a run across chunk borders
-  }
-  for (uint64_t i = 0; i < 3000; i += 3) small.push_back(i);
-  c.changes = {Change(c.state, "huge", huge, rng), Change(c.state, "small", small, rng)};
-  EncodeCase(c);
-  ASSERT_FALSE(c.bytes.empty());
-  for (int threads : {2, 3}) {
-    for (uint64_t chunk : {uint64_t{4096}, uint64_t{65536}, compact::kDecodeChunkElements}) {
-      SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
-      ExpectDecodesTo(c, threads, chunk);
-    }
-  }
 }
 
 }  // namespace
