@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -110,6 +111,12 @@ class LocalStore : public Store {
   explicit LocalStore(std::string root) : root_(std::move(root)) {}
   Result<std::string> PathFor(std::string_view key, bool create_parents) const;
   std::string root_;  // absolute, no trailing '/'
+  // Held by Put from its directory walk until its temporary file exists (a
+  // directory holding it can no longer be removed) and by Delete while it
+  // removes the directories it emptied: within one process a Put never
+  // loses its directory to a Delete. Other processes' Deletes are met by
+  // Put's retries.
+  std::mutex tree_;
 };
 
 // Opens a bucket URL: a directory path, "file:///abs/dir", or

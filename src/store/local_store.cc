@@ -198,9 +198,15 @@ Status LocalStore::Put(std::string_view key, std::span<const ByteSpan> parts) {
   TempFile tmp;
   // A concurrent Delete removes directories it empties, possibly one that
   // PathFor just created for us (open then fails with ENOENT): start over.
+  // Not one of this process's Deletes: they wait on tree_ until the
+  // temporary file holds its directory.
   for (int attempt = 0;; ++attempt) {
-    DS_ASSIGN_OR_RETURN(path, PathFor(key, /*create_parents=*/true));
-    int err = tmp.Create(path);
+    int err = 0;
+    {
+      std::lock_guard<std::mutex> lock(tree_);
+      DS_ASSIGN_OR_RETURN(path, PathFor(key, /*create_parents=*/true));
+      err = tmp.Create(path);
+    }
     if (err == 0) break;
     if ((err == ENOENT || err == EEXIST) && attempt < 8) continue;
     return fail("cannot create temporary file", err);
@@ -366,6 +372,7 @@ Status LocalStore::Delete(std::string_view key) {
   // the walk; a Put that loses a directory this way retries (see Put).
   // Deletes are not fsynced: an object that reappears after a crash is
   // harmless, because the manifest no longer lists it.
+  std::lock_guard<std::mutex> lock(tree_);
   for (std::string dir = ParentOf(*path); dir.size() > root_.size(); dir = ParentOf(dir)) {
     if (::rmdir(dir.c_str()) != 0) break;
   }
