@@ -355,15 +355,16 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
       slot += t->count;
     }
   }
-  // Each thread prefetches the base of the chunk it walks next while it
-  // places a chunk (the counting pass then reads it from L2): chunks are
-  // handed out one ahead (ParallelForAhead), so the prefetch lands in the
-  // core that reads it, on any thread count (session 36: on two threads
-  // chunk k + 2, only likely to be the thread's next, gained less).
+  // On one thread the walker prefetches the next chunk's base while it
+  // places a chunk (the counting pass then reads it from L2). Not on more:
+  // there one thread's counting pass already overlaps another's placing,
+  // and chunk k + threads (the likely next one) may go to another core;
+  // session 32's two-thread runs showed no gain (docs/benchmarks.md).
   const int walk_threads = walk_elements >= kParallelWalkMin ? threads : 1;
-  ChunkWalker walker(label, walked, chunks, undo ? undo->runs.data() : nullptr);
+  const size_t walkers = std::min<size_t>(static_cast<size_t>(ResolveThreads(walk_threads)), chunks.size());
+  ChunkWalker walker(label, walked, chunks, undo ? undo->runs.data() : nullptr, walkers == 1 ? 1 : 0);
   errors.assign(chunks.size(), Status::OK());
-  ParallelForAhead(chunks.size(), walk_threads, [&](size_t k, size_t next) { errors[k] = walker.Walk(k, next); });
+  ParallelFor(chunks.size(), walk_threads, [&](size_t k) { errors[k] = walker.Walk(k); });
   for (const Status& s : errors) {
     if (!s.ok() && undo) undo->Restore(threads);
     DS_RETURN_IF_ERROR(s);

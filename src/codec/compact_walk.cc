@@ -42,12 +42,7 @@ ChunkWalker::~ChunkWalker() = default;
 
 std::span<const uint16_t> ChunkWalker::AheadOf(size_t k) const {
   if (ahead_ == 0 || k >= chunks_.size() || chunks_.size() - k <= ahead_) return {};
-  return BaseOf(k + ahead_);
-}
-
-std::span<const uint16_t> ChunkWalker::BaseOf(size_t k) const {
-  if (k >= chunks_.size()) return {};
-  const Chunk& a = chunks_[k];
+  const Chunk& a = chunks_[k + ahead_];
   const auto* data = reinterpret_cast<const uint16_t*>(tensors_[a.tensor]->base->data.data());
   return {data + a.begin, static_cast<size_t>(a.end - a.begin)};
 }
@@ -76,11 +71,7 @@ ChunkWalker::WalkStart ChunkWalker::StartAt(const Bf16Tensor& t, std::span<const
   return s;
 }
 
-Status ChunkWalker::Walk(size_t k) { return WalkPrefetching(k, AheadOf(k)); }
-
-Status ChunkWalker::Walk(size_t k, size_t next) { return WalkPrefetching(k, BaseOf(next)); }
-
-Status ChunkWalker::WalkPrefetching(size_t k, std::span<const uint16_t> ahead) {
+Status ChunkWalker::Walk(size_t k) {
   const Chunk& c = chunks_[k];
   const Bf16Tensor& t = *tensors_[c.tensor];
   uint32_t classes = 0;  // the classes with changes
@@ -119,7 +110,7 @@ Status ChunkWalker::WalkPrefetching(size_t k, std::span<const uint16_t> ahead) {
   // missing the caches): where the walk ends is checked in O(1) per class.
   const WalkStart start = t.ranks.Visit([&](auto ranks) { return StartAt(t, ranks, start_at); });
   return Place(t, c, blocks, classes, block_counts.data(), bytes, start, c.last ? nullptr : &end_at, hash_[k].data(),
-               runs_ ? &runs_[k] : nullptr, ahead);
+               runs_ ? &runs_[k] : nullptr, AheadOf(k));
 }
 
 // The walk of a chunk from `start` over its blocks' class masks, then

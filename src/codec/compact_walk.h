@@ -70,21 +70,14 @@ class ChunkWalker {
               CompactUndo::Run* runs = nullptr, size_t ahead = 0);
   ~ChunkWalker();
   Status Walk(size_t k);
-  // Walk(k), prefetching (as `ahead` does) chunk `next`'s base instead: the
-  // chunk this thread walks next where the caller knows it
-  // (ParallelForAhead); none when next is past the last chunk.
-  Status Walk(size_t k, size_t next);
   // The base elements prefetched while chunk k is placed: chunk k + ahead's
   // (of whichever tensor), or none past the last chunk or with ahead 0.
   std::span<const uint16_t> AheadOf(size_t k) const;
-  // Chunk k's base elements (of whichever tensor); none past the last chunk.
-  std::span<const uint16_t> BaseOf(size_t k) const;
   // The hash change of all chunks' changes (after every Walk).
   StateHash HashDelta() const;
 
  private:
   struct WalkStart;
-  Status WalkPrefetching(size_t k, std::span<const uint16_t> ahead);
   Status Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, uint32_t classes, const uint16_t* counts,
                const uint8_t* bytes, const WalkStart& start, const std::array<uint64_t, kClasses>* end_at,
                uint64_t hash[2], CompactUndo::Run* run, std::span<const uint16_t> ahead);

@@ -65,10 +65,9 @@ TEST(CompactDecode, BaseValuesAtEveryClassEdgeGiveTheChanges) {
 
 // A case the decoder walks on every thread it is given (above
 // kParallelWalkMin; the other cases walk on one thread whatever `threads`
-// says), chunks handed out one ahead (ParallelForAhead), each thread
-// prefetching the chunk it walks next; class totals from the counting pass
-// (more than one thread) or, on one thread, from the walk itself
-// (compact_walk.cc); chunks past the last change.
+// says), in chunks whose class totals come from the counting pass (more
+// than one thread) or, on one thread, from the walk itself
+// (compact_walk.cc), with chunks past the last change.
 TEST(CompactDecode, ALargeCaseWalkedOnEveryThreadCountGivesTheChanges) {
   const Case c = MakeLargeCase();
   ASSERT_FALSE(c.bytes.empty());
