@@ -233,14 +233,10 @@ Result<Publisher::Prepared> Publisher::PrepareDetected(uint64_t version, std::sp
   p.next_hash = state_hash_ + delta_hash;
   // The patch's info counts the state's elements, which applying does not change.
   Status encoded = EncodeDelta(DeltaInfo(version, latest_version(), state_), kept_changes_, kept_patch_);
-  if (encoded.ok() && options_.measure_gap_delta) {
-    if (settings_.encoding == IndexEncoding::kGapDelta) {
-      p.gap_delta_bytes = kept_patch_.size;
-    } else {
-      Result<uint64_t> size = GapDeltaSize(version, kept_changes_);
-      encoded = size.status();
-      if (size.ok()) p.gap_delta_bytes = *size;
-    }
+  if (encoded.ok() && options_.measure_gap_delta) {  // raw: gap_delta's size measured apart
+    Result<uint64_t> size = GapDeltaSize(version, kept_changes_);
+    encoded = size.status();
+    if (size.ok()) p.gap_delta_bytes = *size;
   }
   if (!encoded.ok()) {
     p.rollback();

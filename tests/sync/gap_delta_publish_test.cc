@@ -18,19 +18,14 @@
 #include "deltasync/patch.h"
 #include "deltasync/state_hash.h"
 #include "deltasync/weight_state.h"
+#include "codec/patch_test_util.h"
 #include "testing/random_model.h"
 
 namespace deltasync {
 namespace {
 
+using testing::Flatten;
 using testing::RandomModel;
-
-std::vector<uint8_t> Concat(const EncodedPatch& patch) {
-  std::vector<uint8_t> bytes;
-  for (ByteSpan part : patch.parts) bytes.insert(bytes.end(), part.begin(), part.end());
-  EXPECT_EQ(bytes.size(), patch.size);
-  return bytes;
-}
 
 using Contents = std::map<std::string, std::vector<uint8_t>>;
 
@@ -81,7 +76,7 @@ TEST(GapDeltaPublishTest, TheDeltaOfDetectThenEncodeAppliedBitForBit) {
       ASSERT_TRUE(delta.ok()) << delta.status().ToString();
       EXPECT_EQ(route.changed(), want_changed);
       const EncodedPatch got = route.TakePatch();
-      EXPECT_EQ(Concat(got), Concat(*want));
+      EXPECT_EQ(Flatten(got), Flatten(*want));
       const Contents now = ContentsOf(current);
       ASSERT_EQ(ContentsOf(*state), now);
       EXPECT_EQ(hash + *delta, HashState(*state));
@@ -92,7 +87,7 @@ TEST(GapDeltaPublishTest, TheDeltaOfDetectThenEncodeAppliedBitForBit) {
         EXPECT_EQ(HashState(*state), hash);
         delta = route.Run(*state, current, options, info, threads);
         ASSERT_TRUE(delta.ok()) << delta.status().ToString();
-        EXPECT_EQ(Concat(route.TakePatch()), Concat(*want));
+        EXPECT_EQ(Flatten(route.TakePatch()), Flatten(*want));
         ASSERT_EQ(ContentsOf(*state), now);
       }
       hash = hash + *delta;
