@@ -17,6 +17,7 @@
 #include "bf16/bf16_test_util.h"
 #include "bf16/chunked.h"
 #include "bf16/chunks.h"
+#include "codec/patch_test_util.h"
 #include "deltasync/changes.h"
 #include "deltasync/detect_encode.h"
 #include "deltasync/patch.h"
@@ -25,6 +26,7 @@
 namespace deltasync {
 namespace {
 
+using testing::Flatten;
 using testing_bf16::ForEachTarget;
 using testing_bf16::Mutate;
 using testing_bf16::OwnedTensor;
@@ -109,13 +111,6 @@ PatchInfo InfoFor(const WeightState& state) {
   return info;
 }
 
-std::vector<uint8_t> Concat(const EncodedPatch& patch) {
-  std::vector<uint8_t> bytes;
-  for (ByteSpan part : patch.parts) bytes.insert(bytes.end(), part.begin(), part.end());
-  EXPECT_EQ(bytes.size(), patch.size);
-  return bytes;
-}
-
 // What DetectChanges then EncodeDelta write, or their error.
 Result<std::vector<uint8_t>> Separate(const WeightState& state, std::span<const TensorView> current,
                                       const DetectOptions& options, const PatchInfo& info, uint64_t* changed) {
@@ -123,7 +118,7 @@ Result<std::vector<uint8_t>> Separate(const WeightState& state, std::span<const 
   *changed = 0;
   for (const TensorChanges& c : changes) *changed += c.count();
   DS_ASSIGN_OR_RETURN(EncodedPatch patch, EncodeDelta(info, changes));
-  return Concat(patch);
+  return Flatten(patch);
 }
 
 TEST(DetectAndEncodeGapDeltaTest, SameBytesAsDetectThenEncode) {
@@ -143,14 +138,14 @@ TEST(DetectAndEncodeGapDeltaTest, SameBytesAsDetectThenEncode) {
           SCOPED_TRACE("chunk " + std::to_string(chunk) + " threads " + std::to_string(threads));
           Status s = bf16::DetectAndEncodeGapDeltaChunked(c.state, current, {.threads = threads}, info, chunk, out);
           ASSERT_TRUE(s.ok()) << s.ToString();
-          EXPECT_EQ(Concat(out.patch), *want);
+          EXPECT_EQ(Flatten(out.patch), *want);
           EXPECT_EQ(out.changed, want_changed);
         }
       }
     });
     // The public entry (default chunks, all cores).
     ASSERT_TRUE(DetectAndEncodeGapDelta(c.state, current, {}, info, out).ok());
-    EXPECT_EQ(Concat(out.patch), *want);
+    EXPECT_EQ(Flatten(out.patch), *want);
   }
 }
 
@@ -165,7 +160,7 @@ TEST(DetectAndEncodeGapDeltaTest, WideGapsDecodeToTheDetectedChanges) {
     DetectedGapDelta out;
     ASSERT_TRUE(bf16::DetectAndEncodeGapDeltaChunked(c.state, current, {.threads = 2}, InfoFor(c.state), chunk, out).ok());
     EXPECT_EQ(out.changed_tensors, want->size());
-    auto file = SafetensorsFile::Parse(Blob::FromVector(Concat(out.patch)), "fused");
+    auto file = SafetensorsFile::Parse(Blob::FromVector(Flatten(out.patch)), "fused");
     ASSERT_TRUE(file.ok()) << file.status().ToString();
     for (const TensorView& e : file->tensors()) {
       if (e.name == "layers.0.sparse.idx" || e.name == "layers.1.sparse.idx" || e.name == "layers.3.just_wide.idx") {
@@ -199,7 +194,7 @@ TEST(DetectAndEncodeGapDeltaTest, ViewsInAnyOrder) {
       Status s = bf16::DetectAndEncodeGapDeltaChunked(std::span<const TensorView>(base), current, {.threads = 2}, info,
                                                       chunk, out);
       ASSERT_TRUE(s.ok()) << s.ToString();
-      EXPECT_EQ(Concat(out.patch), Concat(*want)) << "chunk " << chunk;
+      EXPECT_EQ(Flatten(out.patch), Flatten(*want)) << "chunk " << chunk;
     }
   });
 }
@@ -230,7 +225,7 @@ TEST(DetectAndEncodeGapDeltaTest, TinyNoneAndAllChanged) {
           DetectedGapDelta out;
           ASSERT_TRUE(bf16::DetectAndEncodeGapDeltaChunked(c.state, current, {.threads = threads}, InfoFor(c.state),
                                                            chunk, out).ok());
-          EXPECT_EQ(Concat(out.patch), *want) << "chunk " << chunk << " threads " << threads;
+          EXPECT_EQ(Flatten(out.patch), *want) << "chunk " << chunk << " threads " << threads;
           EXPECT_EQ(out.changed, want_changed);
         }
       }
@@ -273,12 +268,12 @@ TEST(DetectAndEncodeGapDeltaTest, GapsPastThirtyTwoBitsWidenToU64) {
   Status s = DetectAndEncodeGapDelta(published, current, {.threads = 2}, info, out);
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(out.changed, 2u);
-  std::vector<uint8_t> got = Concat(out.patch);
+  std::vector<uint8_t> got = Flatten(out.patch);
   auto changes = DetectChanges(published, current, {.threads = 2});
   ASSERT_TRUE(changes.ok()) << changes.status().ToString();
   auto want = EncodeDelta(info, *changes);
   ASSERT_TRUE(want.ok()) << want.status().ToString();
-  EXPECT_EQ(got, Concat(*want));
+  EXPECT_EQ(got, Flatten(*want));
   munmap(base, bytes);
   munmap(now, bytes);
 
@@ -347,7 +342,7 @@ TEST(DetectAndEncodeGapDeltaTest, SameErrorsAndNoPatchAfterOne) {
   auto want = Separate(c.state, Views(c.current), {}, info, &changed);
   ASSERT_TRUE(want.ok());
   ASSERT_TRUE(DetectAndEncodeGapDelta(c.state, Views(c.current), {.threads = 2}, info, out).ok());
-  EXPECT_EQ(Concat(out.patch), *want);
+  EXPECT_EQ(Flatten(out.patch), *want);
 }
 
 }  // namespace
