@@ -41,6 +41,15 @@ HWY_BEFORE_NAMESPACE();
 namespace deltasync::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// GCC 12's AVX-512 headers start some results from _mm512_undefined_*(),
+// which its -Wmaybe-uninitialized then flags in the scan's block pass
+// (a known false positive; clang has no such warning group).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 constexpr size_t kScanBlock = kScanBlockElements;
 constexpr size_t kScanWords = kScanBlock / 64;
 constexpr uint8_t kNoClass = 0xFF;
@@ -671,6 +680,9 @@ size_t ScanCompactSpanImpl(const CompactScanSpan& span, CompactScanState& state)
   return span.f32 ? ScanLoop<true, false>(span, state) : ScanLoop<false, false>(span, state);
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 }  // namespace deltasync::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 

@@ -125,10 +125,13 @@ DS_CODEC_INLINE void PutRiceCodes(BitWriter::Local& l, const uint64_t* gaps, siz
 // concatenated in order. Not inlined: a function of this target is called
 // from the body (inlining it into a body of no target would be refused).
 // GCC 12's AVX-512 headers start some results from _mm512_undefined_*(),
-// which its -Wmaybe-uninitialized then flags (a known false positive).
+// which its -Wmaybe-uninitialized then flags (a known false positive;
+// clang has no such warning group).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 DS_CODEC_AVX512_TARGET __attribute__((noinline)) void PutRiceCodesAvx512(BitWriter::Local& w, const uint64_t* gaps,
                                                                           size_t e, int k) {
   BitWriter::Local l = w;
@@ -174,7 +177,9 @@ DS_CODEC_AVX512_TARGET __attribute__((noinline)) void PutRiceCodesAvx512(BitWrit
   PutRiceCodes(l, gaps + i, e - i, k);
   w = l;
 }
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 #endif
 
 // PutRiceGaps's body, inlined into its copies (codec_targets.h); the third

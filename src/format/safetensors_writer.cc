@@ -37,8 +37,12 @@ std::optional<std::string> JsonString(const std::string& s) {
 
 std::string Quote(std::string_view s) {
   constexpr size_t kMax = 128;
-  if (s.size() <= kMax) return "'" + std::string(s) + "'";
-  return "'" + std::string(s.substr(0, kMax)) + "...'";
+  // Appended, not "'" + std::string(s): GCC 12 flags the insert at 0 that
+  // the latter inlines with a false -Wrestrict.
+  std::string out(1, '\'');
+  out.append(s.substr(0, kMax));
+  out.append(s.size() <= kMax ? "'" : "...'");
+  return out;
 }
 
 std::string ErrnoText(int err) { return std::strerror(err); }

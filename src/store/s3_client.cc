@@ -51,7 +51,9 @@ S3Client::S3Client(ResolvedConfig config, std::string bucket, std::string prefix
 }
 
 std::string S3Client::Url(std::string_view object) const {
-  return "s3://" + bucket_ + (object.empty() ? "" : "/" + std::string(object));
+  std::string url = "s3://" + bucket_;
+  if (!object.empty()) url.append("/").append(object);
+  return url;
 }
 
 Result<std::string> S3Client::ObjectKey(std::string_view key) const {

@@ -65,7 +65,7 @@ EnvLookup ProcessEnvironment() {
 Result<BucketUrl> ParseBucketUrl(std::string_view url) {
   constexpr std::string_view kScheme = "s3://";
   if (url.substr(0, kScheme.size()) != kScheme) {
-    return Status::InvalidArgument("'" + std::string(url) + "' is not an s3:// URL");
+    return Status::InvalidArgument(std::string(1, '\'').append(url).append("' is not an s3:// URL"));
   }
   std::string_view rest = url.substr(kScheme.size());
   size_t slash = rest.find('/');

@@ -143,7 +143,9 @@ Status S3Store::Delete(std::string_view key) {
 
 std::string S3Store::Describe() const {
   const std::string& p = client_->prefix();
-  return "s3://" + client_->bucket() + (p.empty() ? "" : "/" + p.substr(0, p.size() - 1));
+  std::string url = "s3://" + client_->bucket();
+  if (!p.empty()) url.append("/").append(p, 0, p.size() - 1);
+  return url;
 }
 
 const std::string& S3Store::bucket() const { return client_->bucket(); }

@@ -53,8 +53,8 @@ bool DecodeReference(std::string_view ref, std::string& out) {
 
 std::vector<std::string_view> XmlElements(std::string_view xml, std::string_view tag) {
   std::vector<std::string_view> out;
-  std::string open = "<" + std::string(tag);
-  std::string close = "</" + std::string(tag) + ">";
+  const std::string open = std::string("<").append(tag);
+  const std::string close = std::string("</").append(tag).append(">");
   size_t pos = 0;
   while (pos < xml.size()) {
     size_t start = xml.find(open, pos);

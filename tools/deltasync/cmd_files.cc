@@ -382,8 +382,9 @@ Status RunInspect(const InspectArgs& args) {
     std::printf("  changed tensors (%zu):\n", out["changed_tensors"].size());
     for (const auto& t : out["changed_tensors"]) {
       const std::string name = t["name"].is_string() ? t["name"].get<std::string>()
-                                                     : "#" + std::to_string(t["base_index"].get<uint64_t>()) +
-                                                           " (name it with --base)";
+                                                     : std::string("#")
+                                                           .append(std::to_string(t["base_index"].get<uint64_t>()))
+                                                           .append(" (name it with --base)");
       std::printf("    %-60s %-5s %llu changed\n", name.c_str(),
                   t["dtype"].is_null() ? "-" : t["dtype"].get<std::string>().c_str(),
                   static_cast<unsigned long long>(t["changed"].get<uint64_t>()));
