@@ -18,6 +18,11 @@ the ULP difference of every changed one:
   +previous     and the element's move in the previous step (down, none, up):
                 a decoder would need the previous delta's positions
   +both         all three
+  +history      the exponent, the steps since the element last changed in
+                the kept states (1, 2, 3, 4-7, 8+, never) and that change's
+                direction: a decoder that kept each element's last change
+                (a byte per element) knows them; +previous is its first
+                bucket
   +rows         (ideal only) the exponent, with a flag per row of a matrix
                 (its last dimension) saying whether the row holds a change,
                 sent at its own entropy: rows without one cost nothing more;
@@ -76,7 +81,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from real_model_bench import tensor_entropy_bits  # noqa: E402
 
 WINDOW = 32
-CONTEXTS = ("exponent", "+density", "+previous", "+both")
+CONTEXTS = ("exponent", "+density", "+previous", "+both", "+history")
 ROWS = "+rows"
 ORACLES = ("row oracle", "col oracle", "+signs", "row gain adaptive")
 
@@ -214,12 +219,21 @@ def oracle_bits(o: np.ndarray, exp: np.ndarray, flag: np.ndarray, idx: np.ndarra
             "row gain adaptive": by_exp - min(by_exp, by_row)}
 
 
-def step_bits(before: dict | None, old: dict, new: dict, row_len: dict | None = None) -> tuple[int, float, dict, float]:
+def age_bucket(age: np.ndarray) -> np.ndarray:
+    """Steps since an element's last change -> 0 (never), 1, 2, 3, 4 (4-7), 5 (8+)."""
+    return np.select([age <= 0, age <= 3, age <= 7], [0, age, 4], 5)
+
+
+def step_bits(before: dict | None, old: dict, new: dict, row_len: dict | None = None,
+              history: dict | None = None, step: int = 0) -> tuple[int, float, dict, float]:
     """(changed, order-0 bits, {context: bits}, P(moves | moved in the
     previous step)) of the step old -> new; `bits` holds each context's ideal
     length and, under "<context> adaptive", the adaptive coder's. `row_len`
     (from load_bits) gives the matrices' rows for the "+rows" column; a
-    tensor without one there gets the exponent's length."""
+    tensor without one there gets the exponent's length. `history` maps a
+    tensor to (the step of each element's last change, -1 if none; its
+    direction 0 down / 2 up, 1 if none) before this step, `step` this step's
+    number: the "+history" context; both are updated here."""
     changed, h0, bits = 0, 0.0, dict.fromkeys(CONTEXTS + (ROWS,) + ORACLES, 0.0)
     counted = {label: ([], []) for label in CONTEXTS}
     moved_before = moved_again = 0
@@ -239,14 +253,21 @@ def step_bits(before: dict | None, old: dict, new: dict, row_len: dict | None = 
         prev = np.ones_like(o) if before is None else np.sign(o - before[name]) + 1
         moved_before += int((prev != 1).sum())
         moved_again += int(((prev != 1) & (flag == 1)).sum())
+        if history is not None and name not in history:
+            history[name] = (np.full(o.size, -1, np.int64), np.ones(o.size, np.int64))
+        last_step, last_dir = history[name] if history is not None else (np.full(o.size, -1, np.int64),
+                                                                         np.ones(o.size, np.int64))
+        hist = (exp * 6 + age_bucket(np.where(last_step < 0, 0, step - last_step))) * 3 + last_dir
         for label, ctx in (("exponent", exp), ("+density", exp * 4 + density), ("+previous", exp * 3 + prev),
-                           ("+both", (exp * 4 + density) * 3 + prev)):
+                           ("+both", (exp * 4 + density) * 3 + prev), ("+history", hist)):
             # The difference takes the context minus density (a decoder knows
             # the flags before the difference either way).
-            dctx = exp if label in ("exponent", "+density") else exp * 3 + prev
+            dctx = exp if label in ("exponent", "+density") else hist if label == "+history" else exp * 3 + prev
             bits[label] += conditional_bits(ctx, flag) + conditional_bits(dctx[idx], diff)
             counted[label][0].append(symbol_counts(ctx, flag))
             counted[label][1].append(symbol_counts(dctx[idx], diff))
+        last_step[idx] = step
+        last_dir[idx] = np.sign(diff) + 1
         exp_flags = conditional_bits(exp, flag)
         rows = row_flag_bits(exp, flag, row_len[name]) if row_len and name in row_len else exp_flags
         bits[ROWS] += min(exp_flags, rows) + conditional_bits(exp[idx], diff)
@@ -273,8 +294,10 @@ def main() -> None:
                        key=lambda p: int(re.search(r"step-(\d+)", p).group(1)))
         row_len: dict = {}
         states = [load_bits(p, row_len) for p in paths]
+        history: dict = {}
         for s in range(1, len(states)):
-            changed, h0, bits, again = step_bits(states[s - 2] if s >= 2 else None, states[s - 1], states[s], row_len)
+            changed, h0, bits, again = step_bits(states[s - 2] if s >= 2 else None, states[s - 1], states[s], row_len,
+                                                 history, s)
             if changed == 0:
                 continue
             cells = " | ".join(f"{bits[c] / h0:.3f}" for c in columns)
