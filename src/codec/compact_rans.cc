@@ -47,26 +47,53 @@ inline void FastStep(uint32_t& x, const uint32_t* slots, uint8_t* out, const uin
 
 }  // namespace
 
-std::optional<std::string> DecodeRansPiece(ByteSpan rans, const std::array<uint64_t, kClasses + 1>& begin,
-                                           uint64_t lo, uint64_t hi, const V3Tables& tables, uint8_t* d) {
-  const bool two = hi - lo >= kRansTwoStates;
-  const size_t state_bytes = two ? 8 : 4;
+namespace {
+
+// One piece's decode in progress: the next change r of [lo, hi), the states
+// of the changes with (r - lo) even (x0) and odd (x1; kRansLow with one
+// state), the bytes [ptr, end) not yet read.
+struct RansLane {
+  uint64_t lo = 0, hi = 0, r = 0;
+  uint32_t x0 = kRansLow, x1 = kRansLow;
+  bool two = false;
+  const uint8_t* ptr = nullptr;
+  const uint8_t* end = nullptr;
+};
+
+// The piece's initial states: DecodeRansPiece's first errors.
+std::optional<std::string> StartLane(ByteSpan rans, uint64_t lo, uint64_t hi, RansLane& l) {
+  l.lo = lo;
+  l.hi = hi;
+  l.r = lo;
+  l.two = hi - lo >= kRansTwoStates;
+  const size_t state_bytes = l.two ? 8 : 4;
   if (rans.size() < state_bytes) return "rANS bytes shorter than the initial states";
-  uint32_t x0, x1 = kRansLow;
-  std::memcpy(&x0, rans.data(), 4);  // little-endian hosts only (as the whole codec)
-  if (two) std::memcpy(&x1, rans.data() + 4, 4);
-  for (uint32_t x : {x0, x1}) {
+  std::memcpy(&l.x0, rans.data(), 4);  // little-endian hosts only (as the whole codec)
+  l.x1 = kRansLow;
+  if (l.two) std::memcpy(&l.x1, rans.data() + 4, 4);
+  for (uint32_t x : {l.x0, l.x1}) {
     if (x < kRansLow || x >= (uint32_t{1} << 31)) return "rANS state out of range";
   }
-  const uint8_t* ptr = rans.data() + state_bytes;
-  const uint8_t* const end = rans.data() + rans.size();
+  l.ptr = rans.data() + state_bytes;
+  l.end = rans.data() + rans.size();
+  return std::nullopt;
+}
+
+// The piece's changes [l.r, hi) one state after the other, then the final
+// checks: the rest of DecodeRansPiece from wherever the lane stands.
+std::optional<std::string> FinishLane(RansLane& l, const std::array<uint64_t, kClasses + 1>& begin,
+                                      const V3Tables& tables, uint8_t* d) {
+  const uint64_t lo = l.lo;
+  uint32_t x0 = l.x0, x1 = l.x1;
+  const uint8_t* ptr = l.ptr;
+  const uint8_t* const end = l.end;
   for (int cl = 0; cl < kClasses; ++cl) {
-    const auto [a, b] = ClassPart(begin, cl, lo, hi);
+    const auto [a, b] = ClassPart(begin, cl, std::max(l.r, lo), l.hi);
     if (a >= b) continue;
     const uint32_t* slots = tables.classes[cl].slots.data();
     uint64_t r = a;
     bool ok = true;
-    if (!two) {
+    if (!l.two) {
       for (; r < b && end - ptr >= 2; ++r) FastStep(x0, slots, d + r, ptr);
       for (; ok && r < b; ++r) ok = CarefulStep(x0, slots, d + r, ptr, end);
     } else {
@@ -86,6 +113,81 @@ std::optional<std::string> DecodeRansPiece(ByteSpan rans, const std::array<uint6
   if (x0 != kRansLow || x1 != kRansLow) return "rANS final states are not the initial ones";
   if (ptr != end) return std::to_string(end - ptr) + " trailing rANS bytes";
   return std::nullopt;
+}
+
+// The class of change r (begin[cl] <= r < begin[cl + 1]; r < begin[kClasses]).
+int ClassOf(const std::array<uint64_t, kClasses + 1>& begin, uint64_t r) {
+  int cl = 0;
+  while (begin[cl + 1] <= r) ++cl;
+  return cl;
+}
+
+// Two two-state lanes stepped in turn, four states in registers: a run is
+// as many changes as both lanes have left in their present classes and
+// bytes for (at least 2 a change: FastStep never checks), both lanes' r
+// advancing together. Stops where either lane ends or runs short of bytes
+// (FinishLane then takes each on alone, the careful steps included).
+void Lockstep(RansLane& A, RansLane& B, const std::array<uint64_t, kClasses + 1>& begin, const V3Tables& tables,
+              uint8_t* d) {
+  while (A.r < A.hi && B.r < B.hi) {
+    const int ca = ClassOf(begin, A.r), cb = ClassOf(begin, B.r);
+    uint64_t n = std::min(std::min(begin[ca + 1], A.hi) - A.r, std::min(begin[cb + 1], B.hi) - B.r);
+    n = std::min<uint64_t>(n, static_cast<uint64_t>(A.end - A.ptr) / 2);
+    n = std::min<uint64_t>(n, static_cast<uint64_t>(B.end - B.ptr) / 2);
+    if (n == 0) return;
+    const uint32_t* const sa = tables.classes[ca].slots.data();
+    const uint32_t* const sb = tables.classes[cb].slots.data();
+    // The state of each lane's next change first.
+    const bool odd_a = (A.r - A.lo) & 1, odd_b = (B.r - B.lo) & 1;
+    uint32_t ac = odd_a ? A.x1 : A.x0, ao = odd_a ? A.x0 : A.x1;
+    uint32_t bc = odd_b ? B.x1 : B.x0, bo = odd_b ? B.x0 : B.x1;
+    const uint8_t* pa = A.ptr;
+    const uint8_t* pb = B.ptr;
+    uint8_t* da = d + A.r;
+    uint8_t* db = d + B.r;
+    uint64_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+      FastStep(ac, sa, da + j, pa);
+      FastStep(bc, sb, db + j, pb);
+      FastStep(ao, sa, da + j + 1, pa);
+      FastStep(bo, sb, db + j + 1, pb);
+    }
+    if (j < n) {
+      FastStep(ac, sa, da + j, pa);
+      FastStep(bc, sb, db + j, pb);
+      std::swap(ac, ao);
+      std::swap(bc, bo);
+    }
+    A.r += n;
+    B.r += n;
+    A.ptr = pa;
+    B.ptr = pb;
+    const bool now_odd_a = (A.r - A.lo) & 1, now_odd_b = (B.r - B.lo) & 1;
+    A.x0 = now_odd_a ? ao : ac;
+    A.x1 = now_odd_a ? ac : ao;
+    B.x0 = now_odd_b ? bo : bc;
+    B.x1 = now_odd_b ? bc : bo;
+  }
+}
+
+}  // namespace
+
+std::optional<std::string> DecodeRansPiece(ByteSpan rans, const std::array<uint64_t, kClasses + 1>& begin,
+                                           uint64_t lo, uint64_t hi, const V3Tables& tables, uint8_t* d) {
+  RansLane l;
+  if (auto err = StartLane(rans, lo, hi, l)) return err;
+  return FinishLane(l, begin, tables, d);
+}
+
+void DecodeRansPieces2(ByteSpan rans_a, uint64_t lo_a, uint64_t hi_a, ByteSpan rans_b, uint64_t lo_b,
+                       uint64_t hi_b, const std::array<uint64_t, kClasses + 1>& begin, const V3Tables& tables,
+                       uint8_t* d, std::optional<std::string>& err_a, std::optional<std::string>& err_b) {
+  RansLane a, b;
+  err_a = StartLane(rans_a, lo_a, hi_a, a);
+  err_b = StartLane(rans_b, lo_b, hi_b, b);
+  if (!err_a && !err_b && a.two && b.two) Lockstep(a, b, begin, tables, d);
+  if (!err_a) err_a = FinishLane(a, begin, tables, d);
+  if (!err_b) err_b = FinishLane(b, begin, tables, d);
 }
 
 namespace {

@@ -23,6 +23,16 @@ namespace deltasync::compact {
 std::optional<std::string> DecodeRansPiece(ByteSpan rans, const std::array<uint64_t, kClasses + 1>& begin,
                                            uint64_t lo, uint64_t hi, const V3Tables& tables, uint8_t* d);
 
+// DecodeRansPiece of two pieces at once: a's changes [lo_a, hi_a) from
+// rans_a and b's [lo_b, hi_b) from rans_b (disjoint ranges of the same
+// classes), each piece's two states stepped in turn with the other's (four
+// independent chains where one piece has two) while both have changes and
+// bytes; the rest of each alone. Outputs and each piece's error
+// (err_a, err_b) exactly as two DecodeRansPiece calls give them.
+void DecodeRansPieces2(ByteSpan rans_a, uint64_t lo_a, uint64_t hi_a, ByteSpan rans_b, uint64_t lo_b,
+                       uint64_t hi_b, const std::array<uint64_t, kClasses + 1>& begin, const V3Tables& tables,
+                       uint8_t* d, std::optional<std::string>& err_a, std::optional<std::string>& err_b);
+
 // The encoder's constants for a symbol of frequency f (1 <= f <= 4096) and
 // cumulative start: the step x -> (x / f) * 4096 + x % f + start, after the
 // renormalisation bytes that leave while x >= x_max, is

@@ -300,24 +300,55 @@ std::optional<std::string> ParseBf16StreamV3(Reader& in, uint64_t count, const V
   out.diffs.resize(count);
   std::array<GapRanks, kClasses> ranks;  // a class's ranks run on across pieces
   for (GapRanks& r : ranks) r.elements = out.elements;
-  for (uint64_t p = 0; p < pieces; ++p) {
+  auto where = [](uint64_t p) { return "piece " + std::to_string(p) + ": "; };
+  // Piece p's gaps into ranks; its rANS bytes to `rans`.
+  auto read_gaps = [&](uint64_t p, ByteSpan& rans) -> std::optional<std::string> {
     const uint64_t lo = p * kV3Piece, hi = std::min(count, lo + kV3Piece);
-    const std::string where = "piece " + std::to_string(p) + ": ";
     BitReader bits(*in.Take(lens[p].first));
     for (int cl = 0; cl < kClasses; ++cl) {
       const Span part = ClassPart(begin, cl, lo, hi);
       if (part.a >= part.b) continue;
       if (auto err = out.ranks.Read(bits, part.a, part.b - part.a, ranks[cl])) {
-        return where + "class " + std::to_string(cl) + " gaps: " + *err;
+        return where(p) + "class " + std::to_string(cl) + " gaps: " + *err;
       }
     }
-    if (!bits.AtPaddedEnd()) return where + "trailing bits after the gaps";
-    const ByteSpan rans = *in.Take(lens[p].second);
-    if (auto err = DecodeRansPiece(rans, begin, lo, hi, *tables, out.diffs.data())) return where + *err;
+    if (!bits.AtPaddedEnd()) return where(p) + "trailing bits after the gaps";
+    rans = *in.Take(lens[p].second);
+    return std::nullopt;
+  };
+  auto count_sizes = [&](uint64_t p) {
     if (sizes) {
       sizes->gaps += lens[p].first;
       sizes->diffs += lens[p].second;
     }
+  };
+  // Pieces two at a time where both are whole (their rANS states stepped in
+  // turn, DecodeRansPieces2), the errors in the order one at a time gives
+  // them: piece p's gaps, p's rANS, p + 1's gaps, p + 1's rANS.
+  for (uint64_t p = 0; p < pieces;) {
+    const uint64_t lo = p * kV3Piece, hi = std::min(count, lo + kV3Piece);
+    ByteSpan rans;
+    if (auto err = read_gaps(p, rans)) return err;
+    const uint64_t lo2 = hi, hi2 = std::min(count, lo2 + kV3Piece);
+    if (p + 1 < pieces && hi2 - lo2 >= kRansTwoStates) {
+      ByteSpan rans2;
+      if (auto err2 = read_gaps(p + 1, rans2)) {
+        if (auto err = DecodeRansPiece(rans, begin, lo, hi, *tables, out.diffs.data())) return where(p) + *err;
+        count_sizes(p);
+        return err2;
+      }
+      std::optional<std::string> err, err2;
+      DecodeRansPieces2(rans, lo, hi, rans2, lo2, hi2, begin, *tables, out.diffs.data(), err, err2);
+      if (err) return where(p) + *err;
+      count_sizes(p);
+      if (err2) return where(p + 1) + *err2;
+      count_sizes(p + 1);
+      p += 2;
+      continue;
+    }
+    if (auto err = DecodeRansPiece(rans, begin, lo, hi, *tables, out.diffs.data())) return where(p) + *err;
+    count_sizes(p);
+    ++p;
   }
   const uint64_t n_escapes = static_cast<uint64_t>(std::count(out.diffs.begin(), out.diffs.end(), kEscape));
   const size_t esc_start = in.position();

@@ -196,6 +196,67 @@ TEST(CompactRans, TruncatedOverLongAndCorruptedPiecesFailAsTheReference) {
 }
 
 
+// Two pieces of `c` at once (DecodeRansPieces2: [lo, lo + n) and the
+// piece after it, of up to n changes) against the reference on each, on
+// the valid bytes and on broken ones (either piece's or both: truncated,
+// over-long, flipped): the same bytes and the same error for each piece.
+void CheckPair(const Case& c, uint64_t lo, uint64_t n, std::mt19937_64& rng) {
+  const uint64_t count = c.diffs.size();
+  const uint64_t hi = std::min(count, lo + n), lo2 = hi, hi2 = std::min(count, lo2 + n);
+  const std::vector<uint8_t> a = ReferenceEncode(c.diffs, lo, hi, c.begin, c.tables);
+  const std::vector<uint8_t> b = ReferenceEncode(c.diffs, lo2, hi2, c.begin, c.tables);
+  auto broken = [&](const std::vector<uint8_t>& x, int how) {
+    std::vector<uint8_t> y = x;
+    if (how == 1) y.resize(y.size() - std::min<size_t>(y.size(), 1 + rng() % 12));
+    if (how == 2) y.resize(y.size() / 2);
+    if (how == 3) y.insert(y.end(), 1 + rng() % 3, static_cast<uint8_t>(rng()));
+    if (how == 4 && !y.empty()) y[rng() % y.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+    if (how == 5 && !y.empty()) y[rng() % std::min<size_t>(y.size(), 8)] ^= static_cast<uint8_t>(1u << (rng() % 8));
+    return y;
+  };
+  for (int ha = 0; ha <= 5; ++ha) {
+    for (int hb = 0; hb <= 5; ++hb) {
+      const std::vector<uint8_t> ia = broken(a, ha), ib = broken(b, hb);
+      std::vector<uint8_t> got(count, 0), want(count, 0);
+      std::optional<std::string> err_a, err_b;
+      DecodeRansPieces2(ia, lo, hi, ib, lo2, hi2, c.begin, c.tables, got.data(), err_a, err_b);
+      const std::optional<std::string> want_a = ReferenceDecode(ia, c.begin, lo, hi, c.tables, want.data());
+      const std::optional<std::string> want_b = ReferenceDecode(ib, c.begin, lo2, hi2, c.tables, want.data());
+      SCOPED_TRACE("pieces at " + std::to_string(lo) + " and " + std::to_string(lo2) + ", broken " +
+                   std::to_string(ha) + " " + std::to_string(hb));
+      ASSERT_EQ(err_a, want_a);
+      ASSERT_EQ(err_b, want_b);
+      if (!want_a) ASSERT_TRUE(std::equal(got.begin() + lo, got.begin() + hi, want.begin() + lo));
+      if (!want_b) ASSERT_TRUE(std::equal(got.begin() + lo2, got.begin() + hi2, want.begin() + lo2));
+      if (ha == 0 && hb == 0) {
+        ASSERT_FALSE(err_a) << *err_a;
+        ASSERT_FALSE(err_b) << *err_b;
+        ASSERT_TRUE(std::equal(got.begin() + lo, got.begin() + hi2, c.diffs.begin() + lo));
+      }
+    }
+  }
+}
+
+TEST(CompactRans, TwoPiecesAtOnceEqualTheReferenceOnEach) {
+  std::mt19937_64 rng(11);
+  // Class borders at odd and even changes, in different places in the two
+  // pieces; the second piece shorter, of one state (below 64), or empty.
+  for (uint64_t n : {64, 65, 127, 300, 1001}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      SCOPED_TRACE(std::to_string(n) + " changes a piece, kind " + std::to_string(kind));
+      const Case c = MakeCase(rng, {{0, n / 3 + 1}, {4, n / 2}, {7, n + 5}, {15, n / 5 + 2}}, {kind, 2, 1, 3});
+      const uint64_t count = c.diffs.size();
+      for (uint64_t lo : {uint64_t{0}, uint64_t{1}, n / 2, count - std::min(count, n + 40), count - std::min(count, n + 1)}) {
+        CheckPair(c, lo, n, rng);
+      }
+    }
+  }
+  // Whole pieces of 65,536 changes and a partial last one.
+  const Case c = MakeCase(rng, {{2, 70001}, {3, 61071}}, {2, 3});
+  CheckPair(c, 0, kV3Piece, rng);
+  CheckPair(c, kV3Piece - 1000, kV3Piece, rng);
+}
+
 // The library's writer (WriteBf16StreamV3, branch-free renormalisation)
 // puts exactly the reference encoder's bytes in every piece, in both of its
 // compiled copies.

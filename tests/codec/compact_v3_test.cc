@@ -8,6 +8,8 @@
 
 #include "codec/compact_bf16.h"
 #include "codec/compact_container.h"
+#include "codec/compact_rans.h"
+#include "codec/compact_rice.h"
 #include "codec/compact_v3.h"
 #include "codec/patch_test_util.h"
 #include "deltasync/compact.h"
@@ -157,6 +159,115 @@ TEST(CompactV3, ManyPieces) {
   std::mt19937_64 rng(9);
   RoundTripBoth(b, {testing::Bf16Changes(b.state, "big", testing::RandomIndices(rng, n, compact::kV3Piece + 7),
                             [&](uint16_t o, uint64_t i) { return i % 11 ? Ulp(o, i) : static_cast<uint16_t>(o ^ 0x8000); })});
+}
+
+// The parse reads two pieces' rANS bytes at once (DecodeRansPieces2), yet
+// its ranks, diffs and errors are those of reading the pieces one after the
+// other (gaps, then rANS, per piece), here with the pieces' own readers
+// (RankBuffer::Read, DecodeRansPiece): on a stream of 2, 3 and 4 pieces,
+// intact and with one or two bit flips anywhere in the pieces' bytes (a
+// flip in a piece's rANS bytes before one in the next piece's gaps too).
+struct PieceReference {
+  std::optional<std::string> error;
+  compact::RankBuffer ranks;
+  std::vector<uint8_t> diffs;
+};
+
+// `body`: the stream after version, mode and count; a valid header
+// (bitmap, counts, directory). Sets *pieces_at to where the pieces start.
+PieceReference OneAtATime(ByteSpan body, uint64_t count, uint64_t elements, const compact::V3Tables& tables,
+                          size_t* pieces_at) {
+  PieceReference ref;
+  compact::Reader in(body);
+  const unsigned bitmap = *in.Byte() | (*in.Byte() << 8u);
+  std::array<uint64_t, compact::kClasses + 1> begin{};
+  for (int cl = 0; cl < compact::kClasses; ++cl) begin[cl + 1] = begin[cl] + ((bitmap >> cl & 1) ? *in.Varint() : 0);
+  const uint64_t pieces = (count + compact::kV3Piece - 1) / compact::kV3Piece;
+  std::vector<std::pair<uint64_t, uint64_t>> lens(pieces);
+  for (auto& [g, r] : lens) g = *in.Varint(), r = *in.Varint();
+  *pieces_at = in.position();
+  ref.ranks.Resize(count, elements);
+  ref.diffs.resize(count);
+  std::array<compact::GapRanks, compact::kClasses> ranks;
+  for (compact::GapRanks& r : ranks) r.elements = elements;
+  for (uint64_t p = 0; p < pieces && !ref.error; ++p) {
+    const uint64_t lo = p * compact::kV3Piece, hi = std::min(count, lo + compact::kV3Piece);
+    const std::string where = "piece " + std::to_string(p) + ": ";
+    compact::BitReader bits(*in.Take(lens[p].first));
+    for (int cl = 0; cl < compact::kClasses && !ref.error; ++cl) {
+      const compact::Span part = compact::ClassPart(begin, cl, lo, hi);
+      if (part.a >= part.b) continue;
+      if (auto err = ref.ranks.Read(bits, part.a, part.b - part.a, ranks[cl])) {
+        ref.error = where + "class " + std::to_string(cl) + " gaps: " + *err;
+      }
+    }
+    if (!ref.error && !bits.AtPaddedEnd()) ref.error = where + "trailing bits after the gaps";
+    if (ref.error) break;
+    if (auto err = compact::DecodeRansPiece(*in.Take(lens[p].second), begin, lo, hi, tables, ref.diffs.data())) {
+      ref.error = where + *err;
+    }
+  }
+  return ref;
+}
+
+TEST(CompactV3, PiecesReadInPairsGiveTheRanksDiffsAndErrorsOfOneAtATime) {
+  std::mt19937_64 rng(21);
+  for (const uint64_t want_changes : {2 * compact::kV3Piece, 2 * compact::kV3Piece + 40, 3 * compact::kV3Piece + 1234}) {
+    SCOPED_TRACE(std::to_string(want_changes) + " changes");
+    const uint64_t n = want_changes + want_changes / 3;
+    Base b = MakeBase(n, want_changes);
+    std::vector<uint64_t> indices;  // every fourth element left alone
+    for (uint64_t i = 0; i < n && indices.size() < want_changes; ++i) {
+      if (i % 4 != 3) indices.push_back(i);
+    }
+    const std::vector<uint8_t> bytes = Encode(b, {testing::Bf16Changes(b.state, "big", indices, Ulp)}, 3);
+    Result<SafetensorsFile> f = ParseBytes(bytes, "x");
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    std::optional<compact::V3Tables> tables;
+    ASSERT_TRUE(compact::ParseDeltaTables(*f, tables).ok());
+    ASSERT_TRUE(tables);
+    const std::vector<TensorView> views = b.state.views();
+    Result<std::vector<compact::Stream>> listed = compact::ListStreams(*f, views);
+    ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+    std::vector<uint8_t> body;
+    for (const compact::Stream& s : *listed) {
+      if (views[s.base].name != "big") continue;
+      compact::Reader in(s.stream.data);
+      in.Byte();
+      in.Byte();
+      ASSERT_EQ(*in.Varint(), want_changes);
+      body.assign(s.stream.data.begin() + in.position(), s.stream.data.end());
+    }
+    ASSERT_FALSE(body.empty());
+    const uint64_t changes = want_changes;
+    size_t pieces_at = 0;
+    OneAtATime(body, changes, n, *tables, &pieces_at);
+    for (int trial = 0; trial < 120; ++trial) {
+      std::vector<uint8_t> c = body;
+      const size_t flips = trial == 0 ? 0 : 1 + trial % 2;
+      for (size_t k = 0; k < flips; ++k) c[pieces_at + rng() % (c.size() - pieces_at)] ^= static_cast<uint8_t>(1u << (rng() % 8));
+      const PieceReference want = OneAtATime(c, changes, n, *tables, &pieces_at);
+      compact::ParsedBf16 got;
+      got.elements = n;
+      compact::Reader in(c);
+      const std::optional<std::string> err = compact::ParseBf16StreamV3(in, changes, &*tables, got);
+      SCOPED_TRACE("trial " + std::to_string(trial));
+      if (trial == 0) ASSERT_FALSE(err) << *err;
+      if (want.error) {
+        ASSERT_EQ(err, want.error);
+        continue;
+      }
+      // The pieces read; only the escape block (a flip that made a diff an
+      // escape) can fail after them.
+      if (err) {
+        ASSERT_NE(err->find("escape block"), std::string::npos) << *err;
+        continue;
+      }
+      ASSERT_EQ(got.diffs, want.diffs);
+      ASSERT_EQ(got.ranks.size(), want.ranks.size());
+      for (uint64_t j = 0; j < changes; ++j) ASSERT_EQ(got.ranks[j], want.ranks[j]) << j;
+    }
+  }
 }
 
 TEST(CompactV3, RandomPatternsMatchV2) {
