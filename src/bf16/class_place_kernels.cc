@@ -377,33 +377,17 @@ HWY_INLINE size_t DecodeListAvx512(const uint16_t* HWY_RESTRICT entries, const u
                                    const uint64_t* HWY_RESTRICT masks, const uint16_t* HWY_RESTRICT data, size_t n,
                                    const ClassDecodeOut& out, size_t* placed) {
   alignas(64) uint16_t offs[kListCap];
-  alignas(64) uint64_t hits[kPlaceWords];
-  _mm512_store_si512(hits, _mm512_setzero_si512());
-  _mm512_store_si512(hits + 8, _mm512_setzero_si512());
-  for (size_t j = 0; j < pos; ++j) {
-    size_t w;
-    const size_t i = PlaceEntryOffset(entries[j], masks, &w);
-    offs[j] = static_cast<uint16_t>(i);
-    hits[w] |= uint64_t{1} << (i & 63);
-  }
-  // The hits before each word: the popcounts' exclusive prefix sum.
-  alignas(64) uint64_t first[kPlaceWords];
-  uint64_t count = 0;
-  for (size_t w = 0; w < kPlaceWords; ++w) {
-    first[w] = count;
-    count += static_cast<uint64_t>(__builtin_popcountll(hits[w]));
-  }
   uint64_t* HWY_RESTRICT const indices = out.indices;
   uint8_t* HWY_RESTRICT const values = out.values;
   uint16_t* HWY_RESTRICT const side = out.side;
   const uint64_t index0 = out.index0;
   uint32_t flag = 0;
-  const auto emit = [&](size_t from, size_t to, auto edge) __attribute__((always_inline)) {
+  // Change j's slot by `slot_of(i)`, its offset i.
+  const auto emit_with = [&](size_t from, size_t to, auto edge, const auto& slot_of) __attribute__((always_inline)) {
     constexpr bool kEdge = decltype(edge)::value;
     for (size_t j = from; j < to; ++j) {
       const size_t i = offs[j];
-      const size_t w = i >> 6;
-      const uint64_t slot = first[w] + static_cast<uint64_t>(__builtin_popcountll(_bzhi_u64(hits[w], static_cast<unsigned>(i & 63))));
+      const uint64_t slot = slot_of(i);
       const uint16_t o = bf16::LoadElement(data, i);
       const uint8_t d = diffs[j];
       uint16_t v;
@@ -419,10 +403,53 @@ HWY_INLINE size_t DecodeListAvx512(const uint16_t* HWY_RESTRICT entries, const u
       side[slot] = o;
     }
   };
-  emit(0, edge_lo, std::true_type{});
-  emit(edge_lo, edge_hi, std::false_type{});
-  emit(edge_hi, pos, std::true_type{});
-  *placed = static_cast<size_t>(count);
+  const auto emit_all = [&](const auto& slot_of) __attribute__((always_inline)) {
+    emit_with(0, edge_lo, std::true_type{}, slot_of);
+    emit_with(edge_lo, edge_hi, std::false_type{}, slot_of);
+    emit_with(edge_hi, pos, std::true_type{}, slot_of);
+  };
+  if (pos <= 64) {
+    // Up to 64 changes (most blocks at a few percent changed): a change's
+    // slot is how many of the list's offsets lie below its own, by one
+    // compare of the 64 u16 lanes (past pos: 0xFFFF, never below).
+    for (size_t j = 0; j < pos; ++j) {
+      size_t w;
+      offs[j] = static_cast<uint16_t>(PlaceEntryOffset(entries[j], masks, &w));
+    }
+    const __m512i all = _mm512_set1_epi16(-1);
+    const uint64_t live = pos == 64 ? ~uint64_t{0} : (uint64_t{1} << pos) - 1;
+    const __m512i lo = _mm512_mask_loadu_epi16(all, static_cast<__mmask32>(live), offs);
+    const __m512i hi = _mm512_mask_loadu_epi16(all, static_cast<__mmask32>(live >> 32), offs + 32);
+    emit_all([&](size_t i) __attribute__((always_inline)) {
+      const __m512i at = _mm512_set1_epi16(static_cast<int16_t>(i));
+      const uint64_t below = _cvtmask32_u32(_mm512_cmplt_epu16_mask(lo, at)) |
+                             uint64_t{_cvtmask32_u32(_mm512_cmplt_epu16_mask(hi, at))} << 32;
+      return static_cast<uint64_t>(__builtin_popcountll(below));
+    });
+    *placed = pos;
+  } else {
+    alignas(64) uint64_t hits[kPlaceWords];
+    _mm512_store_si512(hits, _mm512_setzero_si512());
+    _mm512_store_si512(hits + 8, _mm512_setzero_si512());
+    for (size_t j = 0; j < pos; ++j) {
+      size_t w;
+      const size_t i = PlaceEntryOffset(entries[j], masks, &w);
+      offs[j] = static_cast<uint16_t>(i);
+      hits[w] |= uint64_t{1} << (i & 63);
+    }
+    // The hits before each word: the popcounts' exclusive prefix sum.
+    alignas(64) uint64_t first[kPlaceWords];
+    uint64_t count = 0;
+    for (size_t w = 0; w < kPlaceWords; ++w) {
+      first[w] = count;
+      count += static_cast<uint64_t>(__builtin_popcountll(hits[w]));
+    }
+    emit_all([&](size_t i) __attribute__((always_inline)) {
+      const size_t w = i >> 6;
+      return first[w] + static_cast<uint64_t>(__builtin_popcountll(_bzhi_u64(hits[w], static_cast<unsigned>(i & 63))));
+    });
+    *placed = static_cast<size_t>(count);
+  }
   if (HWY_LIKELY((flag & 0x8000u) == 0)) return n;
   size_t bad = n;
   for (size_t j = 0; j < pos; ++j) {
