@@ -359,6 +359,17 @@ HWY_INLINE size_t PlaceEntryOffset(uint32_t e, const uint64_t* HWY_RESTRICT mask
   return 64 * *w + static_cast<size_t>(__builtin_ctzll(_pdep_u64(uint64_t{1} << (e & 63), masks[e >> 6])));
 }
 
+// A block list change's new value from its old one o and diff byte d, or
+// for an escape its raw value *escaped, whose DiffByte check is ORed into
+// flag (bit 15); a diff byte's check is the caller's (kEdgeClasses).
+HWY_INLINE uint16_t ListNewValue(uint16_t o, uint8_t d, const uint16_t* escaped, uint32_t& flag) {
+  if (HWY_UNLIKELY(d == compact::kEscape)) {
+    flag |= static_cast<uint32_t>(compact::DiffByte(o, *escaped) != d) << 15;
+    return *escaped;
+  }
+  return static_cast<uint16_t>(o + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));  // unzigzag
+}
+
 // Phase 2 of the decode (ClassPlaceDecode16, session 37): the block list's
 // changes written straight into the decode's outputs in element order,
 // instead of hits and values by offset that the caller then turned into
@@ -390,14 +401,8 @@ HWY_INLINE size_t DecodeListAvx512(const uint16_t* HWY_RESTRICT entries, const u
       const uint64_t slot = slot_of(i);
       const uint16_t o = bf16::LoadElement(data, i);
       const uint8_t d = diffs[j];
-      uint16_t v;
-      if (HWY_UNLIKELY(d == compact::kEscape)) {
-        v = escaped[j];
-        flag |= static_cast<uint32_t>(compact::DiffByte(o, v) != d) << 15;
-      } else {
-        v = static_cast<uint16_t>(o + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));  // unzigzag
-        if constexpr (kEdge) flag |= NotCanonical(o, v);
-      }
+      const uint16_t v = ListNewValue(o, d, escaped + j, flag);
+      if constexpr (kEdge) flag |= d == compact::kEscape ? 0u : NotCanonical(o, v);
       indices[slot] = index0 + i;
       std::memcpy(values + 2 * slot, &v, 2);
       side[slot] = o;
@@ -545,13 +550,7 @@ HWY_INLINE size_t PlaceBlockAvx512(const Rank* HWY_RESTRICT const ranks, const u
     const size_t i = PlaceEntryOffset(entries[j], masks, &w);
     const uint16_t o = bf16::LoadElement(data, i);
     const uint8_t d = diffs[j];
-    uint16_t v;
-    if (HWY_UNLIKELY(d == compact::kEscape)) {
-      v = escaped[j];
-      flag |= static_cast<uint32_t>(compact::DiffByte(o, v) != d) << 15;
-    } else {
-      v = static_cast<uint16_t>(o + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));  // unzigzag
-    }
+    const uint16_t v = ListNewValue(o, d, escaped + j, flag);
     if constexpr (kApply) {
       // Logged before written (the undo covers every change placed).
       undo_pos[j] = index0 + i;
