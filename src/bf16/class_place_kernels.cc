@@ -359,12 +359,122 @@ HWY_INLINE size_t PlaceEntryOffset(uint32_t e, const uint64_t* HWY_RESTRICT mask
   return 64 * *w + static_cast<size_t>(__builtin_ctzll(_pdep_u64(uint64_t{1} << (e & 63), masks[e >> 6])));
 }
 
-template <bool kApply, typename Rank>
+// A block list change's new value from its old one o and diff byte d, or
+// for an escape its raw value *escaped, whose DiffByte check is ORed into
+// flag (bit 15); a diff byte's check is the caller's (kEdgeClasses).
+HWY_INLINE uint16_t ListNewValue(uint16_t o, uint8_t d, const uint16_t* escaped, uint32_t& flag) {
+  if (HWY_UNLIKELY(d == compact::kEscape)) {
+    flag |= static_cast<uint32_t>(compact::DiffByte(o, *escaped) != d) << 15;
+    return *escaped;
+  }
+  return static_cast<uint16_t>(o + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));  // unzigzag
+}
+
+// Phase 2 of the decode (ClassPlaceDecode16, session 37): the block list's
+// changes written straight into the decode's outputs in element order,
+// instead of hits and values by offset that the caller then turned into
+// offsets (HitOffsets16) and copied out change by change. Two passes over
+// the list: the first places each change (its offset, as in phase 2
+// above) and sets its bit in the block's 16 hit words; then each word's
+// count of hits before it; the second gives each change its slot in
+// element order, the hits before it (its word's count plus the popcount
+// of its word's bits below it: no sort, the offsets are distinct), and
+// writes its index, new value and old value there. The diff bytes' check
+// runs inline for the list's edge-class ranges only (kEdgeClasses), an
+// escape's DiffByte check for every escape, ORed into one flag; the
+// offset is looked for only where the flag is set.
+HWY_INLINE size_t DecodeListAvx512(const uint16_t* HWY_RESTRICT entries, const uint16_t* HWY_RESTRICT escaped,
+                                   const uint8_t* HWY_RESTRICT diffs, size_t pos, size_t edge_lo, size_t edge_hi,
+                                   const uint64_t* HWY_RESTRICT masks, const uint16_t* HWY_RESTRICT data, size_t n,
+                                   const ClassDecodeOut& out, size_t* placed) {
+  alignas(64) uint16_t offs[kListCap];
+  uint64_t* HWY_RESTRICT const indices = out.indices;
+  uint8_t* HWY_RESTRICT const values = out.values;
+  uint16_t* HWY_RESTRICT const side = out.side;
+  const uint64_t index0 = out.index0;
+  uint32_t flag = 0;
+  // Change j's slot by `slot_of(i)`, its offset i.
+  const auto emit_with = [&](size_t from, size_t to, auto edge, const auto& slot_of) __attribute__((always_inline)) {
+    constexpr bool kEdge = decltype(edge)::value;
+    for (size_t j = from; j < to; ++j) {
+      const size_t i = offs[j];
+      const uint64_t slot = slot_of(i);
+      const uint16_t o = bf16::LoadElement(data, i);
+      const uint8_t d = diffs[j];
+      const uint16_t v = ListNewValue(o, d, escaped + j, flag);
+      if constexpr (kEdge) flag |= d == compact::kEscape ? 0u : NotCanonical(o, v);
+      indices[slot] = index0 + i;
+      std::memcpy(values + 2 * slot, &v, 2);
+      side[slot] = o;
+    }
+  };
+  const auto emit_all = [&](const auto& slot_of) __attribute__((always_inline)) {
+    emit_with(0, edge_lo, std::true_type{}, slot_of);
+    emit_with(edge_lo, edge_hi, std::false_type{}, slot_of);
+    emit_with(edge_hi, pos, std::true_type{}, slot_of);
+  };
+  if (pos <= 64) {
+    // Up to 64 changes (most blocks at a few percent changed): a change's
+    // slot is how many of the list's offsets lie below its own, by one
+    // compare of the 64 u16 lanes (past pos: 0xFFFF, never below).
+    for (size_t j = 0; j < pos; ++j) {
+      size_t w;
+      offs[j] = static_cast<uint16_t>(PlaceEntryOffset(entries[j], masks, &w));
+    }
+    const __m512i all = _mm512_set1_epi16(-1);
+    const uint64_t live = pos == 64 ? ~uint64_t{0} : (uint64_t{1} << pos) - 1;
+    const __m512i lo = _mm512_mask_loadu_epi16(all, static_cast<__mmask32>(live), offs);
+    const __m512i hi = _mm512_mask_loadu_epi16(all, static_cast<__mmask32>(live >> 32), offs + 32);
+    emit_all([&](size_t i) __attribute__((always_inline)) {
+      const __m512i at = _mm512_set1_epi16(static_cast<int16_t>(i));
+      const uint64_t below = _cvtmask32_u32(_mm512_cmplt_epu16_mask(lo, at)) |
+                             uint64_t{_cvtmask32_u32(_mm512_cmplt_epu16_mask(hi, at))} << 32;
+      return static_cast<uint64_t>(__builtin_popcountll(below));
+    });
+    *placed = pos;
+  } else {
+    alignas(64) uint64_t hits[kPlaceWords];
+    _mm512_store_si512(hits, _mm512_setzero_si512());
+    _mm512_store_si512(hits + 8, _mm512_setzero_si512());
+    for (size_t j = 0; j < pos; ++j) {
+      size_t w;
+      const size_t i = PlaceEntryOffset(entries[j], masks, &w);
+      offs[j] = static_cast<uint16_t>(i);
+      hits[w] |= uint64_t{1} << (i & 63);
+    }
+    // The hits before each word: the popcounts' exclusive prefix sum.
+    alignas(64) uint64_t first[kPlaceWords];
+    uint64_t count = 0;
+    for (size_t w = 0; w < kPlaceWords; ++w) {
+      first[w] = count;
+      count += static_cast<uint64_t>(__builtin_popcountll(hits[w]));
+    }
+    emit_all([&](size_t i) __attribute__((always_inline)) {
+      const size_t w = i >> 6;
+      return first[w] + static_cast<uint64_t>(__builtin_popcountll(_bzhi_u64(hits[w], static_cast<unsigned>(i & 63))));
+    });
+    *placed = static_cast<size_t>(count);
+  }
+  if (HWY_LIKELY((flag & 0x8000u) == 0)) return n;
+  size_t bad = n;
+  for (size_t j = 0; j < pos; ++j) {
+    const size_t i = offs[j];
+    const uint16_t o = data[i];
+    const uint8_t d = diffs[j];
+    const bool wrong = d == compact::kEscape
+                           ? compact::DiffByte(o, escaped[j]) != d
+                           : (NotCanonical(o, static_cast<uint16_t>(o + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)))) & 0x8000u) != 0;
+    if (wrong) bad = std::min(bad, i);
+  }
+  return bad;
+}
+
+template <bool kApply, bool kDecode = false, typename Rank>
 HWY_INLINE size_t PlaceBlockAvx512(const Rank* HWY_RESTRICT const ranks, const uint64_t* HWY_RESTRICT const masks,
                                    const uint32_t* HWY_RESTRICT before, uint32_t classes, uint16_t* HWY_RESTRICT data,
                                    size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur,
                                    uint64_t* HWY_RESTRICT hits, uint16_t* HWY_RESTRICT values,
-                                   const ClassApplyOut* out, size_t* placed) {
+                                   const ClassApplyOut* out, size_t* placed, const ClassDecodeOut* dec = nullptr) {
   alignas(64) uint16_t entries[kListCap];
   alignas(64) uint16_t escaped[kListCap];  // set only where the diff byte is kEscape
   alignas(64) uint8_t diffs[kListCap];
@@ -420,6 +530,12 @@ HWY_INLINE size_t PlaceBlockAvx512(const Rank* HWY_RESTRICT const ranks, const u
     cur.g[c] = static_cast<uint64_t>(rp - ranks);
     cur.rem[c] = left == 0 ? ~uint64_t{0} : static_cast<uint64_t>(*rp) - (off + total);
   }
+  // The diff bytes' check covers only classes 0 and 15 (kEdgeClasses):
+  // the list's first and last entries (the classes' cursors moved by their
+  // count).
+  const size_t edge_lo = classes & 1u ? static_cast<size_t>(cur.g[0] - g_first) : 0;
+  const size_t edge_hi = pos - (classes >> 15 & 1u ? static_cast<size_t>(cur.g[15] - g_last) : 0);
+  if constexpr (kDecode) return DecodeListAvx512(entries, escaped, diffs, pos, edge_lo, edge_hi, masks, data, n, *dec, placed);
   // Phase 2: the changes of the list, each independent of the others.
   uint32_t flag = 0;
   const uint64_t index0 = kApply ? out->index0 : 0;
@@ -434,13 +550,7 @@ HWY_INLINE size_t PlaceBlockAvx512(const Rank* HWY_RESTRICT const ranks, const u
     const size_t i = PlaceEntryOffset(entries[j], masks, &w);
     const uint16_t o = bf16::LoadElement(data, i);
     const uint8_t d = diffs[j];
-    uint16_t v;
-    if (HWY_UNLIKELY(d == compact::kEscape)) {
-      v = escaped[j];
-      flag |= static_cast<uint32_t>(compact::DiffByte(o, v) != d) << 15;
-    } else {
-      v = static_cast<uint16_t>(o + (static_cast<int32_t>(d >> 1) ^ -static_cast<int32_t>(d & 1)));  // unzigzag
-    }
+    const uint16_t v = ListNewValue(o, d, escaped + j, flag);
     if constexpr (kApply) {
       // Logged before written (the undo covers every change placed).
       undo_pos[j] = index0 + i;
@@ -452,11 +562,7 @@ HWY_INLINE size_t PlaceBlockAvx512(const Rank* HWY_RESTRICT const ranks, const u
       values[i] = v;
     }
   }
-  // The diff bytes' check: only classes 0 and 15 can fail it
-  // (kEdgeClasses), the list's first and last entries (the classes'
-  // cursors moved by their count).
-  const size_t edge_lo = classes & 1u ? static_cast<size_t>(cur.g[0] - g_first) : 0;
-  const size_t edge_hi = pos - (classes >> 15 & 1u ? static_cast<size_t>(cur.g[15] - g_last) : 0);
+  // The diff bytes' check (edge_lo, edge_hi above).
   const auto check = [&](size_t from, size_t to) {
     for (size_t j = from; j < to; ++j) {
       if (diffs[j] == compact::kEscape) continue;  // checked above
@@ -509,6 +615,37 @@ size_t ClassPlace16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_
   return PlaceFastPdep()
              ? PlaceWalk<false, true>(s.ranks, masks, before, classes, d, n, s, cur, hits, values, nullptr, nullptr)
              : PlaceWalk<false, false>(s.ranks, masks, before, classes, d, n, s, cur, hits, values, nullptr, nullptr);
+}
+
+size_t HitOffsets16Impl(const uint64_t* HWY_RESTRICT hits, uint16_t* HWY_RESTRICT out);
+
+size_t ClassPlaceDecode16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before,
+                              uint32_t classes, const uint16_t* HWY_RESTRICT data, size_t n, const ClassWalkStreams& s,
+                              ClassWalkCursor& cur, const ClassDecodeOut& out, size_t* placed) {
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
+  if (RawKernelsAllowed()) {
+    uint16_t* const d = const_cast<uint16_t*>(data);  // never written
+    return s.ranks32 ? PlaceBlockAvx512<false, true>(s.ranks32, masks, before, classes, d, n, s, cur, nullptr, nullptr,
+                                                     nullptr, placed, &out)
+                     : PlaceBlockAvx512<false, true>(s.ranks, masks, before, classes, d, n, s, cur, nullptr, nullptr,
+                                                     nullptr, placed, &out);
+  }
+#endif
+  // Every other route: the select's hits and values by offset, then the
+  // offsets in order and the changes copied out one by one.
+  alignas(64) uint64_t hits[kPlaceWords];
+  alignas(64) uint16_t values[kScanBlockElements];
+  alignas(64) uint16_t offsets[kScanBlockElements + kHitOffsetsSlack];
+  const size_t bad = ClassPlace16Impl(masks, before, classes, data, n, s, cur, hits, values);
+  const size_t count = HitOffsets16Impl(hits, offsets);
+  for (size_t j = 0; j < count; ++j) {
+    const size_t i = offsets[j];
+    out.indices[j] = out.index0 + i;
+    std::memcpy(out.values + 2 * j, &values[i], 2);
+    out.side[j] = data[i];
+  }
+  *placed = count;
+  return bad;
 }
 
 size_t ClassPlaceApply16Impl(const uint64_t* HWY_RESTRICT masks, const uint32_t* HWY_RESTRICT before,
@@ -570,12 +707,19 @@ namespace deltasync::kernels {
 HWY_EXPORT(ClassPlace16Impl);
 HWY_EXPORT(ClassPlaceApply16Impl);
 HWY_EXPORT(HitOffsets16Impl);
+HWY_EXPORT(ClassPlaceDecode16Impl);
 
 size_t HitOffsets16(const uint64_t* hits, uint16_t* out) { return HWY_DYNAMIC_DISPATCH(HitOffsets16Impl)(hits, out); }
 
 size_t ClassPlace16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data, size_t n,
                     const ClassWalkStreams& s, ClassWalkCursor& cur, uint64_t* hits, uint16_t* values) {
   return HWY_DYNAMIC_DISPATCH(ClassPlace16Impl)(masks, before, classes, data, n, s, cur, hits, values);
+}
+
+size_t ClassPlaceDecode16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data,
+                          size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur, const ClassDecodeOut& out,
+                          size_t* placed) {
+  return HWY_DYNAMIC_DISPATCH(ClassPlaceDecode16Impl)(masks, before, classes, data, n, s, cur, out, placed);
 }
 
 size_t ClassPlaceApply16(const uint64_t* masks, const uint32_t* before, uint32_t classes, uint16_t* data, size_t n,

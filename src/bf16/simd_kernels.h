@@ -151,6 +151,24 @@ struct ClassApplyOut {
 size_t ClassPlaceApply16(const uint64_t* masks, const uint32_t* before, uint32_t classes, uint16_t* data, size_t n,
                          const ClassWalkStreams& s, ClassWalkCursor& cur, const ClassApplyOut& out, size_t* placed);
 
+//  - ClassPlaceDecode16: ClassPlace16's walk with the decode's outputs
+//    written in element order instead of hits and values by offset: the
+//    block's changes, ascending by offset i, as out.indices[j] =
+//    out.index0 + i, out.values[2 j..2 j + 2) = the new value (u16 LE) and
+//    out.side[j] = the old one (data[i]); *placed = their count. Written
+//    whether the return (ClassPlace16's) says a code is non-canonical or
+//    not; nothing is written past the count (the slots after it can be
+//    another thread's).
+struct ClassDecodeOut {
+  uint64_t index0;     // the block's first element in its tensor
+  uint64_t* indices;   // the block's count each, at least
+  uint8_t* values;     // u16 LE
+  uint16_t* side;
+};
+size_t ClassPlaceDecode16(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data,
+                          size_t n, const ClassWalkStreams& s, ClassWalkCursor& cur, const ClassDecodeOut& out,
+                          size_t* placed);
+
 //  - HitOffsets16: the offsets of the set bits of a block's 16 hit words
 //    (ClassPlace16's hits), ascending, into `out`, which has room for
 //    their count + kHitOffsetsSlack (written past the count: scratch);

@@ -5,7 +5,7 @@
 // chunk's class totals go to the next chunk through a decoupled look-back;
 // then, block by block, only the classes with a change in the block get
 // their per-word masks (kernels::ClassMasksOfBytes16, from the class bytes)
-// and each change is placed from them (kernels::ClassPlace16 / PlaceApply16),
+// and each change is placed from them (kernels::ClassPlaceDecode16 / PlaceApply16),
 // its value checked and its state-hash term summed. A class with no change
 // in a block skips it by its count.
 #include "codec/compact_walk.h"
@@ -135,9 +135,6 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
                                           t.diffs.data(), t.escapes.data()};
   uint64_t masks[kClasses * kWords];
   uint32_t before[kClasses * (kWords + 1)];
-  uint64_t hit_words[kWords];
-  uint16_t block_values[kBlock];
-  uint16_t offsets[kBlock + kernels::kHitOffsetsSlack];
   uint64_t k = start.out;
   const uint64_t k0 = k;
   // Past the tensor's last change no block has one; a chunk's own last
@@ -218,16 +215,13 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
       k += placed;
       continue;
     }
-    const size_t wrong = kernels::ClassPlace16(m, p, need, data + at, len, streams, cur, hit_words, block_values);
+    // The block's changes straight into the outputs, in element order
+    // (their old values into `side`).
+    size_t placed = 0;
+    const kernels::ClassDecodeOut o{at, indices + k, values + 2 * k, side16 + (k - k0)};
+    const size_t wrong = kernels::ClassPlaceDecode16(m, p, need, data + at, len, streams, cur, o, &placed);
     if (wrong < len) {
       return CorruptTensor(label_, t.stream->name, "element " + std::to_string(at + wrong) + ": non-canonical change code");
-    }
-    const size_t placed = kernels::HitOffsets16(hit_words, offsets);
-    for (size_t j = 0; j < placed; ++j) {
-      const size_t i = offsets[j];
-      indices[k + j] = at + i;
-      std::memcpy(values + 2 * (k + j), &block_values[i], 2);
-      side16[k - k0 + j] = data[at + i];
     }
     k += placed;
   }

@@ -1,5 +1,5 @@
 // The compact decoder's per-block select (kernels::ClassPlace16,
-// ClassPlaceApply16; src/bf16/class_place_kernels.cc) against a
+// ClassPlaceDecode16, ClassPlaceApply16; src/bf16/class_place_kernels.cc) against a
 // one-change-at-a-time reference of their contract (simd_kernels.h), on every SIMD target, block after block
 // with the cursors carried over: bases at every class edge (zeros,
 // subnormals, NaN, Inf, both signs), classes with every element changed,
@@ -177,6 +177,43 @@ BlockOut Reference(const uint16_t* data, size_t n, uint64_t index0, uint32_t cla
   return o;
 }
 
+// ClassPlaceDecode16 on one block against the reference's hits and values:
+// the changes in element order (index, new value, old value from `data`),
+// their count, the return; nothing written past the count (each output
+// one slot longer, its last slot a sentinel).
+void ExpectDecodes(const uint64_t* masks, const uint32_t* before, uint32_t classes, const uint16_t* data, size_t n,
+                   uint64_t at, const kernels::ClassWalkStreams& streams, kernels::ClassWalkCursor& cur,
+                   const BlockOut& ref) {
+  std::vector<uint64_t> want_indices;
+  std::vector<uint16_t> want_values, want_side;
+  for (size_t i = 0; i < n; ++i) {
+    if (!(ref.hits[i / 64] >> (i % 64) & 1)) continue;
+    want_indices.push_back(at + i);
+    want_values.push_back(ref.values[i]);
+    want_side.push_back(data[i]);
+  }
+  const size_t count = want_indices.size();
+  std::vector<uint64_t> indices(count + 1, 0x5A5A5A5A5A5A5A5Aull);
+  std::vector<uint8_t> values(2 * count + 2, 0x5A);
+  std::vector<uint16_t> side(count + 1, 0x5A5A);
+  size_t placed = ~size_t{0};
+  const kernels::ClassDecodeOut out{at, indices.data(), values.data(), side.data()};
+  ASSERT_EQ(kernels::ClassPlaceDecode16(masks, before, classes, data, n, streams, cur, out, &placed), ref.bad)
+      << "decode, block at " << at;
+  ASSERT_EQ(placed, count) << "decode, block at " << at;
+  ASSERT_EQ(indices.back(), 0x5A5A5A5A5A5A5A5Aull) << "written past the count, block at " << at;
+  ASSERT_EQ(values[2 * count], 0x5A) << "written past the count, block at " << at;
+  ASSERT_EQ(values[2 * count + 1], 0x5A) << "written past the count, block at " << at;
+  ASSERT_EQ(side.back(), 0x5A5A) << "written past the count, block at " << at;
+  indices.pop_back();
+  side.pop_back();
+  std::vector<uint16_t> got_values(count);
+  std::memcpy(got_values.data(), values.data(), 2 * count);
+  ASSERT_EQ(indices, want_indices) << "decode, block at " << at;
+  ASSERT_EQ(got_values, want_values) << "decode, block at " << at;
+  ASSERT_EQ(side, want_side) << "decode, block at " << at;
+}
+
 void ExpectCursorsEqual(const kernels::ClassWalkCursor& a, const kernels::ClassWalkCursor& b, size_t at) {
   for (int c = 0; c < 16; ++c) {
     ASSERT_EQ(a.rem[c], b.rem[c]) << "block at " << at << ", class " << c;
@@ -194,7 +231,7 @@ void ExpectPlacesOfRoute(const std::vector<uint16_t>& base, const Streams& s, ui
   const std::vector<uint32_t> ranks32(s.ranks.begin(), s.ranks.end());
   const kernels::ClassWalkStreams streams{narrow ? nullptr : s.ranks.data(), narrow ? ranks32.data() : nullptr,
                                           s.end.data(), s.diffs.data(), s.escapes.data()};
-  kernels::ClassWalkCursor want = StartCursor(s), select = want, apply = want;
+  kernels::ClassWalkCursor want = StartCursor(s), select = want, apply = want, decode = want;
   alignas(64) uint8_t bytes[kBlock];
   uint16_t counts[16];
   uint64_t masks[16 * kWords];
@@ -217,6 +254,8 @@ void ExpectPlacesOfRoute(const std::vector<uint16_t>& base, const Streams& s, ui
       if (ref.hits[i / 64] >> (i % 64) & 1) ASSERT_EQ(values[i], ref.values[i]) << "element " << at + i;
     }
     ExpectCursorsEqual(select, want, at);
+    ExpectDecodes(masks, before, classes, base.data() + at, n, at, streams, decode, ref);
+    ExpectCursorsEqual(decode, want, at);
 
     std::vector<uint16_t> data(base.begin() + static_cast<ptrdiff_t>(at), base.begin() + static_cast<ptrdiff_t>(at + n));
     std::vector<uint64_t> undo_pos(n + 1, 0);
@@ -319,6 +358,20 @@ TEST(ClassPlace, EveryDiffByteFromEveryBaseIsCheckedAsDiffByte) {
             << "base " << b << ", diff byte " << d;
         ASSERT_EQ(values[0], v);
         ASSERT_EQ(cur.rem[c], kNone);
+        // The decode's alike.
+        kernels::ClassWalkCursor decode_cur{};
+        decode_cur.rem[c] = 0;
+        uint64_t index = 0;
+        uint8_t value[2] = {0, 0};
+        uint16_t side = 0;
+        size_t decoded = 0;
+        const kernels::ClassDecodeOut dout{7, &index, value, &side};
+        ASSERT_EQ(kernels::ClassPlaceDecode16(masks, before, 1u << c, &b, 1, streams, decode_cur, dout, &decoded), want)
+            << "decode: base " << b << ", diff byte " << d;
+        ASSERT_EQ(decoded, 1u);
+        ASSERT_EQ(index, 7u);
+        ASSERT_EQ(value[0] | value[1] << 8, v);
+        ASSERT_EQ(side, b);
         // The apply's check (ORed into a flag per class and block) alike.
         kernels::ClassWalkCursor apply_cur{};
         apply_cur.rem[c] = 0;
@@ -489,8 +542,10 @@ TEST(ClassPlace, NothingPastTheBlockIsReadOnEveryTarget) {
     const kernels::ClassWalkStreams streams{s.ranks.data(), nullptr, s.end.data(), s.diffs.data(), s.escapes.data()};
     testing_bf16::ForEachTarget([&] {
       std::memcpy(data, base.data(), 2 * n);
-      kernels::ClassWalkCursor want = StartCursor(s), select = want, apply = want;
+      kernels::ClassWalkCursor want = StartCursor(s), select = want, apply = want, decode = want;
       const BlockOut ref = Reference(base.data(), n, 0, classes, s, want);
+      ExpectDecodes(masks, before, classes, data, n, 0, streams, decode, ref);
+      ExpectCursorsEqual(decode, want, 0);
       std::vector<uint64_t> hits(kWords, 0);
       std::vector<uint16_t> values(kBlock, 0);
       ASSERT_EQ(kernels::ClassPlace16(masks, before, classes, data, n, streams, select, hits.data(), values.data()), ref.bad);
