@@ -25,14 +25,6 @@ namespace {
 using testing::ParseBytes;
 using namespace testing_compact;
 
-bool SameBytes(const WeightState& a, const WeightState& b) {
-  if (a.tensors().size() != b.tensors().size()) return false;
-  for (size_t i = 0; i < a.tensors().size(); ++i) {
-    if (a.tensors()[i].name != b.tensors()[i].name || a.tensors()[i].data != b.tensors()[i].data) return false;
-  }
-  return true;
-}
-
 // Versions 0..n of a large case (MakeLargeCase's tensors): each next
 // version changes about 3% of "large" (a run across a chunk border) and a
 // few of "after" (Change: +-1 ULP, larger moves into other classes, sign
@@ -42,6 +34,21 @@ struct Chain {
   std::vector<StateHash> hashes;
   std::vector<std::vector<uint8_t>> deltas;
 };
+
+// The next version: `changes` to the chain's last state, and their delta.
+void AddVersion(Chain& c, const std::vector<TensorChanges>& changes) {
+  const WeightState& s = c.states.back();
+  PatchInfo info;
+  info.base_version = c.deltas.size();
+  info.model_version = c.deltas.size() + 1;
+  Result<EncodedPatch> e = EncodeCompactDelta(info, c.hashes.back(), s, changes);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  c.deltas.push_back(e.ok() ? testing::Flatten(*e) : std::vector<uint8_t>{});
+  WeightState next = Copy(s);
+  ApplyChanges(next, changes, 1);
+  c.hashes.push_back(c.hashes.back() + HashChanges(s, changes, 1));
+  c.states.push_back(std::move(next));
+}
 
 Chain MakeChain(int versions) {
   Chain c;
@@ -57,17 +64,7 @@ Chain MakeChain(int versions) {
       if ((i >= 130000 && i < 131500) || p(rng)) large.push_back(i);
     }
     for (uint64_t i = 0; i < 40000; i += 97) after.push_back(i);
-    const std::vector<TensorChanges> changes = {Change(s, "after", after, rng), Change(s, "large", large, rng)};
-    PatchInfo info;
-    info.base_version = static_cast<uint64_t>(v);
-    info.model_version = static_cast<uint64_t>(v + 1);
-    Result<EncodedPatch> e = EncodeCompactDelta(info, c.hashes.back(), s, changes);
-    EXPECT_TRUE(e.ok()) << e.status().ToString();
-    c.deltas.push_back(testing::Flatten(*e));
-    WeightState next = Copy(s);
-    ApplyChanges(next, changes, 1);
-    c.hashes.push_back(c.hashes.back() + HashChanges(s, changes, 1));
-    c.states.push_back(std::move(next));
+    AddVersion(c, {Change(s, "after", after, rng), Change(s, "large", large, rng)});
   }
   return c;
 }
@@ -241,49 +238,35 @@ TEST(CompactClassTotals, ClassMovesAcrossChunksAreCounted) {
   bits[2999] = 0;  // class 0
   Model m;
   m.Add("t", bits);
-  WeightState base = m.State();
-  const StateHash h0 = HashState(base, 1);
+  Chain c;
+  c.states.push_back(m.State());
+  c.hashes.push_back(HashState(c.states[0], 1));
   auto change = [](std::vector<std::pair<uint64_t, uint16_t>> to) {
-    TensorChanges c{"t", DType::kBF16, {}, {}};
+    TensorChanges t{"t", DType::kBF16, {}, {}};
     for (auto [i, v] : to) {
-      c.indices.push_back(i);
-      c.values.push_back(static_cast<uint8_t>(v));
-      c.values.push_back(static_cast<uint8_t>(v >> 8));
+      t.indices.push_back(i);
+      t.values.push_back(static_cast<uint8_t>(v));
+      t.values.push_back(static_cast<uint8_t>(v >> 8));
     }
-    return c;
+    return std::vector<TensorChanges>{t};
   };
-  const std::vector<TensorChanges> c1 = {change({{5, Bf16(0.02f)}, {999, Bf16(1.5f)}, {1000, Bf16(0.011f)},
-                                                  {2999, Bf16(0.01f)}})};
-  PatchInfo info;
-  info.base_version = 0;
-  info.model_version = 1;
-  Result<EncodedPatch> e1 = EncodeCompactDelta(info, h0, base, c1);
-  ASSERT_TRUE(e1.ok());
-  WeightState v1 = Copy(base);
-  ApplyChanges(v1, c1, 1);
-  const StateHash h1 = h0 + HashChanges(base, c1, 1);
-  const std::vector<TensorChanges> c2 = {change({{4, Bf16(0.03f)}, {999, Bf16(0.012f)}, {2000, Bf16(0.5f)}})};
-  info.base_version = 1;
-  info.model_version = 2;
-  Result<EncodedPatch> e2 = EncodeCompactDelta(info, h1, v1, c2);
-  ASSERT_TRUE(e2.ok());
-  WeightState v2 = Copy(v1);
-  ApplyChanges(v2, c2, 1);
+  AddVersion(c, change({{5, Bf16(0.02f)}, {999, Bf16(1.5f)}, {1000, Bf16(0.011f)}, {2999, Bf16(0.01f)}}));
+  AddVersion(c, change({{4, Bf16(0.03f)}, {999, Bf16(0.012f)}, {2000, Bf16(0.5f)}}));
   testing_bf16::ForEachTarget([&] {
-    WeightState s = Copy(base);
+    WeightState s = Copy(c.states[0]);
     CompactUndo kept;
-    ASSERT_TRUE(Apply(testing::Flatten(*e1), s, h0, 1, 1000, kept).ok());
-    ASSERT_TRUE(SameBytes(s, v1));
-    ExpectTotalsOf(v1, h1, 1000, kept);
-    const CompactClassTotals::State* held = kept.totals.Find(h1, 1000);
+    ASSERT_TRUE(Apply(c.deltas[0], s, c.hashes[0], 1, 1000, kept).ok());
+    ASSERT_TRUE(SameBytes(s, c.states[1]));
+    ExpectTotalsOf(c.states[1], c.hashes[1], 1000, kept);
+    const CompactClassTotals::State* held = kept.totals.Find(c.hashes[1], 1000);
     ASSERT_NE(held, nullptr);
     EXPECT_EQ(held->tensors[0].chunks[0][15], 334u);  // 0, 3, ..., 999 less 999, plus 999
     EXPECT_EQ(held->tensors[0].chunks[1][15], 333u);  // 1002, ..., 1998: 1000 moved out
-    Result<CompactDelta> d = Apply(testing::Flatten(*e2), s, h1, 1, 1000, kept);
+    Result<CompactDelta> d = Apply(c.deltas[1], s, c.hashes[1], 1, 1000, kept);
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     EXPECT_EQ(kept.totals.held_applies, 1u);
     EXPECT_EQ(kept.totals.stale, 0u);
-    ASSERT_TRUE(SameBytes(s, v2));
+    ASSERT_TRUE(SameBytes(s, c.states[2]));
   });
 }
 
