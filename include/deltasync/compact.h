@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "deltasync/changes.h"
+#include "deltasync/compact_class_totals.h"
 #include "deltasync/patch.h"
 #include "deltasync/safetensors.h"
 #include "deltasync/state_hash.h"
@@ -136,8 +137,14 @@ class CompactUndo {
  public:
   // Puts back every value the last ApplyCompactDelta wrote, then forgets
   // them (a second call does nothing). The state must be the one applied to,
-  // unchanged since.
+  // unchanged since. Forgets the held class totals too.
   void Restore(int threads = 0);
+
+  // The class totals of the states last applied to and from
+  // (compact_class_totals.h): the next apply to either starts every chunk
+  // without the look-back. Kept across calls (reuse one CompactUndo per
+  // replica); forgotten by Restore and by any failed apply.
+  CompactClassTotals totals;
 
   // Internal (src/codec): a run of written elements, element j of the run at
   // position pos[j] of `data` (elements of `esize` bytes) held old[j].

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <optional>
 
 #include "bf16/hash_term.h"
 #include "bf16/simd_kernels.h"
@@ -226,6 +227,55 @@ struct Fused {
   CompactUndo* undo;
 };
 
+// The classes with changes in a tensor, a bit each.
+uint32_t ChangedClasses(const Bf16Tensor& t) {
+  uint32_t classes = 0;
+  for (int cl = 0; cl < kClasses; ++cl) classes |= uint32_t{t.class_begin[cl + 1] > t.class_begin[cl]} << cl;
+  return classes;
+}
+
+// After a successful fused apply from the state `from` (its held totals
+// `held`, or nullptr) to `to`: `totals` holds both states' class totals,
+// each walked tensor's from its walk (tensor_held: it started from held
+// ones, which the walk checked), the others' as held before.
+void KeepTotals(const ChunkWalker& walker, const std::vector<Bf16Tensor*>& walked,
+                const std::vector<uint8_t>& tensor_held, const std::vector<size_t>& first_chunk,
+                std::span<const TensorView> base, const StateHash& from, const StateHash& to,
+                uint64_t chunk_elements, const CompactClassTotals::State* held, CompactClassTotals& totals) {
+  CompactClassTotals::State& before = held ? const_cast<CompactClassTotals::State&>(*held) : totals.states[0];
+  CompactClassTotals::State& after = &before == &totals.states[0] ? totals.states[1] : totals.states[0];
+  if (!held) {
+    before.tensors.resize(base.size());
+    for (CompactClassTotals::Tensor& t : before.tensors) t.elements = 0;
+  }
+  before.valid = true;
+  before.hash = from;
+  before.chunk_elements = chunk_elements;
+  for (size_t w = 0; w < walked.size(); ++w) {
+    if (tensor_held[w]) continue;  // the walk checked the held counts
+    CompactClassTotals::Tensor& t = before.tensors[static_cast<size_t>(walked[w]->base - base.data())];
+    t.elements = walked[w]->base->num_elements();
+    t.classes = ChangedClasses(*walked[w]);
+    t.chunks.resize(first_chunk[w + 1] - first_chunk[w]);
+    for (size_t j = 0; j < t.chunks.size(); ++j) t.chunks[j] = walker.Before(first_chunk[w] + j);
+  }
+  after.valid = true;
+  after.hash = to;
+  after.chunk_elements = chunk_elements;
+  after.tensors.resize(base.size());
+  for (size_t i = 0; i < base.size(); ++i) {
+    const CompactClassTotals::Tensor& b = before.tensors[i];
+    CompactClassTotals::Tensor& a = after.tensors[i];
+    a.elements = b.elements;
+    a.classes = b.classes;
+    a.chunks.assign(b.chunks.begin(), b.chunks.end());
+  }
+  for (size_t w = 0; w < walked.size(); ++w) {
+    CompactClassTotals::Tensor& t = after.tensors[static_cast<size_t>(walked[w]->base - base.data())];
+    for (size_t j = 0; j < t.chunks.size(); ++j) t.chunks[j] = walker.After(first_chunk[w] + j);
+  }
+}
+
 // DecodeCompactDeltaChunked into `out` (entry k of out.changes reused:
 // ReadTensor sizes it), or with `fused` ApplyCompactDeltaChunked.
 Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> base, const StateHash& base_hash,
@@ -325,10 +375,12 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
   // Step 2 over the chunks of the bf16 tensors with changes.
   std::vector<Bf16Tensor*> walked;
   std::vector<Chunk> chunks;
+  std::vector<size_t> first_chunk;  // per walked tensor, then chunks.size()
   uint64_t walk_elements = 0;
   for (Bf16Tensor& t : read) {
     if (t.base == nullptr || t.count == 0) continue;
     const uint64_t n = t.base->num_elements();
+    first_chunk.push_back(chunks.size());
     for (uint64_t begin = 0; begin < n; begin += chunk_elements) {
       const uint64_t end = std::min(n, begin + chunk_elements);
       chunks.push_back({walked.size(), begin, end, end == n});
@@ -336,6 +388,7 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
     walked.push_back(&t);
     walk_elements += n;
   }
+  first_chunk.push_back(chunks.size());
   CompactUndo* undo = fused ? fused->undo : nullptr;
   if (undo) {
     // Each bf16 tensor's changes get undo slots in order, then the raw ones.
@@ -356,15 +409,59 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
     }
   }
   // On one thread the walker prefetches the next chunk's base while it
-  // places a chunk (the counting pass then reads it from L2). Not on more:
-  // there one thread's counting pass already overlaps another's placing,
-  // and chunk k + threads (the likely next one) may go to another core;
-  // session 32's two-thread runs showed no gain (docs/benchmarks.md).
+  // places a chunk (the counting pass then reads it from L2). On more, with
+  // the look-back (a chunk waits for the class totals of the chunk before
+  // it), not: there one thread's counting pass already overlaps another's
+  // placing, and chunk k + threads (the likely next one) may go to another
+  // core; session 32's two-thread runs showed no gain, session 36's chunks
+  // handed out one ahead made the look-back wait (docs/benchmarks.md). With
+  // class totals held for every walked tensor (a fused apply to the state
+  // a CompactUndo last applied to or from: CompactClassTotals) no chunk
+  // waits: chunks go out one ahead (ParallelForAhead) and each thread
+  // prefetches the one it walks next.
   const int walk_threads = walk_elements >= kParallelWalkMin ? threads : 1;
   const size_t walkers = std::min<size_t>(static_cast<size_t>(ResolveThreads(walk_threads)), chunks.size());
-  ChunkWalker walker(label, walked, chunks, undo ? undo->runs.data() : nullptr, walkers == 1 ? 1 : 0);
-  errors.assign(chunks.size(), Status::OK());
-  ParallelFor(chunks.size(), walk_threads, [&](size_t k) { errors[k] = walker.Walk(k); });
+  CompactClassTotals* const totals = undo ? &undo->totals : nullptr;
+  const CompactClassTotals::State* held = totals ? totals->Find(base_hash, chunk_elements) : nullptr;
+  if (held && held->tensors.size() != base.size()) held = nullptr;
+  std::vector<uint8_t> tensor_held(walked.size(), 0);
+  std::optional<ChunkWalker> walker;
+  while (true) {
+    walker.emplace(label, walked, chunks, undo ? undo->runs.data() : nullptr, walkers == 1 ? 1 : 0);
+    bool all_held = held != nullptr && !walked.empty();
+    for (size_t w = 0; w < walked.size(); ++w) {
+      const Bf16Tensor& t = *walked[w];
+      const CompactClassTotals::Tensor* h = held ? &held->tensors[static_cast<size_t>(t.base - base.data())] : nullptr;
+      const size_t n_chunks = first_chunk[w + 1] - first_chunk[w];
+      tensor_held[w] = h != nullptr && h->elements == t.base->num_elements() && h->chunks.size() == n_chunks &&
+                       (ChangedClasses(t) & ~h->classes) == 0;
+      if (!tensor_held[w]) {
+        all_held = false;
+        continue;
+      }
+      std::array<uint64_t, kClasses> start{};
+      for (size_t j = 0; j < n_chunks; ++j) {
+        walker->Hold(first_chunk[w] + j, &h->chunks[j], start);
+        for (int cl = 0; cl < kClasses; ++cl) start[cl] += h->chunks[j][cl];
+      }
+    }
+    errors.assign(chunks.size(), Status::OK());
+    if (all_held && walkers > 1) {
+      ParallelForAhead(chunks.size(), walk_threads, [&](size_t k, size_t next) { errors[k] = walker->Walk(k, next); });
+    } else {
+      ParallelFor(chunks.size(), walk_threads, [&](size_t k) { errors[k] = walker->Walk(k); });
+    }
+    if (!walker->Stale()) {
+      if (all_held) ++totals->held_applies;
+      break;
+    }
+    // Held totals that the counts contradict: every value written put back,
+    // the totals forgotten (Restore), the walk redone with the look-back.
+    undo->Restore(threads);
+    ++totals->stale;
+    held = nullptr;
+    undo->runs.assign(chunks.size(), CompactUndo::Run{});
+  }
   for (const Status& s : errors) {
     if (!s.ok() && undo) undo->Restore(threads);
     DS_RETURN_IF_ERROR(s);
@@ -378,7 +475,7 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
       raw_index.push_back(i);
     }
   }
-  out.hash_delta = walker.HashDelta() + HashChanges(base, raw, threads);
+  out.hash_delta = walker->HashDelta() + HashChanges(base, raw, threads);
   if (undo) {
     // Hashed against the base above; now written, their old bytes logged.
     uint64_t slot = bf16_changed, byte = 0;
@@ -397,6 +494,8 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
       byte += c.values.size();
     }
     out.changes.clear();
+    KeepTotals(*walker, walked, tensor_held, first_chunk, base, base_hash, base_hash + out.hash_delta, chunk_elements,
+               held, *totals);
   }
   return Status::OK();
 }
@@ -404,7 +503,11 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
 Result<CompactDelta> ApplyFused(const SafetensorsFile& file, std::span<const TensorView> base,
                                 const StateHash& base_hash, int threads, uint64_t chunk_elements, const Fused& fused) {
   CompactDelta out;
-  DS_RETURN_IF_ERROR(DecodeOrApply(file, base, base_hash, threads, chunk_elements, &fused, out));
+  Status s = DecodeOrApply(file, base, base_hash, threads, chunk_elements, &fused, out);
+  if (!s.ok()) {
+    fused.undo->totals.Invalidate();
+    return s;
+  }
   return out;
 }
 
@@ -491,6 +594,7 @@ void CompactUndo::Restore(int threads) {
     }
   });
   runs.clear();
+  totals.Invalidate();
 }
 
 Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, const WeightState& base,

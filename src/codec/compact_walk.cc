@@ -36,13 +36,32 @@ ChunkWalker::ChunkWalker(const std::string& label, const std::vector<Bf16Tensor*
     : label_(label), tensors_(tensors), chunks_(chunks), runs_(runs), ahead_(ahead), ready_(new std::atomic<uint32_t>[chunks.size()]),
       upto_(chunks.size()), hash_(chunks.size(), {0, 0}) {
   for (size_t k = 0; k < chunks.size(); ++k) ready_[k].store(0, std::memory_order_relaxed);
+  if (runs_) {
+    before_.resize(chunks.size());
+    after_.resize(chunks.size());
+  }
+}
+
+void ChunkWalker::Hold(size_t k, const std::array<uint32_t, kClasses>* held,
+                       const std::array<uint64_t, kClasses>& start) {
+  if (held_.empty()) {
+    held_.assign(chunks_.size(), nullptr);
+    held_start_.resize(chunks_.size());
+  }
+  held_[k] = held;
+  held_start_[k] = start;
 }
 
 ChunkWalker::~ChunkWalker() = default;
 
 std::span<const uint16_t> ChunkWalker::AheadOf(size_t k) const {
   if (ahead_ == 0 || k >= chunks_.size() || chunks_.size() - k <= ahead_) return {};
-  const Chunk& a = chunks_[k + ahead_];
+  return BaseOf(k + ahead_);
+}
+
+std::span<const uint16_t> ChunkWalker::BaseOf(size_t k) const {
+  if (k >= chunks_.size()) return {};
+  const Chunk& a = chunks_[k];
   const auto* data = reinterpret_cast<const uint16_t*>(tensors_[a.tensor]->base->data.data());
   return {data + a.begin, static_cast<size_t>(a.end - a.begin)};
 }
@@ -71,7 +90,11 @@ ChunkWalker::WalkStart ChunkWalker::StartAt(const Bf16Tensor& t, std::span<const
   return s;
 }
 
-Status ChunkWalker::Walk(size_t k) {
+Status ChunkWalker::Walk(size_t k) { return WalkPrefetching(k, AheadOf(k)); }
+
+Status ChunkWalker::Walk(size_t k, size_t next) { return WalkPrefetching(k, BaseOf(next)); }
+
+Status ChunkWalker::WalkPrefetching(size_t k, std::span<const uint16_t> ahead) {
   const Chunk& c = chunks_[k];
   const Bf16Tensor& t = *tensors_[c.tensor];
   uint32_t classes = 0;  // the classes with changes
@@ -93,7 +116,21 @@ Status ChunkWalker::Walk(size_t k) {
     for (int cl = 0; cl < kClasses; ++cl) counts[cl] += block_counts[b * kClasses + cl];
   }
   std::array<uint64_t, kClasses> start_at{};
-  if (c.begin > 0) {
+  const std::array<uint32_t, kClasses>* const held = held_.empty() ? nullptr : held_[k];
+  if (held) {
+    // Held totals: the start is known; this chunk's own counts must be the
+    // held ones (they give every later chunk's start), or nothing is placed.
+    for (uint32_t left = classes; left != 0; left &= left - 1) {
+      const int cl = __builtin_ctz(left);
+      if (counts[cl] != (*held)[cl]) {
+        stale_.store(true, std::memory_order_relaxed);
+        return Status::Internal(label_ + ": tensor '" + t.stream->name + "': the held class totals of elements " +
+                                std::to_string(c.begin) + ".." + std::to_string(c.end) +
+                                " are stale (redone with the look-back)");
+      }
+    }
+    start_at = held_start_[k];
+  } else if (c.begin > 0) {
     // Chunk k - 1 was handed out before this one and publishes before
     // its walk, so this wait is short and cannot deadlock.
     while (ready_[k - 1].load(std::memory_order_acquire) == 0) ready_[k - 1].wait(0, std::memory_order_acquire);
@@ -101,7 +138,7 @@ Status ChunkWalker::Walk(size_t k) {
   }
   std::array<uint64_t, kClasses> end_at = start_at;
   for (int cl = 0; cl < kClasses; ++cl) end_at[cl] += counts[cl];
-  if (!c.last) {
+  if (!c.last && !held) {
     upto_[k] = end_at;
     ready_[k].store(1, std::memory_order_release);
     ready_[k].notify_all();
@@ -109,8 +146,27 @@ Status ChunkWalker::Walk(size_t k) {
   // Only the start is searched for (binary searches of the class's ranks,
   // missing the caches): where the walk ends is checked in O(1) per class.
   const WalkStart start = t.ranks.Visit([&](auto ranks) { return StartAt(t, ranks, start_at); });
-  return Place(t, c, blocks, classes, block_counts.data(), bytes, start, c.last ? nullptr : &end_at, hash_[k].data(),
-               runs_ ? &runs_[k] : nullptr, AheadOf(k));
+  CompactUndo::Run* const run = runs_ ? &runs_[k] : nullptr;
+  Status s = Place(t, c, blocks, classes, block_counts.data(), bytes, start, c.last ? nullptr : &end_at,
+                   hash_[k].data(), run, ahead);
+  if (!s.ok() || run == nullptr) return s;
+  // The chunk's class counts before and after (CompactClassTotals): each
+  // change moves its element from its old value's class to its new one's.
+  std::array<uint32_t, kClasses>& before = before_[k];
+  if (held) {
+    before = *held;
+  } else {
+    for (int cl = 0; cl < kClasses; ++cl) before[cl] = static_cast<uint32_t>(counts[cl]);
+  }
+  std::array<uint32_t, kClasses> in{}, out{};
+  const uint64_t* const pos = t.undo_pos + start.out;
+  const uint16_t* const old = t.undo_old + start.out;
+  for (uint64_t j = 0; j < run->written; ++j) {
+    ++out[ClassOf(old[j])];
+    ++in[ClassOf(t.target[pos[j]])];
+  }
+  for (int cl = 0; cl < kClasses; ++cl) after_[k][cl] = before[cl] - out[cl] + in[cl];
+  return s;
 }
 
 // The walk of a chunk from `start` over its blocks' class masks, then

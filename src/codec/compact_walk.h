@@ -70,14 +70,37 @@ class ChunkWalker {
               CompactUndo::Run* runs = nullptr, size_t ahead = 0);
   ~ChunkWalker();
   Status Walk(size_t k);
+  // Walk(k), prefetching (as `ahead` does) chunk `next`'s base instead: the
+  // chunk this thread walks next where the caller knows it
+  // (ParallelForAhead); none when next is past the last chunk.
+  Status Walk(size_t k, size_t next);
+  // The held route (a fused apply with held class totals,
+  // CompactClassTotals), set before any Walk for every chunk of a tensor or
+  // none: chunk k starts after `start` class elements of its tensor, with
+  // no look-back (it neither waits nor publishes), once its own counts of
+  // the classes with changes equal held[k]'s; if they differ it places
+  // nothing, returns an error and Stale() becomes true (the caller undoes
+  // the apply and redoes it without held totals).
+  void Hold(size_t k, const std::array<uint32_t, kClasses>* held, const std::array<uint64_t, kClasses>& start);
+  bool Stale() const { return stale_.load(std::memory_order_relaxed); }
+  // A fused walk's class counts of chunk k (after its Walk succeeded):
+  // before the apply (held[k] where held, else the counts of the classes
+  // with changes, 0 for the others) and after it (those plus the classes
+  // its changes moved elements out of and into; meaningful for the counted
+  // or held classes).
+  const std::array<uint32_t, kClasses>& Before(size_t k) const { return before_[k]; }
+  const std::array<uint32_t, kClasses>& After(size_t k) const { return after_[k]; }
   // The base elements prefetched while chunk k is placed: chunk k + ahead's
   // (of whichever tensor), or none past the last chunk or with ahead 0.
   std::span<const uint16_t> AheadOf(size_t k) const;
+  // Chunk k's base elements (of whichever tensor); none past the last chunk.
+  std::span<const uint16_t> BaseOf(size_t k) const;
   // The hash change of all chunks' changes (after every Walk).
   StateHash HashDelta() const;
 
  private:
   struct WalkStart;
+  Status WalkPrefetching(size_t k, std::span<const uint16_t> ahead);
   Status Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, uint32_t classes, const uint16_t* counts,
                const uint8_t* bytes, const WalkStart& start, const std::array<uint64_t, kClasses>* end_at,
                uint64_t hash[2], CompactUndo::Run* run, std::span<const uint16_t> ahead);
@@ -95,6 +118,10 @@ class ChunkWalker {
   std::unique_ptr<std::atomic<uint32_t>[]> ready_;      // chunk k published upto_[k]
   std::vector<std::array<uint64_t, kClasses>> upto_;  // class elements up to chunk k's end
   std::vector<std::array<uint64_t, 2>> hash_;         // per chunk, its element-term changes
+  std::vector<const std::array<uint32_t, kClasses>*> held_;  // Hold: per chunk (empty: none held)
+  std::vector<std::array<uint64_t, kClasses>> held_start_;
+  std::vector<std::array<uint32_t, kClasses>> before_, after_;  // a fused walk's, per chunk
+  std::atomic<bool> stale_{false};
 };
 
 }  // namespace deltasync::compact

@@ -22,4 +22,27 @@ void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn) {
   for (std::thread& t : pool) t.join();
 }
 
+void ParallelForAhead(size_t n, int threads, const std::function<void(size_t, size_t)>& fn) {
+  if (n == 0) return;
+  size_t workers = std::min<size_t>(static_cast<size_t>(ResolveThreads(threads)), n);
+  if (workers <= 1) {
+    for (size_t i = 0; i < n; ++i) fn(i, i + 1);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  auto run = [&] {
+    size_t i = next.fetch_add(1);
+    while (i < n) {
+      const size_t after = std::min(next.fetch_add(1), n);
+      fn(i, after);
+      i = after;
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(workers - 1);
+  for (size_t w = 1; w < workers; ++w) pool.emplace_back(run);
+  run();
+  for (std::thread& t : pool) t.join();
+}
+
 }  // namespace deltasync

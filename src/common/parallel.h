@@ -22,4 +22,17 @@ inline int ResolveThreads(int threads) {
 // throw.
 void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn);
 
+// ParallelFor with each thread's next task known while it runs one: calls
+// fn(task, next) for every task in [0, n), spread over up to `threads`
+// threads (the caller's thread is one of them). Tasks are handed out in
+// ascending order from a shared counter, one ahead: a thread claims its next
+// task before it runs the current one, and `next` is that claimed task (n
+// when none was left), so that fn can prepare it, e.g. prefetch its data
+// into this core's caches (with plain ParallelFor, task + threads is only
+// likely to be the thread's next one). Each thread's tasks ascend, and the
+// least unfinished task is always one a thread is running, so fn(task, ...)
+// may wait for work that fn of a lower task does before any wait of its
+// own (the compact walk's look-back) without deadlock. fn must not throw.
+void ParallelForAhead(size_t n, int threads, const std::function<void(size_t, size_t)>& fn);
+
 }  // namespace deltasync

@@ -22,14 +22,6 @@ using testing::Flatten;
 using testing::ParseBytes;
 using namespace testing_compact;
 
-bool SameBytes(const WeightState& a, const WeightState& b) {
-  if (a.tensors().size() != b.tensors().size()) return false;
-  for (size_t i = 0; i < a.tensors().size(); ++i) {
-    if (a.tensors()[i].name != b.tensors()[i].name || a.tensors()[i].data != b.tensors()[i].data) return false;
-  }
-  return true;
-}
-
 Result<CompactDelta> Apply(const std::vector<uint8_t>& bytes, WeightState& state, const StateHash& hash, int threads,
                            uint64_t chunk, CompactUndo& undo) {
   DS_ASSIGN_OR_RETURN(SafetensorsFile f, ParseBytes(bytes, "fused.safetensors"));

@@ -286,6 +286,15 @@ inline WeightState ShortOfClass8(const Case& c) {
 // A copy of `s` that owns its bytes (a replica's state to apply onto).
 inline WeightState Copy(const WeightState& s) { return std::move(WeightState::FromViews(s.views())).value(); }
 
+// The same tensors (names, order) holding the same bytes.
+inline bool SameBytes(const WeightState& a, const WeightState& b) {
+  if (a.tensors().size() != b.tensors().size()) return false;
+  for (size_t i = 0; i < a.tensors().size(); ++i) {
+    if (a.tensors()[i].name != b.tensors()[i].name || a.tensors()[i].data != b.tensors()[i].data) return false;
+  }
+  return true;
+}
+
 // The flat bytes of a compact delta (model version 3 on base version 2) in
 // stream `version` and `container`; empty, with a test failure, on an error.
 inline std::vector<uint8_t> EncodeBytes(const WeightState& state, const StateHash& hash,

@@ -2,6 +2,8 @@
 // (src/codec/compact_walk.cc, ChunkWalker::AheadOf): while chunk k is placed,
 // the base elements of chunk k + ahead (the walk's thread count), whichever
 // tensor that chunk belongs to; none past the last chunk or with ahead 0.
+// Walk(k, next) prefetches BaseOf(next) instead, the chunk the thread
+// walks next (the decoder hands chunks out one ahead: ParallelForAhead).
 // A prefetch changes no result (the decode and apply tests cover those on
 // 1-3 threads); this checks that it reads the chunk it means to.
 #include <gtest/gtest.h>
@@ -51,6 +53,15 @@ TEST(CompactWalk, AheadOfIsTheChunkAheadAcrossTensorsAndNonePastTheLast) {
   }
   const ChunkWalker none(label, tensors, chunks, nullptr, 0);
   for (size_t k = 0; k < chunks.size(); ++k) EXPECT_TRUE(none.AheadOf(k).empty());
+  // BaseOf(k): chunk k's own base, the prefetch of Walk(j, k) (the chunk a
+  // thread walks next, ParallelForAhead), whatever the walker's `ahead`.
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    SCOPED_TRACE("base of chunk " + std::to_string(k));
+    EXPECT_EQ(none.BaseOf(k).data(), begin[k]);
+    EXPECT_EQ(none.BaseOf(k).size(), size[k]);
+  }
+  EXPECT_TRUE(none.BaseOf(chunks.size()).empty());
+  EXPECT_TRUE(none.BaseOf(chunks.size() + 7).empty());
 }
 
 }  // namespace

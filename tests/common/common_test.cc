@@ -1,6 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <thread>
 
 #include "common/parallel.h"
 #include "deltasync/status.h"
@@ -71,6 +75,43 @@ TEST(ParallelForTest, VisitsEveryTaskOnce) {
   std::vector<std::atomic<int>> hits(1000);
   ParallelFor(hits.size(), 4, [&](size_t i) { hits[i]++; });
   for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+}
+
+// ParallelForAhead: every task once, and `next` is the task the same thread
+// runs next (n after its last), on 1 to 4 threads, with tasks that wait for
+// the task before them to have started (as the compact walk's look-back
+// waits): no deadlock.
+TEST(ParallelForTest, AheadVisitsEveryTaskOnceAndNextIsTheThreadsNextTask) {
+  for (int threads : {1, 2, 3, 4}) {
+    for (size_t n : {size_t{1}, size_t{2}, size_t{5}, size_t{1000}}) {
+      SCOPED_TRACE("threads " + std::to_string(threads) + ", tasks " + std::to_string(n));
+      std::vector<std::atomic<int>> hits(n);
+      std::vector<std::atomic<int>> started(n);
+      std::mutex mu;
+      std::map<std::thread::id, std::vector<std::pair<size_t, size_t>>> runs;  // per thread: (task, next)
+      ParallelForAhead(n, threads, [&](size_t i, size_t next) {
+        started[i].store(1);
+        if (i > 0) {
+          while (started[i - 1].load() == 0) std::this_thread::yield();
+        }
+        hits[i]++;
+        // Long enough that every thread takes tasks.
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+        std::lock_guard<std::mutex> hold(mu);
+        runs[std::this_thread::get_id()].push_back({i, next});
+      });
+      for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+      EXPECT_LE(runs.size(), static_cast<size_t>(threads));
+      if (n == 1000) EXPECT_EQ(runs.size(), static_cast<size_t>(threads));
+      for (const auto& [id, seq] : runs) {
+        for (size_t j = 0; j < seq.size(); ++j) {
+          const size_t want = j + 1 < seq.size() ? seq[j + 1].first : n;
+          EXPECT_EQ(seq[j].second, want) << "task " << seq[j].first;
+          if (j > 0) EXPECT_LT(seq[j - 1].first, seq[j].first);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
