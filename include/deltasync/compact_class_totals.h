@@ -42,6 +42,7 @@ class CompactClassTotals {
 
   // The held state with this hash and chunk size, or nullptr.
   const State* Find(const StateHash& hash, uint64_t chunk_elements) const;
+  State* Find(const StateHash& hash, uint64_t chunk_elements);
   // Forgets every held state.
   void Invalidate();
   // The bytes the held counts take.

@@ -2,6 +2,8 @@
 // (include/deltasync/compact_class_totals.h).
 #include "deltasync/compact_class_totals.h"
 
+#include <utility>
+
 namespace deltasync {
 
 const CompactClassTotals::State* CompactClassTotals::Find(const StateHash& hash, uint64_t chunk_elements) const {
@@ -9,6 +11,10 @@ const CompactClassTotals::State* CompactClassTotals::Find(const StateHash& hash,
     if (s.valid && s.hash == hash && s.chunk_elements == chunk_elements) return &s;
   }
   return nullptr;
+}
+
+CompactClassTotals::State* CompactClassTotals::Find(const StateHash& hash, uint64_t chunk_elements) {
+  return const_cast<State*>(std::as_const(*this).Find(hash, chunk_elements));
 }
 
 void CompactClassTotals::Invalidate() {

@@ -241,8 +241,8 @@ uint32_t ChangedClasses(const Bf16Tensor& t) {
 void KeepTotals(const ChunkWalker& walker, const std::vector<Bf16Tensor*>& walked,
                 const std::vector<uint8_t>& tensor_held, const std::vector<size_t>& first_chunk,
                 std::span<const TensorView> base, const StateHash& from, const StateHash& to,
-                uint64_t chunk_elements, const CompactClassTotals::State* held, CompactClassTotals& totals) {
-  CompactClassTotals::State& before = held ? const_cast<CompactClassTotals::State&>(*held) : totals.states[0];
+                uint64_t chunk_elements, CompactClassTotals::State* held, CompactClassTotals& totals) {
+  CompactClassTotals::State& before = held ? *held : totals.states[0];
   CompactClassTotals::State& after = &before == &totals.states[0] ? totals.states[1] : totals.states[0];
   if (!held) {
     before.tensors.resize(base.size());
@@ -422,7 +422,7 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
   const int walk_threads = walk_elements >= kParallelWalkMin ? threads : 1;
   const size_t walkers = std::min<size_t>(static_cast<size_t>(ResolveThreads(walk_threads)), chunks.size());
   CompactClassTotals* const totals = undo ? &undo->totals : nullptr;
-  const CompactClassTotals::State* held = totals ? totals->Find(base_hash, chunk_elements) : nullptr;
+  CompactClassTotals::State* held = totals ? totals->Find(base_hash, chunk_elements) : nullptr;
   if (held && held->tensors.size() != base.size()) held = nullptr;
   std::vector<uint8_t> tensor_held(walked.size(), 0);
   std::optional<ChunkWalker> walker;

@@ -3,6 +3,18 @@
 #include <atomic>
 
 namespace deltasync {
+namespace {
+
+// `run` on `workers` threads at once, the caller's one of them.
+void RunOnWorkers(size_t workers, const std::function<void()>& run) {
+  std::vector<std::thread> pool;
+  pool.reserve(workers - 1);
+  for (size_t w = 1; w < workers; ++w) pool.emplace_back(run);
+  run();
+  for (std::thread& t : pool) t.join();
+}
+
+}  // namespace
 
 void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn) {
   if (n == 0) return;
@@ -15,11 +27,7 @@ void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn) {
   auto run = [&] {
     for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i);
   };
-  std::vector<std::thread> pool;
-  pool.reserve(workers - 1);
-  for (size_t w = 1; w < workers; ++w) pool.emplace_back(run);
-  run();
-  for (std::thread& t : pool) t.join();
+  RunOnWorkers(workers, run);
 }
 
 void ParallelForAhead(size_t n, int threads, const std::function<void(size_t, size_t)>& fn) {
@@ -38,11 +46,7 @@ void ParallelForAhead(size_t n, int threads, const std::function<void(size_t, si
       i = after;
     }
   };
-  std::vector<std::thread> pool;
-  pool.reserve(workers - 1);
-  for (size_t w = 1; w < workers; ++w) pool.emplace_back(run);
-  run();
-  for (std::thread& t : pool) t.join();
+  RunOnWorkers(workers, run);
 }
 
 }  // namespace deltasync
