@@ -239,7 +239,7 @@ class BitReader {
     // no code ends there (n <= 63), and TZCNT of inv >> b (b <= 63) is never
     // of 0. A code whose terminator or low bits lie at or past n has
     // end > n and refills. Unsigned 64-bit throughout (no sign extensions
-    // on the chain); b + k1 is summed beside the shift and TZCNT.
+    // on the chain); b + k + 1 is summed beside the shift and TZCNT.
     constexpr uint64_t kTop = uint64_t{1} << 63;
     uint64_t inv = ~acc | kTop;
     uint64_t b = 0, un = static_cast<uint64_t>(n_);
