@@ -227,7 +227,7 @@ class BitReader {
     const uint8_t* data = bytes_.data();
     const size_t size = bytes_.size();
     const uint64_t low_mask = (uint64_t{1} << k) - 1;
-    const uint64_t uk = static_cast<uint64_t>(k), k1 = uk + 1;
+    const uint64_t uk = static_cast<uint64_t>(k);
     // The ranks' state in a local (through the pointer every store to out[]
     // may alias it). `past` is settled once at the end (below).
     constexpr bool kRanks = !std::is_same_v<Ranks, std::nullptr_t>;
@@ -239,20 +239,50 @@ class BitReader {
     // no code ends there (n <= 63), and TZCNT of inv >> b (b <= 63) is never
     // of 0. A code whose terminator or low bits lie at or past n has
     // end > n and refills. Unsigned 64-bit throughout (no sign extensions
-    // on the chain); b + k1 is summed beside the shift and TZCNT.
+    // on the chain); b + k + 1 is summed beside the shift and TZCNT.
     constexpr uint64_t kTop = uint64_t{1} << 63;
     uint64_t inv = ~acc | kTop;
     uint64_t b = 0, un = static_cast<uint64_t>(n_);
-    for (; i < e; ++i) {
-      uint64_t ones = static_cast<uint64_t>(__builtin_ctzll(inv >> b));
-      uint64_t end = (b + k1) + ones;
-      if (end > un) [[unlikely]] {
-        // A refill every few codes: the consumed bits dropped, then one
-        // load of as many whole bytes as fit above the n bits held.
-        acc >>= b;
-        un -= b;
-        b = 0;
-        if (un > 56 || pos + 8 > size) break;
+    // Two codes a step: the second's unary part is counted from the first's
+    // end (a shift count masked to 6 bits: past the window it reads
+    // anything, and then the pair's end is past n too), and one test of the
+    // pair's end and one of both unary parts decide for both. A pair that
+    // does not fit refills and is tried again; one still not fitting (a long
+    // code, the stream's end, a block's last odd code) is read alone, as the
+    // one-code loop did, or left to the slower reader.
+    // The loop's state in as few registers as it can: the outputs by a
+    // pointer (no index beside it), k + 1 added by LEA.
+    T* o = out + i;
+    T* const oe = out + e;
+    const auto emit = [&](uint64_t gap) {
+      if constexpr (kRanks) {
+        *o = static_cast<T>(next + gap);
+        next += gap + 1;
+      } else {
+        *o = gap;
+      }
+      ++o;
+    };
+    const auto pair = [&]() -> bool {
+      const uint64_t o1 = static_cast<uint64_t>(__builtin_ctzll(inv >> b));
+      const uint64_t end1 = b + o1 + uk + 1;
+      const uint64_t o2 = static_cast<uint64_t>(__builtin_ctzll(inv >> (end1 & 63)));
+      const uint64_t end2 = end1 + o2 + uk + 1;
+      if (end2 > un || (o1 | o2) >= kFastUnary) [[unlikely]] return false;
+      // The k low bits after each terminator (end - k <= n - k <= 63).
+      emit((o1 << uk) | ((acc >> (end1 - uk)) & low_mask));
+      emit((o2 << uk) | ((acc >> (end2 - uk)) & low_mask));
+      b = end2;
+      return true;
+    };
+    while (o < oe) {
+      if (oe - o >= 2 && pair()) continue;
+      // A refill: the consumed bits dropped, then one load of as many whole
+      // bytes as fit above the n bits held.
+      acc >>= b;
+      un -= b;
+      b = 0;
+      if (un <= 56 && pos + 8 <= size) {
         uint64_t w;
         std::memcpy(&w, data + pos, 8);
         acc |= w << un;
@@ -260,21 +290,17 @@ class BitReader {
         pos += static_cast<size_t>(take);
         un += 8 * take;
         inv = ~acc | kTop;
-        ones = static_cast<uint64_t>(__builtin_ctzll(inv));
-        end = k1 + ones;
-        if (end > un) break;
+        if (oe - o >= 2 && pair()) continue;
       }
-      if (ones >= kFastUnary) break;
-      // The k low bits after the terminator (end - k <= n - k <= 63).
-      const uint64_t gap = (ones << uk) | ((acc >> (end - uk)) & low_mask);
-      if constexpr (kRanks) {
-        out[i] = static_cast<T>(next + gap);
-        next += gap + 1;
-      } else {
-        out[i] = gap;
-      }
+      inv = ~acc | kTop;
+      // One code alone.
+      const uint64_t ones = static_cast<uint64_t>(__builtin_ctzll(inv));
+      const uint64_t end = ones + uk + 1;
+      if (end > un || ones >= kFastUnary) break;
+      emit((ones << uk) | ((acc >> (end - uk)) & low_mask));
       b = end;
     }
+    i = static_cast<uint64_t>(o - out);
     acc_ = acc >> b;
     n_ = static_cast<int>(un - b);
     pos_ = pos;

@@ -294,6 +294,70 @@ TEST(CompactRice, TruncatedAndCorruptedStreamsFailAsTheReference) {
   });
 }
 
+// The fast path reads two codes a step (BitReader::RiceRun): a long unary
+// part (16-30 ones, or an escape: left to the slower reader) as the first or the second
+// code of a pair, pairs whose second code ends just inside or just past the
+// bits held (codes of 1-62 bits, k = 0..45 around the fast path's k <= 40),
+// blocks and runs of odd and even lengths (1-9 codes, a block's last odd
+// code read alone), and every prefix of each stream: the gaps, the ranks and
+// the messages of the code-by-code reference, and the reader left where the
+// reference left it (a second run read after the first).
+TEST(CompactRice, TwoCodesAStepEqualTheReference) {
+  ForEachCodecCopy([&](const char* copy) {
+  SCOPED_TRACE(copy);
+  std::mt19937_64 rng(38);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int k = trial % 46;
+    const uint64_t n = trial % 3 == 0 ? 1 + rng() % 9 : trial % 3 == 1 ? kRiceBlock - 1 + rng() % 3 : 1 + rng() % 2100;
+    // Rare enough not to raise the block's k (the encoder's choice, from
+    // the block's mean), at either parity.
+    const uint64_t long_every = 24 + rng() % 40;
+    const uint64_t long_at = rng() % long_every;
+    std::vector<uint64_t> gaps(n);
+    for (uint64_t i = 0; i < n; ++i) {
+      // A block's k follows its mean: around 2^k, with some unary parts
+      // of 16-40 (31 and above are escapes; placed at one parity of a
+      // pair) and the others of 0-3.
+      uint64_t low = k == 0 ? 0 : rng() & ((uint64_t{1} << k) - 1);
+      const uint64_t q = i % long_every == long_at ? 16 + rng() % 25 : rng() % 3;
+      gaps[i] = (q << k) | low;
+    }
+    BitWriter w;
+    VectorGaps first(gaps), second(gaps);
+    PutRiceGaps(w, n, first);
+    PutRiceGaps(w, n, second);
+    const std::vector<uint8_t> coded = w.Finish();
+    std::vector<size_t> lens = {coded.size()};
+    for (int j = 0; j < 6; ++j) lens.push_back(rng() % (coded.size() + 1));
+    for (size_t len : lens) {
+      const std::vector<uint8_t> in(coded.begin(), coded.begin() + static_cast<ptrdiff_t>(len));
+      std::vector<uint64_t> got(2 * n, 7), want(2 * n, 7), ranks(2 * n, 7);
+      BitReader fast(in), slow(in), ranked(in);
+      std::optional<std::string> err = GetRiceGaps(fast, n, got.data());
+      if (!err) err = GetRiceGaps(fast, n, got.data() + n);
+      std::optional<std::string> want_err = ReferenceGaps(slow, n, want.data());
+      if (!want_err) want_err = ReferenceGaps(slow, n, want.data() + n);
+      GapRanks r;
+      std::optional<std::string> rank_err = GetRiceGaps(ranked, n, ranks.data(), &r);
+      if (!rank_err) rank_err = GetRiceGaps(ranked, n, ranks.data() + n, &r);
+      ASSERT_EQ(err, want_err) << "k " << k << ", " << n << " gaps, " << len << " of " << coded.size() << " bytes";
+      ASSERT_EQ(rank_err, want_err) << "k " << k << ", " << n << " gaps";
+      if (want_err) continue;
+      ASSERT_EQ(got, want) << "k " << k << ", " << n << " gaps";
+      EXPECT_TRUE(fast.AtPaddedEnd());
+      uint64_t next = 0;
+      for (size_t i = 0; i < 2 * n; ++i) {
+        ASSERT_EQ(got[i], gaps[i % n]) << i;
+        ASSERT_EQ(ranks[i], next + want[i]) << i;
+        next = ranks[i] + 1;
+      }
+      EXPECT_EQ(r.next, next);
+      EXPECT_FALSE(r.past);
+    }
+  }
+  });
+}
+
 // BitWriter::Local (the state in locals, PutRiceGaps' writer) writes the
 // same bits as Put: any widths 0..64, high bits of the values ignored, runs
 // of local puts between plain ones, the writer growing in between.
