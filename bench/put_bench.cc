@@ -5,7 +5,7 @@
 // the path it had before: write everything, then one fsync). Alternates
 // off, on, on, off per round; prints each run and the medians.
 //
-//   put_bench DIR BYTES ROUNDS
+//   put_bench DIR BYTES ROUNDS [STEP_MIB]   (STEP_MIB: the step of the "on" runs)
 #include <time.h>
 #include <unistd.h>
 
@@ -36,7 +36,7 @@ struct Run {
   double write_wall, write_cpu, sync_wall, rest_wall, total;
 };
 
-Run PutOnce(const std::string& dir, const std::vector<uint8_t>& data, bool writeback) {
+Run PutOnce(const std::string& dir, const std::vector<uint8_t>& data, bool writeback, size_t step) {
   const std::string target = dir + "/object.bin";
   ::unlink(target.c_str());
   TempFile tmp;
@@ -48,7 +48,7 @@ Run PutOnce(const std::string& dir, const std::vector<uint8_t>& data, bool write
   };
   const double t0 = Now();
   check(tmp.Create(target), "create");
-  if (!writeback) tmp.SetWritebackForTesting(TempFile::kWritebackStep, Unsupported);
+  tmp.SetWritebackForTesting(step, writeback ? nullptr : Unsupported);
   const double c0 = ThreadCpu();
   check(tmp.Write(ByteSpan(data.data(), data.size())), "write");
   const double t1 = Now(), c1 = ThreadCpu();
@@ -69,19 +69,21 @@ double Median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: put_bench DIR BYTES ROUNDS\n");
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr, "usage: put_bench DIR BYTES ROUNDS [STEP_MIB]\n");
     return 2;
   }
   const std::string dir = argv[1];
   const size_t bytes = std::strtoull(argv[2], nullptr, 10);
   const int rounds = std::atoi(argv[3]);
+  const size_t step = argc == 5 ? std::strtoull(argv[4], nullptr, 10) << 20 : TempFile::kWritebackStep;
+  if (step == 0) return 2;
   std::vector<uint8_t> data(bytes);
   for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
   std::vector<Run> runs[2];
   for (int r = 0; r < rounds; ++r) {
     for (bool on : {false, true, true, false}) {
-      Run run = PutOnce(dir, data, on);
+      Run run = PutOnce(dir, data, on, step);
       runs[on].push_back(run);
       std::printf("%-3s write %8.2f ms (cpu %8.2f)  fsync %8.2f ms  close+rename+dirsync %6.2f ms  total %8.2f ms\n",
                   on ? "on" : "off", run.write_wall * 1e3, run.write_cpu * 1e3, run.sync_wall * 1e3,
