@@ -18,6 +18,8 @@
 // (docs/format.md, "Temporary files").
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -78,7 +80,12 @@ class TempFile {
   // Creates a new, empty file named TempPathFor(target) (O_EXCL, O_NOFOLLOW,
   // mode 0644) and registers it. A TempFile is created once.
   int Create(const std::string& target);
-  // Writes all of `bytes` (short writes and EINTR are retried).
+  // Writes all of `bytes` (short writes and EINTR are retried). After every
+  // writeback step written it starts the device's writeback of that step
+  // (sync_file_range SYNC_FILE_RANGE_WRITE, which does not wait), so that
+  // Sync waits only for the tail instead of the whole file. Where the file
+  // system does not support that, Write goes on without it (same bytes, same
+  // durability: Sync still does it all); another error of it is returned.
   int Write(ByteSpan bytes);
   // fsync(2): the data must be on disk before the rename publishes it.
   int Sync();
@@ -91,10 +98,26 @@ class TempFile {
   const std::string& path() const { return path_; }
   int fd() const { return fd_; }
 
+  // Bytes between two starts of writeback.
+  static constexpr size_t kWritebackStep = size_t{8} << 20;
+  // Starts the writeback of [offset, offset + bytes) of fd; 0 or an errno value.
+  using WritebackFn = int (*)(int fd, int64_t offset, int64_t bytes);
+  // For tests: a smaller step (> 0) and a stand-in for sync_file_range
+  // (nullptr: the real one). Call before the first Write.
+  void SetWritebackForTesting(size_t step, WritebackFn start) {
+    writeback_step_ = step;
+    start_writeback_ = start;
+  }
+
  private:
   std::string target_, path_;
   int fd_ = -1;
   int slot_ = -1;  // registry slot, -1 when not registered
+  uint64_t written_ = 0;           // bytes written so far
+  uint64_t writeback_started_ = 0; // bytes whose writeback was started (a multiple of the step)
+  bool writeback_ = true;          // false once the file system said it cannot
+  size_t writeback_step_ = kWritebackStep;
+  WritebackFn start_writeback_ = nullptr;
 };
 
 // fsync(2) of the directory `dir`: makes a rename or mkdir inside it

@@ -5,10 +5,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "testing/temp_dir.h"
@@ -174,6 +178,102 @@ void KillWhileWriting(int sig) {
 
 TEST(TempFileTest, SigtermRemovesTheTemporaryFileAndStillKills) { KillWhileWriting(SIGTERM); }
 TEST(TempFileTest, SigintRemovesTheTemporaryFileAndStillKills) { KillWhileWriting(SIGINT); }
+
+// Writeback: Write starts the device's writeback after every step. A stand-in
+// for sync_file_range records the ranges and can fail as a file system would.
+struct WritebackLog {
+  static inline std::vector<std::pair<int64_t, int64_t>> ranges;
+  static inline int fail_with = 0;
+  static int Start(int /*fd*/, int64_t offset, int64_t bytes) {
+    ranges.emplace_back(offset, bytes);
+    return fail_with;
+  }
+  static void Reset(int err) {
+    ranges.clear();
+    fail_with = err;
+  }
+};
+
+std::string Pattern(size_t n) {
+  std::string s(n, '\0');
+  uint32_t x = 12345;
+  for (char& c : s) {
+    x = x * 1103515245u + 12345u;
+    c = static_cast<char>(x >> 24);
+  }
+  return s;
+}
+
+// Writes `data` in uneven parts (one of them spanning several steps) through a
+// TempFile whose step is `step`, then publishes it.
+int WriteInParts(const std::string& target, const std::string& data, size_t step) {
+  TempFile tmp;
+  if (int err = tmp.Create(target)) return err;
+  tmp.SetWritebackForTesting(step, WritebackLog::Start);
+  const size_t cuts[] = {0, 1000, 1000 + 3 * step + 17, data.size()};
+  for (int i = 0; i < 3; ++i) {
+    size_t from = std::min(cuts[i], data.size()), to = std::min(cuts[i + 1], data.size());
+    if (int err = tmp.Write(Bytes(std::string_view(data).substr(from, to - from)))) return err;
+  }
+  if (int err = tmp.Sync()) return err;
+  if (int err = tmp.Close()) return err;
+  return tmp.RenameOverTarget();
+}
+
+TEST(TempFileTest, WritebackStartsAfterEveryStepAndTheBytesAreExact) {
+  constexpr size_t kStep = 4096;
+  for (size_t size : {7 * kStep, 7 * kStep + 123, kStep - 1}) {
+    SCOPED_TRACE(size);
+    TempDir dir;
+    const std::string target = dir.Sub("big.bin");
+    const std::string data = Pattern(size);
+    WritebackLog::Reset(0);
+    ASSERT_EQ(WriteInParts(target, data, kStep), 0);
+    EXPECT_TRUE(ReadAll(target) == data);
+    // One range per whole step written, in order, back to back; the tail
+    // (less than a step) is left to Sync.
+    ASSERT_EQ(WritebackLog::ranges.size(), size / kStep);
+    for (size_t i = 0; i < WritebackLog::ranges.size(); ++i) {
+      EXPECT_EQ(WritebackLog::ranges[i].first, static_cast<int64_t>(i * kStep));
+      EXPECT_EQ(WritebackLog::ranges[i].second, static_cast<int64_t>(kStep));
+    }
+  }
+}
+
+TEST(TempFileTest, UnsupportedWritebackIsDroppedAndTheObjectIsTheSame) {
+  constexpr size_t kStep = 4096;
+  for (int err : {ENOSYS, EINVAL, ESPIPE, EOPNOTSUPP}) {
+    SCOPED_TRACE(err);
+    TempDir dir;
+    const std::string target = dir.Sub("big.bin");
+    const std::string data = Pattern(9 * kStep + 5);
+    WritebackLog::Reset(err);
+    ASSERT_EQ(WriteInParts(target, data, kStep), 0);
+    EXPECT_TRUE(ReadAll(target) == data);
+    EXPECT_EQ(WritebackLog::ranges.size(), 1u);  // tried once, then not again
+  }
+}
+
+TEST(TempFileTest, WritebackDeviceErrorFailsTheWrite) {
+  TempDir dir;
+  WritebackLog::Reset(EIO);
+  EXPECT_EQ(WriteInParts(dir.Sub("big.bin"), Pattern(3 * 4096), 4096), EIO);
+  EXPECT_FALSE(std::filesystem::exists(dir.Sub("big.bin")));
+}
+
+TEST(TempFileTest, RealWritebackOverManyStepsKeepsTheBytes) {
+  TempDir dir;
+  const std::string target = dir.Sub("big.bin");
+  const std::string data = Pattern(3 * TempFile::kWritebackStep + 4097);
+  TempFile tmp;
+  ASSERT_EQ(tmp.Create(target), 0);
+  ASSERT_EQ(tmp.Write(Bytes(std::string_view(data).substr(0, 100))), 0);
+  ASSERT_EQ(tmp.Write(Bytes(std::string_view(data).substr(100))), 0);
+  ASSERT_EQ(tmp.Sync(), 0);
+  ASSERT_EQ(tmp.Close(), 0);
+  ASSERT_EQ(tmp.RenameOverTarget(), 0);
+  EXPECT_TRUE(ReadAll(target) == data);
+}
 
 }  // namespace
 }  // namespace deltasync

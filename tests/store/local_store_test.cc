@@ -132,6 +132,21 @@ TEST_F(LocalStoreTest, ObjectsArePlainFilesUnderTheRoot) {
   EXPECT_FALSE(AnyTempFile(root_));
 }
 
+// An object of several writeback steps (temp_file.h), in parts that are not
+// multiples of a step, reads back byte for byte.
+TEST_F(LocalStoreTest, ObjectOfManyWritebackStepsReadsBackExactly) {
+  const size_t step = TempFile::kWritebackStep;
+  std::string data(3 * step + 12345, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 2654435761u) >> 13);
+  const std::string_view all(data);
+  const ByteSpan parts[] = {Span(all.substr(0, 7)), Span(all.substr(7, 2 * step)), Span(all.substr(7 + 2 * step))};
+  ASSERT_TRUE(store_->Put("anchors/big.safetensors", parts).ok());
+  Result<Blob> back = store_->Get("anchors/big.safetensors");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(Str(*back) == data);
+  EXPECT_FALSE(AnyTempFile(root_));
+}
+
 TEST_F(LocalStoreTest, NotFoundMessageNamesStoreAndKey) {
   Result<Blob> got = store_->Get("deltas/step_000003.safetensors");
   ASSERT_FALSE(got.ok());
