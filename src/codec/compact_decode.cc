@@ -444,10 +444,10 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
   // placing, and chunk k + threads (the likely next one) may go to another
   // core; session 32's two-thread runs showed no gain, session 36's chunks
   // handed out one ahead made the look-back wait (docs/benchmarks.md). With
-  // class totals held for every walked tensor (a fused apply to the state
-  // a CompactUndo last applied to or from: CompactClassTotals) no chunk
-  // waits: chunks go out one ahead (ParallelForAhead) and each thread
-  // prefetches the one it walks next.
+  // class totals held for every walked tensor of more than one chunk (a
+  // fused apply to the state a CompactUndo last applied to or from:
+  // CompactClassTotals) no chunk waits: chunks go out one ahead
+  // (ParallelForAhead) and each thread prefetches the one it walks next.
   const int walk_threads = walk_elements >= kParallelWalkMin ? threads : 1;
   const size_t walkers = std::min<size_t>(static_cast<size_t>(ResolveThreads(walk_threads)), chunks.size());
   CompactClassTotals* const totals = undo ? &undo->totals : nullptr;
