@@ -234,46 +234,75 @@ uint32_t ChangedClasses(const Bf16Tensor& t) {
   return classes;
 }
 
-// After a successful fused apply from the state `from` (its held totals
-// `held`, or nullptr) to `to`: `totals` holds both states' class totals,
-// each walked tensor's from its walk (tensor_held: it started from held
-// ones, which the walk checked), the others' as held before.
-void KeepTotals(const ChunkWalker& walker, const std::vector<Bf16Tensor*>& walked,
-                const std::vector<uint8_t>& tensor_held, const std::vector<size_t>& first_chunk,
-                std::span<const TensorView> base, const StateHash& from, const StateHash& to,
-                uint64_t chunk_elements, CompactClassTotals::State* held, CompactClassTotals& totals) {
-  CompactClassTotals::State& before = held ? *held : totals.states[0];
-  CompactClassTotals::State& after = &before == &totals.states[0] ? totals.states[1] : totals.states[0];
+// The class totals a fused apply keeps (CompactClassTotals): `before` is
+// the state it applies to (its held totals, or the other slot when none are
+// held), `after` the state it produces, in the other slot, its tensors
+// updated in place (their vectors keep their memory from apply to apply).
+// Before the walk: each walked tensor's chunks of `after` (and, where not
+// held, of `before`) sized, the walker told to write them (Keep); the
+// tensors not walked copied from `before` (few: a real delta changes most).
+// After it: both states named (KeepTotals).
+struct KeptTotals {
+  CompactClassTotals::State* before = nullptr;
+  CompactClassTotals::State* after = nullptr;
+};
+
+KeptTotals PrepareTotals(ChunkWalker& walker, const std::vector<Bf16Tensor*>& walked,
+                         const std::vector<uint8_t>& tensor_held, const std::vector<size_t>& first_chunk,
+                         std::span<const TensorView> base, CompactClassTotals::State* held,
+                         CompactClassTotals& totals) {
+  KeptTotals kept;
+  kept.before = held ? held : &totals.states[0];
+  kept.after = kept.before == &totals.states[0] ? &totals.states[1] : &totals.states[0];
+  CompactClassTotals::State& before = *kept.before;
+  CompactClassTotals::State& after = *kept.after;
+  after.valid = false;
   if (!held) {
+    before.valid = false;
     before.tensors.resize(base.size());
     for (CompactClassTotals::Tensor& t : before.tensors) t.elements = 0;
   }
-  before.valid = true;
-  before.hash = from;
-  before.chunk_elements = chunk_elements;
-  for (size_t w = 0; w < walked.size(); ++w) {
-    if (tensor_held[w]) continue;  // the walk checked the held counts
-    CompactClassTotals::Tensor& t = before.tensors[static_cast<size_t>(walked[w]->base - base.data())];
-    t.elements = walked[w]->base->num_elements();
-    t.classes = ChangedClasses(*walked[w]);
-    t.chunks.resize(first_chunk[w + 1] - first_chunk[w]);
-    for (size_t j = 0; j < t.chunks.size(); ++j) t.chunks[j] = walker.Before(first_chunk[w] + j);
-  }
-  after.valid = true;
-  after.hash = to;
-  after.chunk_elements = chunk_elements;
   after.tensors.resize(base.size());
+  std::vector<uint8_t> is_walked(base.size(), 0);
+  for (size_t w = 0; w < walked.size(); ++w) {
+    const size_t i = static_cast<size_t>(walked[w]->base - base.data());
+    is_walked[i] = 1;
+    const size_t n_chunks = first_chunk[w + 1] - first_chunk[w];
+    CompactClassTotals::Tensor& a = after.tensors[i];
+    CompactClassTotals::Tensor* b = nullptr;
+    a.elements = walked[w]->base->num_elements();
+    a.chunks.resize(n_chunks);
+    if (tensor_held[w]) {
+      a.classes = before.tensors[i].classes;
+    } else {
+      // Every class counted (ChunkWalker::Keep).
+      a.classes = (uint32_t{1} << kClasses) - 1;
+      b = &before.tensors[i];
+      b->elements = a.elements;
+      b->classes = a.classes;
+      b->chunks.resize(n_chunks);
+    }
+    for (size_t j = 0; j < n_chunks; ++j) walker.Keep(first_chunk[w] + j, b ? &b->chunks[j] : nullptr, &a.chunks[j]);
+  }
   for (size_t i = 0; i < base.size(); ++i) {
+    if (is_walked[i]) continue;
     const CompactClassTotals::Tensor& b = before.tensors[i];
     CompactClassTotals::Tensor& a = after.tensors[i];
     a.elements = b.elements;
     a.classes = b.classes;
-    a.chunks.assign(b.chunks.begin(), b.chunks.end());
+    if (b.elements != 0) a.chunks.assign(b.chunks.begin(), b.chunks.end());
   }
-  for (size_t w = 0; w < walked.size(); ++w) {
-    CompactClassTotals::Tensor& t = after.tensors[static_cast<size_t>(walked[w]->base - base.data())];
-    for (size_t j = 0; j < t.chunks.size(); ++j) t.chunks[j] = walker.After(first_chunk[w] + j);
-  }
+  return kept;
+}
+
+// After a successful fused apply from the state `from` to `to`: both held.
+void KeepTotals(const KeptTotals& kept, const StateHash& from, const StateHash& to, uint64_t chunk_elements) {
+  kept.before->valid = true;
+  kept.before->hash = from;
+  kept.before->chunk_elements = chunk_elements;
+  kept.after->valid = true;
+  kept.after->hash = to;
+  kept.after->chunk_elements = chunk_elements;
 }
 
 // DecodeCompactDeltaChunked into `out` (entry k of out.changes reused:
@@ -415,10 +444,10 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
   // placing, and chunk k + threads (the likely next one) may go to another
   // core; session 32's two-thread runs showed no gain, session 36's chunks
   // handed out one ahead made the look-back wait (docs/benchmarks.md). With
-  // class totals held for every walked tensor (a fused apply to the state
-  // a CompactUndo last applied to or from: CompactClassTotals) no chunk
-  // waits: chunks go out one ahead (ParallelForAhead) and each thread
-  // prefetches the one it walks next.
+  // class totals held for every walked tensor of more than one chunk (a
+  // fused apply to the state a CompactUndo last applied to or from:
+  // CompactClassTotals) no chunk waits: chunks go out one ahead
+  // (ParallelForAhead) and each thread prefetches the one it walks next.
   const int walk_threads = walk_elements >= kParallelWalkMin ? threads : 1;
   const size_t walkers = std::min<size_t>(static_cast<size_t>(ResolveThreads(walk_threads)), chunks.size());
   CompactClassTotals* const totals = undo ? &undo->totals : nullptr;
@@ -426,8 +455,11 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
   if (held && held->tensors.size() != base.size()) held = nullptr;
   std::vector<uint8_t> tensor_held(walked.size(), 0);
   std::optional<ChunkWalker> walker;
+  KeptTotals kept;
   while (true) {
     walker.emplace(label, walked, chunks, undo ? undo->runs.data() : nullptr, walkers == 1 ? 1 : 0);
+    // No chunk waits on a look-back where every tensor of more than one
+    // chunk is held (a tensor of one chunk has none to wait for).
     bool all_held = held != nullptr && !walked.empty();
     for (size_t w = 0; w < walked.size(); ++w) {
       const Bf16Tensor& t = *walked[w];
@@ -436,7 +468,7 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
       tensor_held[w] = h != nullptr && h->elements == t.base->num_elements() && h->chunks.size() == n_chunks &&
                        (ChangedClasses(t) & ~h->classes) == 0;
       if (!tensor_held[w]) {
-        all_held = false;
+        if (n_chunks > 1) all_held = false;
         continue;
       }
       std::array<uint64_t, kClasses> start{};
@@ -445,6 +477,7 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
         for (int cl = 0; cl < kClasses; ++cl) start[cl] += h->chunks[j][cl];
       }
     }
+    if (totals) kept = PrepareTotals(*walker, walked, tensor_held, first_chunk, base, held, *totals);
     errors.assign(chunks.size(), Status::OK());
     if (all_held && walkers > 1) {
       ParallelForAhead(chunks.size(), walk_threads, [&](size_t k, size_t next) { errors[k] = walker->Walk(k, next); });
@@ -494,8 +527,7 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
       byte += c.values.size();
     }
     out.changes.clear();
-    KeepTotals(*walker, walked, tensor_held, first_chunk, base, base_hash, base_hash + out.hash_delta, chunk_elements,
-               held, *totals);
+    KeepTotals(kept, base_hash, base_hash + out.hash_delta, chunk_elements);
   }
   return Status::OK();
 }

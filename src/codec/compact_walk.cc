@@ -36,10 +36,11 @@ ChunkWalker::ChunkWalker(const std::string& label, const std::vector<Bf16Tensor*
     : label_(label), tensors_(tensors), chunks_(chunks), runs_(runs), ahead_(ahead), ready_(new std::atomic<uint32_t>[chunks.size()]),
       upto_(chunks.size()), hash_(chunks.size(), {0, 0}) {
   for (size_t k = 0; k < chunks.size(); ++k) ready_[k].store(0, std::memory_order_relaxed);
-  if (runs_) {
-    before_.resize(chunks.size());
-    after_.resize(chunks.size());
-  }
+  if (runs_) keep_.assign(chunks.size(), {nullptr, nullptr});
+}
+
+void ChunkWalker::Keep(size_t k, std::array<uint32_t, kClasses>* before, std::array<uint32_t, kClasses>* after) {
+  keep_[k] = {before, after};
 }
 
 void ChunkWalker::Hold(size_t k, const std::array<uint32_t, kClasses>* held,
@@ -109,14 +110,20 @@ Status ChunkWalker::WalkPrefetching(size_t k, std::span<const uint16_t> ahead) {
   class_bytes.resize(std::max(class_bytes.size(), blocks * kBlock + 64));
   uint8_t* const bytes = class_bytes.data() + (-reinterpret_cast<uintptr_t>(class_bytes.data()) & 63);
   const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
-  kernels::ClassCountsBytes16(data + c.begin, static_cast<size_t>(c.end - c.begin), classes, block_counts.data(),
+  const std::array<uint32_t, kClasses>* const held = held_.empty() ? nullptr : held_[k];
+  // A chunk whose counts are kept and not held counts every class (the
+  // AVX-512 pass costs the same whatever it counts), so that the totals it
+  // fills hold all 16 and a later delta's new class still finds them held.
+  std::array<uint32_t, kClasses>* const keep_before = keep_.empty() ? nullptr : keep_[k][0];
+  std::array<uint32_t, kClasses>* const keep_after = keep_.empty() ? nullptr : keep_[k][1];
+  const uint32_t counted = keep_after != nullptr && held == nullptr ? (uint32_t{1} << kClasses) - 1 : classes;
+  kernels::ClassCountsBytes16(data + c.begin, static_cast<size_t>(c.end - c.begin), counted, block_counts.data(),
                               bytes);
   std::array<uint64_t, kClasses> counts{};
   for (size_t b = 0; b < blocks; ++b) {
     for (int cl = 0; cl < kClasses; ++cl) counts[cl] += block_counts[b * kClasses + cl];
   }
   std::array<uint64_t, kClasses> start_at{};
-  const std::array<uint32_t, kClasses>* const held = held_.empty() ? nullptr : held_[k];
   if (held) {
     // Held totals: the start is known; this chunk's own counts must be the
     // held ones (they give every later chunk's start), or nothing is placed.
@@ -147,25 +154,20 @@ Status ChunkWalker::WalkPrefetching(size_t k, std::span<const uint16_t> ahead) {
   // missing the caches): where the walk ends is checked in O(1) per class.
   const WalkStart start = t.ranks.Visit([&](auto ranks) { return StartAt(t, ranks, start_at); });
   CompactUndo::Run* const run = runs_ ? &runs_[k] : nullptr;
+  std::array<int32_t, kClasses> moves{};
   Status s = Place(t, c, blocks, classes, block_counts.data(), bytes, start, c.last ? nullptr : &end_at,
-                   hash_[k].data(), run, ahead);
-  if (!s.ok() || run == nullptr) return s;
-  // The chunk's class counts before and after (CompactClassTotals): each
-  // change moves its element from its old value's class to its new one's.
-  std::array<uint32_t, kClasses>& before = before_[k];
+                   hash_[k].data(), run, ahead, keep_after ? &moves : nullptr);
+  if (!s.ok() || keep_after == nullptr) return s;
+  // The chunk's class counts before and after (CompactClassTotals).
+  std::array<uint32_t, kClasses>& after = *keep_after;
   if (held) {
-    before = *held;
+    for (int cl = 0; cl < kClasses; ++cl) after[cl] = (*held)[cl] + static_cast<uint32_t>(moves[cl]);
   } else {
-    for (int cl = 0; cl < kClasses; ++cl) before[cl] = static_cast<uint32_t>(counts[cl]);
+    for (int cl = 0; cl < kClasses; ++cl) {
+      after[cl] = static_cast<uint32_t>(counts[cl]) + static_cast<uint32_t>(moves[cl]);
+      if (keep_before) (*keep_before)[cl] = static_cast<uint32_t>(counts[cl]);
+    }
   }
-  std::array<uint32_t, kClasses> in{}, out{};
-  const uint64_t* const pos = t.undo_pos + start.out;
-  const uint16_t* const old = t.undo_old + start.out;
-  for (uint64_t j = 0; j < run->written; ++j) {
-    ++out[ClassOf(old[j])];
-    ++in[ClassOf(t.target[pos[j]])];
-  }
-  for (int cl = 0; cl < kClasses; ++cl) after_[k][cl] = before[cl] - out[cl] + in[cl];
   return s;
 }
 
@@ -175,7 +177,7 @@ Status ChunkWalker::WalkPrefetching(size_t k, std::span<const uint16_t> ahead) {
 Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, uint32_t classes,
                           const uint16_t* counts, const uint8_t* bytes, const WalkStart& start,
                           const std::array<uint64_t, kClasses>* end_at, uint64_t hash[2], CompactUndo::Run* run,
-                          std::span<const uint16_t> ahead) {
+                          std::span<const uint16_t> ahead, std::array<int32_t, kClasses>* moves) {
   const uint16_t* data = reinterpret_cast<const uint16_t*>(t.base->data.data());
   kernels::ClassWalkCursor cur;
   std::array<uint64_t, kClasses> end;
@@ -289,6 +291,20 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   if (run) {
     kernels::HashTermDiffs16(undo_pos + k0, reinterpret_cast<const uint8_t*>(side16),
                              reinterpret_cast<const uint8_t*>(undo_old + k0), k - k0, t.seeds.element_seed, hash);
+    if (moves) {
+      // Each change moves its element from its old value's class to its new
+      // value's: from the undo log's old values and `side`'s new ones, both
+      // in change order. Only a change of the exponent can change the class
+      // (most changes keep it: a branch rarely taken).
+      const uint16_t* const old16 = undo_old + k0;
+      for (uint64_t j = 0; j < k - k0; ++j) {
+        const uint16_t o = old16[j], n = side16[j];
+        if (((o ^ n) & 0x7F80) != 0) {
+          --(*moves)[ClassOf(o)];
+          ++(*moves)[ClassOf(n)];
+        }
+      }
+    }
   } else {
     kernels::HashTermDiffs16(indices + k0, values + 2 * k0, reinterpret_cast<const uint8_t*>(side16), k - k0,
                              t.seeds.element_seed, hash);

@@ -83,13 +83,13 @@ class ChunkWalker {
   // the apply and redoes it without held totals).
   void Hold(size_t k, const std::array<uint32_t, kClasses>* held, const std::array<uint64_t, kClasses>& start);
   bool Stale() const { return stale_.load(std::memory_order_relaxed); }
-  // A fused walk's class counts of chunk k (after its Walk succeeded):
-  // before the apply (held[k] where held, else the counts of the classes
-  // with changes, 0 for the others) and after it (those plus the classes
-  // its changes moved elements out of and into; meaningful for the counted
-  // or held classes).
-  const std::array<uint32_t, kClasses>& Before(size_t k) const { return before_[k]; }
-  const std::array<uint32_t, kClasses>& After(size_t k) const { return after_[k]; }
+  // A fused walk keeps chunk k's class counts (CompactClassTotals), set
+  // before its Walk: after it succeeded, *after holds the chunk's counts of
+  // all 16 classes after the apply: those before it (held[k] where held,
+  // else the chunk's own counts of every class, which then also go to
+  // *before) plus the class moves of its changes (an element leaves its old
+  // value's class for its new value's). `before` is ignored where held.
+  void Keep(size_t k, std::array<uint32_t, kClasses>* before, std::array<uint32_t, kClasses>* after);
   // The base elements prefetched while chunk k is placed: chunk k + ahead's
   // (of whichever tensor), or none past the last chunk or with ahead 0.
   std::span<const uint16_t> AheadOf(size_t k) const;
@@ -103,7 +103,8 @@ class ChunkWalker {
   Status WalkPrefetching(size_t k, std::span<const uint16_t> ahead);
   Status Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks, uint32_t classes, const uint16_t* counts,
                const uint8_t* bytes, const WalkStart& start, const std::array<uint64_t, kClasses>* end_at,
-               uint64_t hash[2], CompactUndo::Run* run, std::span<const uint16_t> ahead);
+               uint64_t hash[2], CompactUndo::Run* run, std::span<const uint16_t> ahead,
+               std::array<int32_t, kClasses>* moves);
   template <typename Rank>
   static WalkStart StartAt(const Bf16Tensor& t, std::span<const Rank> ranks, const std::array<uint64_t, kClasses>& before);
   template <typename Rank>
@@ -120,7 +121,7 @@ class ChunkWalker {
   std::vector<std::array<uint64_t, 2>> hash_;         // per chunk, its element-term changes
   std::vector<const std::array<uint32_t, kClasses>*> held_;  // Hold: per chunk (empty: none held)
   std::vector<std::array<uint64_t, kClasses>> held_start_;
-  std::vector<std::array<uint32_t, kClasses>> before_, after_;  // a fused walk's, per chunk
+  std::vector<std::array<std::array<uint32_t, kClasses>*, 2>> keep_;  // Keep: per chunk, before and after
   std::atomic<bool> stale_{false};
 };
 

@@ -76,7 +76,7 @@ Result<CompactDelta> Apply(const std::vector<uint8_t>& bytes, WeightState& state
 }
 
 // The held totals of `hash` are `state`'s own class counts, chunk by chunk,
-// for every class they hold, and they hold every walked tensor.
+// of all 16 classes, and they hold every tensor.
 void ExpectTotalsOf(const WeightState& state, const StateHash& hash, uint64_t chunk, const CompactUndo& undo) {
   const CompactClassTotals::State* held = undo.totals.Find(hash, chunk);
   ASSERT_NE(held, nullptr);
@@ -86,6 +86,7 @@ void ExpectTotalsOf(const WeightState& state, const StateHash& hash, uint64_t ch
     const WeightState::Tensor& s = state.tensors()[i];
     ASSERT_EQ(t.elements, s.num_elements()) << s.name;
     ASSERT_EQ(t.chunks.size(), (t.elements + chunk - 1) / chunk);
+    ASSERT_EQ(t.classes, 0xFFFFu) << s.name;
     for (size_t j = 0; j < t.chunks.size(); ++j) {
       std::array<uint32_t, 16> want{};
       for (uint64_t e = j * chunk; e < std::min(t.elements, (j + 1) * chunk); ++e) {
@@ -94,7 +95,7 @@ void ExpectTotalsOf(const WeightState& state, const StateHash& hash, uint64_t ch
         ++want[compact::ClassOf(v)];
       }
       for (int cl = 0; cl < 16; ++cl) {
-        if (t.classes >> cl & 1) ASSERT_EQ(t.chunks[j][cl], want[cl]) << s.name << " chunk " << j << " class " << cl;
+        ASSERT_EQ(t.chunks[j][cl], want[cl]) << s.name << " chunk " << j << " class " << cl;
       }
     }
   }
@@ -267,6 +268,153 @@ TEST(CompactClassTotals, ClassMovesAcrossChunksAreCounted) {
     EXPECT_EQ(kept.totals.held_applies, 1u);
     EXPECT_EQ(kept.totals.stale, 0u);
     ASSERT_TRUE(SameBytes(s, c.states[2]));
+  });
+}
+
+// A chain whose delta v changes, in each tensor named in names[v], every
+// 7th element of the classes in classes[v] (Change: most stay in their
+// class, some move to others; a change's class is its old value's).
+Chain MakeClassChain(const std::vector<std::vector<std::string>>& names, const std::vector<uint32_t>& classes) {
+  Chain c;
+  Case first = MakeLargeCase();
+  c.states.push_back(Copy(first.state));
+  c.hashes.push_back(first.hash);
+  std::mt19937_64 rng(38);
+  for (size_t v = 0; v < classes.size(); ++v) {
+    const WeightState& s = c.states.back();
+    std::vector<TensorChanges> changes;
+    for (const std::string& name : names[v]) {
+      const WeightState::Tensor* t = s.Find(name);
+      std::vector<uint64_t> at;
+      for (uint64_t i = 0, seen = 0; i < t->num_elements(); ++i) {
+        uint16_t x;
+        std::memcpy(&x, t->data.data() + 2 * i, 2);
+        if ((classes[v] >> compact::ClassOf(x) & 1) && seen++ % 7 == 0) at.push_back(i);
+      }
+      changes.push_back(Change(s, name, at, rng));
+    }
+    AddVersion(c, changes);
+  }
+  return c;
+}
+
+// Applies delta v of `c` to `s` (at version v) with `kept`, and checks it
+// against a look-back apply (a fresh undo) of the same delta to a copy:
+// bytes, hash change; then the totals `kept` holds for version v + 1
+// against a brute-force count of all 16 classes.
+void ApplyAndCheck(const Chain& c, size_t v, WeightState& s, int threads, uint64_t chunk, CompactUndo& kept) {
+  SCOPED_TRACE("delta " + std::to_string(v));
+  WeightState r = Copy(c.states[v]);
+  CompactUndo fresh;
+  Result<CompactDelta> want = Apply(c.deltas[v], r, c.hashes[v], threads, chunk, fresh);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  Result<CompactDelta> d = Apply(c.deltas[v], s, c.hashes[v], threads, chunk, kept);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->hash_delta, want->hash_delta);
+  EXPECT_EQ(c.hashes[v] + d->hash_delta, c.hashes[v + 1]);
+  ASSERT_TRUE(SameBytes(s, c.states[v + 1]));
+  ASSERT_TRUE(SameBytes(r, c.states[v + 1]));
+  ExpectTotalsOf(c.states[v + 1], c.hashes[v + 1], chunk, kept);
+}
+
+constexpr uint32_t kClass8 = 1u << 8, kClass10 = 1u << 10;
+
+// Every delta of `c` in turn with one CompactUndo kept (ApplyAndCheck),
+// every apply after the first from held totals, none stale; on every
+// target, 1-3 threads and a few chunk sizes.
+void ApplyChainHeld(const Chain& c) {
+  ForEachTargetThreadCountAndLargeChunk([&](int threads, uint64_t chunk) {
+    WeightState s = Copy(c.states[0]);
+    CompactUndo kept;
+    for (size_t v = 0; v < c.deltas.size(); ++v) {
+      ApplyAndCheck(c, v, s, threads, chunk, kept);
+      if (::testing::Test::HasFatalFailure()) return;
+      EXPECT_EQ(kept.totals.held_applies, v);
+      EXPECT_EQ(kept.totals.stale, 0u);
+    }
+  });
+}
+
+// Held classes only grow: the first delta changes elements of class 8 only,
+// the second of class 8 again, the third of classes 8 and 10. The totals
+// the first apply fills count every class, and each apply carries them all
+// (the class moves of its changes added), so the third still starts from
+// held totals (held_applies 2, none stale) and is exact.
+TEST(CompactClassTotals, ADeltaWithAClassTheEarlierOnesLackedStaysHeld) {
+  const std::vector<std::string> both = {"after", "large"};
+  const Chain c = MakeClassChain({both, both, both}, {kClass8, kClass8, kClass8 | kClass10});
+  ApplyChainHeld(c);
+}
+
+// The totals after N applies equal a brute-force count of all 16 classes
+// of the state (ApplyAndCheck), also over deltas that change one tensor
+// and then another (the tensors not walked keep their totals).
+TEST(CompactClassTotals, TotalsAfterManyAppliesCountEveryClass) {
+  const std::vector<std::string> both = {"after", "large"}, large = {"large"};
+  const Chain c = MakeClassChain({both, large, both, large, both}, {0xFFFF, 0x00F0, 0x0F0F, 0xF000, 0xFFFF});
+  ApplyChainHeld(c);
+}
+
+// A tensor walked as one chunk that is not held ("after", 40,000 elements,
+// not changed by the first delta) beside a held tensor of several chunks:
+// it has no look-back to wait on, so the apply still counts as held (the
+// chunks claimed one ahead) and is exact; the totals then hold both.
+TEST(CompactClassTotals, AnUnheldOneChunkTensorKeepsTheHeldRoute) {
+  const Chain c = MakeClassChain({{"large"}, {"after", "large"}}, {0xFFFF, 0xFFFF});
+  testing_bf16::ForEachTarget([&] {
+    for (int threads : {1, 2, 3}) {
+      SCOPED_TRACE("threads " + std::to_string(threads));
+      const uint64_t chunk = compact::kDecodeChunkElements;
+      WeightState s = Copy(c.states[0]);
+      CompactUndo kept;
+      Result<CompactDelta> first = Apply(c.deltas[0], s, c.hashes[0], threads, chunk, kept);
+      ASSERT_TRUE(first.ok()) << first.status().ToString();
+      EXPECT_EQ(kept.totals.held_applies, 0u);
+      const CompactClassTotals::State* held = kept.totals.Find(c.hashes[1], chunk);
+      ASSERT_NE(held, nullptr);
+      ASSERT_EQ(held->tensors[0].elements, 0u);  // "after": not walked, not held
+      ASSERT_GT(held->tensors[1].chunks.size(), 1u);
+      ApplyAndCheck(c, 1, s, threads, chunk, kept);
+      if (::testing::Test::HasFatalFailure()) return;
+      EXPECT_EQ(kept.totals.held_applies, 1u);
+      EXPECT_EQ(kept.totals.stale, 0u);
+    }
+  });
+}
+
+// A corrupted held count of a class the next delta has no change in (class
+// 10 of "large", one count moved from a chunk to the next) does not matter
+// to that apply (held, exact) and is carried on; the delta after it, with
+// changes in class 10, finds it (stale 1) and is redone exactly.
+TEST(CompactClassTotals, ACorruptCountOfAClassWithoutChangesIsFoundWhenItGetsChanges) {
+  const std::vector<std::string> both = {"after", "large"};
+  const Chain c = MakeClassChain({both, both, both}, {kClass8, kClass8, kClass8 | kClass10});
+  ForEachTargetThreadCountAndLargeChunk([&](int threads, uint64_t chunk) {
+    WeightState s = Copy(c.states[0]);
+    CompactUndo kept;
+    ApplyAndCheck(c, 0, s, threads, chunk, kept);
+    if (::testing::Test::HasFatalFailure()) return;
+    CompactClassTotals::State* held = kept.totals.Find(c.hashes[1], chunk);
+    ASSERT_NE(held, nullptr);
+    CompactClassTotals::Tensor& large = held->tensors[1];
+    ASSERT_GT(large.chunks.size(), 2u);
+    ASSERT_GT(large.chunks[1][10], 0u);
+    --large.chunks[1][10];
+    ++large.chunks[2][10];
+    // Delta 1 (class 8 only): held, exact (the bytes, and the totals kept
+    // under the right hash: base + the apply's hash change), the wrong
+    // count carried on.
+    ASSERT_TRUE(Apply(c.deltas[1], s, c.hashes[1], threads, chunk, kept).ok());
+    ASSERT_TRUE(SameBytes(s, c.states[2]));
+    ASSERT_NE(kept.totals.Find(c.hashes[2], chunk), nullptr);
+    EXPECT_EQ(kept.totals.held_applies, 1u);
+    EXPECT_EQ(kept.totals.stale, 0u);
+    // Delta 2 (classes 8 and 10): found stale, redone, exact (against a
+    // look-back apply), its totals the state's own.
+    ApplyAndCheck(c, 2, s, threads, chunk, kept);
+    if (::testing::Test::HasFatalFailure()) return;
+    EXPECT_EQ(kept.totals.stale, 1u);
+    EXPECT_EQ(kept.totals.held_applies, 1u);
   });
 }
 
