@@ -5,10 +5,13 @@
 // every chunk's walk knows where it starts (a prefix sum) without waiting
 // for the chunk before it (the look-back), so chunks can be handed out one
 // ahead (ParallelForAhead) and each thread prefetches the chunk it walks
-// next. Every chunk still counts its own classes and checks them against
-// the held ones: a mismatch (a state changed behind the totals, a hash
-// collision) undoes the apply and redoes it on the look-back route
-// (`stale` counts those), so wrong totals never give a wrong result.
+// next. Every chunk still counts the classes its tensor has changes in
+// and checks them against the held ones: a mismatch (a state changed
+// behind the totals, a hash collision) undoes the apply and redoes it on
+// the look-back route (`stale` counts those), so wrong totals never give a
+// wrong result. The counts of the other classes are carried forward with
+// the class moves; a wrong one is caught by the first delta that places a
+// change in its class.
 //
 // Memory: 64 bytes (16 u32 counts) per chunk of 64 Ki bf16 elements
 // (128 KiB) per state held, i.e. 1/2048 (0.049%) of the bf16 bytes; two
@@ -27,7 +30,8 @@ class CompactClassTotals {
  public:
   // One state's totals: per tensor (by its index in the views applied to),
   // per chunk, the elements of each class in `classes` (a bit per class;
-  // the other counts are meaningless). `elements` 0: none held.
+  // the other counts are meaningless; a fill by the look-back route counts
+  // all 16, and applies keep them all). `elements` 0: none held.
   struct Tensor {
     uint64_t elements = 0;
     uint32_t classes = 0;
@@ -51,7 +55,8 @@ class CompactClassTotals {
   // Internal (src/codec): the states held (at most 2: an apply keeps the
   // state it applied to and the state after it).
   State states[2];
-  // Applies whose every walked tensor started from held totals (no look-back).
+  // Applies whose every walked tensor of more than one chunk started from
+  // held totals (no look-back; a one-chunk tensor needs none).
   uint64_t held_applies = 0;
   // Applies that found held totals wrong, were undone and redone on the
   // look-back route.
