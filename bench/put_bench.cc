@@ -6,7 +6,6 @@
 // off, on, on, off per round; prints each run and the medians.
 //
 //   put_bench DIR BYTES ROUNDS [STEP_MIB]   (STEP_MIB: the step of the "on" runs)
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,18 +17,15 @@
 #include <vector>
 
 #include "deltasync/temp_file.h"
+#include "timing.h"
 
 namespace {
 
 using deltasync::ByteSpan;
 using deltasync::TempFile;
+using deltasync::cli::ThreadCpuSeconds;
 
 double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-double ThreadCpu() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
 int Unsupported(int, int64_t, int64_t) { return ENOSYS; }
 
 struct Run {
@@ -49,9 +45,9 @@ Run PutOnce(const std::string& dir, const std::vector<uint8_t>& data, bool write
   const double t0 = Now();
   check(tmp.Create(target), "create");
   tmp.SetWritebackForTesting(step, writeback ? nullptr : Unsupported);
-  const double c0 = ThreadCpu();
+  const double c0 = ThreadCpuSeconds();
   check(tmp.Write(ByteSpan(data.data(), data.size())), "write");
-  const double t1 = Now(), c1 = ThreadCpu();
+  const double t1 = Now(), c1 = ThreadCpuSeconds();
   check(tmp.Sync(), "fsync");
   const double t2 = Now();
   check(tmp.Close(), "close");
