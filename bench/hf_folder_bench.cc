@@ -35,7 +35,9 @@
 #include "deltasync/publisher.h"
 #include "deltasync/safetensors.h"
 #include "deltasync/store.h"
+#include "timing.h"
 
+using deltasync::cli::Median;
 namespace {
 
 using namespace deltasync;
@@ -60,11 +62,6 @@ struct Tensor {
 };
 
 double Ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 void Die(const Status& s) {
   std::fprintf(stderr, "hf_folder_bench: %s\n", s.ToString().c_str());

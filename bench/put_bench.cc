@@ -19,6 +19,7 @@
 #include "deltasync/temp_file.h"
 #include "timing.h"
 
+using deltasync::cli::Median;
 namespace {
 
 using deltasync::ByteSpan;
@@ -55,11 +56,6 @@ Run PutOnce(const std::string& dir, const std::vector<uint8_t>& data, bool write
   check(deltasync::SyncDirectory(dir), "directory fsync");
   const double t3 = Now();
   return {t1 - t0, c1 - c0, t2 - t1, t3 - t2, t3 - t0};
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 }  // namespace

@@ -32,9 +32,11 @@
 
 #include "deltasync/publisher.h"
 #include "deltasync/store.h"
+#include "timing.h"
 
 extern char** environ;
 
+using deltasync::cli::Median;
 namespace {
 
 using namespace deltasync;
@@ -177,12 +179,6 @@ uint64_t HeldVersion(Daemon& d) {
   if (!r || r->status != 200) return 0;
   nlohmann::json j = nlohmann::json::parse(r->body, nullptr, false);
   return j.is_object() && j["version"].is_number_unsigned() ? j["version"].get<uint64_t>() : 0;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // One run: fresh bucket, fresh daemons, --versions + 1 versions (the first

@@ -27,6 +27,16 @@ inline double BestSeconds(int reps, const std::function<void()>& fn, const std::
   return best;
 }
 
+// The median of v (the mean of the middle two for an even count; 0 when
+// empty): a figure of repeated runs less moved by one disturbed run than
+// the mean.
+inline double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 // This thread's CPU seconds: a one-thread stage timed by it leaves out the
 // time slices the scheduler gave to other work on a shared machine.
 inline double ThreadCpuSeconds() {
