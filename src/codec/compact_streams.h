@@ -282,17 +282,18 @@ class BitReader {
       acc >>= b;
       un -= b;
       b = 0;
-      if (un <= 56 && pos + 8 <= size) {
+      const bool refilled = un <= 56 && pos + 8 <= size;
+      if (refilled) {
         uint64_t w;
         std::memcpy(&w, data + pos, 8);
         acc |= w << un;
         const uint64_t take = (63 - un) >> 3;
         pos += static_cast<size_t>(take);
         un += 8 * take;
-        inv = ~acc | kTop;
-        if (oe - o >= 2 && pair()) continue;
       }
       inv = ~acc | kTop;
+      // Without new bits the pair failed above already.
+      if (refilled && oe - o >= 2 && pair()) continue;
       // One code alone.
       const uint64_t ones = static_cast<uint64_t>(__builtin_ctzll(inv));
       const uint64_t end = ones + uk + 1;
