@@ -20,11 +20,9 @@
 
 #include <array>
 #include <cstdint>
-#include <span>
 #include <vector>
 
 #include "deltasync/state_hash.h"
-#include "deltasync/tensor.h"
 
 namespace deltasync {
 
@@ -56,12 +54,6 @@ class CompactClassTotals {
   // another frame (a part's apply sums its change to the hash by block, the
   // manifest hashes a part's blocks by their place in the full tensors).
   void Rename(const StateHash& from, const StateHash& to);
-  // Holds the totals of `state` (the views a later apply applies to), whose
-  // state hash is `hash`, counted from its values: every class of every
-  // chunk of its bf16 tensors (one read of their bytes, on `threads`). For
-  // a state that was loaded, not applied (an anchor): the next apply to it
-  // is held. Forgets the states held before.
-  void Count(std::span<const TensorView> state, const StateHash& hash, int threads = 0);
   // The bytes the held counts take.
   uint64_t HeldBytes() const;
 

@@ -336,38 +336,9 @@ struct DecodedParts {
   StateHash next;
 };
 
-// Part p's blocks of `state` (which must hold the layout's tensors, else
-// kInvalidArgument naming `version`): in place where a block is one run of
-// its tensor (a row range, a whole tensor), copied into `copies` otherwise
-// (Shard(1)).
-Result<std::vector<TensorView>> PartBlocks(const PartLayout& layout, size_t p, const WeightState& state,
-                                           uint64_t version, std::vector<std::vector<uint8_t>>& copies) {
-  std::vector<TensorView> blocks;
-  for (const Block& b : layout.parts[p]) {
-    const TensorDesc& d = layout.tensors[b.tensor];
-    const WeightState::Tensor* t = state.Find(d.name);
-    if (!t || t->dtype != d.dtype || t->shape != d.shape) {
-      return Status::InvalidArgument("tensor '" + d.name + "' of the layout of " + V(version) + " (" +
-                                     std::string(DTypeName(d.dtype)) + " " + ShapeToString(d.shape) +
-                                     ") is not a tensor of the held state");
-    }
-    const BlockGeometry g = layout.Geometry(b);
-    const size_t width = DTypeSize(d.dtype);
-    ByteSpan bytes;
-    if (g.runs() == 1) {
-      bytes = ByteSpan(t->data.data() + g.RunStart(0) * width, g.elements() * width);
-    } else {
-      std::vector<uint8_t>& copy = copies.emplace_back(g.elements() * width);
-      CopyBlockOut(g, width, t->data.data(), copy.data());
-      bytes = copy;
-    }
-    blocks.push_back(TensorView{d.name, d.dtype, b.shape, bytes});
-  }
-  return blocks;
-}
-
-// Each part decoded against its blocks of `base` (PartBlocks), each checked
-// against its part hash. `base` is only read.
+// Each part decoded against its blocks of `base`, in place where a block is
+// one run of its tensor (a row range, a whole tensor), copied out otherwise
+// (Shard(1)); each checked against its part hash. `base` is only read.
 Result<DecodedParts> DecodeParts(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
                                  const PartLayout& layout, const WeightState& base, const StateHash& base_hash,
                                  const VersionEntry& base_entry, int threads, size_t* bad_part) {
@@ -377,14 +348,30 @@ Result<DecodedParts> DecodeParts(std::vector<Blob> parts, const VersionEntry& en
   out.next = base_hash;
   for (size_t p = 0; p < parts.size(); ++p) {
     if (bad_part) *bad_part = SIZE_MAX;
+    // The part's base: its blocks of the held state (which must be the layout's tensors).
+    std::vector<TensorView> blocks;
     std::vector<std::vector<uint8_t>> copies;
-    DS_ASSIGN_OR_RETURN(std::vector<TensorView> blocks, PartBlocks(layout, p, base, entry.version, copies));
     StateHash computed_base;
-    if (!same_layout) {
-      for (size_t i = 0; i < blocks.size(); ++i) {
-        computed_base += HashBlock(blocks[i].name, blocks[i].dtype, layout.Geometry(layout.parts[p][i]),
-                                   blocks[i].data, threads);
+    for (const Block& b : layout.parts[p]) {
+      const TensorDesc& d = layout.tensors[b.tensor];
+      const WeightState::Tensor* t = base.Find(d.name);
+      if (!t || t->dtype != d.dtype || t->shape != d.shape) {
+        return Status::InvalidArgument("tensor '" + d.name + "' of the layout of " + V(entry.version) + " (" +
+                                       std::string(DTypeName(d.dtype)) + " " + ShapeToString(d.shape) +
+                                       ") is not a tensor of the held state");
       }
+      const BlockGeometry g = layout.Geometry(b);
+      const size_t width = DTypeSize(d.dtype);
+      ByteSpan bytes;
+      if (g.runs() == 1) {
+        bytes = ByteSpan(t->data.data() + g.RunStart(0) * width, g.elements() * width);
+      } else {
+        std::vector<uint8_t>& copy = copies.emplace_back(g.elements() * width);
+        CopyBlockOut(g, width, t->data.data(), copy.data());
+        bytes = copy;
+      }
+      blocks.push_back(TensorView{d.name, d.dtype, b.shape, bytes});
+      if (!same_layout) computed_base += HashBlock(d.name, d.dtype, g, bytes, threads);
     }
     // The base hash the part's object must name: the manifest's, when the
     // base version had this layout; else computed from the held blocks.
@@ -459,22 +446,6 @@ Result<CheckedDelta> CheckPartedDelta(std::vector<Blob> parts, const VersionEntr
   out.changes = MergeParts(std::move(d.parts), layout);
   out.next = d.next;
   return out;
-}
-
-void CountPartTotals(const WeightState& state, const VersionEntry& entry, const PartLayout& layout, int threads,
-                     PartTotals& totals) {
-  totals.Forget();
-  totals.layout = entry.layout;
-  totals.parts.resize(layout.parts.size());
-  for (size_t p = 0; p < layout.parts.size(); ++p) {
-    std::vector<std::vector<uint8_t>> copies;
-    Result<std::vector<TensorView>> blocks = PartBlocks(layout, p, state, entry.version, copies);
-    if (!blocks.ok()) {
-      totals.Forget();
-      return;
-    }
-    totals.parts[p].Count(*blocks, entry.parts[p].state_hash, threads);
-  }
 }
 
 namespace {

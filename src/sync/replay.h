@@ -139,15 +139,6 @@ struct PartTotals {
   }
 };
 
-// Holds in `totals` the class totals of every part of the parted version
-// `entry` (layout `layout`), counted from its blocks in `state`
-// (CompactClassTotals::Count), each keyed by the manifest's part hash: the
-// next parted delta of the layout applied to `state` is held. For a state
-// loaded, not applied (an anchor). None held when `state` lacks the
-// layout's tensors.
-void CountPartTotals(const WeightState& state, const VersionEntry& entry, const PartLayout& layout, int threads,
-                     PartTotals& totals);
-
 // CheckPartedDelta and the writes in one, for a replica: each part is
 // decoded straight into its blocks of `state` where they lie (the fused
 // ApplyCompactDelta, old values logged: a block that is one run of its

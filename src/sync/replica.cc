@@ -263,17 +263,6 @@ Status Replica::LoadAnchor(const VersionEntry& entry, const ObjectEntry& object,
   state_hash_ = anchor->hash;
   version_ = entry.version;
   pending_ = ChangedElements{};  // everything
-  // The class totals of the state loaded (not walked by an apply), counted
-  // where the bucket's deltas are compact: the next delta applies held.
-  part_totals_->Forget();
-  compact_undo_.totals.Invalidate();
-  const bool compact = manifest_.settings ? manifest_.settings->encoding == IndexEncoding::kCompact
-                                          : object.encoding == IndexEncoding::kCompact;
-  if (compact && object.parted()) {
-    replay::CountPartTotals(state_, entry, *manifest_.LayoutOf(entry), options_.threads, *part_totals_);
-  } else if (compact) {
-    compact_undo_.totals.Count(state_.views(), state_hash_, options_.threads);
-  }
   stats.anchors_applied++;
   stats.apply_ms += clock.ElapsedMs();
   return Status::OK();

@@ -418,32 +418,5 @@ TEST(CompactClassTotals, ACorruptCountOfAClassWithoutChangesIsFoundWhenItGetsCha
   });
 }
 
-// Totals counted from a state's values (Count: a loaded anchor, never
-// walked) are its brute-force counts of all 16 classes per chunk, and the
-// first apply to it is held (chunks claimed ahead on 2-3 threads), exact
-// and the totals after it exact too; on every SIMD target, 1-3 threads.
-TEST(CompactClassTotals, CountedTotalsEqualABruteForceCountAndTheFirstApplyIsHeld) {
-  const Chain c = MakeChain(1);
-  const uint64_t chunk = compact::kDecodeChunkElements;
-  testing_bf16::ForEachTarget([&] {
-    for (int threads : {1, 2, 3}) {
-      SCOPED_TRACE("threads " + std::to_string(threads));
-      WeightState s = Copy(c.states[0]);
-      CompactUndo kept;
-      kept.totals.Count(s.views(), c.hashes[0], threads);
-      ExpectTotalsOf(c.states[0], c.hashes[0], chunk, kept);
-      EXPECT_EQ(kept.totals.Find(c.hashes[1], chunk), nullptr);  // only the state counted
-      Result<CompactDelta> d = Apply(c.deltas[0], s, c.hashes[0], threads, chunk, kept);
-      ASSERT_TRUE(d.ok()) << d.status().ToString();
-      EXPECT_EQ(kept.totals.held_applies, 1u);
-      EXPECT_EQ(kept.totals.stale, 0u);
-      EXPECT_EQ(c.hashes[0] + d->hash_delta, c.hashes[1]);
-      ASSERT_TRUE(SameBytes(s, c.states[1]));
-      ExpectTotalsOf(c.states[1], c.hashes[1], chunk, kept);
-      if (::testing::Test::HasFatalFailure()) return;
-    }
-  });
-}
-
 }  // namespace
 }  // namespace deltasync
