@@ -4,7 +4,9 @@
 // state (reported stale), and the held applies reported.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <random>
 
 #include "codec/compact_bf16.h"
@@ -50,63 +52,49 @@ RandomModel LargeModel(uint64_t seed) {
 
 WeightState StateOf(const RandomModel& model) { return std::move(WeightState::FromViews(model.Views())).value(); }
 
-// A replica of an unparted compact bucket, one version per update: every
-// compact delta after the first one after the anchor applies held (the
-// anchor is loaded, not walked: that first apply fills the totals), and
-// the replica reports it.
-TEST(ReplicaHeldTotals, EveryPlainCompactDeltaButTheFirstAfterTheAnchorAppliesHeld) {
-  TempDir dir;
-  auto store = OpenDirStore(dir.path());
-  RandomModel model = LargeModel(3);
-  PublisherOptions options;
-  options.anchor_interval = 4;
-  options.threads = 2;
-  auto publisher = Publisher::Open(store, options);
-  ASSERT_TRUE(publisher.ok());
-  auto replica = Replica::Create(store, ReplicaWithThreads(2));
-  for (uint64_t v = 1; v <= 9; ++v) {
-    if (v > 1) model.Step(0.03);
-    ASSERT_TRUE((*publisher)->Publish(v, model.Views()).ok());
-    auto stats = replica->Update();
-    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
-    EXPECT_EQ(stats->compact_applies, v > 1 ? 1u : 0u) << "version " << v;
-    EXPECT_EQ(stats->held_applies, v > 2 ? 1u : 0u) << "version " << v;
-    EXPECT_EQ(stats->stale_applies, 0u);
-    ExpectSameState(replica->state(), StateOf(model));
-  }
-}
+// Versions 1..8 published (unparted, or parted into `parts`: row-range
+// blocks in place, column blocks through a copy), followed by a replica one
+// version per update: each delta is one fused compact apply per part, all
+// held but the first delta's (the anchor is loaded, not walked: that first
+// apply fills the totals; a parted replica keeps each part's from version
+// to version), none stale, as the replica reports; bit-exact.
+class HeldTotalsTest : public ::testing::TestWithParam<std::pair<size_t, size_t>> {};
 
-class PartedHeldTest : public ::testing::TestWithParam<std::pair<size_t, size_t>> {};
-
-// A replica of a parted bucket: each part's totals are kept from version
-// to version, so every part of every delta after the first applies held
-// (row-range blocks in place, column blocks through a copy); bit-exact,
-// none stale.
-TEST_P(PartedHeldTest, EveryPartOfEveryDeltaAfterTheFirstAppliesHeldBitExact) {
-  const auto [parts, dim] = GetParam();
+TEST_P(HeldTotalsTest, EveryDeltaAfterTheFirstAppliesHeldBitExact) {
+  const auto [parts, dim] = GetParam();  // parts 0: unparted
   TempDir dir;
   auto store = OpenDirStore(dir.path());
   RandomModel model = LargeModel(5);
   PublisherOptions options;
   options.anchor_interval = 5;
   options.threads = 2;
-  Ranks ranks(store, SplitLayout(model.Views(), parts, dim), options);
+  std::unique_ptr<Publisher> publisher;
+  std::unique_ptr<Ranks> ranks;
+  if (parts == 0) {
+    auto opened = Publisher::Open(store, options);
+    ASSERT_TRUE(opened.ok());
+    publisher = std::move(*opened);
+  } else {
+    ranks = std::make_unique<Ranks>(store, SplitLayout(model.Views(), parts, dim), options);
+  }
+  const uint64_t applies = std::max<uint64_t>(parts, 1);
   auto replica = Replica::Create(store, ReplicaWithThreads(2));
   for (uint64_t v = 1; v <= 8; ++v) {
     if (v > 1) model.Step(0.03);
-    ASSERT_TRUE(ranks.Publish(v, model.Views()).ok());
+    ASSERT_TRUE(parts == 0 ? publisher->Publish(v, model.Views()).ok() : ranks->Publish(v, model.Views()).ok());
     auto stats = replica->Update();
     ASSERT_TRUE(stats.ok()) << stats.status().ToString();
-    EXPECT_EQ(stats->compact_applies, v > 1 ? parts : 0u) << "version " << v;
-    EXPECT_EQ(stats->held_applies, v > 2 ? parts : 0u) << "version " << v;
+    EXPECT_EQ(stats->compact_applies, v > 1 ? applies : 0u) << "version " << v;
+    EXPECT_EQ(stats->held_applies, v > 2 ? applies : 0u) << "version " << v;
     EXPECT_EQ(stats->stale_applies, 0u);
     EXPECT_EQ(replica->state_hash(), ReadManifest(*store).Find(v)->state_hash);
     ExpectSameState(replica->state(), StateOf(model));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, PartedHeldTest,
-                         ::testing::Values(std::pair<size_t, size_t>{2, 0}, std::pair<size_t, size_t>{3, 1}));
+INSTANTIATE_TEST_SUITE_P(UnpartedAndLayouts, HeldTotalsTest,
+                         ::testing::Values(std::pair<size_t, size_t>{0, 0}, std::pair<size_t, size_t>{2, 0},
+                                           std::pair<size_t, size_t>{3, 1}));
 
 // The parted apply as the replica runs it (replay::ApplyPartedDelta with the
 // replica's PartTotals), version by version from a parted anchor.
