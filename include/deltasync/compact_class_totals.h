@@ -49,6 +49,11 @@ class CompactClassTotals {
   State* Find(const StateHash& hash, uint64_t chunk_elements);
   // Forgets every held state.
   void Invalidate();
+  // The held state with hash `from` (any chunk size), if any, is held as
+  // the state with hash `to` from now on: the same values, hashed in
+  // another frame (a part's apply sums its change to the hash by block, the
+  // manifest hashes a part's blocks by their place in the full tensors).
+  void Rename(const StateHash& from, const StateHash& to);
   // The bytes the held counts take.
   uint64_t HeldBytes() const;
 

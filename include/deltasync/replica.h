@@ -32,6 +32,10 @@
 
 namespace deltasync {
 
+namespace replay {
+struct PartTotals;  // src/sync/replay.h
+}
+
 struct ReplicaOptions {
   int threads = 0;  // 0 = hardware concurrency
   // Record which elements each update changes, for TakeChanges(): costs the
@@ -70,6 +74,14 @@ struct UpdateStats {
   uint64_t bytes_downloaded = 0;
   double download_ms = 0;
   double apply_ms = 0;  // decode + verify + scatter
+  // Compact deltas applied in place (ApplyCompactDelta; a parted delta's
+  // parts count one each), those of them that started every chunk from
+  // the class totals the replica held (CompactClassTotals: no look-back),
+  // and those that found the held totals wrong and were redone exactly on
+  // the look-back route.
+  uint64_t compact_applies = 0;
+  uint64_t held_applies = 0;
+  uint64_t stale_applies = 0;
 };
 
 // A bucket object an update found bad (damaged, missing): not used again
@@ -86,6 +98,7 @@ class Replica {
  public:
   // Does not download anything yet; call Update().
   static std::unique_ptr<Replica> Create(std::shared_ptr<Store> store, ReplicaOptions options = {});
+  ~Replica();
 
   // Moves to `target` (default: the newest version in the manifest). From no
   // state, or when `target` is not reachable by deltas from the current
@@ -138,8 +151,7 @@ class Replica {
   WeightState ReleaseState() &&;
 
  private:
-  Replica(std::shared_ptr<Store> store, ReplicaOptions options)
-      : store_(std::move(store)), options_(options) {}
+  Replica(std::shared_ptr<Store> store, ReplicaOptions options);
   Result<Blob> FetchVerified(const ObjectEntry& object, UpdateStats& stats);
   // Every part of a parted object, fetched in parallel (see *bad_part below).
   Result<std::vector<Blob>> FetchVerifiedParts(const ObjectEntry& object, UpdateStats& stats, size_t* bad_part);
@@ -159,7 +171,8 @@ class Replica {
   uint64_t version_ = 0;
   ChangedElements pending_;  // since the last TakeChanges()
   std::vector<uint8_t> undo_;  // the values a gap_delta delta overwrote (reused)
-  CompactUndo compact_undo_;   // the same for a compact delta
+  CompactUndo compact_undo_;   // the same for a compact delta (and the class totals it holds)
+  std::unique_ptr<replay::PartTotals> part_totals_;  // the class totals held for a parted delta's parts
   std::vector<BadObject> bad_;
   ObjectSet bad_set_;  // the same objects, for PlanCatchUp
 };

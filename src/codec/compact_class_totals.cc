@@ -21,6 +21,15 @@ void CompactClassTotals::Invalidate() {
   for (State& s : states) s.valid = false;
 }
 
+void CompactClassTotals::Rename(const StateHash& from, const StateHash& to) {
+  for (State& s : states) {
+    if (s.valid && s.hash == from) {
+      s.hash = to;
+      return;
+    }
+  }
+}
+
 uint64_t CompactClassTotals::HeldBytes() const {
   uint64_t bytes = 0;
   for (const State& s : states) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "codec/compact_bf16.h"
 #include "common/parallel.h"
@@ -33,6 +34,14 @@ Status CheckListed(const PatchInfo& info, const ObjectEntry& object, uint64_t ve
                               " but the manifest says " + std::to_string(object.base_version.value_or(0)));
   }
   return Status::OK();
+}
+
+// Adds one fused compact apply to `out`'s counts: `totals`'s counters now
+// against `held` and `stale`, theirs before the apply.
+void CountApply(const CompactClassTotals& totals, uint64_t held, uint64_t stale, AppliedDelta& out) {
+  out.compact_applies++;
+  out.held_applies += totals.held_applies - held;
+  out.stale_applies += totals.stale - stale;
 }
 
 }  // namespace
@@ -149,7 +158,9 @@ Result<AppliedDelta> ApplyDelta(Blob bytes, const VersionEntry& entry, const Obj
     // Decoded straight into the state (the old values logged), put back on
     // any failure.
     DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Parse(std::move(bytes), object.key));
+    const uint64_t held = compact_undo.totals.held_applies, stale = compact_undo.totals.stale;
     DS_ASSIGN_OR_RETURN(CompactDelta d, ApplyCompactDelta(file, state, state_hash, threads, compact_undo));
+    CountApply(compact_undo.totals, held, stale, out);
     d.info.kind = PatchKind::kDelta;
     out.next = state_hash + d.hash_delta;
     Status listed = CheckListed(d.info, object, entry.version);
@@ -490,7 +501,7 @@ StateHash PartHashChange(const CompactUndo& undo, std::span<const TensorView> bl
 Result<AppliedDelta> ApplyPartedDelta(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
                                       const PartLayout& layout, WeightState& state, const StateHash& state_hash,
                                       const VersionEntry& base_entry, int threads, bool want_changes,
-                                      size_t* bad_part) {
+                                      PartTotals& totals, size_t* bad_part) {
   if (want_changes) {
     // The changes are wanted at full flat indices: decoded and checked
     // first, then written.
@@ -505,17 +516,27 @@ Result<AppliedDelta> ApplyPartedDelta(std::vector<Blob> parts, const VersionEntr
   // Each part decoded straight into its blocks of the held state
   // (ApplyCompactDelta: the old values logged), then checked against its part
   // hash; any failure puts back every part written so far.
+  // Each part's held class totals (kept across versions of this layout)
+  // lent to its undo for the apply, taken back once the version checks out.
   const bool same_layout = base_entry.layout == entry.layout;
+  if (totals.layout != entry.layout || totals.parts.size() != parts.size()) {
+    totals.Forget();
+    totals.layout = entry.layout;
+    totals.parts.resize(parts.size());
+  }
   std::vector<AppliedPart> applied;
   applied.reserve(parts.size());
   StateHash next = state_hash;
+  AppliedDelta out;
   auto fail = [&](Status s) {
     RestoreParts(applied, threads);
+    totals.Forget();
     return s;
   };
   for (size_t p = 0; p < parts.size(); ++p) {
     if (bad_part) *bad_part = SIZE_MAX;
     AppliedPart& part = applied.emplace_back();
+    std::swap(part.undo.totals, totals.parts[p]);
     std::vector<TensorView> blocks;
     std::vector<uint8_t*> writable;
     std::vector<BlockGeometry> geometries;
@@ -556,8 +577,10 @@ Result<AppliedDelta> ApplyPartedDelta(std::vector<Blob> parts, const VersionEntr
       return fail(Status::Corruption(label + ": the manifest lists a compact delta, the file is not one"));
     }
     // On an error the part has put back what it wrote itself.
+    const uint64_t held = part.undo.totals.held_applies, stale = part.undo.totals.stale;
     Result<CompactDelta> d = compact::ApplyCompactDeltaToViews(*file, blocks, writable, part_base, threads, part.undo);
     if (!d.ok()) return fail(d.status().WithContext(label));
+    CountApply(part.undo.totals, held, stale, out);
     d->info.kind = PatchKind::kDelta;
     Status listed = CheckPartListed(d->info, object, p, entry.version);
     if (!listed.ok()) return fail(listed);
@@ -566,6 +589,9 @@ Result<AppliedDelta> ApplyPartedDelta(std::vector<Blob> parts, const VersionEntr
       return fail(Status::Integrity(label + ": its blocks would hash to " + part_hash.Hex() + ", the manifest says " +
                                     entry.parts[p].state_hash.Hex()));
     }
+    // The totals of the blocks after it, held under the part hash the next
+    // version names as its base (the apply keyed them in the blocks' frame).
+    part.undo.totals.Rename(part_base + d->hash_delta, part_hash);
     for (const AppliedPart::Copy& c : part.copies) CopyBlockIn(c.geometry, c.width, c.bytes.data(), c.full);
     next += entry.parts[p].state_hash;  // checked: what the part's blocks hash to after it
     next -= part_base;
@@ -575,7 +601,7 @@ Result<AppliedDelta> ApplyPartedDelta(std::vector<Blob> parts, const VersionEntr
     return fail(Status::Integrity("the state after its parts would hash to " + next.Hex() + ", the manifest says " +
                                   entry.state_hash.Hex()));
   }
-  AppliedDelta out;
+  for (size_t p = 0; p < parts.size(); ++p) std::swap(totals.parts[p], applied[p].undo.totals);
   out.next = next;
   return out;
 }

@@ -10,10 +10,12 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "deltasync/blob.h"
 #include "deltasync/compact.h"
+#include "deltasync/compact_class_totals.h"
 #include "deltasync/manifest.h"
 #include "deltasync/parts.h"
 #include "deltasync/patch.h"
@@ -73,6 +75,12 @@ Result<CheckedDelta> CheckDelta(Blob bytes, const VersionEntry& entry, const Obj
 struct AppliedDelta {
   StateHash next;                       // equal to entry.state_hash
   std::vector<TensorChanges> changes;   // only when asked for
+  // Fused compact applies (a parted delta's parts one each), those of them
+  // held (every chunk started from held class totals), and those that
+  // found the held totals stale and were redone on the look-back route.
+  uint64_t compact_applies = 0;
+  uint64_t held_applies = 0;
+  uint64_t stale_applies = 0;
 };
 
 // CheckDelta and ApplyChanges in one: applies the delta `object` of `entry`
@@ -116,6 +124,21 @@ Result<std::vector<TensorChanges>> CheckDeltaPart(Blob bytes, const VersionEntry
 Result<CheckedDelta> CheckPartedDelta(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
                                       const PartLayout& layout, const WeightState& base, const StateHash& base_hash,
                                       const VersionEntry& base_entry, int threads, size_t* bad_part);
+// The class totals a replica holds for the parts of the parted versions it
+// applies (CompactClassTotals, one per part, in part order) across
+// versions, for the layout with digest `layout` only: ApplyPartedDelta
+// forgets them for a version of another layout, and whenever it puts parts
+// back. Each part's totals are keyed by its blocks' state hash (the part
+// hash), as a whole state's are by its state hash.
+struct PartTotals {
+  std::string layout;
+  std::vector<CompactClassTotals> parts;
+  void Forget() {
+    layout.clear();
+    parts.clear();
+  }
+};
+
 // CheckPartedDelta and the writes in one, for a replica: each part is
 // decoded straight into its blocks of `state` where they lie (the fused
 // ApplyCompactDelta, old values logged: a block that is one run of its
@@ -125,10 +148,13 @@ Result<CheckedDelta> CheckPartedDelta(std::vector<Blob> parts, const VersionEntr
 // On any error every value written is put back first: `state` holds what it
 // held. `want_changes`: also return the changes at full flat indices (for
 // change tracking); then every part is decoded and checked before the
-// changes are written.
+// changes are written. `totals` (kept by the caller across versions): each
+// part's fused apply starts from its held class totals and leaves them for
+// the next version; a wrong held count is caught by the walk and redone
+// exactly (stale_applies). Forgotten on any error.
 Result<AppliedDelta> ApplyPartedDelta(std::vector<Blob> parts, const VersionEntry& entry, const ObjectEntry& object,
                                       const PartLayout& layout, WeightState& state, const StateHash& state_hash,
                                       const VersionEntry& base_entry, int threads, bool want_changes,
-                                      size_t* bad_part);
+                                      PartTotals& totals, size_t* bad_part);
 
 }  // namespace deltasync::replay

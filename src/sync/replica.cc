@@ -47,6 +47,11 @@ bool SameLayout(const WeightState& state, std::span<const TensorView> views) {
 
 }  // namespace
 
+Replica::Replica(std::shared_ptr<Store> store, ReplicaOptions options)
+    : store_(std::move(store)), options_(options), part_totals_(std::make_unique<replay::PartTotals>()) {}
+
+Replica::~Replica() = default;
+
 std::unique_ptr<Replica> Replica::Create(std::shared_ptr<Store> store, ReplicaOptions options) {
   return std::unique_ptr<Replica>(new Replica(std::move(store), options));
 }
@@ -280,7 +285,7 @@ Status Replica::ApplyDelta(const VersionEntry& entry, const ObjectEntry& object,
     // Applied in place part by part, each checked as it lands; on any error the state is as it was.
     delta = replay::ApplyPartedDelta(std::move(*parts), entry, object, *manifest_.LayoutOf(entry), state_, state_hash_,
                                      *manifest_.Find(version_), options_.threads,
-                                     options_.track_changes && !pending_.everything, bad_part);
+                                     options_.track_changes && !pending_.everything, *part_totals_, bad_part);
   } else {
     Result<Blob> blob = FetchVerified(object, stats);
     if (!blob.ok()) return fail(blob.status());
@@ -298,6 +303,9 @@ Status Replica::ApplyDelta(const VersionEntry& entry, const ObjectEntry& object,
   state_hash_ = delta->next;
   version_ = entry.version;
   stats.deltas_applied++;
+  stats.compact_applies += delta->compact_applies;
+  stats.held_applies += delta->held_applies;
+  stats.stale_applies += delta->stale_applies;
   stats.apply_ms += clock.ElapsedMs();
   return Status::OK();
 }

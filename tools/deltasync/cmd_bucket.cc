@@ -326,6 +326,9 @@ Status RunFollow(const FollowArgs& args) {
           {"bytes", stats->bytes_downloaded},
           {"anchors", stats->anchors_applied},
           {"deltas", stats->deltas_applied},
+          {"compact_applies", stats->compact_applies},
+          {"held_applies", stats->held_applies},
+          {"stale_applies", stats->stale_applies},
           {"state_hash", replica->state_hash().Hex()},
           {"full_hash", full.Hex()}});
   }
