@@ -139,8 +139,15 @@ Status ChunkWalker::WalkPrefetching(size_t k, std::span<const uint16_t> ahead) {
     start_at = held_start_[k];
   } else if (c.begin > 0) {
     // Chunk k - 1 was handed out before this one and publishes before
-    // its walk, so this wait is short and cannot deadlock.
-    while (ready_[k - 1].load(std::memory_order_acquire) == 0) ready_[k - 1].wait(0, std::memory_order_acquire);
+    // its walk, so this wait is short and cannot deadlock. On a condition
+    // variable, not std::atomic::wait: with GCC 12's libstdc++ that lost a
+    // wakeup (session 39: three walker threads asleep in it for five
+    // minutes, chunk k - 1 published, until a debugger's attach woke them;
+    // docs/benchmarks.md).
+    if (ready_[k - 1].load(std::memory_order_acquire) == 0) {
+      std::unique_lock<std::mutex> lock(ready_mutex_);
+      ready_cv_.wait(lock, [&] { return ready_[k - 1].load(std::memory_order_acquire) != 0; });
+    }
     start_at = upto_[k - 1];
   }
   std::array<uint64_t, kClasses> end_at = start_at;
@@ -148,7 +155,10 @@ Status ChunkWalker::WalkPrefetching(size_t k, std::span<const uint16_t> ahead) {
   if (!c.last && !held) {
     upto_[k] = end_at;
     ready_[k].store(1, std::memory_order_release);
-    ready_[k].notify_all();
+    // Taken once after the store, so that a waiter that saw 0 under the
+    // mutex is already waiting when notified.
+    { std::lock_guard<std::mutex> lock(ready_mutex_); }
+    ready_cv_.notify_all();
   }
   // Only the start is searched for (binary searches of the class's ranks,
   // missing the caches): where the walk ends is checked in O(1) per class.

@@ -6,8 +6,10 @@
 
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -117,6 +119,8 @@ class ChunkWalker {
   CompactUndo::Run* runs_;
   size_t ahead_;
   std::unique_ptr<std::atomic<uint32_t>[]> ready_;      // chunk k published upto_[k]
+  std::mutex ready_mutex_;                              // with ready_cv_: a chunk waits for ready_[k - 1]
+  std::condition_variable ready_cv_;
   std::vector<std::array<uint64_t, kClasses>> upto_;  // class elements up to chunk k's end
   std::vector<std::array<uint64_t, 2>> hash_;         // per chunk, its element-term changes
   std::vector<const std::array<uint32_t, kClasses>*> held_;  // Hold: per chunk (empty: none held)

@@ -113,6 +113,46 @@ TEST(CompactApply, RawModeTensorsApplyAndRestore) {
   }
 }
 
+// One undo log (as a replica keeps it) for a small delta, then one whose
+// 2.2M changes outgrow it (its vectors grow: 17.6 MB of positions), then
+// the small one again: each apply is exact, its log holds every change and
+// puts back every old value.
+TEST(CompactApply, AnUndoLogOutgrownByALargerDeltaGrowsAndPutsEveryValueBack) {
+  const Case small = MakeLargeCase();
+  std::mt19937_64 rng(39);
+  Model m;
+  m.Add("grown", Spread(rng, 2400000));
+  Case large{m.State(), {}, {}, {}};
+  large.hash = HashState(large.state, 1);
+  std::bernoulli_distribution p(0.92);
+  std::vector<uint64_t> at;
+  for (uint64_t i = 0; i < 2400000; ++i) {
+    if (p(rng)) at.push_back(i);
+  }
+  ASSERT_GT(at.size(), uint64_t{2200000});
+  large.changes = {Change(large.state, "grown", at, rng)};
+  EncodeCase(large);
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    CompactUndo undo;
+    for (const Case* c : std::initializer_list<const Case*>{&small, &large, &small}) {
+      uint64_t count = 0;
+      for (const TensorChanges& t : c->changes) count += t.count();
+      WeightState want = Copy(c->state);
+      ApplyChanges(want, c->changes, 1);
+      WeightState s = Copy(c->state);
+      Result<CompactDelta> d = Apply(c->bytes, s, c->hash, threads, compact::kDecodeChunkElements, undo);
+      ASSERT_TRUE(d.ok()) << d.status().ToString();
+      EXPECT_EQ(d->hash_delta, HashChanges(c->state, c->changes, 1));
+      ASSERT_TRUE(SameBytes(s, want));
+      EXPECT_GE(undo.pos.size(), count);
+      EXPECT_GE(undo.old16.size(), count);
+      undo.Restore(threads);
+      ASSERT_TRUE(SameBytes(s, c->state));
+    }
+  }
+}
+
 TEST(CompactApply, GapsPastTheBaseLeaveTheStateAsItWas) {
   const Case c = MakeCase();
   // The walk fails only at its last chunk, after every earlier chunk (and
