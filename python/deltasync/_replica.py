@@ -27,6 +27,16 @@ class UpdateResult:
     bytes_downloaded: int
     download_ms: float
     apply_ms: float
+    # Compact deltas applied in place (a parted delta's parts one each),
+    # those of them that started every chunk from the class totals the
+    # replica held (no look-back), and those that found the held totals
+    # wrong and were redone exactly. Once the changes have been taken
+    # (load_into(), the vLLM engine), updates record the next ones: they
+    # apply a compact delta by a decode and a scatter instead, and count 0
+    # here.
+    compact_applies: int
+    held_applies: int
+    stale_applies: int
 
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,

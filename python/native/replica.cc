@@ -28,6 +28,9 @@ nb::dict UpdateStatsToDict(const UpdateStats& s) {
   d["bytes_downloaded"] = s.bytes_downloaded;
   d["download_ms"] = s.download_ms;
   d["apply_ms"] = s.apply_ms;
+  d["compact_applies"] = s.compact_applies;
+  d["held_applies"] = s.held_applies;
+  d["stale_applies"] = s.stale_applies;
   return d;
 }
 

@@ -180,6 +180,8 @@ def test_publish_pull_gc_json_and_quiet(run, bucket, tmp_path):
     pulled = json.loads(run("pull", bucket, "-o", tmp_path / "p.safetensors", "--json").stdout)
     assert pulled["version"] == 2 and pulled["anchors_applied"] == 1 and pulled["deltas_applied"] == 1
     assert pulled["bytes_downloaded"] > 0 and pulled["output"] == str(tmp_path / "p.safetensors")
+    # The one compact delta applied in place, filling the class totals (none held yet).
+    assert (pulled["compact_applies"], pulled["held_applies"], pulled["stale_applies"]) == (1, 0, 0)
     assert run("pull", bucket, "-o", tmp_path / "q.safetensors", "-q").stdout == ""
 
     gc = json.loads(run("gc", bucket, "--keep-anchors", "1", "--dry-run", "--json").stdout)

@@ -140,6 +140,35 @@ def test_late_replica_catches_up_and_can_stop_at_a_version(bucket, encoding):
     assert_replica_holds(replica, history[8])
 
 
+def test_update_counts_the_compact_applies_that_start_from_held_class_totals(bucket):
+    # One anchor, then compact deltas: the first delta's apply fills the
+    # replica's class totals, each later one starts from them (held), none
+    # is stale. Once changes are taken, updates record them (decode, then
+    # scatter): no in-place compact apply to count.
+    history = nudged_history(4, 6, 0.05, 400)
+    with deltasync.Publisher(bucket, anchor_interval=100, encoding="compact") as pub:
+        for version in range(1, 8):
+            pub.publish(version, history[version - 1])
+    replica = deltasync.Replica(bucket)
+    counts = []
+    for version in range(1, 6):
+        assert replica.update(version) == version
+        assert_replica_holds(replica, history[version - 1])
+        u = replica.last_update
+        counts.append((u.anchors_applied, u.deltas_applied, u.compact_applies, u.held_applies, u.stale_applies))
+    assert counts == [(1, 0, 0, 0, 0), (0, 1, 1, 0, 0), (0, 1, 1, 1, 0), (0, 1, 1, 1, 0), (0, 1, 1, 1, 0)]
+    replica._take_changes()
+    assert replica.update(6) == 6
+    assert_replica_holds(replica, history[5])
+    assert (replica.last_update.deltas_applied, replica.last_update.compact_applies) == (1, 0)
+    # Two deltas in one update count two applies.
+    replica2 = deltasync.Replica(bucket)
+    assert replica2.update(2) == 2 and replica2.update(4) == 4
+    assert (replica2.last_update.deltas_applied, replica2.last_update.compact_applies,
+            replica2.last_update.held_applies) == (2, 2, 2)
+    assert_replica_holds(replica2, history[3])
+
+
 def test_changed_elements_match_the_reference(bucket):
     w1 = make_weights(3)
     w2 = nudge(w1, 0.03, 7)

@@ -213,6 +213,9 @@ Status RunPull(const PullArgs& args) {
                {"bytes_downloaded", stats.bytes_downloaded},
                {"download_ms", stats.download_ms},
                {"apply_ms", stats.apply_ms},
+               {"compact_applies", stats.compact_applies},
+               {"held_applies", stats.held_applies},
+               {"stale_applies", stats.stale_applies},
                {"state_hash", replica->state_hash().Hex()},
                {"bad_objects", std::move(bad)}});
     return Status::OK();
