@@ -29,12 +29,11 @@ namespace deltasync {
 class CompactClassTotals {
  public:
   // One state's totals: per tensor (by its index in the views applied to),
-  // per chunk, the elements of each class in `classes` (a bit per class;
-  // the other counts are meaningless; a fill by the look-back route counts
-  // all 16, and applies keep them all). `elements` 0: none held.
+  // per chunk, the elements of each of the 16 classes (a fill by the
+  // look-back route counts them all, and applies carry them all forward).
+  // `elements` 0: none held.
   struct Tensor {
     uint64_t elements = 0;
-    uint32_t classes = 0;
     std::vector<std::array<uint32_t, 16>> chunks;
   };
   struct State {

@@ -227,13 +227,6 @@ struct Fused {
   CompactUndo* undo;
 };
 
-// The classes with changes in a tensor, a bit each.
-uint32_t ChangedClasses(const Bf16Tensor& t) {
-  uint32_t classes = 0;
-  for (int cl = 0; cl < kClasses; ++cl) classes |= uint32_t{t.class_begin[cl + 1] > t.class_begin[cl]} << cl;
-  return classes;
-}
-
 // The class totals a fused apply keeps (CompactClassTotals): `before` is
 // the state it applies to (its held totals, or the other slot when none are
 // held), `after` the state it produces, in the other slot, its tensors
@@ -272,14 +265,10 @@ KeptTotals PrepareTotals(ChunkWalker& walker, const std::vector<Bf16Tensor*>& wa
     CompactClassTotals::Tensor* b = nullptr;
     a.elements = walked[w]->base->num_elements();
     a.chunks.resize(n_chunks);
-    if (tensor_held[w]) {
-      a.classes = before.tensors[i].classes;
-    } else {
+    if (!tensor_held[w]) {
       // Every class counted (ChunkWalker::Keep).
-      a.classes = (uint32_t{1} << kClasses) - 1;
       b = &before.tensors[i];
       b->elements = a.elements;
-      b->classes = a.classes;
       b->chunks.resize(n_chunks);
     }
     for (size_t j = 0; j < n_chunks; ++j) walker.Keep(first_chunk[w] + j, b ? &b->chunks[j] : nullptr, &a.chunks[j]);
@@ -289,7 +278,6 @@ KeptTotals PrepareTotals(ChunkWalker& walker, const std::vector<Bf16Tensor*>& wa
     const CompactClassTotals::Tensor& b = before.tensors[i];
     CompactClassTotals::Tensor& a = after.tensors[i];
     a.elements = b.elements;
-    a.classes = b.classes;
     if (b.elements != 0) a.chunks.assign(b.chunks.begin(), b.chunks.end());
   }
   return kept;
@@ -465,8 +453,7 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
       const Bf16Tensor& t = *walked[w];
       const CompactClassTotals::Tensor* h = held ? &held->tensors[static_cast<size_t>(t.base - base.data())] : nullptr;
       const size_t n_chunks = first_chunk[w + 1] - first_chunk[w];
-      tensor_held[w] = h != nullptr && h->elements == t.base->num_elements() && h->chunks.size() == n_chunks &&
-                       (ChangedClasses(t) & ~h->classes) == 0;
+      tensor_held[w] = h != nullptr && h->elements == t.base->num_elements() && h->chunks.size() == n_chunks;
       if (!tensor_held[w]) {
         if (n_chunks > 1) all_held = false;
         continue;
