@@ -132,7 +132,8 @@ Status DecodeCompactDelta(const SafetensorsFile& file, std::span<const TensorVie
                           int threads, CompactDelta& out);
 
 // The undo log of ApplyCompactDelta: each overwritten element's position
-// and old bytes (about 10 B per change), in buffers reused across calls.
+// and old bytes (6 B per change of a bf16 tensor: a 4-byte position within
+// its chunk and the old value), in buffers reused across calls.
 class CompactUndo {
  public:
   // Puts back every value the last ApplyCompactDelta wrote, then forgets
@@ -146,18 +147,25 @@ class CompactUndo {
   // replica); forgotten by Restore and by any failed apply.
   CompactClassTotals totals;
 
-  // Internal (src/codec): a run of written elements, element j of the run at
-  // position pos[j] of `data` (elements of `esize` bytes) held old[j].
+  // Internal (src/codec): a run of written elements of a tensor whose
+  // bytes start at `data` (elements of `esize` bytes): element j of the run,
+  // at position Position(j) of the tensor, held old[j]. A bf16 chunk's run
+  // has 4-byte positions from its chunk's first element `first` (pos32),
+  // a raw-mode tensor's run 8-byte ones (pos64).
   struct Run {
     uint8_t* data = nullptr;
     size_t esize = 0;
-    const uint64_t* pos = nullptr;
+    uint64_t first = 0;
+    const uint32_t* pos32 = nullptr;
+    const uint64_t* pos64 = nullptr;
     const uint8_t* old = nullptr;
     uint64_t written = 0;
+    uint64_t Position(uint64_t j) const { return pos32 ? first + pos32[j] : pos64[j]; }
   };
   std::vector<Run> runs;
-  std::vector<uint64_t> pos;
+  std::vector<uint32_t> pos32;   // bf16 tensors' positions (per chunk)
   std::vector<uint16_t> old16;   // bf16 tensors' old values
+  std::vector<uint64_t> pos64;   // raw-mode tensors' positions
   std::vector<uint8_t> old_raw;  // raw-mode tensors' old bytes
 };
 

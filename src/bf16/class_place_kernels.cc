@@ -179,8 +179,8 @@ HWY_INLINE size_t PlaceWalk(const Rank* HWY_RESTRICT const ranks, const uint64_t
   size_t bad = n;
   const uint8_t* HWY_RESTRICT const diffs = s.diffs;
   const uint8_t* HWY_RESTRICT const escapes = s.escapes;
-  const uint64_t index0 = kApply ? out->index0 : 0;
-  uint64_t* HWY_RESTRICT undo_pos = kApply ? out->undo_pos : nullptr;
+  const uint32_t index0 = kApply ? out->index0 : 0;
+  uint32_t* HWY_RESTRICT undo_pos = kApply ? out->undo_pos : nullptr;
   uint16_t* HWY_RESTRICT undo_old = kApply ? out->undo_old : nullptr;
   uint16_t* HWY_RESTRICT h_new = kApply ? out->h_new : nullptr;
   const hn::CappedTag<int32_t, kPlaceWords> d32;
@@ -263,7 +263,7 @@ HWY_INLINE size_t PlaceWalk(const Rank* HWY_RESTRICT const ranks, const uint64_t
         }
         if constexpr (kApply) {
           // Logged before written (the undo covers every change placed).
-          undo_pos[h] = index0 + i;
+          undo_pos[h] = index0 + static_cast<uint32_t>(i);
           undo_old[h] = o;
           data[i] = v;
           h_new[h] = v;
@@ -538,8 +538,8 @@ HWY_INLINE size_t PlaceBlockAvx512(const Rank* HWY_RESTRICT const ranks, const u
   if constexpr (kDecode) return DecodeListAvx512(entries, escaped, diffs, pos, edge_lo, edge_hi, masks, data, n, *dec, placed);
   // Phase 2: the changes of the list, each independent of the others.
   uint32_t flag = 0;
-  const uint64_t index0 = kApply ? out->index0 : 0;
-  uint64_t* HWY_RESTRICT const undo_pos = kApply ? out->undo_pos : nullptr;
+  const uint32_t index0 = kApply ? out->index0 : 0;
+  uint32_t* HWY_RESTRICT const undo_pos = kApply ? out->undo_pos : nullptr;
   uint16_t* HWY_RESTRICT const undo_old = kApply ? out->undo_old : nullptr;
   uint16_t* HWY_RESTRICT const h_new = kApply ? out->h_new : nullptr;
   if constexpr (!kApply) {
@@ -553,7 +553,7 @@ HWY_INLINE size_t PlaceBlockAvx512(const Rank* HWY_RESTRICT const ranks, const u
     const uint16_t v = ListNewValue(o, d, escaped + j, flag);
     if constexpr (kApply) {
       // Logged before written (the undo covers every change placed).
-      undo_pos[j] = index0 + i;
+      undo_pos[j] = index0 + static_cast<uint32_t>(i);
       undo_old[j] = o;
       data[i] = v;
       h_new[j] = v;

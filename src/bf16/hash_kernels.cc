@@ -156,19 +156,27 @@ void HashTermDiffsImpl(const uint64_t* HWY_RESTRICT index, const uint64_t* HWY_R
 }
 
 // HashTermDiffsImpl over 16-bit elements: they are below 2^32, so their
-// products take one multiply less (MulConst<true>).
-void HashTermDiffs16Impl(const uint64_t* HWY_RESTRICT index, const uint8_t* HWY_RESTRICT new_bytes,
-                         const uint8_t* HWY_RESTRICT old_bytes, size_t n, const uint64_t seed[2],
-                         uint64_t sums[2]) {
+// products take one multiply less (MulConst<true>). Element k's index is
+// index[k] (u64), or base + index[k] (u32 offsets: HashTermDiffs16At).
+template <typename Index>
+HWY_INLINE void HashTermDiffs16Of(uint64_t base, const Index* HWY_RESTRICT index,
+                                  const uint8_t* HWY_RESTRICT new_bytes, const uint8_t* HWY_RESTRICT old_bytes,
+                                  size_t n, const uint64_t seed[2], uint64_t sums[2]) {
   const D64 d;
   const size_t N = hn::Lanes(d);
   const hn::Rebind<uint16_t, D64> d16;
   const hn::Rebind<uint32_t, D64> d32;
   V64 sum[2] = {hn::Zero(d), hn::Zero(d)};
   const V64 seed0 = hn::Set(d, seed[0]), seed1 = hn::Set(d, seed[1]);
+  const V64 vbase = hn::Set(d, base);
   size_t i = 0;
   for (; i + N <= n; i += N) {
-    const V64 idx = hn::LoadU(d, index + i);
+    V64 idx;
+    if constexpr (sizeof(Index) == 8) {
+      idx = hn::LoadU(d, index + i);
+    } else {
+      idx = hn::Add(vbase, hn::PromoteTo(d, hn::LoadU(d32, index + i)));
+    }
     // LoadU reads unaligned bytes (the pointer cast only names the lane type).
     const V64 nb = hn::PromoteTo(d, hn::PromoteTo(d32, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(new_bytes) + i)));
     const V64 ob = hn::PromoteTo(d, hn::PromoteTo(d32, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(old_bytes) + i)));
@@ -188,10 +196,23 @@ void HashTermDiffs16Impl(const uint64_t* HWY_RESTRICT index, const uint8_t* HWY_
     for (size_t k = i; k < n; ++k) {
       const uint64_t nb = new_bytes[2 * k] | uint64_t{new_bytes[2 * k + 1]} << 8;
       const uint64_t ob = old_bytes[2 * k] | uint64_t{old_bytes[2 * k + 1]} << 8;
-      s += sh::ElementTerm(lane, seed[lane], index[k], nb) - sh::ElementTerm(lane, seed[lane], index[k], ob);
+      const uint64_t at = sizeof(Index) == 8 ? uint64_t{index[k]} : base + index[k];
+      s += sh::ElementTerm(lane, seed[lane], at, nb) - sh::ElementTerm(lane, seed[lane], at, ob);
     }
     sums[lane] += s;
   }
+}
+
+void HashTermDiffs16Impl(const uint64_t* HWY_RESTRICT index, const uint8_t* HWY_RESTRICT new_bytes,
+                         const uint8_t* HWY_RESTRICT old_bytes, size_t n, const uint64_t seed[2],
+                         uint64_t sums[2]) {
+  HashTermDiffs16Of(0, index, new_bytes, old_bytes, n, seed, sums);
+}
+
+void HashTermDiffs16AtImpl(uint64_t base, const uint32_t* HWY_RESTRICT offset, const uint8_t* HWY_RESTRICT new_bytes,
+                           const uint8_t* HWY_RESTRICT old_bytes, size_t n, const uint64_t seed[2],
+                           uint64_t sums[2]) {
+  HashTermDiffs16Of(base, offset, new_bytes, old_bytes, n, seed, sums);
 }
 
 }  // namespace deltasync::kernels::HWY_NAMESPACE
@@ -206,6 +227,7 @@ HWY_EXPORT(HashElements32Impl);
 HWY_EXPORT(HashElements64Impl);
 HWY_EXPORT(HashTermDiffsImpl);
 HWY_EXPORT(HashTermDiffs16Impl);
+HWY_EXPORT(HashTermDiffs16AtImpl);
 
 void HashElements8(const uint8_t* data, size_t n, uint64_t base, const uint64_t seed[2],
                    uint64_t sums[2]) {
@@ -230,6 +252,10 @@ void HashTermDiffs(const uint64_t* index, const uint64_t* new_bits, const uint64
 void HashTermDiffs16(const uint64_t* index, const uint8_t* new_bits, const uint8_t* old_bits, size_t n,
                      const uint64_t seed[2], uint64_t sums[2]) {
   HWY_DYNAMIC_DISPATCH(HashTermDiffs16Impl)(index, new_bits, old_bits, n, seed, sums);
+}
+void HashTermDiffs16At(uint64_t base, const uint32_t* offset, const uint8_t* new_bits, const uint8_t* old_bits,
+                       size_t n, const uint64_t seed[2], uint64_t sums[2]) {
+  HWY_DYNAMIC_DISPATCH(HashTermDiffs16AtImpl)(base, offset, new_bits, old_bits, n, seed, sums);
 }
 
 }  // namespace deltasync::kernels

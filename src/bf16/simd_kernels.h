@@ -90,6 +90,10 @@ void HashTermDiffs(const uint64_t* index, const uint64_t* new_bits, const uint64
 // values and its undo log as they lie, without widening them to 64 bits.
 void HashTermDiffs16(const uint64_t* index, const uint8_t* new_bits, const uint8_t* old_bits, size_t n,
                      const uint64_t seed[2], uint64_t sums[2]);
+// HashTermDiffs16 with element k at index base + offset[k]: the compact
+// apply's undo log keeps 4-byte positions from the start of a chunk.
+void HashTermDiffs16At(uint64_t base, const uint32_t* offset, const uint8_t* new_bits, const uint8_t* old_bits,
+                       size_t n, const uint64_t seed[2], uint64_t sums[2]);
 
 // --- compact codec: exponent classes --------------------------------------
 
@@ -140,11 +144,11 @@ size_t ClassPlace16(const uint64_t* masks, const uint32_t* before, uint32_t clas
 //    once, read before it is written) and, in class order, change h of the
 //    block logs out.undo_pos[h] = out.index0 + i, out.undo_old[h] = the old
 //    value, and out.h_new[h] = the new value (the hash inputs are undo_pos,
-//    h_new and undo_old: HashTermDiffs16). *placed = the changes placed,
+//    h_new and undo_old: HashTermDiffs16At). *placed = the changes placed,
 //    every one logged whether canonical or not. Same return value.
 struct ClassApplyOut {
-  uint64_t index0;     // the block's first element in its tensor
-  uint64_t* undo_pos;  // n each, at least
+  uint32_t index0;     // the block's first element, from the start of its chunk (< 2^32: compact_walk.h)
+  uint32_t* undo_pos;  // n each, at least
   uint16_t* undo_old;
   uint16_t* h_new;
 };

@@ -298,6 +298,10 @@ void KeepTotals(const KeptTotals& kept, const StateHash& from, const StateHash& 
 Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> base, const StateHash& base_hash,
                      int threads, uint64_t chunk_elements, const Fused* fused, CompactDelta& out) {
   if (chunk_elements == 0) return Status::InvalidArgument("chunk_elements must be at least 1");
+  // The undo log's positions are 4 bytes from a chunk's start
+  // (CompactUndo::Run::pos32): no chunk is longer than 2^32 elements (any
+  // split decodes the same).
+  chunk_elements = std::min<uint64_t>(chunk_elements, uint64_t{1} << 32);
   const std::string& label = file.label();
   auto bad = [&](const std::string& msg) { return Status::Corruption(label + ": " + msg); };
   const Metadata& m = file.metadata();
@@ -414,13 +418,14 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
       if (read[i].base == nullptr) raw_bytes += out.changes[i].values.size();
     }
     undo->runs.assign(chunks.size(), CompactUndo::Run{});
-    undo->pos.resize(std::max<size_t>(undo->pos.size(), changed));
+    undo->pos32.resize(std::max<size_t>(undo->pos32.size(), bf16_changed));
     undo->old16.resize(std::max<size_t>(undo->old16.size(), bf16_changed));
+    undo->pos64.resize(std::max<size_t>(undo->pos64.size(), changed - bf16_changed));
     undo->old_raw.resize(std::max<size_t>(undo->old_raw.size(), raw_bytes));
     uint64_t slot = 0;
     for (Bf16Tensor* t : walked) {
       t->target = reinterpret_cast<uint16_t*>(fused->writable[static_cast<size_t>(t->base - base.data())]);
-      t->undo_pos = undo->pos.data() + slot;
+      t->undo_pos = undo->pos32.data() + slot;
       t->undo_old = undo->old16.data() + slot;
       slot += t->count;
     }
@@ -498,14 +503,15 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
   out.hash_delta = walker->HashDelta() + HashChanges(base, raw, threads);
   if (undo) {
     // Hashed against the base above; now written, their old bytes logged.
-    uint64_t slot = bf16_changed, byte = 0;
+    uint64_t slot = 0, byte = 0;
     for (size_t r = 0; r < raw.size(); ++r) {
       const TensorChanges& c = raw[r];
       const size_t esize = DTypeSize(c.dtype);
       uint8_t* data = fused->writable[static_cast<size_t>(bases[raw_index[r]] - base.data())];
-      CompactUndo::Run run{data, esize, undo->pos.data() + slot, undo->old_raw.data() + byte, c.indices.size()};
+      CompactUndo::Run run{data, esize, 0, nullptr, undo->pos64.data() + slot, undo->old_raw.data() + byte,
+                           c.indices.size()};
       for (size_t k = 0; k < c.indices.size(); ++k) {
-        undo->pos[slot + k] = c.indices[k];
+        undo->pos64[slot + k] = c.indices[k];
         std::memcpy(undo->old_raw.data() + byte + k * esize, data + c.indices[k] * esize, esize);
         std::memcpy(data + c.indices[k] * esize, c.values.data() + k * esize, esize);
       }
@@ -596,8 +602,11 @@ namespace {
 template <size_t kSize>
 void RestoreRun(const CompactUndo::Run& run) {
   const size_t esize = kSize != 0 ? kSize : run.esize;
-  for (uint64_t j = 0; j < run.written; ++j) {
-    std::memcpy(run.data + run.pos[j] * esize, run.old + j * esize, esize);
+  if (run.pos32) {
+    uint8_t* const data = run.data + run.first * esize;
+    for (uint64_t j = 0; j < run.written; ++j) std::memcpy(data + uint64_t{run.pos32[j]} * esize, run.old + j * esize, esize);
+  } else {
+    for (uint64_t j = 0; j < run.written; ++j) std::memcpy(run.data + run.pos64[j] * esize, run.old + j * esize, esize);
   }
 }
 

@@ -228,9 +228,12 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   // only class counts. So every read sees the base's value. run->written
   // counts every value written (ClassPlaceApply16 logs each before writing it).
   uint16_t* const target = t.target;
-  uint64_t* const undo_pos = t.undo_pos;
+  uint32_t* const undo_pos = t.undo_pos;
   uint16_t* const undo_old = t.undo_old;
-  if (run) *run = {reinterpret_cast<uint8_t*>(target), 2, undo_pos + k, reinterpret_cast<const uint8_t*>(undo_old + k), 0};
+  if (run) {
+    *run = {reinterpret_cast<uint8_t*>(target), 2, chunk.begin, undo_pos + k, nullptr,
+            reinterpret_cast<const uint8_t*>(undo_old + k), 0};
+  }
   uint64_t* const indices = run ? nullptr : t.out->indices.data();
   uint8_t* const values = run ? nullptr : t.out->values.data();
   for (size_t blk = 0; blk < blocks && k < k_end; ++blk) {
@@ -274,7 +277,8 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
       // Placed, logged and written in class order by the kernel; every
       // change it placed is logged, so the undo covers a failing block too.
       size_t placed = 0;
-      const kernels::ClassApplyOut o{at, undo_pos + k, undo_old + k, side16 + (k - k0)};
+      const kernels::ClassApplyOut o{static_cast<uint32_t>(at - chunk.begin), undo_pos + k, undo_old + k,
+                                     side16 + (k - k0)};
       const size_t wrong = kernels::ClassPlaceApply16(m, p, need, target + at, len, streams, cur, o, &placed);
       run->written += placed;
       if (wrong < len) {
@@ -299,8 +303,8 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   // itself (indices, and values as u16 little-endian bytes), their old values
   // from `side`: one store per change besides the output.
   if (run) {
-    kernels::HashTermDiffs16(undo_pos + k0, reinterpret_cast<const uint8_t*>(side16),
-                             reinterpret_cast<const uint8_t*>(undo_old + k0), k - k0, t.seeds.element_seed, hash);
+    kernels::HashTermDiffs16At(chunk.begin, undo_pos + k0, reinterpret_cast<const uint8_t*>(side16),
+                               reinterpret_cast<const uint8_t*>(undo_old + k0), k - k0, t.seeds.element_seed, hash);
     if (moves) {
       // Each change moves its element from its old value's class to its new
       // value's: from the undo log's old values and `side`'s new ones, both

@@ -38,10 +38,10 @@ struct Bf16Tensor {
   state_hash::TensorSeeds seeds{};
   uint64_t count = 0;  // the tensor's changes
   // A fused apply (ApplyCompactDelta): the new values go to `target` (the
-  // base's own bytes) instead of `out`, change k's position and old value
-  // to undo_pos[k] and undo_old[k] first.
+  // base's own bytes) instead of `out`, change k's position (from the
+  // start of its chunk) and old value to undo_pos[k] and undo_old[k] first.
   uint16_t* target = nullptr;
-  uint64_t* undo_pos = nullptr;
+  uint32_t* undo_pos = nullptr;
   uint16_t* undo_old = nullptr;
 };
 

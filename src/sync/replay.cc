@@ -481,16 +481,18 @@ StateHash PartHashChange(const CompactUndo& undo, std::span<const TensorView> bl
                          std::span<uint8_t* const> writable, std::span<const BlockGeometry> geometries) {
   StateHash sum;
   std::vector<uint8_t> now;
+  std::vector<uint64_t> at;
   for (const CompactUndo::Run& run : undo.runs) {
     if (run.written == 0) continue;
     size_t b = 0;  // the block written (an empty block may share its start with the next)
     while (writable[b] != run.data || blocks[b].data.empty()) ++b;
     now.resize(run.written * run.esize);
+    at.resize(run.written);
     for (uint64_t j = 0; j < run.written; ++j) {
-      std::memcpy(now.data() + j * run.esize, run.data + run.pos[j] * run.esize, run.esize);
+      at[j] = run.Position(j);
+      std::memcpy(now.data() + j * run.esize, run.data + at[j] * run.esize, run.esize);
     }
-    sum += HashBlockChanges(blocks[b].name, blocks[b].dtype, geometries[b],
-                            std::span<const uint64_t>(run.pos, run.written),
+    sum += HashBlockChanges(blocks[b].name, blocks[b].dtype, geometries[b], at,
                             ByteSpan(run.old, run.written * run.esize), now);
   }
   return sum;

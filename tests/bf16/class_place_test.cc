@@ -134,7 +134,7 @@ struct BlockOut {
   std::vector<uint64_t> hits = std::vector<uint64_t>(kWords);
   std::vector<uint16_t> values = std::vector<uint16_t>(kBlock);  // at the hits only
   std::vector<uint16_t> data;                                    // the apply's block after
-  std::vector<uint64_t> undo_pos;
+  std::vector<uint32_t> undo_pos;  // from the chunk's start (index0: the block's offset in it)
   std::vector<uint16_t> undo_old, h_new;
   size_t bad = 0;
 };
@@ -166,7 +166,7 @@ BlockOut Reference(const uint16_t* data, size_t n, uint64_t index0, uint32_t cla
       o.hits[i / 64] |= uint64_t{1} << (i % 64);
       o.values[i] = v;
       o.data[i] = v;
-      o.undo_pos.push_back(index0 + i);
+      o.undo_pos.push_back(static_cast<uint32_t>(index0 + i));
       o.undo_old.push_back(old);
       o.h_new.push_back(v);
       const uint64_t g = cur.g[c]++;
@@ -258,10 +258,10 @@ void ExpectPlacesOfRoute(const std::vector<uint16_t>& base, const Streams& s, ui
     ExpectCursorsEqual(decode, want, at);
 
     std::vector<uint16_t> data(base.begin() + static_cast<ptrdiff_t>(at), base.begin() + static_cast<ptrdiff_t>(at + n));
-    std::vector<uint64_t> undo_pos(n + 1, 0);
+    std::vector<uint32_t> undo_pos(n + 1, 0);
     std::vector<uint16_t> undo_old(n + 1, 0), h_new(n + 1, 0);
     size_t placed = 0;
-    const kernels::ClassApplyOut out{at, undo_pos.data(), undo_old.data(), h_new.data()};
+    const kernels::ClassApplyOut out{static_cast<uint32_t>(at), undo_pos.data(), undo_old.data(), h_new.data()};
     const size_t bad_apply =
         kernels::ClassPlaceApply16(masks, before, classes, data.data(), n, streams, apply, out, &placed);
     ASSERT_EQ(bad_apply, ref.bad) << "apply, block at " << at;
@@ -376,7 +376,7 @@ TEST(ClassPlace, EveryDiffByteFromEveryBaseIsCheckedAsDiffByte) {
         kernels::ClassWalkCursor apply_cur{};
         apply_cur.rem[c] = 0;
         uint16_t data = b, undo_old = 0, h_new = 0;
-        uint64_t undo_pos = 0;
+        uint32_t undo_pos = 0;
         size_t placed = 0;
         const kernels::ClassApplyOut out{0, &undo_pos, &undo_old, &h_new};
         ASSERT_EQ(kernels::ClassPlaceApply16(masks, before, 1u << c, &data, 1, streams, apply_cur, out, &placed), want)
@@ -552,7 +552,7 @@ TEST(ClassPlace, NothingPastTheBlockIsReadOnEveryTarget) {
       ASSERT_EQ(hits, ref.hits);
       for (size_t i = 0; i < n; ++i) ASSERT_EQ(values[i], ref.values[i]) << "element " << i;
       ExpectCursorsEqual(select, want, 0);
-      std::vector<uint64_t> undo_pos(n);
+      std::vector<uint32_t> undo_pos(n);
       std::vector<uint16_t> undo_old(n), h_new(n);
       size_t placed = 0;
       const kernels::ClassApplyOut out{0, undo_pos.data(), undo_old.data(), h_new.data()};

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bf16/bf16_test_util.h"
@@ -160,6 +161,40 @@ TEST(StateHashTest, TermDiffs16MatchesTheDefinitionOnEveryTarget) {
       EXPECT_EQ(wide[1], want[1]) << "n=" << n;
     }
   });
+}
+
+// HashTermDiffs16At (4-byte offsets from a base, as the compact apply's undo
+// log keeps them) equals HashTermDiffs16 on the indices base + offset on
+// every target: every tail length, a base that carries the indices past
+// 2^32, offsets near 2^32, odd byte offsets of the values.
+TEST(StateHashTest, TermDiffs16AtEqualsTermDiffs16OnTheSameIndices) {
+  std::mt19937_64 rng(6);
+  const size_t max_n = 70;
+  std::vector<uint8_t> new_bytes(2 * max_n + 1), old_bytes(2 * max_n + 3);
+  for (uint8_t& b : new_bytes) b = static_cast<uint8_t>(rng());
+  for (uint8_t& b : old_bytes) b = static_cast<uint8_t>(rng());
+  const uint64_t seed[2] = {rng(), rng()};
+  for (const auto& [base, first] : {std::pair<uint64_t, uint32_t>{(uint64_t{1} << 32) - 20, 3},
+                                   std::pair<uint64_t, uint32_t>{12345, 0xFFFFFE00u},
+                                   std::pair<uint64_t, uint32_t>{0, 0}}) {
+    std::vector<uint32_t> off(max_n);
+    std::vector<uint64_t> idx(max_n);
+    uint32_t at = first;
+    for (size_t k = 0; k < max_n; ++k) {
+      at += 1 + static_cast<uint32_t>(rng() % 5);
+      off[k] = at;
+      idx[k] = base + at;
+    }
+    ForEachTarget([&] {
+      for (size_t n = 0; n <= max_n; ++n) {
+        uint64_t want[2] = {7, 9}, got[2] = {7, 9};
+        kernels::HashTermDiffs16(idx.data(), new_bytes.data() + 1, old_bytes.data() + 3, n, seed, want);
+        kernels::HashTermDiffs16At(base, off.data(), new_bytes.data() + 1, old_bytes.data() + 3, n, seed, got);
+        EXPECT_EQ(got[0], want[0]) << "base " << base << ", n=" << n;
+        EXPECT_EQ(got[1], want[1]) << "base " << base << ", n=" << n;
+      }
+    });
+  }
 }
 
 // HashChanges16 (the compact decoder's hash kernel behind a public call,

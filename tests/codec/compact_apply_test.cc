@@ -145,7 +145,7 @@ TEST(CompactApply, AnUndoLogOutgrownByALargerDeltaGrowsAndPutsEveryValueBack) {
       ASSERT_TRUE(d.ok()) << d.status().ToString();
       EXPECT_EQ(d->hash_delta, HashChanges(c->state, c->changes, 1));
       ASSERT_TRUE(SameBytes(s, want));
-      EXPECT_GE(undo.pos.size(), count);
+      EXPECT_GE(undo.pos32.size(), count);
       EXPECT_GE(undo.old16.size(), count);
       undo.Restore(threads);
       ASSERT_TRUE(SameBytes(s, c->state));

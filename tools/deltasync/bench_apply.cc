@@ -167,10 +167,15 @@ Result<CompactApplyFigures> MeasureCompactApply(WeightState& state, const std::v
   DS_RETURN_IF_ERROR(failure);
   // As a replica, the undo (and its held class totals) is kept across the
   // reps: every rep after the first starts its chunks from held totals.
-  std::fprintf(stderr, "bench: compact apply: %llu of the reps from held class totals, %llu stale, %llu B held\n",
+  const uint64_t undo_bytes = 4 * compact_undo.pos32.size() + 2 * compact_undo.old16.size() +
+                              8 * compact_undo.pos64.size() + compact_undo.old_raw.size();
+  std::fprintf(stderr,
+               "bench: compact apply: %llu of the reps from held class totals, %llu stale, %llu B held; undo log "
+               "%llu B\n",
                static_cast<unsigned long long>(compact_undo.totals.held_applies),
                static_cast<unsigned long long>(compact_undo.totals.stale),
-               static_cast<unsigned long long>(compact_undo.totals.HeldBytes()));
+               static_cast<unsigned long long>(compact_undo.totals.HeldBytes()),
+               static_cast<unsigned long long>(undo_bytes));
   f.decode_s = BestSeconds(reps, [&] {
     if (Status s = decode(threads); !s.ok() && failure.ok()) failure = s;
   });
