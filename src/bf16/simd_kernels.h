@@ -147,7 +147,7 @@ size_t ClassPlace16(const uint64_t* masks, const uint32_t* before, uint32_t clas
 //    h_new and undo_old: HashTermDiffs16At). *placed = the changes placed,
 //    every one logged whether canonical or not. Same return value.
 struct ClassApplyOut {
-  uint32_t index0;     // the block's first element, from the start of its chunk (< 2^32: compact_walk.h)
+  uint32_t index0;     // the block's first element, from the start of its chunk (chunks: <= 2^32 elements)
   uint32_t* undo_pos;  // n each, at least
   uint16_t* undo_old;
   uint16_t* h_new;
