@@ -140,33 +140,72 @@ def test_late_replica_catches_up_and_can_stop_at_a_version(bucket, encoding):
     assert_replica_holds(replica, history[8])
 
 
-def test_update_counts_the_compact_applies_that_start_from_held_class_totals(bucket):
-    # One anchor, then compact deltas: the first delta's apply fills the
-    # replica's class totals, each later one starts from them (held), none
-    # is stale. Once changes are taken, updates record them (decode, then
-    # scatter): no in-place compact apply to count.
-    history = nudged_history(4, 6, 0.05, 400)
+def test_update_reports_the_compact_applies_held_and_stale(bucket):
+    """last_update's compact counts: a replica that follows keeps the class totals
+    of the state it applied to, so every compact apply after its first one starts
+    from them (held), none stale; a late replica's catch-up likewise; gap_delta
+    has no compact applies. The weights stay bit-exact throughout."""
+    big = {"model.layers.0.mlp.down_proj.weight": (512, 300)}  # 153,600 elements: 3 chunks of the walk
+    history = [{**make_weights(3), **{n: np.random.default_rng(4).normal(0, 0.02, s).astype(np.float32)
+                                       for n, s in big.items()}}]
+    for i in range(6):
+        history.append(nudge(history[-1], 0.03, 300 + i))
+
+    def counts(replica):
+        u = replica.last_update
+        return (u.anchors_applied, u.deltas_applied, u.compact_applies, u.held_applies, u.stale_applies)
+
     with deltasync.Publisher(bucket, anchor_interval=100, encoding="compact") as pub:
+        follower = deltasync.Replica(bucket)
         for version in range(1, 8):
             pub.publish(version, history[version - 1])
-    replica = deltasync.Replica(bucket)
-    counts = []
-    for version in range(1, 6):
-        assert replica.update(version) == version
-        assert_replica_holds(replica, history[version - 1])
-        u = replica.last_update
-        counts.append((u.anchors_applied, u.deltas_applied, u.compact_applies, u.held_applies, u.stale_applies))
-    assert counts == [(1, 0, 0, 0, 0), (0, 1, 1, 0, 0), (0, 1, 1, 1, 0), (0, 1, 1, 1, 0), (0, 1, 1, 1, 0)]
-    replica._take_changes()
-    assert replica.update(6) == 6
-    assert_replica_holds(replica, history[5])
-    assert (replica.last_update.deltas_applied, replica.last_update.compact_applies) == (1, 0)
-    # Two deltas in one update count two applies.
-    replica2 = deltasync.Replica(bucket)
-    assert replica2.update(2) == 2 and replica2.update(4) == 4
-    assert (replica2.last_update.deltas_applied, replica2.last_update.compact_applies,
-            replica2.last_update.held_applies) == (2, 2, 2)
-    assert_replica_holds(replica2, history[3])
+            assert follower.update() == version
+            assert_replica_holds(follower, history[version - 1])
+            # v1: the anchor (loaded, not walked); v2: the first compact apply fills the totals.
+            want = (1, 0, 0, 0, 0) if version == 1 else (0, 1, 1, 0 if version == 2 else 1, 0)
+            assert counts(follower) == want, version
+    late = deltasync.Replica(bucket)
+    assert late.update(3) == 3
+    assert counts(late) == (1, 2, 2, 1, 0)
+    assert late.update() == 7
+    assert counts(late) == (0, 4, 4, 4, 0)
+    assert_replica_holds(late, history[6])
+
+    gap = str(Path(bucket).with_name("gap"))
+    with deltasync.Publisher(gap, encoding="gap_delta") as pub:
+        for version in range(1, 4):
+            pub.publish(version, history[version - 1])
+    replica = deltasync.Replica(gap)
+    assert replica.update() == 3
+    assert counts(replica) == (1, 2, 0, 0, 0)
+    assert_replica_holds(replica, history[2])
+
+    # Once its changes are taken (load_into, the vLLM engine) a replica records
+    # the next ones: it decodes, then scatters; no in-place compact apply.
+    taker = deltasync.Replica(bucket)
+    assert taker.update(5) == 5
+    taker._take_changes()
+    assert taker.update(6) == 6
+    assert counts(taker)[1:3] == (1, 0)
+    assert_replica_holds(taker, history[5])
+
+
+def test_follow_prints_one_line_per_version_with_the_compact_applies(bucket, run):
+    """`deltasync follow` (docs/cli.md): one JSON line per version, the keys documented,
+    its hashes the manifest's, the compact applies held after the first."""
+    history = nudged_history(5, 3, 0.03, 500)
+    with deltasync.Publisher(bucket, anchor_interval=100, encoding="compact") as pub:
+        for version in range(1, 5):
+            pub.publish(version, history[version - 1])
+    lines = [json.loads(line) for line in run("follow", bucket, "--until", 4).stdout.splitlines()]
+    hashes = {e["version"]: e["state_hash"] for e in manifest(bucket)["versions"]}
+    assert [line["version"] for line in lines] == [1, 2, 3, 4]
+    for line in lines:
+        assert list(line) == ["anchors", "apply_ms", "bytes", "compact_applies", "deltas", "download_ms",
+                              "full_hash", "held_applies", "stale_applies", "state_hash", "version"]
+        assert line["state_hash"] == line["full_hash"] == hashes[line["version"]]
+    assert [(x["anchors"], x["deltas"], x["compact_applies"], x["held_applies"], x["stale_applies"])
+            for x in lines] == [(1, 0, 0, 0, 0), (0, 1, 1, 0, 0), (0, 1, 1, 1, 0), (0, 1, 1, 1, 0)]
 
 
 def test_changed_elements_match_the_reference(bucket):
