@@ -291,8 +291,7 @@ Status Follower::MoveTo(uint64_t target, UpdateStats* stats_out) {
   // before /status shows the version, so whoever sees the version there
   // also sees its counts in /metrics and no stale error.
   if (stats.ok()) {
-    metrics_.RecordUpdate(stats->anchors_applied + stats->deltas_applied, stats->bytes_downloaded,
-                          stats->apply_ms / 1000.0);
+    metrics_.RecordUpdate(*stats);
   }
   Status exported;
   if (replica_->version() != from) {

@@ -35,10 +35,14 @@ void Head(std::ostringstream& out, const char* name, const char* type, const cha
 
 }  // namespace
 
-void Metrics::RecordUpdate(uint64_t versions, uint64_t bytes, double apply_seconds) {
+void Metrics::RecordUpdate(const UpdateStats& stats) {
+  const double apply_seconds = stats.apply_ms / 1000.0;
   std::lock_guard lock(mu_);
-  versions_applied_ += versions;
-  bytes_downloaded_ += bytes;
+  versions_applied_ += stats.anchors_applied + stats.deltas_applied;
+  bytes_downloaded_ += stats.bytes_downloaded;
+  compact_applies_ += stats.compact_applies;
+  held_applies_ += stats.held_applies;
+  stale_applies_ += stats.stale_applies;
   for (size_t i = 0; i < kApplyBuckets.size(); ++i) {
     if (apply_seconds <= kApplyBuckets[i]) {
       apply_buckets_[i]++;
@@ -66,6 +70,15 @@ std::string Metrics::Render(const FollowerSnapshot& s) const {
   out << "deltasync_versions_applied_total " << versions_applied_ << '\n';
   Head(out, "deltasync_bytes_downloaded_total", "counter", "Bytes of verified objects downloaded from the bucket.");
   out << "deltasync_bytes_downloaded_total " << bytes_downloaded_ << '\n';
+  Head(out, "deltasync_compact_applies_total", "counter",
+       "Compact deltas applied in place (a parted delta's parts count one each).");
+  out << "deltasync_compact_applies_total " << compact_applies_ << '\n';
+  Head(out, "deltasync_held_applies_total", "counter",
+       "Compact applies that started every chunk from held class totals (no look-back).");
+  out << "deltasync_held_applies_total " << held_applies_ << '\n';
+  Head(out, "deltasync_stale_applies_total", "counter",
+       "Compact applies that found the held class totals wrong and were redone exactly.");
+  out << "deltasync_stale_applies_total " << stale_applies_ << '\n';
 
   Head(out, "deltasync_apply_seconds", "histogram", "Decode + verify + apply time of each successful update.");
   uint64_t cumulative = 0;

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <utility>
 
+#include "deltasync/replica.h"
 #include "deltasync/status.h"
 #include "server/snapshot.h"
 
@@ -22,8 +23,10 @@ class Metrics {
                                                            0.5,   1,    2.5,   5,    10,  30};
 
   // One successful Replica::Update: versions moved through (anchors loaded +
-  // deltas applied), bytes it downloaded, and its decode+verify+apply time.
-  void RecordUpdate(uint64_t versions, uint64_t bytes, double apply_seconds);
+  // deltas applied), bytes it downloaded, its decode+verify+apply time, and
+  // its compact applies in place (held: from held class totals; stale: redone
+  // after the held totals were found wrong).
+  void RecordUpdate(const UpdateStats& stats);
   void RecordError(std::string_view stage, ErrorCode code);
   // `route` must be one of the daemon's routes or "other" (bounded labels).
   void RecordRequest(std::string_view route, int status);
@@ -35,6 +38,9 @@ class Metrics {
   mutable std::mutex mu_;
   uint64_t versions_applied_ = 0;
   uint64_t bytes_downloaded_ = 0;
+  uint64_t compact_applies_ = 0;
+  uint64_t held_applies_ = 0;
+  uint64_t stale_applies_ = 0;
   std::array<uint64_t, kApplyBuckets.size()> apply_buckets_{};  // non-cumulative counts
   uint64_t apply_count_ = 0;
   double apply_sum_ = 0;

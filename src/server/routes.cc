@@ -74,7 +74,10 @@ Reply Routes::UpdateWeights(std::string_view body) {
                              {"anchors_applied", out.stats.anchors_applied},
                              {"deltas_applied", out.stats.deltas_applied},
                              {"bytes_downloaded", out.stats.bytes_downloaded},
-                             {"apply_ms", out.stats.apply_ms}});
+                             {"apply_ms", out.stats.apply_ms},
+                             {"compact_applies", out.stats.compact_applies},
+                             {"held_applies", out.stats.held_applies},
+                             {"stale_applies", out.stats.stale_applies}});
     case Kind::kUnknownKey:
       return ErrorReply(404, "not_found",
                         "'" + key + "' is not an object of any version in " + options_.bucket + "/manifest.json");

@@ -173,6 +173,9 @@ TEST(HttpRoutesTest, UpdateWeightsMovesToTheObjectsVersionAndAnswersWhenHeld) {
   EXPECT_EQ(moved.json["state_hash"], bucket.hash(5).Hex());
   EXPECT_EQ(moved.json["deltas_applied"], 3);
   EXPECT_GT(moved.json["bytes_downloaded"].get<uint64_t>(), 0u);
+  EXPECT_EQ(moved.json["compact_applies"], 0);  // TRL's gap_delta
+  EXPECT_EQ(moved.json["held_applies"], 0);
+  EXPECT_EQ(moved.json["stale_applies"], 0);
   // Answered when held: /status agrees at once, and the pause still holds.
   EXPECT_EQ(StatusOf(addr)["version"], 5);
   EXPECT_EQ(StatusOf(addr)["paused"], true);
@@ -206,6 +209,34 @@ TEST(HttpRoutesTest, UpdateWeightsMovesToTheObjectsVersionAndAnswersWhenHeld) {
     HttpReply bad = HttpPost(addr, "/update_weights", UpdateWeightsBody(key));
     EXPECT_EQ(bad.status, 400) << key << ": " << bad.body;
   }
+}
+
+// A compact bucket: /update_weights and /metrics count the compact applies
+// in place and those that started from the class totals the replica held
+// (the first after an anchor fills them; the next is held).
+TEST(HttpRoutesTest, UpdateWeightsAndMetricsCountHeldCompactApplies) {
+  TestBucket bucket(1, {.anchor_interval = 4, .encoding = IndexEncoding::kCompact});
+  bucket.PublishRange(1, 2);
+  auto daemon = StartFollowing(bucket.store(), 2);
+  ASSERT_TRUE(daemon);
+  const std::string addr = daemon->address();
+  ASSERT_EQ(HttpPost(addr, "/pause", "").status, 200);
+  bucket.PublishRange(3, 3);
+
+  HttpReply moved = HttpPost(addr, "/update_weights", UpdateWeightsBody(CompactDeltaKey(3)));
+  ASSERT_EQ(moved.status, 200) << moved.body;
+  EXPECT_EQ(moved.json["version"], 3);
+  EXPECT_EQ(moved.json["state_hash"], bucket.hash(3).Hex());
+  EXPECT_EQ(moved.json["compact_applies"], 1);
+  EXPECT_EQ(moved.json["held_applies"], 1);
+  EXPECT_EQ(moved.json["stale_applies"], 0);
+
+  const std::string m = HttpGet(addr, "/metrics").body;
+  // Version 2 (its anchor's first compact apply fills the totals) and 3.
+  EXPECT_NE(m.find("deltasync_compact_applies_total 2\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("deltasync_held_applies_total 1\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("deltasync_stale_applies_total 0\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("# TYPE deltasync_held_applies_total counter"), std::string::npos) << m;
 }
 
 TEST(HttpRoutesTest, TrlChoreographyWorksUnchanged) {

@@ -98,9 +98,12 @@ TEST(ShmNameTest, NormalizesAndRefuses) {
 
 TEST(MetricsTest, RendersCountersHistogramAndGauges) {
   Metrics m;
-  m.RecordUpdate(3, 1000, 0.003);
-  m.RecordUpdate(1, 10, 0.2);
-  m.RecordUpdate(1, 10, 100);
+  m.RecordUpdate({.anchors_applied = 1, .deltas_applied = 2, .bytes_downloaded = 1000, .apply_ms = 3,
+                  .compact_applies = 2, .held_applies = 1});
+  m.RecordUpdate({.deltas_applied = 1, .bytes_downloaded = 10, .apply_ms = 200, .compact_applies = 1,
+                  .held_applies = 1});
+  m.RecordUpdate({.deltas_applied = 1, .bytes_downloaded = 10, .apply_ms = 100000, .compact_applies = 4,
+                  .held_applies = 3, .stale_applies = 1});
   m.RecordError("update", ErrorCode::kIntegrity);
   m.RecordError("update", ErrorCode::kIntegrity);
   m.RecordError("manifest", ErrorCode::kIOError);
@@ -114,6 +117,9 @@ TEST(MetricsTest, RendersCountersHistogramAndGauges) {
   for (const char* line : {
            "deltasync_versions_applied_total 5\n",
            "deltasync_bytes_downloaded_total 1020\n",
+           "deltasync_compact_applies_total 7\n",
+           "deltasync_held_applies_total 5\n",
+           "deltasync_stale_applies_total 1\n",
            "deltasync_apply_seconds_bucket{le=\"0.005\"} 1\n",
            "deltasync_apply_seconds_bucket{le=\"0.1\"} 1\n",
            "deltasync_apply_seconds_bucket{le=\"0.25\"} 2\n",
