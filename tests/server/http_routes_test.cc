@@ -156,14 +156,24 @@ TEST(HttpRoutesTest, PauseHoldsTheVersionAndResumeReleasesIt) {
   EXPECT_EQ(HttpPost(addr, "/resume", "{}").status, 200);
 }
 
+// A daemon that followed `bucket` to version 2 and was paused there, then
+// versions 3 to `last` published; nullptr (with a failure) otherwise.
+std::unique_ptr<Server> PausedAtTwo(TestBucket& bucket, uint64_t last) {
+  bucket.PublishRange(1, 2);
+  std::unique_ptr<Server> daemon = StartFollowing(bucket.store(), 2);
+  if (!daemon || HttpPost(daemon->address(), "/pause", "").status != 200) {
+    ADD_FAILURE() << "no daemon paused at version 2";
+    return nullptr;
+  }
+  bucket.PublishRange(3, last);
+  return daemon;
+}
+
 TEST(HttpRoutesTest, UpdateWeightsMovesToTheObjectsVersionAndAnswersWhenHeld) {
   TestBucket bucket;  // anchors at 1, 4, 8
-  bucket.PublishRange(1, 2);
-  auto daemon = StartFollowing(bucket.store(), 2);
+  auto daemon = PausedAtTwo(bucket, 7);
   ASSERT_TRUE(daemon);
   const std::string addr = daemon->address();
-  ASSERT_EQ(HttpPost(addr, "/pause", "").status, 200);
-  bucket.PublishRange(3, 7);
 
   HttpReply moved = HttpPost(addr, "/update_weights", UpdateWeightsBody(DeltaKey(5)));
   ASSERT_EQ(moved.status, 200) << moved.body;
@@ -216,12 +226,9 @@ TEST(HttpRoutesTest, UpdateWeightsMovesToTheObjectsVersionAndAnswersWhenHeld) {
 // (the first after an anchor fills them; the next is held).
 TEST(HttpRoutesTest, UpdateWeightsAndMetricsCountHeldCompactApplies) {
   TestBucket bucket(1, {.anchor_interval = 4, .encoding = IndexEncoding::kCompact});
-  bucket.PublishRange(1, 2);
-  auto daemon = StartFollowing(bucket.store(), 2);
+  auto daemon = PausedAtTwo(bucket, 3);
   ASSERT_TRUE(daemon);
   const std::string addr = daemon->address();
-  ASSERT_EQ(HttpPost(addr, "/pause", "").status, 200);
-  bucket.PublishRange(3, 3);
 
   HttpReply moved = HttpPost(addr, "/update_weights", UpdateWeightsBody(CompactDeltaKey(3)));
   ASSERT_EQ(moved.status, 200) << moved.body;
