@@ -135,9 +135,10 @@ Status DecodeCompactDelta(const SafetensorsFile& file, std::span<const TensorVie
 // The undo log of ApplyCompactDelta: each overwritten element's position
 // and old bytes (6 B per change of a bf16 tensor: a 4-byte position within
 // its chunk and the old value), in buffers reused across calls. Each apply
-// sizes the buffers to its changes without writing them (UninitVector:
-// growth neither zero-fills nor keeps older contents); only the first
-// `written` entries of each of its runs hold values, and only those are read.
+// sizes the buffers to its changes without writing them (UninitVector: no
+// zero fill); what a slot held before (fresh memory, an older apply's entry)
+// is never read: only the first `written` entries of each of the apply's
+// runs hold its values, and only those are read.
 class CompactUndo {
  public:
   // Puts back every value the last ApplyCompactDelta wrote, then forgets
