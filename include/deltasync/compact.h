@@ -42,6 +42,7 @@
 #include "deltasync/state_hash.h"
 #include "deltasync/status.h"
 #include "deltasync/tensor.h"
+#include "deltasync/uninit_vector.h"
 #include "deltasync/weight_state.h"
 
 namespace deltasync {
@@ -133,7 +134,11 @@ Status DecodeCompactDelta(const SafetensorsFile& file, std::span<const TensorVie
 
 // The undo log of ApplyCompactDelta: each overwritten element's position
 // and old bytes (6 B per change of a bf16 tensor: a 4-byte position within
-// its chunk and the old value), in buffers reused across calls.
+// its chunk and the old value), in buffers reused across calls. Each apply
+// sizes the buffers to its changes without writing them (UninitVector: no
+// zero fill); what a slot held before (fresh memory, an older apply's entry)
+// is never read: only the first `written` entries of each of the apply's
+// runs hold its values, and only those are read.
 class CompactUndo {
  public:
   // Puts back every value the last ApplyCompactDelta wrote, then forgets
@@ -163,10 +168,10 @@ class CompactUndo {
     uint64_t Position(uint64_t j) const { return pos32 ? first + pos32[j] : pos64[j]; }
   };
   std::vector<Run> runs;
-  std::vector<uint32_t> pos32;   // bf16 tensors' positions (per chunk)
-  std::vector<uint16_t> old16;   // bf16 tensors' old values
-  std::vector<uint64_t> pos64;   // raw-mode tensors' positions
-  std::vector<uint8_t> old_raw;  // raw-mode tensors' old bytes
+  UninitVector<uint32_t> pos32;   // bf16 tensors' positions (per chunk)
+  UninitVector<uint16_t> old16;   // bf16 tensors' old values
+  UninitVector<uint64_t> pos64;   // raw-mode tensors' positions
+  UninitVector<uint8_t> old_raw;  // raw-mode tensors' old bytes
 };
 
 // DecodeCompactDelta and the scatter in one pass: the new values go straight

@@ -21,7 +21,7 @@
 #include "codec/compact_v3.h"
 #include "codec/compact_walk.h"
 #include "codec/patch_metadata.h"
-#include "common/pages.h"  // ReserveForReuse
+#include "common/pages.h"  // ReserveForReuse, PrepareFreshPages
 #include "common/parallel.h"
 #include "deltasync/compact.h"
 
@@ -102,6 +102,20 @@ void SizeOutput(std::vector<T>& v, size_t n) {
   v.resize(n);
 }
 
+// Sizes an undo-log buffer to n entries without writing any: the walk and
+// the raw-mode loop write every slot they use before anything reads it
+// (the walk's hash and class moves, Restore and PartHashChange read a
+// run's `written` entries only). It grows as ReserveForReuse grows it
+// (n + n/8 where it held memory); a fresh allocation's n entries join
+// `fresh`, to be faulted in ahead on the apply's threads (PrepareFreshPages)
+// instead of zero-filled on one. No huge pages: with them a process's first
+// apply ran up to ~250 ms slower here (docs/benchmarks.md, session 41).
+template <typename T>
+void SizeLog(UninitVector<T>& v, size_t n, std::vector<MutableByteSpan>& fresh) {
+  const bool grown = ReserveForReuse(v, n, /*huge=*/false);
+  v.resize(n);
+  if (grown) fresh.emplace_back(reinterpret_cast<uint8_t*>(v.data()), n * sizeof(T));
+}
 
 // Step 1. Raw-mode tensors are decoded completely; bf16 ones into `bf`
 // (c's indices and values sized, reusing c's memory: SizeOutput).
@@ -418,10 +432,12 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
       if (read[i].base == nullptr) raw_bytes += out.changes[i].values.size();
     }
     undo->runs.assign(chunks.size(), CompactUndo::Run{});
-    undo->pos32.resize(std::max<size_t>(undo->pos32.size(), bf16_changed));
-    undo->old16.resize(std::max<size_t>(undo->old16.size(), bf16_changed));
-    undo->pos64.resize(std::max<size_t>(undo->pos64.size(), changed - bf16_changed));
-    undo->old_raw.resize(std::max<size_t>(undo->old_raw.size(), raw_bytes));
+    std::vector<MutableByteSpan> fresh;
+    SizeLog(undo->pos32, bf16_changed, fresh);
+    SizeLog(undo->old16, bf16_changed, fresh);
+    SizeLog(undo->pos64, changed - bf16_changed, fresh);
+    SizeLog(undo->old_raw, raw_bytes, fresh);
+    PrepareFreshPages(fresh, threads, /*huge=*/false);
     uint64_t slot = 0;
     for (Bf16Tensor* t : walked) {
       t->target = reinterpret_cast<uint16_t*>(fused->writable[static_cast<size_t>(t->base - base.data())]);

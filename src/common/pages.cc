@@ -50,14 +50,14 @@ void AdviseHugePages(void* p, size_t bytes) {
 #endif
 }
 
-void PrepareFreshPages(std::span<const MutableByteSpan> ranges, int threads) {
+void PrepareFreshPages(std::span<const MutableByteSpan> ranges, int threads, bool huge) {
   struct Piece {
     uintptr_t begin, end;
   };
   std::vector<Piece> pieces;
   size_t total = 0;
   for (const MutableByteSpan& r : ranges) {
-    AdviseHugePages(r.data(), r.size());
+    if (huge) AdviseHugePages(r.data(), r.size());
     // Pieces end on 2 MiB boundaries, so no huge page is split between two.
     const auto end = reinterpret_cast<uintptr_t>(r.data()) + r.size();
     for (auto lo = reinterpret_cast<uintptr_t>(r.data()); lo < end;) {

@@ -25,27 +25,30 @@ namespace deltasync {
 void AdviseHugePages(void* p, size_t bytes);
 
 // Prepares fresh (never touched) memory for writing: advises huge pages for
-// each range, then faults in the whole pages inside the ranges with one
-// madvise(MADV_POPULATE_WRITE) per piece of up to 16 MiB, the pieces spread
-// over up to `threads` threads (0: all cores). Contents are unchanged; the
-// ranges must be memory the caller owns (a reserved std::vector's capacity
-// qualifies). Under 16 MiB in all, nothing is faulted in ahead (the writes
-// do it). A no-op where MADV_POPULATE_WRITE is missing (Linux before 5.14).
-void PrepareFreshPages(std::span<const MutableByteSpan> ranges, int threads);
+// each range when `huge`, then faults in the whole pages inside the ranges
+// with one madvise(MADV_POPULATE_WRITE) per piece of up to 16 MiB, the
+// pieces spread over up to `threads` threads (0: all cores). Contents are
+// unchanged; the ranges must be memory the caller owns (a reserved
+// std::vector's capacity qualifies). Under 16 MiB in all, nothing is
+// faulted in ahead (the writes do it). A no-op where MADV_POPULATE_WRITE is
+// missing (Linux before 5.14).
+void PrepareFreshPages(std::span<const MutableByteSpan> ranges, int threads, bool huge);
 
 // Gives `v` capacity for `n` elements for an output that is refilled call
 // after call: kept as is when it holds enough; otherwise its memory (and
 // contents) dropped for a fresh allocation of n elements, or of n + n/8 when
 // it had memory before (so that a slowly growing count does not reallocate
 // every call), advised to huge pages when `huge`. v's size (and, when kept,
-// contents) is the caller's to set.
-template <typename T>
-void ReserveForReuse(std::vector<T>& v, size_t n, bool huge) {
-  if (v.capacity() >= n) return;
+// contents) is the caller's to set. Returns whether it allocated (then v's
+// memory is fresh: PrepareFreshPages can fault it in).
+template <typename T, typename A>
+bool ReserveForReuse(std::vector<T, A>& v, size_t n, bool huge) {
+  if (v.capacity() >= n) return false;
   const size_t room = n + (v.capacity() > 0 ? n / 8 : 0);
-  v = std::vector<T>();
+  v = std::vector<T, A>();
   v.reserve(room);
   if (huge) AdviseHugePages(v.data(), room * sizeof(T));
+  return true;
 }
 
 }  // namespace deltasync

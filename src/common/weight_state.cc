@@ -21,7 +21,7 @@ Result<WeightState> WeightState::FromViews(std::span<const TensorView> tensors) 
     copy.data.reserve(t.data.size());
     fresh.emplace_back(copy.data.data(), t.data.size());
   }
-  PrepareFreshPages(fresh, /*threads=*/0);
+  PrepareFreshPages(fresh, /*threads=*/0, /*huge=*/true);
   ParallelFor(copies.size(), /*threads=*/0,
               [&](size_t i) { copies[i].data.assign(tensors[i].data.begin(), tensors[i].data.end()); });
   return FromTensors(std::move(copies));

@@ -113,12 +113,9 @@ TEST(CompactApply, RawModeTensorsApplyAndRestore) {
   }
 }
 
-// One undo log (as a replica keeps it) for a small delta, then one whose
-// 2.2M changes outgrow it (its vectors grow: 17.6 MB of positions), then
-// the small one again: each apply is exact, its log holds every change and
-// puts back every old value.
-TEST(CompactApply, AnUndoLogOutgrownByALargerDeltaGrowsAndPutsEveryValueBack) {
-  const Case small = MakeLargeCase();
+// A delta of over 2.2M changes (92% of "grown", 2.4M elements spanning
+// every class): its undo log outgrows that of MakeLargeCase (33,000).
+Case MakeOutgrowingCase() {
   std::mt19937_64 rng(39);
   Model m;
   m.Add("grown", Spread(rng, 2400000));
@@ -129,15 +126,30 @@ TEST(CompactApply, AnUndoLogOutgrownByALargerDeltaGrowsAndPutsEveryValueBack) {
   for (uint64_t i = 0; i < 2400000; ++i) {
     if (p(rng)) at.push_back(i);
   }
-  ASSERT_GT(at.size(), uint64_t{2200000});
+  EXPECT_GT(at.size(), uint64_t{2200000});
   large.changes = {Change(large.state, "grown", at, rng)};
   EncodeCase(large);
+  return large;
+}
+
+uint64_t ChangeCount(const Case& c) {
+  uint64_t count = 0;
+  for (const TensorChanges& t : c.changes) count += t.count();
+  return count;
+}
+
+// One undo log (as a replica keeps it) for a small delta, then one whose
+// 2.2M changes outgrow it (its vectors grow: 17.6 MB of positions), then
+// the small one again: each apply is exact, its log holds every change and
+// puts back every old value.
+TEST(CompactApply, AnUndoLogOutgrownByALargerDeltaGrowsAndPutsEveryValueBack) {
+  const Case small = MakeLargeCase();
+  const Case large = MakeOutgrowingCase();
   for (int threads : {1, 2, 3}) {
     SCOPED_TRACE("threads " + std::to_string(threads));
     CompactUndo undo;
     for (const Case* c : std::initializer_list<const Case*>{&small, &large, &small}) {
-      uint64_t count = 0;
-      for (const TensorChanges& t : c->changes) count += t.count();
+      const uint64_t count = ChangeCount(*c);
       WeightState want = Copy(c->state);
       ApplyChanges(want, c->changes, 1);
       WeightState s = Copy(c->state);
@@ -173,6 +185,54 @@ TEST(CompactApply, GapsPastTheBaseLeaveTheStateAsItWas) {
       }
     });
   });
+}
+
+// The undo log grows without zeroing: its fresh slots hold whatever the
+// memory held, and slots reused from a larger apply hold that apply's
+// entries. Applies that fail after most chunks wrote, with a log grown
+// across applies of different change counts (fresh for the small delta,
+// grown for the large one, then reused by the small one holding the large
+// one's entries past its own), each leave the state bit-identical, and a
+// good apply between them still puts every value back.
+TEST(CompactApply, AppliesFailingMidwayWithALogGrownWithoutZeroingLeaveTheStateExactly) {
+  const Case small = MakeCase();
+  const WeightState small_short = ShortOfClass8(small);
+  const Case large = MakeOutgrowingCase();
+  // "grown" with its last 100,000 elements in one class: the walk of the
+  // last chunks runs past the other classes' elements.
+  Model m;
+  std::vector<uint16_t> bits(large.state.tensors()[0].num_elements());
+  std::memcpy(bits.data(), large.state.tensors()[0].data.data(), 2 * bits.size());
+  for (size_t i = bits.size() - 100000; i < bits.size(); ++i) bits[i] = Bf16(0.01f);
+  m.Add("grown", bits);
+  const WeightState large_short = m.State();
+  WeightState large_want = Copy(large.state);
+  ApplyChanges(large_want, large.changes, 1);
+  struct Step {
+    const Case* c;
+    const WeightState* onto;  // nullptr: c's own base, where the apply succeeds
+  };
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    CompactUndo undo;
+    for (const Step& step : {Step{&small, &small_short}, Step{&large, &large_short}, Step{&large, nullptr},
+                             Step{&small, &small_short}, Step{&large, &large_short}}) {
+      const uint64_t count = ChangeCount(*step.c);
+      WeightState s = Copy(step.onto ? *step.onto : step.c->state);
+      Result<CompactDelta> d = Apply(step.c->bytes, s, step.c->hash, threads, compact::kDecodeChunkElements, undo);
+      EXPECT_EQ(undo.pos32.size(), count);
+      if (step.onto) {
+        ASSERT_FALSE(d.ok());
+        EXPECT_EQ(d.status().code(), ErrorCode::kCorruption) << d.status().ToString();
+        ASSERT_TRUE(SameBytes(s, *step.onto));
+        continue;
+      }
+      ASSERT_TRUE(d.ok()) << d.status().ToString();
+      ASSERT_TRUE(SameBytes(s, large_want));
+      undo.Restore(threads);
+      ASSERT_TRUE(SameBytes(s, large.state));
+    }
+  }
 }
 
 TEST(CompactApply, DamagedBytesEitherApplyAsDecodedOrLeaveTheState) {

@@ -99,8 +99,10 @@ TEST(PrepareFreshPagesTest, KeepsContentsAndFromViewsCopiesExactly) {
   std::vector<uint8_t> fresh;
   fresh.reserve(24u << 20);
   std::vector<MutableByteSpan> ranges = {MutableByteSpan(written), MutableByteSpan(fresh.data(), 24u << 20)};
-  PrepareFreshPages(ranges, 2);
-  EXPECT_TRUE(HoldsPattern(written.data(), written.size()));
+  for (bool huge : {true, false}) {
+    PrepareFreshPages(ranges, 2, huge);
+    EXPECT_TRUE(HoldsPattern(written.data(), written.size()));
+  }
 
   // FromViews copies tensors through it: odd sizes, one under a page.
   std::vector<uint8_t> big = Patterned(18u << 20), odd = Patterned(3 * 4099 * 2, 7), tiny = Patterned(6, 3);
