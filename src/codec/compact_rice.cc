@@ -108,6 +108,20 @@ DS_CODEC_INLINE uint64_t RiceCosts3(const uint64_t* gaps, size_t n, const int k[
   return below;
 }
 
+// Costs the three parameters ks in one pass (RiceCosts3) and keeps the
+// cheapest in best_k / best_bits where it is below best_bits (the first on a
+// tie, so a repeated k never displaces itself). Returns RiceCosts3's count
+// of gaps below 2^ks[0].
+DS_CODEC_INLINE uint64_t TakeCheapest3(const uint64_t* gaps, size_t n, const int (&ks)[3], int& best_k,
+                                       uint64_t& best_bits) {
+  uint64_t cost[3];
+  const uint64_t below = RiceCosts3(gaps, n, ks, cost);
+  for (int j = 0; j < 3; ++j) {
+    if (cost[j] < best_bits) best_bits = cost[j], best_k = ks[j];
+  }
+  return below;
+}
+
 // The codes of a block's gaps [0, e) at parameter k, as PutRice would
 // write them one by one: four at a time, joined where they fit.
 DS_CODEC_INLINE void PutRiceCodes(BitWriter::Local& l, const uint64_t* gaps, size_t e, int k) {
@@ -220,13 +234,9 @@ DS_CODEC_INLINE void PutRiceGapsBody(BitWriter& w, uint64_t count, GapSource& so
     const int guess = scaled >= 1 ? std::min(kMaxRiceK, static_cast<int>(std::log2(scaled))) : 0;
     // The three candidates' costs in one pass (k = guess - 1 only when >= 0).
     const int lo = std::max(0, guess - 1), hi = std::min(kMaxRiceK, guess + 1);
-    const int ks[3] = {lo, lo + 1 <= hi ? lo + 1 : lo, hi};
-    uint64_t cost[3];
-    const uint64_t below_lo = RiceCosts3(gaps, e, ks, cost);
     int best_k = lo;
-    uint64_t best_bits = cost[0];
-    if (lo + 1 <= hi && cost[1] < best_bits) best_bits = cost[1], best_k = lo + 1;
-    if (cost[2] < best_bits) best_bits = cost[2], best_k = hi;
+    uint64_t best_bits = ~uint64_t{0};
+    const uint64_t below_lo = TakeCheapest3(gaps, e, {lo, lo + 1 <= hi ? lo + 1 : lo, hi}, best_k, best_bits);
     // Every k below the three where the block's median is below 2^lo, and
     // past the highest while the best is at that edge. A block whose gaps
     // are far from geometric (runs of short gaps among a few long ones, as
@@ -237,21 +247,14 @@ DS_CODEC_INLINE void PutRiceGapsBody(BitWriter& w, uint64_t count, GapSource& so
     // 2^lo = 2^(guess - 1), so geometric blocks (a synthetic model's) skip
     // the passes below, which cost ~5 ns a gap where most gaps escape at a
     // small k (measured: the publish's stream writing 2.3x slower).
-    for (int edge = 2 * below_lo > e ? lo : 0; edge > 0;) {
-      const int down[3] = {edge - 1, std::max(0, edge - 2), std::max(0, edge - 3)};
-      RiceCosts3(gaps, e, down, cost);
-      for (int j = 0; j < 3; ++j) {
-        if (cost[j] < best_bits) best_bits = cost[j], best_k = down[j];
+    if (2 * below_lo > e) {
+      for (int edge = lo; edge > 0; edge = std::max(0, edge - 3)) {
+        TakeCheapest3(gaps, e, {edge - 1, std::max(0, edge - 2), std::max(0, edge - 3)}, best_k, best_bits);
       }
-      edge = down[2];
     }
-    for (int edge = hi; best_k == edge && edge < kMaxRiceK;) {
-      const int up[3] = {edge + 1, std::min(kMaxRiceK, edge + 2), std::min(kMaxRiceK, edge + 3)};
-      RiceCosts3(gaps, e, up, cost);
-      for (int j = 0; j < 3; ++j) {
-        if (cost[j] < best_bits) best_bits = cost[j], best_k = up[j];
-      }
-      edge = up[2];
+    for (int edge = hi; best_k == edge && edge < kMaxRiceK; edge = std::min(kMaxRiceK, edge + 3)) {
+      TakeCheapest3(gaps, e, {edge + 1, std::min(kMaxRiceK, edge + 2), std::min(kMaxRiceK, edge + 3)}, best_k,
+                    best_bits);
     }
     // At most kUnaryEscape + 7 + 64 bits a gap (an escape), and the 6 of k.
     BitWriter::Local l = w.Begin(6 + e * (kUnaryEscape + 7 + 64));
