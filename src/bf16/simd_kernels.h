@@ -95,6 +95,17 @@ void HashTermDiffs16(const uint64_t* index, const uint8_t* new_bits, const uint8
 void HashTermDiffs16At(uint64_t base, const uint32_t* offset, const uint8_t* new_bits, const uint8_t* old_bits,
                        size_t n, const uint64_t seed[2], uint64_t sums[2]);
 
+// --- compressed anchors: byte planes -------------------------------------
+
+// Joins n bf16 elements from their byte planes (codec/compact_anchor.cc):
+// element k's bits are (sign_mantissa[k] & 0x80) << 8 | exps[k] << 7 |
+// (sign_mantissa[k] & 0x7F), written little-endian to dst[2k], dst[2k + 1].
+// exps may be dst + n exactly (the plane decoded into the output's upper
+// half, joined in place): elements are joined in ascending order and each is
+// read before anything at or after it is written. Any other overlap is not
+// allowed.
+void JoinBf16Planes(const uint8_t* exps, const uint8_t* sign_mantissa, uint8_t* dst, size_t n);
+
 // --- compact codec: exponent classes --------------------------------------
 
 // The compact decoder's walk (codec/compact_walk.cc): a chunk's class counts

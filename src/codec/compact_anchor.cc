@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include "bf16/simd_kernels.h"
 #include "codec/compact_streams.h"
 #include "codec/patch_metadata.h"
+#include "common/pages.h"
 #include "common/parallel.h"
 #include "deltasync/compact.h"
 
@@ -29,12 +31,10 @@ constexpr uint64_t kMaxChunk = uint64_t{1} << 24;
 constexpr int kExponentLevel = compact::kLiteralsOnly;  // zstd's Huffman, no matches
 constexpr int kRawLevel = 3;
 
-// Exponent byte and sign+mantissa byte of a bf16 pattern, and back.
+// Exponent byte and sign+mantissa byte of a bf16 pattern (joined back by
+// kernels::JoinBf16Planes).
 inline uint8_t Exponent(uint16_t b) { return static_cast<uint8_t>(b >> 7); }
 inline uint8_t SignMantissa(uint16_t b) { return static_cast<uint8_t>(((b >> 8) & 0x80) | (b & 0x7F)); }
-inline uint16_t Join(uint8_t e, uint8_t sm) {
-  return static_cast<uint16_t>(((sm & 0x80) << 8) | (e << 7) | (sm & 0x7F));
-}
 
 struct Task {
   size_t tensor;
@@ -225,7 +225,14 @@ Result<DecodedAnchor> DecodeCompressedAnchor(const SafetensorsFile& file, int th
     return Status::Corruption(label + ": total_elements " + std::to_string(*total) + " but the tensors hold " +
                               std::to_string(sum));
   }
-  for (WeightState::Tensor& t : out.tensors) t.data.resize(*CheckedElementCount(t.shape) * DTypeSize(t.dtype));
+  // Every byte is written below (a chunk's decode or its planes' join).
+  std::vector<std::vector<uint8_t>*> data;
+  std::vector<size_t> sizes;
+  for (WeightState::Tensor& t : out.tensors) {
+    data.push_back(&t.data);
+    sizes.push_back(static_cast<size_t>(*CheckedElementCount(t.shape) * DTypeSize(t.dtype)));
+  }
+  ResizeFresh(data, sizes, threads);
 
   std::vector<std::optional<std::string>> errors(chunks.size());
   ParallelFor(chunks.size(), threads, [&](size_t k) {
@@ -242,11 +249,7 @@ Result<DecodedAnchor> DecodeCompressedAnchor(const SafetensorsFile& file, int th
     uint8_t* exps = dst + len;
     errors[k] = compact::DecodeBlock(ch.block, exps);
     if (errors[k]) return;
-    const uint8_t* sm = ch.sign_mantissa.data();
-    for (uint64_t j = 0; j < len; ++j) {
-      const uint16_t b = Join(exps[j], sm[j]);
-      std::memcpy(dst + 2 * j, &b, 2);
-    }
+    kernels::JoinBf16Planes(exps, ch.sign_mantissa.data(), dst, static_cast<size_t>(len));
   });
   for (size_t k = 0; k < chunks.size(); ++k) {
     if (errors[k]) return bad(streams[chunks[k].tensor]->name, "chunk at element " + std::to_string(chunks[k].begin) + ": " + *errors[k]);

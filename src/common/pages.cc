@@ -73,4 +73,15 @@ void PrepareFreshPages(std::span<const MutableByteSpan> ranges, int threads, boo
   ParallelFor(pieces.size(), threads, [&](size_t i) { PopulateRange(pieces[i].begin, pieces[i].end); });
 }
 
+void ResizeFresh(std::span<std::vector<uint8_t>* const> vectors, std::span<const size_t> sizes, int threads) {
+  std::vector<MutableByteSpan> fresh;
+  fresh.reserve(vectors.size());
+  for (size_t i = 0; i < vectors.size(); ++i) {
+    vectors[i]->reserve(sizes[i]);
+    fresh.emplace_back(vectors[i]->data(), sizes[i]);
+  }
+  PrepareFreshPages(fresh, threads, /*huge=*/false);
+  ParallelFor(vectors.size(), threads, [&](size_t i) { vectors[i]->resize(sizes[i]); });
+}
+
 }  // namespace deltasync

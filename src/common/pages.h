@@ -34,6 +34,16 @@ void AdviseHugePages(void* p, size_t bytes);
 // missing (Linux before 5.14).
 void PrepareFreshPages(std::span<const MutableByteSpan> ranges, int threads, bool huge);
 
+// Sizes each empty vectors[i] to sizes[i] bytes as fresh memory: the
+// capacities are reserved and faulted in ahead on up to `threads` threads
+// (PrepareFreshPages), then the vectors resized (their zero fill now runs
+// over pages already there), several at once. A plain resize faults every
+// 4 KiB page in on the calling thread alone: a replica's anchor load spent
+// over a quarter of its CPU there, on one thread. No huge pages: with them
+// the same load ran 3-4x slower whenever the kernel had to compact memory
+// for them (docs/benchmarks.md, session 42).
+void ResizeFresh(std::span<std::vector<uint8_t>* const> vectors, std::span<const size_t> sizes, int threads);
+
 // Gives `v` capacity for `n` elements for an output that is refilled call
 // after call: kept as is when it holds enough; otherwise its memory (and
 // contents) dropped for a fresh allocation of n elements, or of n + n/8 when

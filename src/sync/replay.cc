@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "codec/compact_bf16.h"
+#include "common/pages.h"
 #include "common/parallel.h"
 
 #include "deltasync/safetensors.h"
@@ -267,13 +268,18 @@ Result<CheckedAnchor> CheckPartedAnchor(std::vector<Blob> parts, const VersionEn
                                         const PartLayout& layout, int threads, size_t* bad_part) {
   DecodedAnchor full;
   full.model_version = entry.version;
+  full.tensors.reserve(layout.tensors.size());
+  std::vector<std::vector<uint8_t>*> data;
+  std::vector<size_t> sizes;
   for (const TensorDesc& d : layout.tensors) {
     WeightState::Tensor& t = full.tensors.emplace_back();
     t.name = d.name;
     t.dtype = d.dtype;
     t.shape = d.shape;
-    t.data.resize(CheckedElementCount(d.shape).value_or(0) * DTypeSize(d.dtype));
+    data.push_back(&t.data);
+    sizes.push_back(static_cast<size_t>(CheckedElementCount(d.shape).value_or(0) * DTypeSize(d.dtype)));
   }
+  ResizeFresh(data, sizes, threads);
   for (size_t p = 0; p < parts.size(); ++p) {
     if (bad_part) *bad_part = p;
     DS_ASSIGN_OR_RETURN(DecodedAnchor d, CheckAnchorPart(std::move(parts[p]), entry, object, layout, p, threads));

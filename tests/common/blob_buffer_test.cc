@@ -1,7 +1,8 @@
 // BlobBuffer (anonymous pages that become a Blob without a copy) and
-// PrepareFreshPages (faulting fresh memory in ahead of a copy).
+// PrepareFreshPages (faulting fresh memory in ahead of a copy), ResizeFresh.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -117,6 +118,22 @@ TEST(PrepareFreshPagesTest, KeepsContentsAndFromViewsCopiesExactly) {
   EXPECT_EQ(state->Find("b.big")->data, big);
   EXPECT_EQ(state->Find("a.odd")->data, odd);
   EXPECT_EQ(state->Find("c.tiny")->data, tiny);
+}
+
+TEST(ResizeFreshTest, SizesEveryVectorZeroFilled) {
+  // Over 16 MiB in all (faulted in ahead on two threads), with empty, tiny
+  // and odd sizes beside it; then under 16 MiB (no fault-in ahead).
+  for (size_t big : {size_t{20} << 20, size_t{3} << 20}) {
+    const std::vector<size_t> sizes = {0, 1, 4095, big, 3 * 4099 * 2, 0, 17};
+    std::vector<std::vector<uint8_t>> vectors(sizes.size());
+    std::vector<std::vector<uint8_t>*> ptrs;
+    for (auto& v : vectors) ptrs.push_back(&v);
+    ResizeFresh(ptrs, sizes, 2);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      ASSERT_EQ(vectors[i].size(), sizes[i]) << i;
+      EXPECT_TRUE(std::all_of(vectors[i].begin(), vectors[i].end(), [](uint8_t b) { return b == 0; })) << i;
+    }
+  }
 }
 
 }  // namespace
