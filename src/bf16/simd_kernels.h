@@ -105,6 +105,10 @@ void HashTermDiffs16At(uint64_t base, const uint32_t* offset, const uint8_t* new
 // read before anything at or after it is written. Any other overlap is not
 // allowed.
 void JoinBf16Planes(const uint8_t* exps, const uint8_t* sign_mantissa, uint8_t* dst, size_t n);
+// The inverse: n elements at src (little-endian, 2 bytes each) into their
+// exponent bytes (bits 7-14) and sign+mantissa bytes (bit 15 as bit 7,
+// bits 0-6). No overlap between the three.
+void SplitBf16Planes(const uint8_t* src, uint8_t* exps, uint8_t* sign_mantissa, size_t n);
 
 // --- compact codec: exponent classes --------------------------------------
 

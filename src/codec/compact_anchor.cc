@@ -5,6 +5,7 @@
 // Decoding first walks every stream's chunk table (cheap), then decodes all
 // chunks of all tensors in parallel.
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "bf16/simd_kernels.h"
@@ -13,6 +14,8 @@
 #include "common/pages.h"
 #include "common/parallel.h"
 #include "deltasync/compact.h"
+#include "deltasync/safetensors.h"
+#include "deltasync/uninit_vector.h"
 
 namespace deltasync {
 namespace {
@@ -31,33 +34,34 @@ constexpr uint64_t kMaxChunk = uint64_t{1} << 24;
 constexpr int kExponentLevel = compact::kLiteralsOnly;  // zstd's Huffman, no matches
 constexpr int kRawLevel = 3;
 
-// Exponent byte and sign+mantissa byte of a bf16 pattern (joined back by
-// kernels::JoinBf16Planes).
-inline uint8_t Exponent(uint16_t b) { return static_cast<uint8_t>(b >> 7); }
-inline uint8_t SignMantissa(uint16_t b) { return static_cast<uint8_t>(((b >> 8) & 0x80) | (b & 0x7F)); }
-
 struct Task {
   size_t tensor;
   size_t chunk;
 };
 
+// One chunk's bytes into `out` (empty): a bf16 chunk's exponent plane as a
+// block, then its sign+mantissa plane raw (split by
+// kernels::SplitBf16Planes into per-thread buffers, reused chunk after
+// chunk: fresh ones would fault their pages in every chunk); other dtypes'
+// bytes as one block. Reserved whole ahead (a block takes at most its
+// bytes + 21), so it never grows by a copy.
 void EncodeChunk(const TensorView& t, uint64_t begin, uint64_t end, std::vector<uint8_t>& out) {
   const size_t es = DTypeSize(t.dtype);
+  const size_t n = static_cast<size_t>(end - begin);
   if (t.dtype != DType::kBF16) {
-    PutBlock(out, t.data.subspan(begin * es, (end - begin) * es), kRawLevel);
+    out.reserve(n * es + 32);
+    PutBlock(out, t.data.subspan(begin * es, n * es), kRawLevel);
     return;
   }
-  const uint64_t n = end - begin;
-  std::vector<uint8_t> exps(n), sms(n);
-  const uint8_t* p = t.data.data() + 2 * begin;
-  for (uint64_t k = 0; k < n; ++k) {
-    uint16_t b;
-    std::memcpy(&b, p + 2 * k, 2);
-    exps[k] = Exponent(b);
-    sms[k] = SignMantissa(b);
+  thread_local UninitVector<uint8_t> exps, sms;
+  if (exps.size() < n) {
+    exps.resize(n);
+    sms.resize(n);
   }
-  PutBlock(out, exps, kExponentLevel);
-  out.insert(out.end(), sms.begin(), sms.end());
+  kernels::SplitBf16Planes(t.data.data() + 2 * begin, exps.data(), sms.data(), n);
+  out.reserve(2 * n + 32);
+  PutBlock(out, ByteSpan(exps.data(), n), kExponentLevel);
+  out.insert(out.end(), sms.begin(), sms.begin() + static_cast<std::ptrdiff_t>(n));
 }
 
 }  // namespace
@@ -101,12 +105,17 @@ Result<EncodedPatch> EncodeCompressedAnchor(uint64_t model_version, std::span<co
     EncodeChunk(t, b, std::min(t.num_elements(), b + kChunk), chunks[k]);
   });
 
+  // Per tensor its stream header, then its chunks' buffers as they are: the
+  // file's parts, in order (no copy of the chunks into one stream each).
   EncodedPatch out;
-  out.owned.resize(1 + order.size());
-  std::vector<TensorView> views;
+  out.owned.reserve(1 + order.size() + tasks.size());
+  out.owned.emplace_back();  // the safetensors header, below
+  std::vector<std::string> names(order.size());
+  std::vector<std::array<uint64_t, 1>> sizes(order.size());
+  std::vector<TensorLayout> layouts;
   for (size_t i = 0; i < order.size(); ++i) {
     const TensorView& t = *order[i];
-    std::vector<uint8_t>& s = out.owned[1 + i];
+    std::vector<uint8_t>& s = out.owned.emplace_back();
     s.push_back(kStreamVersion);
     const std::string_view dtype = DTypeName(t.dtype);
     s.push_back(static_cast<uint8_t>(dtype.size()));
@@ -114,11 +123,14 @@ Result<EncodedPatch> EncodeCompressedAnchor(uint64_t model_version, std::span<co
     PutVarint(s, t.shape.size());
     for (uint64_t d : t.shape) PutVarint(s, d);
     PutVarint(s, kChunk);
+    uint64_t bytes = s.size();
     for (size_t k = first_task[i]; k < first_task[i + 1]; ++k) {
-      s.insert(s.end(), chunks[k].begin(), chunks[k].end());
-      std::vector<uint8_t>().swap(chunks[k]);
+      bytes += chunks[k].size();
+      out.owned.push_back(std::move(chunks[k]));
     }
-    views.push_back({t.name + std::string(kSuffix), DType::kU8, {s.size()}, s});
+    names[i] = t.name + std::string(kSuffix);
+    sizes[i] = {bytes};
+    layouts.push_back({names[i], DType::kU8, sizes[i], bytes});
   }
   Metadata m;
   m.emplace(pm::kFormat, kAnchorFormat);
@@ -126,7 +138,7 @@ Result<EncodedPatch> EncodeCompressedAnchor(uint64_t model_version, std::span<co
   m.emplace(pm::kSparse, pm::kFalse);
   m.emplace(pm::kModelVersion, std::to_string(model_version));
   m.emplace(pm::kTotalElements, std::to_string(total));
-  DS_ASSIGN_OR_RETURN(out.owned[0], EncodeSafetensorsHeader(m, views));
+  DS_ASSIGN_OR_RETURN(out.owned[0], EncodeSafetensorsHeader(m, std::span<const TensorLayout>(layouts)));
   for (const std::vector<uint8_t>& part : out.owned) {
     out.parts.push_back(part);
     out.size += part.size();

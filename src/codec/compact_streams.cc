@@ -9,6 +9,8 @@
 #include <cstring>
 #include <memory>
 
+#include "deltasync/uninit_vector.h"
+
 namespace deltasync::compact {
 namespace {
 struct CCtxFree { void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); } };
@@ -32,7 +34,12 @@ std::optional<uint64_t> Reader::Varint() {
 }
 
 void PutBlock(std::vector<uint8_t>& out, ByteSpan data, int level) {
-  std::vector<uint8_t> z;
+  // zstd's output, per thread and reused call after call (never
+  // zero-filled: zstd writes what it returns; holds the largest block's
+  // bound): a fresh buffer per block faulted in its pages every call (an
+  // anchor's chunks: docs/benchmarks.md, session 42).
+  thread_local UninitVector<uint8_t> z;
+  z.clear();
   if (data.size() >= 32 && level != kStoredOnly) {
     z.resize(ZSTD_compressBound(data.size()));
     static thread_local std::unique_ptr<ZSTD_CCtx, CCtxFree> cctx(ZSTD_createCCtx());

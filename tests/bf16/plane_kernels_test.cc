@@ -1,7 +1,7 @@
-// JoinBf16Planes: a compressed anchor's exponent and sign+mantissa planes
-// joined back into bf16 elements, on every SIMD target, from separate
-// buffers and in place (the exponent plane in the output's upper half, as
-// the anchor decoder lays it out), against the bit definition.
+// SplitBf16Planes and JoinBf16Planes: bf16 elements split into a compressed
+// anchor's exponent and sign+mantissa planes and joined back, on every SIMD
+// target (the join also in place: the exponent plane in the output's upper
+// half, as the anchor decoder lays it out), against the bit definition.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -60,6 +60,29 @@ TEST(JoinBf16PlanesTest, SeparateAndInPlaceGiveTheDefinedElements) {
       kernels::JoinBf16Planes(place.data() + n, sm.data(), place.data(), n);
       ASSERT_TRUE(std::equal(want.begin(), want.end(), place.begin()));
       ASSERT_EQ(place[2 * n], 0x5A);
+    }
+  });
+}
+
+TEST(SplitBf16PlanesTest, GivesTheDefinedPlanesAndJoinsBack) {
+  std::mt19937 rng(7);
+  ForEachTarget([&] {
+    for (size_t n : Lengths()) {
+      SCOPED_TRACE("n " + std::to_string(n));
+      std::vector<uint8_t> src(2 * n);
+      for (uint8_t& b : src) b = static_cast<uint8_t>(rng());
+      std::vector<uint8_t> exps(n + 1, 0xA5), sm(n + 1, 0x5A);
+      kernels::SplitBf16Planes(src.data(), exps.data(), sm.data(), n);
+      for (size_t k = 0; k < n; ++k) {
+        const uint16_t b = static_cast<uint16_t>(src[2 * k] | src[2 * k + 1] << 8);
+        ASSERT_EQ(exps[k], static_cast<uint8_t>(b >> 7)) << k;
+        ASSERT_EQ(sm[k], static_cast<uint8_t>(((b >> 8) & 0x80) | (b & 0x7F))) << k;
+      }
+      ASSERT_EQ(exps[n], 0xA5);
+      ASSERT_EQ(sm[n], 0x5A);
+      std::vector<uint8_t> back(2 * n);
+      kernels::JoinBf16Planes(exps.data(), sm.data(), back.data(), n);
+      ASSERT_EQ(back, src);
     }
   });
 }
