@@ -175,8 +175,7 @@ Status RunApply(const ApplyArgs& args) {
     }
     if (IsCompressedAnchor(file)) {
       DS_ASSIGN_OR_RETURN(DecodedAnchor anchor, DecodeCompressedAnchor(file));
-      std::vector<TensorView> views = anchor.views();
-      DS_ASSIGN_OR_RETURN(state, WeightState::FromViews(views));
+      DS_ASSIGN_OR_RETURN(state, WeightState::FromTensors(std::move(anchor.tensors)));
       version = anchor.model_version;
       continue;
     }
