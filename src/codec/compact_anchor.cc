@@ -237,7 +237,8 @@ Result<DecodedAnchor> DecodeCompressedAnchor(const SafetensorsFile& file, int th
     return Status::Corruption(label + ": total_elements " + std::to_string(*total) + " but the tensors hold " +
                               std::to_string(sum));
   }
-  // Every byte is written below (a chunk's decode or its planes' join).
+  // Fresh memory, faulted in on the threads (ResizeFresh), then every byte
+  // written below (a chunk's decode or its planes' join).
   std::vector<std::vector<uint8_t>*> data;
   std::vector<size_t> sizes;
   for (WeightState::Tensor& t : out.tensors) {

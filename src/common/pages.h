@@ -40,8 +40,8 @@ void PrepareFreshPages(std::span<const MutableByteSpan> ranges, int threads, boo
 // over pages already there), several at once. A plain resize faults every
 // 4 KiB page in on the calling thread alone: a replica's anchor load spent
 // over a quarter of its CPU there, on one thread. No huge pages: with them
-// the same load ran 3-4x slower whenever the kernel had to compact memory
-// for them (docs/benchmarks.md, session 42).
+// the same load took 2-3x as long as without whenever the kernel had to
+// compact memory for them (docs/benchmarks.md, session 42).
 void ResizeFresh(std::span<std::vector<uint8_t>* const> vectors, std::span<const size_t> sizes, int threads);
 
 // Gives `v` capacity for `n` elements for an output that is refilled call
