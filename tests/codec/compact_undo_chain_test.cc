@@ -1,8 +1,8 @@
 // The fused compact apply with one CompactUndo kept across a chain of
 // versions (as a replica keeps it: its undo log reused without zero-filling,
 // its class totals held), against the plain re-computation of every version:
-// random deltas (a raw-mode F32 tensor, a bf16 tensor large enough to be
-// walked on every thread, tensors of one chunk, tensors and whole deltas
+// random deltas (raw-mode F32 and F16 tensors, a bf16 tensor large enough
+// to be walked on every thread, tensors of one chunk, tensors and whole deltas
 // without changes), on 1-3 threads and a few chunk sizes, with damaged
 // deltas (some fail midway after values were written, some decode to other
 // changes) and corrupted held totals injected between the good ones. Before
@@ -34,7 +34,7 @@ using testing::ParseBytes;
 using namespace testing_compact;
 
 constexpr uint16_t kPoisonOld16 = 0x7FC1;  // a NaN no state of the chain holds
-constexpr uint8_t kPoisonRaw = 0xEE;       // an F32 0xEEEEEEEE no state holds
+constexpr uint8_t kPoisonRaw = 0xEE;       // a raw-mode tensor's low byte no change writes
 
 struct Version {
   WeightState state;
@@ -63,16 +63,19 @@ std::vector<uint64_t> PickIndices(std::mt19937_64& rng, uint64_t n, double p) {
   return out;
 }
 
-TensorChanges F32Changes(const WeightState& s, const std::string& name, const std::vector<uint64_t>& indices,
+// Raw-mode changes of an F32 or F16 tensor: new random bits (never the
+// old value, never the poison's).
+TensorChanges RawChanges(const WeightState& s, const std::string& name, const std::vector<uint64_t>& indices,
                          std::mt19937_64& rng) {
-  TensorChanges c{name, DType::kF32, indices, {}};
   const WeightState::Tensor* t = s.Find(name);
+  TensorChanges c{name, t->dtype, indices, {}};
+  const size_t esize = DTypeSize(t->dtype);
   for (uint64_t i : indices) {
-    float f;
-    std::memcpy(&f, t->data.data() + 4 * i, 4);
-    f = rng() % 4 == 0 ? -f : f + 1.0f + static_cast<float>(rng() % 100);
-    const auto* b = reinterpret_cast<const uint8_t*>(&f);
-    c.values.insert(c.values.end(), b, b + 4);
+    uint8_t v[4];
+    std::memcpy(v, t->data.data() + esize * i, esize);
+    v[0] = static_cast<uint8_t>(v[0] + 1 + rng() % 200);
+    if (v[0] == kPoisonRaw) ++v[0];
+    c.values.insert(c.values.end(), v, v + esize);
   }
   return c;
 }
@@ -96,7 +99,10 @@ Chain MakeChain(uint64_t seed, int steps) {
   for (size_t i = 0; i < flat_bits.size(); i += 37) flat_bits[i] = Bf16(std::exp2(-12.0f));
   const std::vector<uint8_t> flat = bf16_bytes(flat_bits);
   const std::vector<uint8_t> one = bf16_bytes(Spread(rng, 600));
+  std::vector<uint8_t> hbytes(2 * 1500);
+  for (uint8_t& b : hbytes) b = static_cast<uint8_t>(rng() % 0xE0);
   const std::vector<TensorView> views = {{"a.f32", DType::kF32, {f.size()}, fbytes},
+                                         {"a.f16", DType::kF16, {hbytes.size() / 2}, hbytes},
                                          {"big", DType::kBF16, {big.size() / 2}, big},
                                          {"flat", DType::kBF16, {flat.size() / 2}, flat},
                                          {"one", DType::kBF16, {one.size() / 2}, one}};
@@ -114,9 +120,9 @@ Chain MakeChain(uint64_t seed, int steps) {
     for (const WeightState::Tensor& t : at.state.tensors()) {
       const std::vector<uint64_t> idx = PickIndices(rng, t.num_elements(), t.name == "big" ? p() / 4 : p());
       if (idx.empty()) continue;
-      changes.push_back(t.dtype == DType::kF32 ? F32Changes(at.state, t.name, idx, rng)
-                                               : Change(at.state, t.name, idx, rng));
-      (t.dtype == DType::kF32 ? raw : bf16) += idx.size();
+      const bool is_raw = t.dtype != DType::kBF16;
+      changes.push_back(is_raw ? RawChanges(at.state, t.name, idx, rng) : Change(at.state, t.name, idx, rng));
+      (is_raw ? raw : bf16) += idx.size();
     }
     c.most_bf16 = std::max(c.most_bf16, bf16);
     c.most_raw = std::max(c.most_raw, raw);
