@@ -575,5 +575,75 @@ TEST(CompactRice, WriterRoutesEqualTheReferenceAroundEveryEight) {
   });
 }
 
+// The k search (the mean's three, the median test's passes below, the
+// passes above while the best is the largest) at its edges, read back: every
+// k from 0 to kMaxRiceK chosen by some block, blocks of one gap and a last
+// partial block, all-zero gaps, gaps at and around 2^31, 2^32 and 2^63 and
+// up to 2^64 - 1 (escapes of every width up to 64), blocks whose k is
+// pushed down (most gaps tiny) or up (all huge). Each stream decodes, by
+// the fast reader and the code-by-code reference, to exactly its gaps, and
+// is the reference writer's; on every compiled copy of the writer.
+TEST(CompactRice, EveryChosenKAndEveryGapWidthReadsBack) {
+  std::mt19937_64 rng(29);
+  std::vector<std::vector<uint64_t>> cases;
+  const uint64_t edges[] = {0, 1, 2, (uint64_t{1} << 31) - 1, uint64_t{1} << 31, (uint64_t{1} << 32) - 1,
+                            uint64_t{1} << 32, (uint64_t{1} << 56) - 1, uint64_t{1} << 56, uint64_t{1} << 63,
+                            ~uint64_t{0} - 1, ~uint64_t{0}};
+  for (uint64_t e : edges) {
+    cases.push_back({e});                                           // a block of one gap
+    cases.push_back(std::vector<uint64_t>(kRiceBlock + 1, e));     // a full block and one more
+    std::vector<uint64_t> mixed(1 + rng() % (2 * kRiceBlock), 0);  // tiny gaps with it among them
+    for (uint64_t& x : mixed) x = rng() % 7 == 0 ? e - (e ? rng() % 4 % e : 0) : rng() % 3;
+    cases.push_back(mixed);
+  }
+  // Uniform gaps below 2^j and in [2^j, 2^(j + 1)): the chosen k walks
+  // from 0 to kMaxRiceK.
+  for (int j = 0; j <= 64; ++j) {
+    std::vector<uint64_t> g(1 + rng() % kRiceBlock);
+    for (uint64_t& x : g) x = j == 0 ? 0 : rng() >> (64 - j);
+    cases.push_back(g);
+    if (j == 64) break;
+    for (uint64_t& x : g) x = uint64_t{1} << j | (j == 0 ? 0 : rng() >> (64 - j));
+    cases.push_back(g);
+  }
+  // Mostly tiny gaps and a few of a random width (the search below), and
+  // all wide ones with a few tiny (the search above).
+  for (int t = 0; t < 200; ++t) {
+    std::vector<uint64_t> g(1 + rng() % (3 * kRiceBlock));
+    const int width = 1 + static_cast<int>(rng() % 64);
+    const uint64_t share = rng() % 100;
+    for (uint64_t& x : g) x = rng() % 100 < share ? rng() >> (64 - width) : rng() % 4;
+    cases.push_back(g);
+  }
+  ForEachCodecCopy([&](const char* copy) {
+    std::vector<bool> chosen(kMaxRiceK + 1, false);
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const std::vector<uint64_t>& g = cases[c];
+      const std::vector<uint8_t> coded = Coded(g);
+      ASSERT_EQ(coded, ReferenceCoded(g)) << copy << " copy, case " << c;
+      BitReader fast(coded), slow(coded);
+      std::vector<uint64_t> got(g.size()), want(g.size());
+      const std::optional<std::string> err = GetRiceGaps(fast, g.size(), got.data());
+      ASSERT_FALSE(err) << copy << " copy, case " << c << ": " << *err;
+      ASSERT_FALSE(ReferenceGaps(slow, g.size(), want.data())) << copy << " copy, case " << c;
+      ASSERT_EQ(got, g) << copy << " copy, case " << c;
+      ASSERT_EQ(want, g) << copy << " copy, case " << c;
+      EXPECT_TRUE(fast.AtPaddedEnd()) << copy << " copy, case " << c;
+      // Each block's k (its first 6 bits), skipping its codes.
+      BitReader r(coded);
+      for (size_t b = 0; b < g.size(); b += kRiceBlock) {
+        const int k = static_cast<int>(*r.Get(6));
+        ASSERT_LE(k, kMaxRiceK);
+        chosen[static_cast<size_t>(k)] = true;
+        for (size_t i = b; i < std::min(g.size(), b + kRiceBlock); ++i) {
+          const int q = *r.Unary(kUnaryEscape);
+          r.Get(q < kUnaryEscape ? k : static_cast<int>(*r.Get(7)));
+        }
+      }
+    }
+    for (int k = 0; k <= kMaxRiceK; ++k) EXPECT_TRUE(chosen[static_cast<size_t>(k)]) << copy << " copy: k " << k;
+  });
+}
+
 }  // namespace
 }  // namespace deltasync::compact

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -123,12 +124,12 @@ class PartedReplay {
 
   // Applies version v's parted delta to the held state (of v - 1), as
   // listed by `entry` (the manifest's, or a spoiled copy).
-  Result<replay::AppliedDelta> Apply(const VersionEntry& entry, replay::PartTotals& totals) {
+  Result<replay::AppliedDelta> Apply(const VersionEntry& entry, replay::PartTotals& totals, int threads = 2) {
     uint64_t downloaded = 0;
     DS_ASSIGN_OR_RETURN(std::vector<Blob> parts, replay::FetchParts(*store_, *entry.delta(), 1, &downloaded));
     const VersionEntry& base = *manifest_.Find(entry.version - 1);
     return replay::ApplyPartedDelta(std::move(parts), entry, *entry.delta(), layout(), state_, base.state_hash, base,
-                                    2, /*want_changes=*/false, totals, nullptr);
+                                    threads, /*want_changes=*/false, totals, nullptr);
   }
 
  private:
@@ -198,6 +199,66 @@ TEST(PartedHeldTotals, ACorruptHeldTotalOfAPartIsStaleAndTheStateExact) {
   EXPECT_EQ(v5->held_applies, 2u);
   EXPECT_EQ(v5->stale_applies, 0u);
   ExpectSameState(r.state(), r.expected(5));
+}
+
+// Versions applied one after another with refusals injected before the
+// good apply (random, seeded): a later part's hash wrong (the parts before
+// it applied, in place or through a block copy, then put back), only the
+// whole state's hash wrong (every part applied, then all put back), or a
+// held count of a random part corrupted. After a refusal the state is bit
+// for bit the last good version and every part's totals are forgotten (the
+// next apply unheld); after a good apply it is the next version, held where
+// nothing was refused before it; on 1-3 threads, row and column blocks.
+TEST(PartedHeldTotals, RefusalsAtAnyPartLeaveTheLastGoodVersionAndTheNextApplyExact) {
+  for (const size_t dim : {size_t{0}, size_t{1}}) {
+    PartedReplay r(3, dim, 7);
+    for (int threads : {1, 2, 3}) {
+      SCOPED_TRACE("dim " + std::to_string(dim) + ", threads " + std::to_string(threads));
+      std::mt19937_64 rng(dim * 10 + static_cast<uint64_t>(threads));
+      r.state() = std::move(WeightState::FromViews(r.expected(1).views())).value();
+      replay::PartTotals totals;
+      bool refused = true;  // none held before the first apply
+      uint64_t refusals = 0, stale = 0;
+      for (uint64_t v = 2; v <= 7; ++v) {
+        SCOPED_TRACE("version " + std::to_string(v));
+        const VersionEntry& entry = *r.manifest().Find(v);
+        const int inject = static_cast<int>(rng() % 4);
+        if (inject == 3 && !totals.parts.empty()) {
+          CompactClassTotals& part = totals.parts[rng() % totals.parts.size()];
+          for (CompactClassTotals::State& s : part.states) {
+            for (CompactClassTotals::Tensor& t : s.tensors) {
+              if (t.chunks.size() > 1) ++t.chunks[0][rng() % 16];
+            }
+          }
+        } else if (inject < 3 && v > 2) {
+          VersionEntry spoiled = entry;
+          if (inject == 2) {
+            spoiled.state_hash.lo += 1;  // every part passes, the whole does not
+          } else {
+            spoiled.parts[1 + static_cast<size_t>(inject)].state_hash.hi += 1;
+          }
+          auto no = r.Apply(spoiled, totals, threads);
+          ASSERT_FALSE(no.ok());
+          EXPECT_EQ(no.status().code(), ErrorCode::kIntegrity) << no.status().ToString();
+          ExpectSameState(r.state(), r.expected(v - 1));
+          EXPECT_TRUE(totals.parts.empty());
+          refused = true;
+          ++refusals;
+        }
+        auto yes = r.Apply(entry, totals, threads);
+        ASSERT_TRUE(yes.ok()) << yes.status().ToString();
+        ExpectSameState(r.state(), r.expected(v));
+        EXPECT_EQ(yes->compact_applies, 3u);
+        if (refused) EXPECT_EQ(yes->held_applies, 0u);
+        if (!refused) EXPECT_EQ(yes->held_applies + yes->stale_applies, 3u);
+        stale += yes->stale_applies;
+        refused = false;
+      }
+      EXPECT_GT(refusals, 0u);
+      std::printf("dim %zu, threads %d: %llu refusals, %llu stale\n", dim, threads,
+                  static_cast<unsigned long long>(refusals), static_cast<unsigned long long>(stale));
+    }
+  }
 }
 
 }  // namespace
