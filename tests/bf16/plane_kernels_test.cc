@@ -4,8 +4,8 @@
 // half, as the anchor decoder lays it out), against the bit definition.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <vector>
 
@@ -56,7 +56,7 @@ TEST(JoinBf16PlanesTest, SeparateAndInPlaceGiveTheDefinedElements) {
       ASSERT_EQ(out[2 * n], 0xA5);
       // In place: the exponent plane in the upper half of the output.
       std::vector<uint8_t> place(2 * n + 1, 0x5A);
-      std::memcpy(place.data() + n, exps.data(), n);
+      std::copy(exps.begin(), exps.end(), place.begin() + static_cast<std::ptrdiff_t>(n));
       kernels::JoinBf16Planes(place.data() + n, sm.data(), place.data(), n);
       ASSERT_TRUE(std::equal(want.begin(), want.end(), place.begin()));
       ASSERT_EQ(place[2 * n], 0x5A);
