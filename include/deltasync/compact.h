@@ -225,11 +225,13 @@ struct CompactParse {
     std::array<uint64_t, 17> class_begin{};
     // Per change: its rank among the base tensor's elements of its class, in
     // `ranks32` where the base tensor has at most 2^32 elements (the other
-    // vector then empty), else in `ranks`; rank(j) reads either.
-    std::vector<uint32_t> ranks32;
-    std::vector<uint64_t> ranks;
+    // vector then empty), else in `ranks`; rank(j) reads either. These and
+    // `diffs` grow without zero-filling (UninitVector): the parse writes
+    // every element.
+    UninitVector<uint32_t> ranks32;
+    UninitVector<uint64_t> ranks;
     uint64_t rank(size_t j) const { return ranks32.empty() ? ranks[j] : ranks32[j]; }
-    std::vector<uint8_t> diffs;     // per change: zigzag ULP difference, or 0xFF (escape)
+    UninitVector<uint8_t> diffs;    // per change: zigzag ULP difference, or 0xFF (escape)
     std::vector<uint64_t> escaped;  // the escaped changes (class order)
     std::vector<uint8_t> escapes;   // their raw new values, u16 little-endian each
     TensorChanges raw;              // raw mode: the tensor's changes

@@ -16,12 +16,13 @@
 #include "bf16/simd_kernels.h"
 #include "codec/compact_bf16.h"
 #include "codec/compact_container.h"
+#include "codec/compact_parse.h"
 #include "codec/compact_rice.h"
 #include "codec/compact_streams.h"
 #include "codec/compact_v3.h"
 #include "codec/compact_walk.h"
 #include "codec/patch_metadata.h"
-#include "common/pages.h"  // ReserveForReuse, PrepareFreshPages
+#include "common/pages.h"  // ReserveForReuse, SizeUninit, PrepareFreshPages
 #include "common/parallel.h"
 #include "deltasync/compact.h"
 
@@ -74,7 +75,7 @@ std::optional<std::string> ParseBf16StreamV2(Reader& in, uint64_t count, compact
     if (ranks.past && out.past_class < 0) out.past_class = cl;
   }
   if (!bits.AtPaddedEnd()) return "trailing bits in the gap block";
-  std::vector<uint8_t>& diffs = out.diffs;
+  UninitVector<uint8_t>& diffs = out.diffs;
   thread_local std::vector<uint8_t> class_diffs;
   diffs.clear();
   diffs.reserve(count);
@@ -100,21 +101,6 @@ template <typename T>
 void SizeOutput(std::vector<T>& v, size_t n) {
   ReserveForReuse(v, n, /*huge=*/false);
   v.resize(n);
-}
-
-// Sizes an undo-log buffer to n entries without writing any: the walk and
-// the raw-mode loop write every slot they use before anything reads it
-// (the walk's hash and class moves, Restore and PartHashChange read a
-// run's `written` entries only). It grows as ReserveForReuse grows it
-// (n + n/8 where it held memory); a fresh allocation's n entries join
-// `fresh`, to be faulted in ahead on the apply's threads (PrepareFreshPages)
-// instead of zero-filled on one. No huge pages: with them a process's first
-// apply ran up to ~250 ms slower here (docs/benchmarks.md, session 41).
-template <typename T>
-void SizeLog(UninitVector<T>& v, size_t n, std::vector<MutableByteSpan>& fresh) {
-  const bool grown = ReserveForReuse(v, n, /*huge=*/false);
-  v.resize(n);
-  if (grown) fresh.emplace_back(reinterpret_cast<uint8_t*>(v.data()), n * sizeof(T));
 }
 
 // Step 1. Raw-mode tensors are decoded completely; bf16 ones into `bf`
@@ -392,6 +378,24 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
   std::optional<compact::V3Tables> tables;
   DS_RETURN_IF_ERROR(compact::ParseDeltaTables(file, tables));
   const compact::V3Tables* t = tables ? &*tables : nullptr;
+  // Each bf16 stream's rank and diff buffers sized ahead of its parse from
+  // the count in its header (PlausibleBf16Count; the parse sizes them again,
+  // then within their capacity): their fresh memory, a process's first
+  // apply's (~5 bytes a change), faulted in on the apply's threads in even
+  // pieces (PrepareFreshPages) instead of a page fault per 4 KiB as the
+  // parse writes it (the largest tensor's all on the one thread parsing
+  // it). Neither is zero-filled (UninitVector): the parse writes every
+  // slot before anything reads it (every class's ranks, every piece's diffs).
+  {
+    std::vector<MutableByteSpan> fresh;
+    for (size_t i = 0; i < streams.size(); ++i) {
+      if (std::optional<uint64_t> count = compact::PlausibleBf16Count(*streams[i], *bases[i])) {
+        read[i].ranks.Resize(*count, bases[i]->num_elements(), &fresh);
+        SizeUninit(read[i].diffs, static_cast<size_t>(*count), &fresh);
+      }
+    }
+    PrepareFreshPages(fresh, threads, /*huge=*/false);
+  }
   ParallelFor(streams.size(), stream_bytes >= kParallelMin ? threads : 1,
               [&](size_t i) {
                 errors[i] = ReadTensor(label, *streams[i], *bases[i], t, fused != nullptr, out.changes[i], read[i]);
@@ -432,11 +436,18 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
       if (read[i].base == nullptr) raw_bytes += out.changes[i].values.size();
     }
     undo->runs.assign(chunks.size(), CompactUndo::Run{});
+    // Sized without writing any entry (SizeUninit): the walk and the raw-mode
+    // loop write every slot they use before anything reads it (the walk's
+    // hash and class moves, Restore and PartHashChange read a run's
+    // `written` entries only). A fresh allocation is faulted in ahead on the
+    // apply's threads (PrepareFreshPages) instead of zero-filled on one. No
+    // huge pages: with them a process's first apply ran up to ~250 ms slower
+    // here (docs/benchmarks.md, session 41).
     std::vector<MutableByteSpan> fresh;
-    SizeLog(undo->pos32, bf16_changed, fresh);
-    SizeLog(undo->old16, bf16_changed, fresh);
-    SizeLog(undo->pos64, changed - bf16_changed, fresh);
-    SizeLog(undo->old_raw, raw_bytes, fresh);
+    SizeUninit(undo->pos32, bf16_changed, &fresh);
+    SizeUninit(undo->old16, bf16_changed, &fresh);
+    SizeUninit(undo->pos64, changed - bf16_changed, &fresh);
+    SizeUninit(undo->old_raw, raw_bytes, &fresh);
     PrepareFreshPages(fresh, threads, /*huge=*/false);
     uint64_t slot = 0;
     for (Bf16Tensor* t : walked) {
@@ -585,6 +596,17 @@ Result<CompactDelta> ApplyCompactDeltaToViews(const SafetensorsFile& file, std::
   undo.runs.clear();
   const Fused fused{writable, &undo};
   return ApplyFused(file, base, base_hash, threads, kDecodeChunkElements, fused);
+}
+
+std::optional<uint64_t> PlausibleBf16Count(const TensorView& stream, const TensorView& base) {
+  Reader in(stream.data);
+  std::optional<uint8_t> version = in.Byte();
+  std::optional<uint8_t> mode = in.Byte();
+  std::optional<uint64_t> count = in.Varint();
+  if (!version || !mode || !count || base.dtype != DType::kBF16 || *mode != kModeBf16) return std::nullopt;
+  if (*version != kStreamVersion && *version != kStreamVersion3) return std::nullopt;
+  if (*count > base.num_elements() || *count > 8 * uint64_t{stream.data.size()}) return std::nullopt;
+  return count;
 }
 
 Status ReadCompactStream(const std::string& label, const TensorView& stream, const TensorView& base,

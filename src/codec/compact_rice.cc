@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "codec/codec_targets.h"
+#include "common/pages.h"
 #if DS_CODEC_HAS_AVX512
 #include <immintrin.h>
 #endif
@@ -369,13 +370,13 @@ std::atomic<bool> force_wide_ranks{false};
 
 void ForceWideRanks(bool wide) { force_wide_ranks.store(wide, std::memory_order_relaxed); }
 
-void RankBuffer::Resize(uint64_t count, uint64_t elements) {
+void RankBuffer::Resize(uint64_t count, uint64_t elements, std::vector<MutableByteSpan>* fresh) {
   is_narrow = elements <= kNarrowMax && !force_wide_ranks.load(std::memory_order_relaxed);
   if (is_narrow) {
-    narrow.resize(count);
+    SizeUninit(narrow, static_cast<size_t>(count), fresh);
     wide.clear();
   } else {
-    wide.resize(count);
+    SizeUninit(wide, static_cast<size_t>(count), fresh);
     narrow.clear();
   }
 }

@@ -17,6 +17,8 @@
 
 #include "codec/compact_bf16.h"
 #include "codec/compact_streams.h"
+#include "deltasync/tensor.h"
+#include "deltasync/uninit_vector.h"
 
 namespace deltasync::compact {
 
@@ -59,12 +61,13 @@ extern template std::optional<std::string> GetRiceGaps(BitReader&, uint64_t, uin
 // docs/format.md, "Decoding in parallel inside a tensor".
 struct RankBuffer {
   static constexpr uint64_t kNarrowMax = uint64_t{1} << 32;  // elements the narrow route takes
-  std::vector<uint32_t> narrow;
-  std::vector<uint64_t> wide;
+  UninitVector<uint32_t> narrow;
+  UninitVector<uint64_t> wide;
   bool is_narrow = false;
-  // Sizes the route for a tensor of `elements` to `count` ranks, and empties
-  // the other route's vector (keeping its capacity).
-  void Resize(uint64_t count, uint64_t elements);
+  // Sizes the route for a tensor of `elements` to `count` ranks without
+  // writing any (SizeUninit: a fresh allocation joins *fresh where given),
+  // and empties the other route's vector (keeping its capacity).
+  void Resize(uint64_t count, uint64_t elements, std::vector<MutableByteSpan>* fresh = nullptr);
   uint64_t size() const { return is_narrow ? narrow.size() : wide.size(); }
   uint64_t operator[](uint64_t j) const { return is_narrow ? narrow[j] : wide[j]; }
   // Class cl's ranks [begin, begin + count) read from `r` (GetRiceGaps).

@@ -10,6 +10,7 @@
 
 #include "codec/compact_rans.h"
 #include "codec/compact_rice.h"
+#include "common/pages.h"
 
 namespace deltasync::compact {
 namespace {
@@ -297,7 +298,7 @@ std::optional<std::string> ParseBf16StreamV3(Reader& in, uint64_t count, const V
   }
   if (sizes) sizes->header += in.position() - start;
   out.ranks.Resize(count, out.elements);
-  out.diffs.resize(count);
+  SizeUninit(out.diffs, static_cast<size_t>(count), nullptr);
   std::array<GapRanks, kClasses> ranks;  // a class's ranks run on across pieces
   for (GapRanks& r : ranks) r.elements = out.elements;
   auto where = [](uint64_t p) { return "piece " + std::to_string(p) + ": "; };

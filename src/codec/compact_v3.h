@@ -78,7 +78,7 @@ struct ParsedBf16 {
   uint64_t elements = ~uint64_t{0};
   RankBuffer ranks;            // class order, each class's gaps as ranks (GapRanks), sized by `elements`
   int past_class = -1;         // out: the first class whose ranks reach `elements`, or -1
-  std::vector<uint8_t> diffs;                        // class order
+  UninitVector<uint8_t> diffs;                       // class order
   std::vector<uint8_t> escapes;                      // u16 LE each, class order
 };
 

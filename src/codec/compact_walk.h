@@ -32,7 +32,7 @@ struct Bf16Tensor {
   TensorChanges* out = nullptr;
   std::array<uint64_t, kClasses + 1> class_begin{};  // class cl: changes [begin[cl], begin[cl+1])
   RankBuffer ranks;               // per change, ascending within its class
-  std::vector<uint8_t> diffs;
+  UninitVector<uint8_t> diffs;
   std::vector<uint64_t> escaped;  // the changes (class order) that are escapes
   std::vector<uint8_t> escapes;   // their raw values, u16 little-endian each
   state_hash::TensorSeeds seeds{};

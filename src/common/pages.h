@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "deltasync/tensor.h"
+#include "deltasync/uninit_vector.h"
 
 namespace deltasync {
 
@@ -59,6 +60,19 @@ bool ReserveForReuse(std::vector<T, A>& v, size_t n, bool huge) {
   v.reserve(room);
   if (huge) AdviseHugePages(v.data(), room * sizeof(T));
   return true;
+}
+
+// Sizes `v` to n elements without writing any, for a buffer whose every
+// slot read is written first: grown as ReserveForReuse grows it (exactly n
+// the first time, n + n/8 past that), then only its end moved. When it
+// allocated, the fresh memory (n elements) joins *fresh where given, to be
+// faulted in ahead by PrepareFreshPages on several threads; else the
+// writes fault it in.
+template <typename T>
+void SizeUninit(UninitVector<T>& v, size_t n, std::vector<MutableByteSpan>* fresh) {
+  const bool grown = ReserveForReuse(v, n, /*huge=*/false);
+  v.resize(n);
+  if (grown && fresh) fresh->emplace_back(reinterpret_cast<uint8_t*>(v.data()), n * sizeof(T));
 }
 
 }  // namespace deltasync

@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "bf16/bf16_test_util.h"
 #include "codec/compact_bf16.h"
@@ -187,6 +188,13 @@ TEST(CompactApply, GapsPastTheBaseLeaveTheStateAsItWas) {
   });
 }
 
+// A delta refused as corrupt midway, the state left as it was before.
+void ExpectRefusedLeavingTheState(const Result<CompactDelta>& d, const WeightState& s, const WeightState& before) {
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), ErrorCode::kCorruption) << d.status().ToString();
+  ASSERT_TRUE(SameBytes(s, before));
+}
+
 // The undo log grows without zeroing: its fresh slots hold whatever the
 // memory held, and slots reused from a larger apply hold that apply's
 // entries. Applies that fail after most chunks wrote, with a log grown
@@ -222,9 +230,7 @@ TEST(CompactApply, AppliesFailingMidwayWithALogGrownWithoutZeroingLeaveTheStateE
       Result<CompactDelta> d = Apply(step.c->bytes, s, step.c->hash, threads, compact::kDecodeChunkElements, undo);
       EXPECT_EQ(undo.pos32.size(), count);
       if (step.onto) {
-        ASSERT_FALSE(d.ok());
-        EXPECT_EQ(d.status().code(), ErrorCode::kCorruption) << d.status().ToString();
-        ASSERT_TRUE(SameBytes(s, *step.onto));
+        ASSERT_NO_FATAL_FAILURE(ExpectRefusedLeavingTheState(d, s, *step.onto));
         continue;
       }
       ASSERT_TRUE(d.ok()) << d.status().ToString();
@@ -232,6 +238,67 @@ TEST(CompactApply, AppliesFailingMidwayWithALogGrownWithoutZeroingLeaveTheStateE
       undo.Restore(threads);
       ASSERT_TRUE(SameBytes(s, large.state));
     }
+  }
+}
+
+// A replica's first compact apply after it starts parses into fresh
+// buffers (its thread's are empty), sized ahead of the parse and not
+// zero-filled; its later applies reuse them, holding the last delta's ranks
+// and diffs. Here each thread count runs in a new thread (its first apply
+// the thread's first), through deltas of versions 3 and 2 of different
+// sizes, in and out of order, some failing midway: every success equals
+// decode + scatter (the decoder's own run too) and is put back exactly by
+// its undo log; every failure leaves the state bit-identical.
+TEST(CompactApply, FirstAndLaterAppliesOverUnzeroedParseBuffersAreExact) {
+  const Case small = MakeCase();
+  const WeightState small_short = ShortOfClass8(small);
+  const Case mid = MakeLargeCase();
+  const Case large = MakeOutgrowingCase();
+  struct Step {
+    const Case* c;
+    int version;
+    const WeightState* onto;  // nullptr: c's own base, where the apply succeeds
+  };
+  const std::vector<Step> steps = {{&large, 3, nullptr}, {&small, 3, &small_short}, {&small, 3, nullptr},
+                                   {&mid, 2, nullptr},   {&large, 2, nullptr},      {&small, 2, &small_short},
+                                   {&small, 2, nullptr}, {&mid, 3, nullptr},        {&large, 3, nullptr}};
+  std::vector<std::vector<uint8_t>> bytes;
+  for (const Step& step : steps) {
+    bytes.push_back(EncodeBytes(step.c->state, step.c->hash, step.c->changes, step.version));
+    ASSERT_FALSE(bytes.back().empty());
+  }
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    std::thread replica([&] {
+      CompactUndo undo;
+      for (size_t i = 0; i < steps.size(); ++i) {
+        const Step& step = steps[i];
+        SCOPED_TRACE("step " + std::to_string(i) + ", stream version " + std::to_string(step.version));
+        WeightState s = Copy(step.onto ? *step.onto : step.c->state);
+        Result<CompactDelta> d = Apply(bytes[i], s, step.c->hash, threads, compact::kDecodeChunkElements, undo);
+        if (step.onto) {
+          ASSERT_NO_FATAL_FAILURE(ExpectRefusedLeavingTheState(d, s, *step.onto));
+          continue;
+        }
+        ASSERT_TRUE(d.ok()) << d.status().ToString();
+        WeightState want = Copy(step.c->state);
+        ApplyChanges(want, step.c->changes, 1);
+        EXPECT_EQ(d->hash_delta, HashChanges(step.c->state, step.c->changes, 1));
+        ASSERT_TRUE(SameBytes(s, want));
+        undo.Restore(threads);
+        ASSERT_TRUE(SameBytes(s, step.c->state));
+        // The decoder, on the same thread's buffers, gives the same changes.
+        Result<SafetensorsFile> f = ParseBytes(bytes[i], "decode.safetensors");
+        ASSERT_TRUE(f.ok());
+        Result<CompactDelta> decoded = DecodeCompactDelta(*f, step.c->state, step.c->hash, threads);
+        ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+        EXPECT_EQ(decoded->hash_delta, d->hash_delta);
+        WeightState scattered = Copy(step.c->state);
+        ApplyChanges(scattered, decoded->changes, 1);
+        ASSERT_TRUE(SameBytes(scattered, want));
+      }
+    });
+    replica.join();
   }
 }
 

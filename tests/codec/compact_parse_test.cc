@@ -13,6 +13,7 @@
 #include "codec/compact_bf16.h"
 #include "codec/compact_case_util.h"
 #include "codec/compact_container.h"
+#include "codec/compact_parse.h"
 #include "codec/compact_streams.h"
 #include "codec/patch_test_util.h"
 #include "deltasync/compact.h"
@@ -156,6 +157,71 @@ TEST(CompactParse, RefusesAStreamOfNoBaseTensorOrOfAnUnknownVersion) {
     EXPECT_NE(s.ToString().find("unknown stream version 9"), std::string::npos) << s.ToString();
     EXPECT_EQ(DecodeCompactDelta(*bad, c.state, c.hash, 1).status().code(), ErrorCode::kCorruption);
   }
+}
+
+// PlausibleBf16Count (the decoder sizes a stream's parse buffers from it
+// ahead of the parse): every version-3 bf16 stream's own count; nothing for
+// a raw-mode stream, a malformed header or an implausible count.
+TEST(CompactParse, PlausibleBf16CountIsAStreamsCountOrNothing) {
+  const MixedCase m = MakeMixedCase();
+  const Case large = MakeLargeCase();
+  struct Delta {
+    const WeightState* state;
+    StateHash hash;
+    const std::vector<TensorChanges>* changes;
+  };
+  for (const Delta& d : {Delta{&m.state, HashState(m.state, 1), &m.changes}, Delta{&large.state, large.hash, &large.changes}}) {
+    for (int version : {2, 3}) {
+      SCOPED_TRACE("stream version " + std::to_string(version));
+      const std::vector<uint8_t> bytes = EncodeBytes(*d.state, d.hash, *d.changes, version);
+      Result<SafetensorsFile> f = ParseBytes(bytes);
+      ASSERT_TRUE(f.ok());
+      const std::vector<TensorView> views = d.state->views();
+      Result<std::vector<compact::Stream>> listed = compact::ListStreams(*f, views);
+      ASSERT_TRUE(listed.ok());
+      CompactParse parsed;
+      ASSERT_TRUE(ParseCompactDelta(*f, views, 1, parsed).ok());
+      ASSERT_EQ(listed->size(), parsed.tensors.size());
+      for (size_t i = 0; i < listed->size(); ++i) {
+        const std::optional<uint64_t> count = compact::PlausibleBf16Count((*listed)[i].stream, views[(*listed)[i].base]);
+        if (!parsed.tensors[i].bf16) {
+          EXPECT_FALSE(count) << parsed.tensors[i].name;
+        } else if (version == 3 || count) {
+          ASSERT_TRUE(count) << parsed.tensors[i].name;
+          EXPECT_EQ(*count, parsed.tensors[i].class_begin[compact::kClasses]) << parsed.tensors[i].name;
+        }
+      }
+    }
+  }
+  // Made-up headers against a bf16 base of 1000 elements: version, mode,
+  // count, then `tail` bytes.
+  std::vector<uint8_t> elements(2000);
+  const TensorView base{"w", DType::kBF16, {1000}, elements};
+  auto count_of = [&](std::vector<uint8_t> header, size_t tail, const TensorView& b) {
+    header.resize(header.size() + tail);
+    const TensorView stream{"w.cmp", DType::kU8, {header.size()}, header};
+    return compact::PlausibleBf16Count(stream, b);
+  };
+  auto header = [](uint8_t version, uint8_t mode, uint64_t count) {
+    std::vector<uint8_t> h = {version, mode};
+    compact::PutVarint(h, count);
+    return h;
+  };
+  EXPECT_EQ(count_of(header(3, compact::kModeBf16, 700), 100, base), std::optional<uint64_t>(700));
+  EXPECT_EQ(count_of(header(2, compact::kModeBf16, 1000), 200, base), std::optional<uint64_t>(1000));
+  // At most 8 changes per stream byte: 800 in a 100-byte stream (its 4-byte
+  // header counted).
+  EXPECT_EQ(count_of(header(3, compact::kModeBf16, 800), 96, base), std::optional<uint64_t>(800));
+  EXPECT_FALSE(count_of(header(3, compact::kModeBf16, 801), 96, base));
+  EXPECT_FALSE(count_of(header(3, compact::kModeBf16, 1001), 1000, base));  // more than the elements
+  EXPECT_FALSE(count_of(header(3, compact::kModeRaw, 10), 100, base));
+  EXPECT_FALSE(count_of(header(4, compact::kModeBf16, 10), 100, base));
+  EXPECT_FALSE(count_of(header(1, compact::kModeBf16, 10), 100, base));
+  EXPECT_FALSE(count_of({3, compact::kModeBf16, 0x80}, 0, base));  // the count's varint cut short
+  EXPECT_FALSE(count_of({3}, 0, base));
+  EXPECT_FALSE(count_of({}, 0, base));
+  const TensorView f32{"f", DType::kF32, {500}, elements};
+  EXPECT_FALSE(count_of(header(3, compact::kModeBf16, 10), 100, f32));
 }
 
 }  // namespace

@@ -152,6 +152,40 @@ TEST(CompactRice, NarrowAndWideRankRoutesReadTheSameRanks) {
   });
 }
 
+// RankBuffer::Resize sizes its route without writing a rank (the parse
+// writes every one), reports a fresh allocation's bytes, and empties the
+// other route keeping its memory.
+TEST(CompactRice, RankBufferResizeWritesNothingAndReportsFreshMemory) {
+  RankBuffer buf;
+  std::vector<MutableByteSpan> fresh;
+  buf.Resize(500, 1000, &fresh);
+  ASSERT_TRUE(buf.is_narrow);
+  ASSERT_EQ(fresh.size(), 1u);
+  EXPECT_EQ(fresh[0].data(), reinterpret_cast<uint8_t*>(buf.narrow.data()));
+  EXPECT_EQ(fresh[0].size(), 2000u);
+  for (uint32_t i = 0; i < 500; ++i) buf.narrow[i] = 3 * i + 1;
+  buf.Resize(7, 1000, &fresh);
+  buf.Resize(500, 1000, &fresh);
+  EXPECT_EQ(fresh.size(), 1u);
+  for (uint32_t i = 0; i < 500; ++i) ASSERT_EQ(buf[i], 3 * i + 1) << i;
+  // The wide route: fresh u64 memory; the narrow one emptied, its memory kept.
+  const uint32_t* const narrow_at = buf.narrow.data();
+  ForceWideRanks(true);
+  buf.Resize(300, 1000, &fresh);
+  ForceWideRanks(false);
+  ASSERT_FALSE(buf.is_narrow);
+  EXPECT_TRUE(buf.narrow.empty());
+  EXPECT_EQ(buf.narrow.data(), narrow_at);
+  ASSERT_EQ(fresh.size(), 2u);
+  EXPECT_EQ(fresh[1].data(), reinterpret_cast<uint8_t*>(buf.wide.data()));
+  EXPECT_EQ(fresh[1].size(), 2400u);
+  // Back to narrow within its capacity: nothing fresh, its ranks as left.
+  buf.Resize(500, 1000, &fresh);
+  EXPECT_EQ(fresh.size(), 2u);
+  EXPECT_TRUE(buf.wide.empty());
+  for (uint32_t i = 0; i < 500; ++i) ASSERT_EQ(buf[i], 3 * i + 1) << i;
+}
+
 // A reference reader of Rice-coded gaps: code by code through BitReader's
 // Get and Unary only (never RiceRun, the fast path), with GetRiceGaps's
 // messages.

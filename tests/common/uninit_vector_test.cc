@@ -70,5 +70,39 @@ TEST(UninitVectorTest, ReserveForReuseKeepsMemoryThatFitsAndGrowsByAnEighth) {
   EXPECT_EQ(v.capacity(), 1801u + 1801u / 8);
 }
 
+// SizeUninit (the undo log's and the parse buffers' sizing): grown as
+// ReserveForReuse grows it, nothing written, and only a fresh allocation's
+// n elements reported (to be faulted in ahead).
+TEST(UninitVectorTest, SizeUninitReportsOnlyFreshMemoryAndWritesNothing) {
+  UninitVector<uint32_t> v;
+  std::vector<MutableByteSpan> fresh;
+  SizeUninit(v, 1000, &fresh);
+  ASSERT_EQ(v.size(), 1000u);
+  EXPECT_EQ(v.capacity(), 1000u);
+  ASSERT_EQ(fresh.size(), 1u);
+  EXPECT_EQ(fresh[0].data(), reinterpret_cast<uint8_t*>(v.data()));
+  EXPECT_EQ(fresh[0].size(), 4000u);
+  for (uint32_t i = 0; i < 1000; ++i) v[i] = 0xC0DE0000u ^ i;
+  // Shrunk and grown within the capacity: the same memory, nothing fresh,
+  // nothing written.
+  const uint32_t* const at = v.data();
+  SizeUninit(v, 10, &fresh);
+  SizeUninit(v, 1000, &fresh);
+  EXPECT_EQ(v.data(), at);
+  EXPECT_EQ(fresh.size(), 1u);
+  for (uint32_t i = 0; i < 1000; ++i) ASSERT_EQ(v[i], 0xC0DE0000u ^ i) << i;
+  // Past it: n + n/8 allocated, the n elements reported.
+  SizeUninit(v, 2000, &fresh);
+  EXPECT_EQ(v.size(), 2000u);
+  EXPECT_EQ(v.capacity(), 2250u);
+  ASSERT_EQ(fresh.size(), 2u);
+  EXPECT_EQ(fresh[1].data(), reinterpret_cast<uint8_t*>(v.data()));
+  EXPECT_EQ(fresh[1].size(), 8000u);
+  // Without a list: sized the same, nothing reported anywhere.
+  SizeUninit(v, 3000, nullptr);
+  EXPECT_EQ(v.size(), 3000u);
+  EXPECT_EQ(v.capacity(), 3375u);
+}
+
 }  // namespace
 }  // namespace deltasync
