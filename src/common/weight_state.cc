@@ -11,10 +11,11 @@ Result<WeightState> WeightState::FromViews(std::span<const TensorView> tensors) 
   // Fresh memory would fault in 4 KiB at a time as it is copied into (most
   // of the time of a checkpoint's copy): each tensor's capacity is reserved
   // and faulted in ahead in large pieces on all threads, then the tensors
-  // are copied in parallel. No huge pages: with them a publisher's first
-  // version (a copy of the checkpoint) took 1.9-2.9 s of encode against
-  // 1.4-1.5 s, the kernel compacting memory for them (docs/benchmarks.md,
-  // session 42).
+  // are copied in parallel. Huge pages are advised: the copy is a
+  // long-lived state (a publisher's, read every version). Their cost is at
+  // the copy: this guest's first publish took 1.9-2.9 s of encode with them
+  // against 1.4-1.5 s without, the kernel compacting memory for them
+  // (docs/benchmarks.md, session 42).
   std::vector<Tensor> copies;
   copies.reserve(tensors.size());
   std::vector<MutableByteSpan> fresh;
@@ -24,7 +25,7 @@ Result<WeightState> WeightState::FromViews(std::span<const TensorView> tensors) 
     copy.data.reserve(t.data.size());
     fresh.emplace_back(copy.data.data(), t.data.size());
   }
-  PrepareFreshPages(fresh, /*threads=*/0, /*huge=*/false);
+  PrepareFreshPages(fresh, /*threads=*/0, /*huge=*/true);
   ParallelFor(copies.size(), /*threads=*/0,
               [&](size_t i) { copies[i].data.assign(tensors[i].data.begin(), tensors[i].data.end()); });
   return FromTensors(std::move(copies));
