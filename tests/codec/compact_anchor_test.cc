@@ -166,5 +166,30 @@ TEST(CompressedAnchor, ManyTensorsOnReusedThreadsGiveWhatAFreshThreadGives) {
   }
 }
 
+// Names where one is another's prefix followed by a byte that sorts below
+// the stream suffix's (".zan"): "m" < "m-c" < "m.b", but "m-c.zan" <
+// "m.b.zan" < "m.zan". The decoded tensors are in the names' order, as a
+// parted anchor's blocks are checked against the layout's (sync/replay.cc).
+TEST(CompressedAnchor, DecodedInTheOrderOfTheNamesNotOfTheStreams) {
+  std::mt19937_64 rng(1);
+  Tensors t;
+  for (const char* name : {"m", "m.b", "m-c", "m.a.zzz", "m_d", "x"}) t.Add(rng, name, DType::kBF16, 40, Tensors::Fill::kRandom);
+  t.Seal();
+  Result<EncodedPatch> e = EncodeCompressedAnchor(1, t.views, 1);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  Result<SafetensorsFile> f = ParseBytes(Flatten(*e));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  Result<DecodedAnchor> d = DecodeCompressedAnchor(*f, 1);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  std::vector<std::string> names;
+  for (const WeightState::Tensor& x : d->tensors) names.push_back(x.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"m", "m-c", "m.a.zzz", "m.b", "m_d", "x"}));
+  for (const WeightState::Tensor& x : d->tensors) {
+    const auto it = std::find_if(t.views.begin(), t.views.end(), [&](const TensorView& v) { return v.name == x.name; });
+    ASSERT_NE(it, t.views.end());
+    EXPECT_TRUE(std::equal(x.data.begin(), x.data.end(), it->data.begin(), it->data.end())) << x.name;
+  }
+}
+
 }  // namespace
 }  // namespace deltasync
