@@ -155,6 +155,30 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> LyingDeltas(const std:
   return out;
 }
 
+// fn(bytes, file, large_file): the delta of `c` (container 1) as bytes and
+// parsed, and the delta of `large` parsed, in stream versions 2 and 3, on
+// both rank routes (narrow, then wide, forced by compact::ForceWideRanks),
+// traced; stops at a fatal failure.
+void ForEachRouteAndVersion(
+    const Case& c, const Case& large,
+    const std::function<void(const std::vector<uint8_t>&, const SafetensorsFile&, const SafetensorsFile&)>& fn) {
+  for (bool wide : {false, true}) {
+    compact::ForceWideRanks(wide);
+    struct Reset {
+      ~Reset() { compact::ForceWideRanks(false); }
+    } reset;
+    for (int version : {2, 3}) {
+      SCOPED_TRACE(std::string(wide ? "wide" : "narrow") + " ranks, stream version " + std::to_string(version));
+      const std::vector<uint8_t> bytes = EncodeBytes(c.state, c.hash, c.changes, version, 1);
+      Result<SafetensorsFile> f = ParseBytes(bytes);
+      Result<SafetensorsFile> lf = ParseBytes(EncodeBytes(large.state, large.hash, large.changes, version, 1));
+      ASSERT_TRUE(f.ok() && lf.ok());
+      fn(bytes, *f, *lf);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
 // ParseCompactDelta into buffers that held poison, a larger parse of
 // another model, or a damaged or lying stream's parse: the fresh buffers'
 // parse, on both rank routes and stream versions 2 and 3.
@@ -164,48 +188,38 @@ TEST(CompactReuse, ParseIntoUsedBuffersEqualsAParseIntoFreshOnes) {
   for (Case (*make)() : {MakeCase, MakeEdgeCase, MakeEscapedGapCase}) {
     const Case c = make();
     const std::vector<TensorView> views = c.state.views();
-    for (bool wide : {false, true}) {
-      compact::ForceWideRanks(wide);
-      struct Reset {
-        ~Reset() { compact::ForceWideRanks(false); }
-      } reset;
-      for (int version : {2, 3}) {
-        SCOPED_TRACE(std::string(wide ? "wide" : "narrow") + " ranks, stream version " + std::to_string(version));
-        const std::vector<uint8_t> bytes = EncodeBytes(c.state, c.hash, c.changes, version, 1);
-        const std::vector<uint8_t> large_bytes = EncodeBytes(large.state, large.hash, large.changes, version, 1);
-        Result<SafetensorsFile> f = ParseBytes(bytes);
-        Result<SafetensorsFile> lf = ParseBytes(large_bytes);
-        ASSERT_TRUE(f.ok() && lf.ok());
-        CompactParse want;
-        ASSERT_TRUE(ParseCompactDelta(*f, views, 1, want).ok());
+    ForEachRouteAndVersion(c, large,
+                           [&](const std::vector<uint8_t>& bytes, const SafetensorsFile& f, const SafetensorsFile& lf) {
+                             CompactParse want;
+                             ASSERT_TRUE(ParseCompactDelta(f, views, 1, want).ok());
 
-        CompactParse used;
-        Poison(used, 4, 1 << 13);
-        ASSERT_TRUE(ParseCompactDelta(*f, views, 2, used).ok());
-        ExpectSameParse(used, want);
+                             CompactParse used;
+                             Poison(used, 4, 1 << 13);
+                             ASSERT_TRUE(ParseCompactDelta(f, views, 2, used).ok());
+                             ExpectSameParse(used, want);
 
-        ASSERT_TRUE(ParseCompactDelta(*lf, large_views, 2, used).ok());
-        ASSERT_TRUE(ParseCompactDelta(*f, views, 1, used).ok());
-        ExpectSameParse(used, want);
+                             ASSERT_TRUE(ParseCompactDelta(lf, large_views, 2, used).ok());
+                             ASSERT_TRUE(ParseCompactDelta(f, views, 1, used).ok());
+                             ExpectSameParse(used, want);
 
-        // A byte of the file flipped: refused, or parsed (a diff's value,
-        // say); then the good delta again.
-        size_t damaged = 0;
-        for (size_t pos = 0; pos < bytes.size(); pos += 7) {
-          std::vector<uint8_t> bad = bytes;
-          bad[pos] ^= 0x5A;
-          Result<SafetensorsFile> bf = ParseBytes(bad);
-          if (!bf.ok()) continue;
-          ++damaged;
-          Poison(used, 4, 1 << 13);
-          (void)ParseCompactDelta(*bf, views, 1, used);
-          ASSERT_TRUE(ParseCompactDelta(*f, views, 1, used).ok()) << pos;
-          ExpectSameParse(used, want);
-          if (HasFailure()) return;
-        }
-        EXPECT_GT(damaged, bytes.size() / 10);
-      }
-    }
+                             // A byte of the file flipped: refused, or parsed (a diff's value,
+                             // say); then the good delta again.
+                             size_t damaged = 0;
+                             for (size_t pos = 0; pos < bytes.size(); pos += 7) {
+                               std::vector<uint8_t> bad = bytes;
+                               bad[pos] ^= 0x5A;
+                               Result<SafetensorsFile> bf = ParseBytes(bad);
+                               if (!bf.ok()) continue;
+                               ++damaged;
+                               Poison(used, 4, 1 << 13);
+                               (void)ParseCompactDelta(*bf, views, 1, used);
+                               ASSERT_TRUE(ParseCompactDelta(f, views, 1, used).ok()) << pos;
+                               ExpectSameParse(used, want);
+                               if (HasFailure()) return;
+                             }
+                             EXPECT_GT(damaged, bytes.size() / 10);
+                           });
+    if (HasFatalFailure()) return;
   }
 }
 
@@ -266,60 +280,50 @@ TEST(CompactReuse, DecodeAndApplyAfterLyingDeltasEqualAFreshThreads) {
   for (Case (*make)() : {MakeCase, MakeEscapedGapCase}) {
     const Case c = make();
     const auto [tensor, elements] = FirstChanged(c);
-    for (bool wide : {false, true}) {
-      compact::ForceWideRanks(wide);
-      struct Reset {
-        ~Reset() { compact::ForceWideRanks(false); }
-      } reset;
-      for (int version : {2, 3}) {
-        const std::vector<uint8_t> bytes = EncodeBytes(c.state, c.hash, c.changes, version, 1);
-        const std::vector<uint8_t> large_bytes = EncodeBytes(large.state, large.hash, large.changes, version, 1);
-        Result<SafetensorsFile> f = ParseBytes(bytes);
-        Result<SafetensorsFile> lf = ParseBytes(large_bytes);
-        ASSERT_TRUE(f.ok() && lf.ok());
-        std::optional<CompactDelta> want;
-        std::thread([&] {
-          Result<CompactDelta> d = DecodeCompactDelta(*f, c.state, c.hash, 1);
-          ASSERT_TRUE(d.ok()) << d.status().ToString();
-          want = std::move(*d);
-        }).join();
-        ASSERT_TRUE(want.has_value());
-        WeightState applied = Copy(c.state);
-        ApplyChanges(applied, want->changes);
-
-        for (int threads : {1, 3}) {
-          SCOPED_TRACE(tensor + ", " + std::string(wide ? "wide" : "narrow") + " ranks, stream version " +
-                       std::to_string(version) + ", threads " + std::to_string(threads));
-          WeightState state = Copy(c.state);
-          CompactUndo undo;
-          for (const auto& [name, lying] : LyingDeltas(bytes, tensor, elements)) {
-            SCOPED_TRACE(name);
-            ASSERT_TRUE(DecodeCompactDelta(*lf, large.state, large.hash, threads).ok());
-            Result<SafetensorsFile> lied = ParseBytes(lying);
-            ASSERT_TRUE(lied.ok());
-            EXPECT_EQ(DecodeCompactDelta(*lied, c.state, c.hash, threads).status().code(), ErrorCode::kCorruption);
-            Result<CompactDelta> refused = ApplyCompactDelta(*lied, state, c.hash, threads, undo);
-            EXPECT_EQ(refused.status().code(), ErrorCode::kCorruption);
-            EXPECT_TRUE(SameBytes(state, c.state));
-
-            Result<CompactDelta> d = DecodeCompactDelta(*f, c.state, c.hash, threads);
+    ForEachRouteAndVersion(
+        c, large, [&](const std::vector<uint8_t>& bytes, const SafetensorsFile& f, const SafetensorsFile& lf) {
+          std::optional<CompactDelta> want;
+          std::thread([&] {
+            Result<CompactDelta> d = DecodeCompactDelta(f, c.state, c.hash, 1);
             ASSERT_TRUE(d.ok()) << d.status().ToString();
-            EXPECT_EQ(d->hash_delta, want->hash_delta);
-            ASSERT_EQ(d->changes.size(), want->changes.size());
-            for (size_t i = 0; i < want->changes.size(); ++i) {
-              EXPECT_EQ(d->changes[i].indices, want->changes[i].indices) << want->changes[i].name;
-              EXPECT_EQ(d->changes[i].values, want->changes[i].values) << want->changes[i].name;
+            want = std::move(*d);
+          }).join();
+          ASSERT_TRUE(want.has_value());
+          WeightState applied = Copy(c.state);
+          ApplyChanges(applied, want->changes);
+
+          for (int threads : {1, 3}) {
+            SCOPED_TRACE(tensor + ", threads " + std::to_string(threads));
+            WeightState state = Copy(c.state);
+            CompactUndo undo;
+            for (const auto& [name, lying] : LyingDeltas(bytes, tensor, elements)) {
+              SCOPED_TRACE(name);
+              ASSERT_TRUE(DecodeCompactDelta(lf, large.state, large.hash, threads).ok());
+              Result<SafetensorsFile> lied = ParseBytes(lying);
+              ASSERT_TRUE(lied.ok());
+              EXPECT_EQ(DecodeCompactDelta(*lied, c.state, c.hash, threads).status().code(), ErrorCode::kCorruption);
+              Result<CompactDelta> refused = ApplyCompactDelta(*lied, state, c.hash, threads, undo);
+              EXPECT_EQ(refused.status().code(), ErrorCode::kCorruption);
+              EXPECT_TRUE(SameBytes(state, c.state));
+
+              Result<CompactDelta> d = DecodeCompactDelta(f, c.state, c.hash, threads);
+              ASSERT_TRUE(d.ok()) << d.status().ToString();
+              EXPECT_EQ(d->hash_delta, want->hash_delta);
+              ASSERT_EQ(d->changes.size(), want->changes.size());
+              for (size_t i = 0; i < want->changes.size(); ++i) {
+                EXPECT_EQ(d->changes[i].indices, want->changes[i].indices) << want->changes[i].name;
+                EXPECT_EQ(d->changes[i].values, want->changes[i].values) << want->changes[i].name;
+              }
+              Result<CompactDelta> a = ApplyCompactDelta(f, state, c.hash, threads, undo);
+              ASSERT_TRUE(a.ok()) << a.status().ToString();
+              EXPECT_EQ(a->hash_delta, want->hash_delta);
+              EXPECT_TRUE(SameBytes(state, applied));
+              undo.Restore(threads);
+              ASSERT_TRUE(SameBytes(state, c.state));
             }
-            Result<CompactDelta> a = ApplyCompactDelta(*f, state, c.hash, threads, undo);
-            ASSERT_TRUE(a.ok()) << a.status().ToString();
-            EXPECT_EQ(a->hash_delta, want->hash_delta);
-            EXPECT_TRUE(SameBytes(state, applied));
-            undo.Restore(threads);
-            ASSERT_TRUE(SameBytes(state, c.state));
           }
-        }
-      }
-    }
+        });
+    if (HasFatalFailure()) return;
   }
 }
 

@@ -125,6 +125,23 @@ TEST(PartLayout, RefusesOverlapsGapsAndDisorder) {
   EXPECT_NE(moved.Digest(), digest);
 }
 
+// A fresh replica of `store` starts from the newest anchor's parts (one
+// anchor applied) and holds `want`; verify --all replays every object of
+// every part: `versions` verified, none bad.
+void ExpectFreshReplicaAndVerified(const std::shared_ptr<Store>& store, const WeightState& want, size_t versions) {
+  auto fresh = Replica::Create(store, ReplicaWithThreads(2));
+  auto caught = fresh->Update();
+  ASSERT_TRUE(caught.ok()) << caught.status().ToString();
+  EXPECT_EQ(caught->anchors_applied, 1u);
+  ExpectSameState(fresh->state(), want);
+  VerifyOptions all;
+  all.all = true;
+  auto report = VerifyBucket(*store, all);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->verified.size(), versions);
+  EXPECT_TRUE(report->bad_objects.empty());
+}
+
 class PartedPublishTest : public ::testing::TestWithParam<std::pair<size_t, size_t>> {};
 
 TEST_P(PartedPublishTest, ReplicaFollowsBitForBitWithTheSingleProcessHash) {
@@ -178,19 +195,7 @@ TEST_P(PartedPublishTest, ReplicaFollowsBitForBitWithTheSingleProcessHash) {
   ASSERT_EQ(m.layouts.size(), 1u);
   EXPECT_EQ(m.Find(4)->objects.size(), 2u);  // an anchor version: the step delta and the anchor
   EXPECT_TRUE(m.Find(4)->anchor() && m.Find(4)->anchor()->parts.size() == parts);
-  // A fresh replica starts from the newest anchor's parts.
-  auto fresh = Replica::Create(store, ReplicaWithThreads(2));
-  auto caught = fresh->Update();
-  ASSERT_TRUE(caught.ok()) << caught.status().ToString();
-  EXPECT_EQ(caught->anchors_applied, 1u);
-  ExpectSameState(fresh->state(), (*reference)->state());
-  // verify --all replays every object of every part.
-  VerifyOptions all;
-  all.all = true;
-  auto report = VerifyBucket(*store, all);
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
-  EXPECT_EQ(report->verified.size(), 10u);
-  EXPECT_TRUE(report->bad_objects.empty());
+  ExpectFreshReplicaAndVerified(store, (*reference)->state(), 10);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PartedPublishTest,
@@ -495,16 +500,7 @@ TEST(PartedPublish, AnAnchorOfNamesThatArePrefixesOfOthersLoads) {
     ASSERT_TRUE(updated.ok()) << updated.status().ToString();
     ExpectSameState(replica->state(), (*reference)->state());
   }
-  auto fresh = Replica::Create(store, ReplicaWithThreads(2));
-  auto caught = fresh->Update();
-  ASSERT_TRUE(caught.ok()) << caught.status().ToString();
-  EXPECT_EQ(caught->anchors_applied, 1u);
-  ExpectSameState(fresh->state(), (*reference)->state());
-  VerifyOptions all;
-  all.all = true;
-  auto report = VerifyBucket(*store, all);
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
-  EXPECT_TRUE(report->bad_objects.empty());
+  ExpectFreshReplicaAndVerified(store, (*reference)->state(), 3);
 }
 
 }  // namespace
