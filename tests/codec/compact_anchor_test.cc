@@ -78,11 +78,11 @@ Tensors ManyTensors() {
     std::snprintf(name, sizeof(name), "layers.%03d", k++);
     t.Add(rng, name, dtype, n, fill);
   };
-  for (uint64_t n : lengths) {
+  for (size_t i = 0; i < lengths.size(); ++i) {
     for (Fill fill : {Fill::kNormal, Fill::kRandom, Fill::kConstant}) {
-      // The big ones in one fill each, to keep the test short.
-      if (n >= kChunk - 1 && static_cast<int>(fill) != k % 3) continue;
-      add(DType::kBF16, n, fill);
+      // The big ones in one fill each (in turn), to keep the test short.
+      if (lengths[i] >= kChunk - 1 && static_cast<size_t>(fill) != i % 3) continue;
+      add(DType::kBF16, lengths[i], fill);
     }
   }
   // A block under 32 bytes (stored, zstd not tried) right after one that
@@ -115,6 +115,7 @@ Tensors LargerTensors() {
 
 TEST(CompressedAnchor, ManyTensorsOnReusedThreadsGiveWhatAFreshThreadGives) {
   const Tensors many = ManyTensors();
+  ASSERT_EQ(many.views.size(), 47u);
   const Tensors larger = LargerTensors();
   // The reference: one thread of its own (threads = 1 runs on the calling
   // thread), its buffers fresh.
