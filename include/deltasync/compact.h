@@ -244,7 +244,10 @@ struct CompactParse {
 // `out`, against the base's tensors `base` (their element counts and dtypes:
 // the data is not read). kCorruption for any violation the decoder's first
 // step finds; the metadata's other fields (versions, base hash, totals) are
-// not checked: DecodeCompactDelta does that.
+// not checked: DecodeCompactDelta does that. On an error no slot of `out`
+// that no parse wrote is visible: each tensor whose stream was refused is
+// left empty (not bf16, no ranks, diffs, escapes or raw changes; its
+// buffers' capacity kept).
 Status ParseCompactDelta(const SafetensorsFile& file, std::span<const TensorView> base, int threads,
                          CompactParse& out);
 

@@ -163,9 +163,20 @@ Result<DecodedAnchor> DecodeCompressedAnchor(const SafetensorsFile& file, int th
   std::optional<uint64_t> total = it == m.end() ? std::nullopt : pm::ParseDecimal(it->second);
   if (!total) return Status::Corruption(label + ": __metadata__ 'total_elements' is missing or not an integer");
 
+  // In the order of the tensors' names (the suffix off), as the encoder
+  // wrote them and DecodedAnchor promises: the streams' own names sort
+  // otherwise where one tensor's name is another's prefix ("m.zan" after
+  // "m.b.zan" and "m-c.zan"), and a parted anchor's tensors are checked
+  // against its layout's blocks in name order (sync/replay.cc).
+  auto stem = [](std::string_view name) {
+    return name.ends_with(kSuffix) ? name.substr(0, name.size() - kSuffix.size()) : name;
+  };
   std::vector<const TensorView*> streams;
   for (const TensorView& t : file.tensors()) streams.push_back(&t);
-  std::sort(streams.begin(), streams.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  std::sort(streams.begin(), streams.end(), [&](auto* a, auto* b) {
+    const std::string_view x = stem(a->name), y = stem(b->name);
+    return x != y ? x < y : a->name < b->name;
+  });
 
   DecodedAnchor out;
   out.model_version = *version;

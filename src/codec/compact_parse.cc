@@ -45,7 +45,13 @@ Status ParseCompactDelta(const SafetensorsFile& file, std::span<const TensorView
     o.raw.values.clear();
     errors[i] = compact::ReadCompactStream(label, *streams[i], *bases[i], t, o.raw, bf);
     o.name = bases[i]->name;
-    o.bf16 = bf.base != nullptr;
+    // A refused stream's tensor is left empty: its buffers, sized ahead,
+    // may hold slots the parse never reached (UninitVector: not zeroed).
+    o.bf16 = bf.base != nullptr && errors[i].ok();
+    if (!errors[i].ok()) {
+      o.raw.indices.clear();
+      o.raw.values.clear();
+    }
     o.class_begin = bf.class_begin;
     o.ranks32.swap(bf.ranks.narrow);
     o.ranks.swap(bf.ranks.wide);
