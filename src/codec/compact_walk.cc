@@ -67,6 +67,34 @@ std::span<const uint16_t> ChunkWalker::BaseOf(size_t k) const {
   return {data + a.begin, static_cast<size_t>(a.end - a.begin)};
 }
 
+void AddClassMoves(const uint16_t* old16, const uint16_t* new16, uint64_t n, std::array<int32_t, kClasses>& moves) {
+  const auto move = [&](uint64_t from, uint64_t to) {
+    for (uint64_t j = from; j < to; ++j) {
+      const uint16_t o = old16[j], v = new16[j];
+      if (((o ^ v) & 0x7F80) != 0) {
+        --moves[ClassOf(o)];
+        ++moves[ClassOf(v)];
+      }
+    }
+  };
+  // A group's old and new values XORed 4 at a time (u64 words), one test
+  // of the exponent bits per group.
+  constexpr uint64_t kGroup = 32;
+  constexpr uint64_t kExponents = 0x7F807F807F807F80ull;
+  uint64_t j = 0;
+  for (; j + kGroup <= n; j += kGroup) {
+    uint64_t any = 0;
+    for (uint64_t w = 0; w < kGroup; w += 4) {
+      uint64_t o, v;
+      std::memcpy(&o, old16 + j + w, 8);
+      std::memcpy(&v, new16 + j + w, 8);
+      any |= o ^ v;
+    }
+    if ((any & kExponents) != 0) move(j, j + kGroup);
+  }
+  move(j, n);
+}
+
 StateHash ChunkWalker::HashDelta() const {
   StateHash sum;
   for (const std::array<uint64_t, 2>& h : hash_) sum += StateHash{h[0], h[1]};
@@ -305,20 +333,9 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   if (run) {
     kernels::HashTermDiffs16At(chunk.begin, undo_pos + k0, reinterpret_cast<const uint8_t*>(side16),
                                reinterpret_cast<const uint8_t*>(undo_old + k0), k - k0, t.seeds.element_seed, hash);
-    if (moves) {
-      // Each change moves its element from its old value's class to its new
-      // value's: from the undo log's old values and `side`'s new ones, both
-      // in change order. Only a change of the exponent can change the class
-      // (most changes keep it: a branch rarely taken).
-      const uint16_t* const old16 = undo_old + k0;
-      for (uint64_t j = 0; j < k - k0; ++j) {
-        const uint16_t o = old16[j], n = side16[j];
-        if (((o ^ n) & 0x7F80) != 0) {
-          --(*moves)[ClassOf(o)];
-          ++(*moves)[ClassOf(n)];
-        }
-      }
-    }
+    // The class moves: from the undo log's old values and `side`'s new
+    // ones, both in change order.
+    if (moves) AddClassMoves(undo_old + k0, side16, k - k0, *moves);
   } else {
     kernels::HashTermDiffs16(indices + k0, values + 2 * k0, reinterpret_cast<const uint8_t*>(side16), k - k0,
                              t.seeds.element_seed, hash);

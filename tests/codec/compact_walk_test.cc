@@ -6,9 +6,14 @@
 // walks next (the decoder hands chunks out one ahead: ParallelForAhead).
 // A prefetch changes no result (the decode and apply tests cover those on
 // 1-3 threads); this checks that it reads the chunk it means to.
+// AddClassMoves (the class moves a fused apply adds to the held class
+// totals) against its definition: each class's count among the new values
+// less its count among the old ones.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -62,6 +67,47 @@ TEST(CompactWalk, AheadOfIsTheChunkAheadAcrossTensorsAndNonePastTheLast) {
   }
   EXPECT_TRUE(none.BaseOf(chunks.size()).empty());
   EXPECT_TRUE(none.BaseOf(chunks.size() + 7).empty());
+}
+
+// The class counts of the new values less those of the old ones, whatever
+// the values: with few exponent changes (most groups of 32 skipped by one
+// test), exponent changes only at a group's first or last change or in the
+// tail past the last whole group, and every change an exponent change;
+// changes of sign or mantissa only move nothing.
+TEST(CompactWalk, ClassMovesAreTheNewValuesClassCountsLessTheOldOnes) {
+  std::mt19937_64 rng(43);
+  const auto reference = [](const std::vector<uint16_t>& o, const std::vector<uint16_t>& v) {
+    std::array<int32_t, compact::kClasses> want{};
+    for (size_t j = 0; j < o.size(); ++j) {
+      --want[compact::ClassOf(o[j])];
+      ++want[compact::ClassOf(v[j])];
+    }
+    return want;
+  };
+  for (size_t n : {size_t{0}, size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{63}, size_t{64}, size_t{65},
+                   size_t{100}, size_t{1000}, size_t{4099}}) {
+    // 0: no exponent change; 1: one in a hundred; 2: at positions 0, 31, 32,
+    // 63 and the last; 3: every change; 4: one in a hundred, each of the
+    // exponent's lowest bit only (the edge of the test's mask).
+    for (int pattern = 0; pattern < 5; ++pattern) {
+      SCOPED_TRACE("n " + std::to_string(n) + ", pattern " + std::to_string(pattern));
+      std::vector<uint16_t> o(n), v(n);
+      for (size_t j = 0; j < n; ++j) {
+        o[j] = static_cast<uint16_t>(rng());
+        v[j] = static_cast<uint16_t>(o[j] ^ (rng() & 0x807F));  // sign and mantissa only
+        bool exponent = pattern == 3 || ((pattern == 1 || pattern == 4) && rng() % 100 == 0);
+        if (pattern == 2) exponent = j == 0 || j == 31 || j == 32 || j == 63 || j + 1 == n;
+        const unsigned bit = pattern == 4 ? 7 : pattern == 2 ? (j % 2 == 0 ? 7 : 14) : 7 + rng() % 8;
+        if (exponent) v[j] = static_cast<uint16_t>(v[j] ^ (uint16_t{1} << bit));
+      }
+      std::array<int32_t, compact::kClasses> got{};
+      got[3] = 5;  // added to, not overwritten
+      compact::AddClassMoves(o.data(), v.data(), n, got);
+      std::array<int32_t, compact::kClasses> want = reference(o, v);
+      want[3] += 5;
+      EXPECT_EQ(got, want);
+    }
+  }
 }
 
 }  // namespace
