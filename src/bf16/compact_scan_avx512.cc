@@ -34,6 +34,7 @@
 #include "bf16/class_bytes_avx512.h"
 #include "bf16/prefetch.h"
 #include "bf16/round.h"
+#include "bf16/round_avx512.h"
 #endif
 
 namespace deltasync::kernels {
@@ -56,17 +57,6 @@ DS_AVX512_WARNINGS_PUSH
                         "avx512vpopcntdq,avx512bf16,bmi2,popcnt")))
 
 namespace {
-
-// The 32 new values (u16 lanes) of the fp32 at cur, elements where `valid`
-// (0 elsewhere): two VCVTNE2PS2BF16, unless one of them is NaN or a
-// denormal (*special then set and the result unused).
-DS_AVX512_SCAN inline __m512i RoundWord32(const uint32_t* cur, __mmask32 valid, __mmask16* special) {
-  constexpr int kNanOrDenormal = 0x01 | 0x80 | 0x20;  // QNaN, SNaN, denormal
-  const __m512 a = _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(static_cast<__mmask16>(valid), cur));
-  const __m512 b = _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(static_cast<__mmask16>(valid >> 16), cur + 16));
-  *special |= _mm512_fpclass_ps_mask(a, kNanOrDenormal) | _mm512_fpclass_ps_mask(b, kNanOrDenormal);
-  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));
-}
 
 // The diff bytes (compact::DiffByte) of 32 changes on u16 lanes, base
 // values in p and new ones in r, in the low byte of each lane: kEscape
@@ -123,8 +113,8 @@ DS_AVX512_SCAN size_t ScanBlockAvx512(uint16_t* pub, const void* cur, bool f32, 
     if (f32) {
       const auto* c = static_cast<const uint32_t*>(cur) + at;
       __mmask16 special = 0;
-      r0 = RoundWord32(c, valid_low, &special);
-      r1 = RoundWord32(c + 32, valid_high, &special);
+      r0 = avx512::RoundWord32(c, valid_low, &special);
+      r1 = avx512::RoundWord32(c + 32, valid_high, &special);
       if (special != 0) [[unlikely]] {
         alignas(64) uint16_t rounded[64];
         for (size_t k = 0; k < 64; ++k) rounded[k] = at + k < len ? bf16::RoundFp32ToBf16(bf16::LoadElement(c, k)) : 0;

@@ -1,14 +1,17 @@
 // DetectAndEncodeGapDelta (include/deltasync/detect_encode.h): the detect's
 // chunks write the gap_delta streams themselves.
 //
-// Each chunk is scanned in blocks of kBlock elements. The Compare kernel
-// writes a block's values straight into the chunk's value stream and its
-// 64-bit indices into a per-worker scratch of one block, which is still in
-// L2 when they are turned into 16-bit gaps in the chunk's gap stream. So a
-// change costs the bytes of its gap and value, written once, where
-// DetectChanges + EncodeDelta write each change's index and value into a
-// growing scratch, copy them into the TensorChanges and read them back to
-// encode (~40 bytes of memory traffic more per change).
+// Each chunk is scanned in blocks of kBlock elements. For fp32 masters of a
+// bf16 tensor (the common case) one kernel, CompareF32ToBf16Gaps, writes a
+// block's gaps and values straight into the chunk's gap and value streams
+// (on AVX-512 CPUs 32 elements a step by VPCOMPRESSW: detect_gaps_avx512.h).
+// For other dtypes the Compare kernel writes the values into the value
+// stream and its 64-bit indices into a per-worker scratch of one block,
+// which is still in L2 when they are turned into 16-bit gaps. So a change
+// costs the bytes of its gap and value, written once, where DetectChanges +
+// EncodeDelta write each change's index and value into a growing scratch,
+// copy them into the TensorChanges and read them back to encode (~40 bytes
+// of memory traffic more per change).
 //
 // What a chunk cannot know while it scans is settled after the scan, per
 // tensor: the gap of its first change (it depends on the last change of the
@@ -61,6 +64,7 @@ using ChunkStreams = DetectedGapDelta::Buffers::ChunkStreams;
 constexpr uint64_t kBlock = uint64_t{1} << 14;
 constexpr uint64_t kU16Max = std::numeric_limits<uint16_t>::max();
 static_assert(kBlock <= kU16Max + 1, "the gaps inside a block must fit 16 bits");
+static_assert(kBlock <= kernels::kCompareGapsMaxElements, "a block is one CompareF32ToBf16Gaps call");
 // Below this many changes in total, the per-tensor finishing stays on the
 // calling thread (EncodeDelta's threshold).
 constexpr uint64_t kParallelMinChanges = uint64_t{1} << 18;
@@ -79,40 +83,70 @@ struct ChunkGaps {
   bool failed() const { return first_bad != kNoError || out_of_memory; }
 };
 
+// Compares elements [begin, begin + n) of a job whose fp32 masters round to
+// its bf16 (the common case): the kernel writes the gaps itself (the first
+// one as its offset in the block). Returns the changes; *first and *last as
+// their first and last index.
+size_t CompareGapsBlock(const ScanJob& job, uint64_t begin, size_t n, uint16_t* gaps, uint8_t* values,
+                        uint64_t* first, uint64_t* last, size_t* first_bad) {
+  size_t last_offset = 0;
+  const size_t added = kernels::CompareF32ToBf16Gaps(
+      reinterpret_cast<const uint16_t*>(job.published) + begin, reinterpret_cast<const uint32_t*>(job.current) + begin,
+      n, job.exp_mask != 0, gaps, reinterpret_cast<uint16_t*>(values), &last_offset, first_bad);
+  if (added > 0) {
+    *first = begin + gaps[0];
+    *last = begin + last_offset;
+  }
+  return added;
+}
+
+// The same for any other job: the Compare kernel's 64-bit indices into
+// `indices` (one block's, still in L2), turned into gaps 1 .. added - 1.
+size_t CompareIndicesBlock(const ScanJob& job, uint64_t begin, size_t n, uint64_t* indices, uint16_t* gaps,
+                           uint8_t* values, uint64_t* first, uint64_t* last, size_t* first_bad) {
+  const size_t added = CompareSpan(job, begin, n, indices, values, first_bad);
+  if (*first_bad < n || added == 0) return added;
+  for (size_t k = 1; k < added; ++k) gaps[k] = static_cast<uint16_t>(indices[k] - indices[k - 1] - 1);
+  *first = indices[0];
+  *last = indices[added - 1];
+  return added;
+}
+
 void ScanChunk(const ScanJob& job, const Chunk& chunk, ScratchBuffer& indices, ChunkStreams& streams,
                ChunkGaps& out) {
   const size_t value_size = DTypeSize(job.published_dtype);
+  const bool gaps_kernel = job.f32_to_bf16();
+  const size_t slack = gaps_kernel ? kernels::kCompareGapsSlack : kernels::kCompareOutputSlack;
   for (uint64_t begin = chunk.begin; begin < chunk.end; begin += kBlock) {
     const size_t n = static_cast<size_t>(std::min(kBlock, chunk.end - begin));
-    const size_t room = n + kernels::kCompareOutputSlack;
-    if (!indices.Reserve(room * sizeof(uint64_t)) || !streams.values.Reserve((out.count + room) * value_size)) {
+    const size_t room = out.count + n + slack;
+    if (!streams.values.Reserve(room * value_size) || !streams.gaps.Reserve(room * sizeof(uint16_t)) ||
+        (!gaps_kernel && !indices.Reserve((n + slack) * sizeof(uint64_t)))) {
       out.out_of_memory = true;
       return;
     }
-    const uint64_t* const idx = reinterpret_cast<const uint64_t*>(indices.data());
+    uint16_t* const gaps = reinterpret_cast<uint16_t*>(streams.gaps.data()) + out.count;
+    uint8_t* const values = streams.values.data() + out.count * value_size;
+    uint64_t first = 0, last = 0;
     size_t first_bad = n;
-    const size_t added = CompareSpan(job, begin, n, reinterpret_cast<uint64_t*>(indices.data()),
-                                     streams.values.data() + out.count * value_size, &first_bad);
+    const size_t added =
+        gaps_kernel ? CompareGapsBlock(job, begin, n, gaps, values, &first, &last, &first_bad)
+                    : CompareIndicesBlock(job, begin, n, reinterpret_cast<uint64_t*>(indices.data()), gaps, values,
+                                          &first, &last, &first_bad);
     if (first_bad < n) {
       out.first_bad = begin + first_bad;
       return;
     }
     if (added == 0) continue;
-    if (!streams.gaps.Reserve((out.count + added) * sizeof(uint16_t))) {
-      out.out_of_memory = true;
-      return;
-    }
-    uint16_t* const gaps = reinterpret_cast<uint16_t*>(streams.gaps.data()) + out.count;
-    // g[k] = idx[k] - idx[k-1] - 1. The chunk's own first gap waits for the
-    // scan's end; a block's first may be wide, the others are below kBlock.
+    // The gaps after a block's first are below kBlock. The chunk's own first
+    // gap waits for the scan's end; a block's first may be wide.
     const bool chunk_first = out.count == 0;
-    const uint64_t gap0 = chunk_first ? 0 : idx[0] - out.last - 1;
+    const uint64_t gap0 = chunk_first ? 0 : first - out.last - 1;
     if (gap0 > kU16Max) out.wide.emplace_back(out.count, gap0);
     out.or_gap |= gap0;
     gaps[0] = static_cast<uint16_t>(gap0);
-    for (size_t k = 1; k < added; ++k) gaps[k] = static_cast<uint16_t>(idx[k] - idx[k - 1] - 1);
-    if (chunk_first) out.first = idx[0];
-    out.last = idx[added - 1];
+    if (chunk_first) out.first = first;
+    out.last = last;
     out.count += added;
   }
 }

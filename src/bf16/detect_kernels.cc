@@ -14,6 +14,7 @@
 #include <immintrin.h>
 #endif
 
+#include "bf16/detect_gaps_avx512.h"
 #include "bf16/prefetch.h"
 #include "bf16/raw_kernels.h"
 #include "bf16/round.h"
@@ -220,10 +221,11 @@ HWY_INLINE size_t CompareT(const T* pub, const T* cur, size_t n, uint64_t base, 
 }
 
 // bf16 pub vs fp32 cur rounded to bf16. Compares in u32 lanes (pub widened)
-// and keeps the rounded block in `rounded` for pass 2.
+// and keeps the rounded block in `rounded` for pass 2. Elements up to
+// `readable` (>= n) of both inputs may be prefetched.
 template <bool kCheck>
 HWY_INLINE size_t CompareF32Loop(const uint16_t* HWY_RESTRICT pub, const uint32_t* HWY_RESTRICT cur,
-                                 size_t n, uint64_t base, uint64_t* HWY_RESTRICT idx_out,
+                                 size_t n, size_t readable, uint64_t base, uint64_t* HWY_RESTRICT idx_out,
                                  uint16_t* HWY_RESTRICT val_out, size_t* first_bad) {
   const hn::ScalableTag<uint32_t> d32;
   const hn::RebindToSigned<decltype(d32)> di32;
@@ -241,7 +243,7 @@ HWY_INLINE size_t CompareF32Loop(const uint16_t* HWY_RESTRICT pub, const uint32_
     // emit pass between the loads lets the hardware prefetcher fall behind.
     // Spread over the emit's words (a word's share: 64 elements of each): a
     // burst of the block's 96 lines waited for free fill buffers.
-    const bool prefetch = start + 3 * kBlock <= n;
+    const bool prefetch = start + 3 * kBlock <= readable;
     const auto* c_ahead = reinterpret_cast<const uint8_t*>(prefetch ? c + 2 * kBlock : c);
     const auto* p_ahead = reinterpret_cast<const uint8_t*>(prefetch ? p + 2 * kBlock : p);
     const auto ahead = [&](size_t w) {
@@ -331,8 +333,38 @@ size_t Compare64Impl(const uint64_t* pub, const uint64_t* cur, size_t n, uint64_
 size_t CompareF32ToBf16Impl(const uint16_t* pub, const uint32_t* cur, size_t n, uint64_t base,
                             bool check_finite, uint64_t* idx_out, uint16_t* val_out,
                             size_t* first_bad) {
-  if (check_finite) return CompareF32Loop<true>(pub, cur, n, base, idx_out, val_out, first_bad);
-  return CompareF32Loop<false>(pub, cur, n, base, idx_out, val_out, first_bad);
+  if (check_finite) return CompareF32Loop<true>(pub, cur, n, n, base, idx_out, val_out, first_bad);
+  return CompareF32Loop<false>(pub, cur, n, n, base, idx_out, val_out, first_bad);
+}
+size_t CompareF32ToBf16GapsImpl(const uint16_t* pub, const uint32_t* cur, size_t n, bool check_finite,
+                                 uint16_t* gaps, uint16_t* val_out, size_t* last, size_t* first_bad) {
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86_64
+  if (HasDetectGapsAvx512()) return CompareF32ToBf16GapsAvx512(pub, cur, n, check_finite, gaps, val_out, last, first_bad);
+#endif
+  // Blocks of the compare above, their indices (in L1) turned into gaps.
+  uint64_t idx[kBlock + kCompareOutputSlack];
+  uint64_t prev = ~uint64_t{0};  // idx[-1] = -1: the first gap is the first offset
+  size_t count = 0;
+  for (size_t start = 0; start < n; start += kBlock) {
+    const size_t len = std::min(kBlock, n - start);
+    size_t bad = len;
+    const size_t added =
+        check_finite
+            ? CompareF32Loop<true>(pub + start, cur + start, len, n - start, start, idx, val_out + count, &bad)
+            : CompareF32Loop<false>(pub + start, cur + start, len, n - start, start, idx, val_out + count, &bad);
+    if (bad < len) {
+      *first_bad = start + bad;
+      return count;
+    }
+    for (size_t k = 0; k < added; ++k) {
+      gaps[count + k] = static_cast<uint16_t>(idx[k] - prev - 1);
+      prev = idx[k];
+    }
+    count += added;
+  }
+  *last = static_cast<size_t>(prev);
+  *first_bad = n;
+  return count;
 }
 int64_t TargetImpl() { return HWY_TARGET; }
 
@@ -352,6 +384,7 @@ HWY_EXPORT(Compare16Impl);
 HWY_EXPORT(Compare32Impl);
 HWY_EXPORT(Compare64Impl);
 HWY_EXPORT(CompareF32ToBf16Impl);
+HWY_EXPORT(CompareF32ToBf16GapsImpl);
 HWY_EXPORT(TargetImpl);
 
 void ConvertF32ToBf16(const uint32_t* src, uint16_t* dst, size_t n) {
@@ -393,6 +426,11 @@ size_t CompareF32ToBf16(const uint16_t* pub, const uint32_t* cur, size_t n, uint
                         size_t* first_bad) {
   return HWY_DYNAMIC_DISPATCH(CompareF32ToBf16Impl)(pub, cur, n, base, check_finite, idx_out,
                                                     val_out, first_bad);
+}
+
+size_t CompareF32ToBf16Gaps(const uint16_t* pub, const uint32_t* cur, size_t n, bool check_finite, uint16_t* gaps,
+                            uint16_t* val_out, size_t* last, size_t* first_bad) {
+  return HWY_DYNAMIC_DISPATCH(CompareF32ToBf16GapsImpl)(pub, cur, n, check_finite, gaps, val_out, last, first_bad);
 }
 
 std::string ActiveTargetName() {

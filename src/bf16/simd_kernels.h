@@ -68,6 +68,19 @@ size_t Compare64(const uint64_t* pub, const uint64_t* cur, size_t n, uint64_t ba
 size_t CompareF32ToBf16(const uint16_t* pub, const uint32_t* cur, size_t n, uint64_t base,
                         bool check_finite, uint64_t* idx_out, uint16_t* val_out, size_t* first_bad);
 
+// The gap_delta detect's compare (DetectAndEncodeGapDelta): as
+// CompareF32ToBf16 with base 0, but for each change writes to gaps its
+// offset minus the offset of the change before minus 1 (the first change's
+// gap is its offset), and *last = the last change's offset (when any).
+// n <= kCompareGapsMaxElements, so every gap fits 16 bits; gaps and val_out
+// need room for n + kCompareGapsSlack entries (written past the count).
+// check_finite as CompareF32ToBf16's: when *first_bad < n the outputs are
+// unspecified.
+inline constexpr size_t kCompareGapsMaxElements = size_t{1} << 16;
+inline constexpr size_t kCompareGapsSlack = 32;
+size_t CompareF32ToBf16Gaps(const uint16_t* pub, const uint32_t* cur, size_t n, bool check_finite, uint16_t* gaps,
+                            uint16_t* val_out, size_t* last, size_t* first_bad);
+
 // --- state hash (terms defined in hash_term.h) ----------------------------
 
 // Adds sum_{k<n} ElementTerm(lane, seed[lane], base + k, data[k]) to

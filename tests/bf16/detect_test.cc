@@ -765,6 +765,84 @@ TEST(CompareKernelTest, FindsFirstNonFiniteAtEveryOffset) {
   });
 }
 
+// CompareF32ToBf16Gaps (the gap_delta detect's kernel) against the rounding
+// reference, on every target (AVX3 runs the raw AVX-512 kernel and
+// AVX3-no-raw the Highway one): lengths around its 32-element steps up to
+// the largest call, unaligned inputs, rounding edges and NaN/denormal steps,
+// dense, sparse and empty stretches (so the last change must outlast steps
+// without one), nothing written past n + kCompareGapsSlack, and the first
+// element that rounds to Inf or NaN when checking.
+TEST(CompareKernelTest, GapsMatchTheReference) {
+  std::mt19937_64 rng(43);
+  const uint32_t highs[] = {0x0000, 0x0001, 0x3F80, 0x7F7F, 0x7F80, 0x7F81, 0x7FC0, 0x8000, 0x8001, 0xFF80, 0xFFC1};
+  constexpr uint16_t kGuard = 0xA5A5;
+  const size_t slack = kernels::kCompareGapsSlack;
+  for (const size_t n : {size_t{0}, size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{1000}, size_t{4133},
+                         kernels::kCompareGapsMaxElements}) {
+    for (int pattern = 0; pattern < 3; ++pattern) {
+      SCOPED_TRACE("n " + std::to_string(n) + ", pattern " + std::to_string(pattern));
+      // One element more than n: the kernel reads from element 1 (unaligned).
+      std::vector<uint32_t> cur(n + 1);
+      std::vector<uint16_t> pub(n + 1);
+      for (size_t i = 0; i <= n; ++i) {
+        const bool special = pattern == 0 ? rng() % 4 == 0 : (i / 32) % 9 == 4 && i % 32 == 7;
+        const uint32_t hi = special ? highs[rng() % std::size(highs)] : 0x3C00 | static_cast<uint32_t>(rng() & 0x3FF);
+        cur[i] = hi << 16 | static_cast<uint32_t>(rng() & 0xFFFF);
+        const uint16_t want = testing_bf16::ReferenceFp32ToBf16(cur[i]);
+        // 0: a third changed; 1: ~3% changed; 2: changes only in the first
+        // 40 elements and in one step in the middle, none after it.
+        const size_t j = i - 1;
+        const bool change = pattern == 0   ? rng() % 3 == 0
+                            : pattern == 1 ? rng() % 32 == 0
+                                           : j < 40 || (j >= n / 2 && j < n / 2 + 5);
+        pub[i] = change ? static_cast<uint16_t>(want ^ (1 + (rng() & 0xFF))) : want;
+      }
+      ForEachTarget([&] {
+        std::vector<uint16_t> gaps(n + slack + 16, kGuard), vals(n + slack + 16, kGuard);
+        size_t last = 0, bad = 0;
+        const size_t got = kernels::CompareF32ToBf16Gaps(pub.data() + 1, cur.data() + 1, n, false, gaps.data(),
+                                                         vals.data(), &last, &bad);
+        EXPECT_EQ(bad, n);
+        size_t k = 0;
+        uint64_t prev = ~uint64_t{0};
+        for (size_t i = 0; i < n; ++i) {
+          const uint16_t want = testing_bf16::ReferenceFp32ToBf16(cur[i + 1]);
+          if (want == pub[i + 1]) continue;
+          ASSERT_LT(k, got);
+          ASSERT_EQ(gaps[k], i - prev - 1) << "change " << k << " at " << i;
+          ASSERT_EQ(vals[k], want) << "element " << i << std::hex << " fp32 0x" << cur[i + 1];
+          prev = i;
+          ++k;
+        }
+        ASSERT_EQ(got, k);
+        if (k > 0) EXPECT_EQ(last, prev);
+        for (size_t i = n + slack; i < gaps.size(); ++i) {
+          ASSERT_EQ(gaps[i], kGuard) << "gap slot " << i;
+          ASSERT_EQ(vals[i], kGuard) << "value slot " << i;
+        }
+      });
+    }
+  }
+  // Checking: the first element that rounds to Inf or NaN, after changes
+  // and in any lane of a step; an fp32 that only rounds to Inf counts.
+  ForEachTarget([&] {
+    const size_t n = 4133;
+    for (const size_t at : {size_t{0}, size_t{31}, size_t{32}, size_t{1000}, size_t{4132}}) {
+      for (const uint32_t bad_bits : {0x7FC00000u, 0xFF800000u, 0x7F7FFFFFu}) {
+        std::vector<uint32_t> cur(n, 0x3F800000);
+        std::vector<uint16_t> pub(n, 0x3F80);
+        pub[0] = pub[at / 2] = 0x4000;  // changes before it
+        cur[at] = bad_bits;
+        cur[std::min(n - 1, at + 3)] = 0x7FC00000;  // a later one does not count
+        std::vector<uint16_t> gaps(n + slack), vals(n + slack);
+        size_t last = 0, bad = 0;
+        kernels::CompareF32ToBf16Gaps(pub.data(), cur.data(), n, true, gaps.data(), vals.data(), &last, &bad);
+        EXPECT_EQ(bad, at) << std::hex << bad_bits;
+      }
+    }
+  });
+}
+
 }  // namespace
 }  // namespace deltasync
 
