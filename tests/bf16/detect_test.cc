@@ -770,8 +770,9 @@ TEST(CompareKernelTest, FindsFirstNonFiniteAtEveryOffset) {
 // AVX3-no-raw the Highway one): lengths around its 32-element steps up to
 // the largest call, unaligned inputs, rounding edges and NaN/denormal steps,
 // dense, sparse and empty stretches (so the last change must outlast steps
-// without one), nothing written past n + kCompareGapsSlack, and the first
-// element that rounds to Inf or NaN when checking.
+// and blocks without one), every element changed, one change in the last
+// element (the widest gap), nothing written past n + kCompareGapsSlack, and
+// the first element that rounds to Inf or NaN when checking.
 TEST(CompareKernelTest, GapsMatchTheReference) {
   std::mt19937_64 rng(43);
   const uint32_t highs[] = {0x0000, 0x0001, 0x3F80, 0x7F7F, 0x7F80, 0x7F81, 0x7FC0, 0x8000, 0x8001, 0xFF80, 0xFFC1};
@@ -779,7 +780,7 @@ TEST(CompareKernelTest, GapsMatchTheReference) {
   const size_t slack = kernels::kCompareGapsSlack;
   for (const size_t n : {size_t{0}, size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{1000}, size_t{4133},
                          kernels::kCompareGapsMaxElements}) {
-    for (int pattern = 0; pattern < 3; ++pattern) {
+    for (int pattern = 0; pattern < 5; ++pattern) {
       SCOPED_TRACE("n " + std::to_string(n) + ", pattern " + std::to_string(pattern));
       // One element more than n: the kernel reads from element 1 (unaligned).
       std::vector<uint32_t> cur(n + 1);
@@ -790,11 +791,15 @@ TEST(CompareKernelTest, GapsMatchTheReference) {
         cur[i] = hi << 16 | static_cast<uint32_t>(rng() & 0xFFFF);
         const uint16_t want = testing_bf16::ReferenceFp32ToBf16(cur[i]);
         // 0: a third changed; 1: ~3% changed; 2: changes only in the first
-        // 40 elements and in one step in the middle, none after it.
+        // 40 elements and in one step in the middle, none after it; 3: all
+        // changed (every lane of every vector); 4: only the last element
+        // (its gap n - 1, up to 65,535: the 16-bit edge).
         const size_t j = i - 1;
         const bool change = pattern == 0   ? rng() % 3 == 0
                             : pattern == 1 ? rng() % 32 == 0
-                                           : j < 40 || (j >= n / 2 && j < n / 2 + 5);
+                            : pattern == 2 ? j < 40 || (j >= n / 2 && j < n / 2 + 5)
+                            : pattern == 3 ? true
+                                           : j == n - 1;
         pub[i] = change ? static_cast<uint16_t>(want ^ (1 + (rng() & 0xFF))) : want;
       }
       ForEachTarget([&] {
