@@ -27,8 +27,11 @@ set -euo pipefail
 MEMSTORE_BYTES=${MEMSTORE_BYTES:-4294967296}
 TIMEOUT=${RGW_START_TIMEOUT:-60}
 T0=$(date +%s.%N)
+# Progress and errors go to fd 3, the caller's stderr, so that a die() inside a
+# check that wait_for() runs with its output discarded is still seen.
+exec 3>&2
 
-log() { awk -v t0="$T0" -v now="$(date +%s.%N)" -v m="$*" 'BEGIN{printf "start-rgw: [%5.2fs] %s\n", now-t0, m}' >&2; }
+log() { awk -v t0="$T0" -v now="$(date +%s.%N)" -v m="$*" 'BEGIN{printf "start-rgw: [%5.2fs] %s\n", now-t0, m}' >&3; }
 
 for tool in ceph-mon ceph-osd radosgw radosgw-admin monmaptool ceph curl; do
   command -v "$tool" >/dev/null || { echo "start-rgw: $tool not found; install: apt-get install -y --no-install-recommends ceph-mon ceph-osd radosgw ceph-common curl" >&2; exit 1; }
@@ -51,7 +54,7 @@ export CEPH_CONF=$CONF
 die() {
   log "ERROR: $*"
   for f in "$D"/log/*.log "$D"/log/*.out "$D"/log/*.err; do
-    [ -s "$f" ] && { echo "== $f (last 20 lines)" >&2; tail -n 20 "$f" >&2; }
+    [ -s "$f" ] && { echo "== $f (last 20 lines)" >&3; tail -n 20 "$f" >&3; }
   done
   for n in rgw osd mon; do
     [ -f "$D/$n.pid" ] && kill -9 "$(cat "$D/$n.pid")" 2>/dev/null
@@ -61,7 +64,11 @@ die() {
 
 # --- ports -----------------------------------------------------------------
 # A port is free when nothing in /proc/net/tcp{,6} uses it locally. Random
-# candidates keep two concurrent starts from racing for the same port.
+# candidates keep two concurrent starts from racing for the same port. They
+# are drawn below the kernel's ephemeral range where it leaves room (the
+# daemons' own connections, the ceph CLI's and curl's take their local ports
+# from that range, and one of them could hold a port between the check and
+# the daemon's bind).
 used_ports() {
   local _sl addr _rest
   cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | while read -r _sl addr _rest; do
@@ -70,24 +77,35 @@ used_ports() {
 }
 USED=" $(used_ports | tr '\n' ' ') "
 port_free() { case "$USED" in *" $1 "*) return 1 ;; esac; return 0; }
-# Prints the first of N consecutive free ports, trying random bases.
+read -r EPH_LO EPH_HI </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || EPH_LO=0
+if [ "${EPH_LO:-0}" -ge 12000 ]; then
+  PORT_LO=10000 PORT_SPAN=$((EPH_LO - 10000))
+else
+  PORT_LO=20000 PORT_SPAN=40000
+fi
+# Sets FOUND to the first of N consecutive free ports, trying random bases,
+# and marks them used (so it runs in this shell, never in a $(...) subshell,
+# where the marks would be lost and two daemons could draw the same port).
 find_free_range() {
   local n=$1 base p ok
   for _ in $(seq 1 200); do
-    base=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+    base=$((PORT_LO + (RANDOM * 32768 + RANDOM) % (PORT_SPAN - n)))
     ok=1
     for p in $(seq "$base" $((base + n - 1))); do port_free "$p" || { ok=0; break; }; done
     if [ $ok = 1 ]; then
       USED="$USED$(seq -s ' ' "$base" $((base + n - 1))) "
-      echo "$base"
+      FOUND=$base
       return 0
     fi
   done
   return 1
 }
-MON_PORT=$(find_free_range 1) || die "no free port for the monitor"
-RGW_PORT=$(find_free_range 1) || die "no free port for radosgw"
-OSD_PORT_MIN=$(find_free_range 16) || die "no free port range for the OSD"
+find_free_range 1 || die "no free port for the monitor"
+MON_PORT=$FOUND
+find_free_range 1 || die "no free port for radosgw"
+RGW_PORT=$FOUND
+find_free_range 16 || die "no free port range for the OSD"
+OSD_PORT_MIN=$FOUND
 OSD_PORT_MAX=$((OSD_PORT_MIN + 15))
 
 # Random keys for this run: nothing else can use the cluster, and a test can
@@ -198,13 +216,37 @@ wait_for "osd.0" osd_up
 log "osd.0 up (memstore, $((MEMSTORE_BYTES >> 20)) MiB)"
 
 # --- radosgw -----------------------------------------------------------------
-nohup radosgw -f -n client.rgw.a >"$D/log/rgw.a.out" 2>&1 </dev/null &
-echo $! >"$D/rgw.pid"
-rgw_answers() {
-  kill -0 "$(cat "$D/rgw.pid")" 2>/dev/null || die "radosgw exited"
-  curl -fs -o /dev/null --max-time 2 "http://127.0.0.1:$RGW_PORT/"
-}
-wait_for "radosgw" rgw_answers
+# A radosgw that exits while starting (seen once in CI, its log then unseen)
+# is shown with its log tail and started again on a newly drawn port, up to
+# RGW_START_TRIES times (default 3).
+TRIES=${RGW_START_TRIES:-3}
+for try in $(seq 1 "$TRIES"); do
+  nohup radosgw -f -n client.rgw.a >"$D/log/rgw.a.out" 2>&1 </dev/null &
+  echo $! >"$D/rgw.pid"
+  started=0
+  for _ in $(seq 1 $((TIMEOUT * 5))); do
+    if ! kill -0 "$(cat "$D/rgw.pid")" 2>/dev/null; then
+      started=exited
+      break
+    fi
+    if curl -fs -o /dev/null --max-time 2 "http://127.0.0.1:$RGW_PORT/" >/dev/null 2>&1; then
+      started=1
+      break
+    fi
+    sleep 0.2
+  done
+  [ "$started" = 1 ] && break
+  [ "$started" = 0 ] && die "radosgw not answering on 127.0.0.1:$RGW_PORT after ${TIMEOUT}s"
+  [ "$try" -lt "$TRIES" ] || die "radosgw exited while starting, $TRIES times"
+  log "radosgw exited while starting on port $RGW_PORT (try $try of $TRIES); its log:"
+  for f in "$D/log/rgw.a.out" "$D/log/client.rgw.a.log"; do
+    [ -s "$f" ] && { echo "== $f (last 20 lines)" >&3; tail -n 20 "$f" >&3; mv "$f" "$f.try$try"; }
+  done
+  find_free_range 1 || die "no free port for radosgw"
+  RGW_PORT=$FOUND
+  sed -i "s|^rgw frontends = beast endpoint=127\.0\.0\.1:[0-9]*\$|rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT|" "$CONF"
+  grep -q "^rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT\$" "$CONF" || die "could not set the new radosgw port in $CONF"
+done
 log "radosgw answering on 127.0.0.1:$RGW_PORT"
 
 radosgw-admin user create --uid=deltasync-test --display-name=deltasync-test \
