@@ -24,12 +24,24 @@ if [ -f "$D/rgw.pid" ]; then
     for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
   fi
 fi
-nohup radosgw -f -n client.rgw.a >>"$D/log/rgw.a.out" 2>&1 </dev/null &
-echo $! >"$D/rgw.pid"
-for _ in $(seq 1 $((TIMEOUT * 10))); do
-  kill -0 "$(cat "$D/rgw.pid")" 2>/dev/null || { echo "restart-rgw: radosgw exited; see $D/log/" >&2; tail -n 20 "$D/log/rgw.a.out" >&2; exit 1; }
-  curl -fs -o /dev/null --max-time 2 "http://127.0.0.1:$PORT/" && exit 0
-  sleep 0.1
+# A radosgw that exits while starting is shown with its log tail and started
+# again (the clients know this port, so the same one), up to RGW_START_TRIES
+# times (default 3).
+TRIES=${RGW_START_TRIES:-3}
+for try in $(seq 1 "$TRIES"); do
+  nohup radosgw -f -n client.rgw.a >>"$D/log/rgw.a.out" 2>&1 </dev/null &
+  echo $! >"$D/rgw.pid"
+  for _ in $(seq 1 $((TIMEOUT * 10))); do
+    kill -0 "$(cat "$D/rgw.pid")" 2>/dev/null || break
+    curl -fs -o /dev/null --max-time 2 "http://127.0.0.1:$PORT/" && exit 0
+    sleep 0.1
+  done
+  if kill -0 "$(cat "$D/rgw.pid")" 2>/dev/null; then
+    echo "restart-rgw: radosgw not answering on 127.0.0.1:$PORT after ${TIMEOUT}s" >&2
+    exit 1
+  fi
+  echo "restart-rgw: radosgw exited while starting (try $try of $TRIES); see $D/log/" >&2
+  tail -n 20 "$D/log/rgw.a.out" >&2
+  sleep 0.5
 done
-echo "restart-rgw: radosgw not answering on 127.0.0.1:$PORT after ${TIMEOUT}s" >&2
 exit 1
