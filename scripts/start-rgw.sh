@@ -18,6 +18,8 @@
 #   MEMSTORE_BYTES  memstore capacity, default 4 GiB. Memstore keeps every
 #                   stored byte in RAM, so size test data accordingly.
 #   RGW_START_TIMEOUT  seconds to wait for each daemon, default 60.
+#   RGW_START_TRIES    starts of a radosgw that exits while starting, each
+#                      on a newly drawn port, default 3.
 #
 # Ports: the monitor, the OSD's messengers and radosgw each get ports found
 # free on 127.0.0.1 at start (no fixed ports, so parallel CI jobs and a
