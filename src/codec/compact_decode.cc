@@ -17,6 +17,7 @@
 #include "codec/compact_bf16.h"
 #include "codec/compact_container.h"
 #include "codec/compact_parse.h"
+#include "codec/compact_rans.h"
 #include "codec/compact_rice.h"
 #include "codec/compact_streams.h"
 #include "codec/compact_v3.h"
@@ -103,10 +104,44 @@ void SizeOutput(std::vector<T>& v, size_t n) {
   v.resize(n);
 }
 
+// The end of a bf16 tensor's read, after its parse (`in` past it): the
+// checks and outputs that need its diffs decoded.
+Status FinishBf16(const std::string& label, const TensorView& stream, Reader& in, bool fused, TensorChanges& c,
+                  Bf16Tensor& bf) {
+  auto bad = [&](const std::string& msg) { return CorruptTensor(label, stream.name, msg); };
+  const uint64_t count = bf.class_begin[kClasses];
+  // The parse turned the gaps into ranks as it read them (GapRanks): all
+  // below n (the class has at most n elements), checked without overflow.
+  if (bf.past_class >= 0) {
+    return bad("gaps run past the elements of exponent class " + std::to_string(bf.past_class));
+  }
+  // The escapes' positions: rare, so found by memchr (vectorised) rather
+  // than a test of every diff byte.
+  const uint8_t* const diffs = bf.diffs.data();
+  for (const uint8_t* p = diffs; p < diffs + count; ++p) {
+    p = static_cast<const uint8_t*>(std::memchr(p, kEscape, static_cast<size_t>(diffs + count - p)));
+    if (p == nullptr) break;
+    bf.escaped.push_back(static_cast<uint64_t>(p - diffs));
+  }
+  if (bf.escapes.size() != 2 * bf.escaped.size()) return bad("escape block does not match the escaped changes");
+  if (in.remaining() != 0) return bad(std::to_string(in.remaining()) + " trailing bytes after the last block");
+  bf.count = count;
+  if (!fused) {
+    SizeOutput(c.indices, static_cast<size_t>(count));
+    SizeOutput(c.values, static_cast<size_t>(2 * count));
+  }
+  return Status::OK();
+}
+
 // Step 1. Raw-mode tensors are decoded completely; bf16 ones into `bf`
-// (c's indices and values sized, reusing c's memory: SizeOutput).
+// (c's indices and values sized, reusing c's memory: SizeOutput). With
+// `pieces`, a version-3 stream's rANS pieces are appended there instead of
+// decoded (pointing at bf's class_begin and diffs) and bf.deferred set: the
+// caller decodes them (DecodeRansPieces, with other tensors' pieces), then
+// FinishDeferred ends the read.
 Status ReadTensor(const std::string& label, const TensorView& stream, const TensorView& base,
-                  const compact::V3Tables* tables, bool fused, TensorChanges& c, Bf16Tensor& bf) {
+                  const compact::V3Tables* tables, bool fused, TensorChanges& c, Bf16Tensor& bf,
+                  std::vector<compact::RansPiece>* pieces = nullptr) {
   auto bad = [&](const std::string& msg) { return CorruptTensor(label, stream.name, msg); };
   Reader in(stream.data);
   std::optional<uint8_t> version = in.Byte();
@@ -160,34 +195,80 @@ Status ReadTensor(const std::string& label, const TensorView& stream, const Tens
   parsed.ranks.swap(bf.ranks);
   parsed.diffs.swap(bf.diffs);
   parsed.escapes.swap(bf.escapes);
+  const bool defer = pieces != nullptr && *version == compact::kStreamVersion3;
+  const size_t first_piece = pieces ? pieces->size() : 0;
   std::optional<std::string> err = *version == kStreamVersion ? ParseBf16StreamV2(in, *count, parsed)
-                                                              : compact::ParseBf16StreamV3(in, *count, tables, parsed);
+                                   : defer ? compact::ParseBf16StreamV3Gaps(in, *count, tables, parsed, *pieces)
+                                           : compact::ParseBf16StreamV3(in, *count, tables, parsed);
   bf.ranks.swap(parsed.ranks);
   bf.diffs.swap(parsed.diffs);
   bf.escapes.swap(parsed.escapes);
   if (err) return bad(*err);
   bf.class_begin = parsed.class_begin;
-  // The parse turned the gaps into ranks as it read them (GapRanks): all
-  // below n (the class has at most n elements), checked without overflow.
-  if (parsed.past_class >= 0) {
-    return bad("gaps run past the elements of exponent class " + std::to_string(parsed.past_class));
+  bf.past_class = parsed.past_class;
+  if (defer) {
+    for (size_t j = first_piece; j < pieces->size(); ++j) {
+      (*pieces)[j].begin = &bf.class_begin;
+      (*pieces)[j].d = bf.diffs.data();
+    }
+    bf.tail = in.position();
+    bf.deferred = true;
+    return Status::OK();
   }
-  // The escapes' positions: rare, so found by memchr (vectorised) rather
-  // than a test of every diff byte.
-  const uint8_t* const diffs = bf.diffs.data();
-  for (const uint8_t* p = diffs; p < diffs + *count; ++p) {
-    p = static_cast<const uint8_t*>(std::memchr(p, kEscape, static_cast<size_t>(diffs + *count - p)));
-    if (p == nullptr) break;
-    bf.escaped.push_back(static_cast<uint64_t>(p - diffs));
+  return FinishBf16(label, stream, in, fused, c, bf);
+}
+
+// The rest of a deferred read (ReadTensor with pieces), its pieces decoded.
+Status FinishDeferred(const std::string& label, const TensorView& stream, bool fused, TensorChanges& c,
+                      Bf16Tensor& bf, std::span<const compact::RansPiece> pieces) {
+  Reader in(stream.data);
+  (void)in.Take(bf.tail);
+  if (auto err = compact::ParseBf16StreamV3Rest(in, pieces, bf.diffs, bf.escapes)) {
+    return CorruptTensor(label, stream.name, *err);
   }
-  if (bf.escapes.size() != 2 * bf.escaped.size()) return bad("escape block does not match the escaped changes");
-  if (in.remaining() != 0) return bad(std::to_string(in.remaining()) + " trailing bytes after the last block");
-  bf.count = *count;
-  if (!fused) {
-    SizeOutput(c.indices, static_cast<size_t>(*count));
-    SizeOutput(c.values, static_cast<size_t>(2 * *count));
+  return FinishBf16(label, stream, in, fused, c, bf);
+}
+
+// Step 1 over every stream: tensors in groups of about kReadGroup changes
+// (by the counts in their headers), the groups in parallel; in a group,
+// each tensor's gaps, then the rANS pieces of all its tensors together
+// (DecodeRansPieces: two pieces' states in flight across tensor borders),
+// then each tensor's end. Each tensor's outcome is its own (errors[i]),
+// whatever the grouping.
+constexpr uint64_t kReadGroup = 8 * compact::kV3Piece;
+
+void ReadTensors(const std::string& label, const std::vector<const TensorView*>& streams,
+                 const std::vector<const TensorView*>& bases, const compact::V3Tables* tables, bool fused, int threads,
+                 std::span<TensorChanges> changes, std::span<Bf16Tensor> read, std::vector<Status>& errors) {
+  std::vector<size_t> group_start;
+  uint64_t in_group = kReadGroup;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    if (in_group >= kReadGroup) {
+      group_start.push_back(i);
+      in_group = 0;
+    }
+    in_group += compact::PlausibleBf16Count(*streams[i], *bases[i]).value_or(0);
   }
-  return Status::OK();
+  group_start.push_back(streams.size());
+  ParallelFor(group_start.size() - 1, threads, [&](size_t g) {
+    thread_local std::vector<compact::RansPiece> pieces;
+    thread_local std::vector<size_t> first;
+    pieces.clear();
+    first.clear();
+    const size_t from = group_start[g], to = group_start[g + 1];
+    for (size_t i = from; i < to; ++i) {
+      first.push_back(pieces.size());
+      errors[i] = ReadTensor(label, *streams[i], *bases[i], tables, fused, changes[i], read[i], &pieces);
+    }
+    first.push_back(pieces.size());
+    if (!pieces.empty()) compact::DecodeRansPieces(pieces, *tables);
+    for (size_t i = from; i < to; ++i) {
+      if (!errors[i].ok() || !read[i].deferred) continue;
+      const size_t a = first[i - from], b = first[i - from + 1];
+      errors[i] = FinishDeferred(label, *streams[i], fused, changes[i], read[i],
+                                 std::span<const compact::RansPiece>(pieces.data() + a, b - a));
+    }
+  });
 }
 
 // The per-tensor parse state of one decode, from buffers the calling thread
@@ -396,10 +477,8 @@ Status DecodeOrApply(const SafetensorsFile& file, std::span<const TensorView> ba
     }
     PrepareFreshPages(fresh, threads, /*huge=*/false);
   }
-  ParallelFor(streams.size(), stream_bytes >= kParallelMin ? threads : 1,
-              [&](size_t i) {
-                errors[i] = ReadTensor(label, *streams[i], *bases[i], t, fused != nullptr, out.changes[i], read[i]);
-              });
+  ReadTensors(label, streams, bases, t, fused != nullptr, stream_bytes >= kParallelMin ? threads : 1, out.changes,
+              read, errors);
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
   uint64_t changed = 0, bf16_changed = 0;
   for (size_t i = 0; i < read.size(); ++i) {
@@ -609,9 +688,11 @@ std::optional<uint64_t> PlausibleBf16Count(const TensorView& stream, const Tenso
   return count;
 }
 
-Status ReadCompactStream(const std::string& label, const TensorView& stream, const TensorView& base,
-                         const V3Tables* tables, TensorChanges& c, Bf16Tensor& bf) {
-  return ReadTensor(label, stream, base, tables, /*fused=*/true, c, bf);
+void ReadCompactStreams(const std::string& label, const std::vector<const TensorView*>& streams,
+                        const std::vector<const TensorView*>& bases, const V3Tables* tables, int threads,
+                        std::span<TensorChanges> c, std::span<Bf16Tensor> bf, std::vector<Status>& errors) {
+  errors.assign(streams.size(), Status::OK());
+  ReadTensors(label, streams, bases, tables, /*fused=*/true, threads, c, bf, errors);
 }
 
 }  // namespace compact

@@ -6,7 +6,6 @@
 #include <optional>
 
 #include "codec/compact_container.h"
-#include "common/parallel.h"
 #include "deltasync/compact.h"
 
 namespace deltasync {
@@ -30,20 +29,32 @@ Status ParseCompactDelta(const SafetensorsFile& file, std::span<const TensorView
   DS_RETURN_IF_ERROR(compact::ParseDeltaTables(file, tables));
   const compact::V3Tables* t = tables ? &*tables : nullptr;
   out.tensors.resize(streams.size());
-  std::vector<Status> errors(streams.size());
-  ParallelFor(streams.size(), threads, [&](size_t i) {
+  // The decoder's per-tensor state over this call's reused buffers.
+  std::vector<compact::Bf16Tensor> bfs(streams.size());
+  std::vector<TensorChanges> raw(streams.size());
+  for (size_t i = 0; i < streams.size(); ++i) {
     CompactParse::Tensor& o = out.tensors[i];
-    // The decoder's per-tensor state over this call's reused buffers.
-    compact::Bf16Tensor bf;
+    compact::Bf16Tensor& bf = bfs[i];
     bf.ranks.narrow.swap(o.ranks32);
     bf.ranks.wide.swap(o.ranks);
     bf.diffs.swap(o.diffs);
     bf.escapes.swap(o.escapes);
     bf.escaped.swap(o.escaped);
     bf.escaped.clear();
-    o.raw.indices.clear();
-    o.raw.values.clear();
-    errors[i] = compact::ReadCompactStream(label, *streams[i], *bases[i], t, o.raw, bf);
+    raw[i].indices.swap(o.raw.indices);
+    raw[i].values.swap(o.raw.values);
+    raw[i].indices.clear();
+    raw[i].values.clear();
+  }
+  std::vector<Status> errors;
+  compact::ReadCompactStreams(label, streams, bases, t, threads, raw, bfs, errors);
+  for (size_t i = 0; i < streams.size(); ++i) {
+    CompactParse::Tensor& o = out.tensors[i];
+    compact::Bf16Tensor& bf = bfs[i];
+    o.raw.indices.swap(raw[i].indices);
+    o.raw.values.swap(raw[i].values);
+    o.raw.name = raw[i].name;
+    o.raw.dtype = raw[i].dtype;
     o.name = bases[i]->name;
     // A refused stream's tensor is left empty: its buffers, sized ahead,
     // may hold slots the parse never reached (UninitVector: not zeroed).
@@ -66,7 +77,7 @@ Status ParseCompactDelta(const SafetensorsFile& file, std::span<const TensorView
       o.escaped.clear();
       o.class_begin = {};
     }
-  });
+  }
   for (const Status& s : errors) DS_RETURN_IF_ERROR(s);
   return Status::OK();
 }

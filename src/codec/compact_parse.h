@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "codec/compact_v3.h"
 #include "codec/compact_walk.h"
@@ -16,12 +18,16 @@
 
 namespace deltasync::compact {
 
-// The decoder's read of `stream` against its base tensor `base`: a raw-mode
-// stream decoded completely into `c`; a bf16 one into `bf` (class counts,
-// ranks, diffs, escapes; bf.escaped must be empty), `c` only named. Exactly
-// what DecodeCompactDelta's step 1 does (compact_decode.cc, ReadTensor).
-Status ReadCompactStream(const std::string& label, const TensorView& stream, const TensorView& base,
-                         const V3Tables* tables, TensorChanges& c, Bf16Tensor& bf);
+// The decoder's read of every stream (streams[i] against its base tensor
+// bases[i], a bf16 one's buffers in bf[i]): a raw-mode stream decoded
+// completely into c[i]; a bf16 one into bf[i] (class counts, ranks, diffs,
+// escapes; bf[i].escaped must be empty), c[i] only named; each stream's
+// outcome in errors[i]. Exactly what DecodeCompactDelta's step 1 does
+// (compact_decode.cc, ReadTensors: tensors in groups, their rANS pieces
+// decoded together), on `threads` threads.
+void ReadCompactStreams(const std::string& label, const std::vector<const TensorView*>& streams,
+                        const std::vector<const TensorView*>& bases, const V3Tables* tables, int threads,
+                        std::span<TensorChanges> c, std::span<Bf16Tensor> bf, std::vector<Status>& errors);
 
 // A bf16 stream's change count, read from its header (version, mode,
 // count), where the header is well formed for `base` (a bf16 tensor) and the

@@ -58,10 +58,15 @@ struct RansLane {
   bool two = false;
   const uint8_t* ptr = nullptr;
   const uint8_t* end = nullptr;
+  const std::array<uint64_t, kClasses + 1>* begin = nullptr;  // the piece's tensor's classes
+  uint8_t* d = nullptr;                                       // its diff bytes (change r at d[r])
 };
 
 // The piece's initial states: DecodeRansPiece's first errors.
-std::optional<std::string> StartLane(ByteSpan rans, uint64_t lo, uint64_t hi, RansLane& l) {
+std::optional<std::string> StartLane(ByteSpan rans, uint64_t lo, uint64_t hi,
+                                     const std::array<uint64_t, kClasses + 1>& begin, uint8_t* d, RansLane& l) {
+  l.begin = &begin;
+  l.d = d;
   l.lo = lo;
   l.hi = hi;
   l.r = lo;
@@ -81,8 +86,9 @@ std::optional<std::string> StartLane(ByteSpan rans, uint64_t lo, uint64_t hi, Ra
 
 // The piece's changes [l.r, hi) one state after the other, then the final
 // checks: the rest of DecodeRansPiece from wherever the lane stands.
-std::optional<std::string> FinishLane(RansLane& l, const std::array<uint64_t, kClasses + 1>& begin,
-                                      const V3Tables& tables, uint8_t* d) {
+std::optional<std::string> FinishLane(RansLane& l, const V3Tables& tables) {
+  const std::array<uint64_t, kClasses + 1>& begin = *l.begin;
+  uint8_t* const d = l.d;
   const uint64_t lo = l.lo;
   uint32_t x0 = l.x0, x1 = l.x1;
   const uint8_t* ptr = l.ptr;
@@ -126,12 +132,14 @@ int ClassOf(const std::array<uint64_t, kClasses + 1>& begin, uint64_t r) {
 // as many changes as both lanes have left in their present classes and
 // bytes for (at least 2 a change: FastStep never checks), both lanes' r
 // advancing together. Stops where either lane ends or runs short of bytes
-// (FinishLane then takes each on alone, the careful steps included).
-void Lockstep(RansLane& A, RansLane& B, const std::array<uint64_t, kClasses + 1>& begin, const V3Tables& tables,
-              uint8_t* d) {
+// (FinishLane then takes it on alone, the careful steps included). The
+// lanes may be pieces of different tensors (their own classes and outputs).
+void Lockstep(RansLane& A, RansLane& B, const V3Tables& tables) {
+  const std::array<uint64_t, kClasses + 1>& begin_a = *A.begin;
+  const std::array<uint64_t, kClasses + 1>& begin_b = *B.begin;
   while (A.r < A.hi && B.r < B.hi) {
-    const int ca = ClassOf(begin, A.r), cb = ClassOf(begin, B.r);
-    uint64_t n = std::min(std::min(begin[ca + 1], A.hi) - A.r, std::min(begin[cb + 1], B.hi) - B.r);
+    const int ca = ClassOf(begin_a, A.r), cb = ClassOf(begin_b, B.r);
+    uint64_t n = std::min(std::min(begin_a[ca + 1], A.hi) - A.r, std::min(begin_b[cb + 1], B.hi) - B.r);
     n = std::min<uint64_t>(n, static_cast<uint64_t>(A.end - A.ptr) / 2);
     n = std::min<uint64_t>(n, static_cast<uint64_t>(B.end - B.ptr) / 2);
     if (n == 0) return;
@@ -143,8 +151,8 @@ void Lockstep(RansLane& A, RansLane& B, const std::array<uint64_t, kClasses + 1>
     uint32_t bc = odd_b ? B.x1 : B.x0, bo = odd_b ? B.x0 : B.x1;
     const uint8_t* pa = A.ptr;
     const uint8_t* pb = B.ptr;
-    uint8_t* da = d + A.r;
-    uint8_t* db = d + B.r;
+    uint8_t* da = A.d + A.r;
+    uint8_t* db = B.d + B.r;
     uint64_t j = 0;
     for (; j + 2 <= n; j += 2) {
       FastStep(ac, sa, da + j, pa);
@@ -175,19 +183,51 @@ void Lockstep(RansLane& A, RansLane& B, const std::array<uint64_t, kClasses + 1>
 std::optional<std::string> DecodeRansPiece(ByteSpan rans, const std::array<uint64_t, kClasses + 1>& begin,
                                            uint64_t lo, uint64_t hi, const V3Tables& tables, uint8_t* d) {
   RansLane l;
-  if (auto err = StartLane(rans, lo, hi, l)) return err;
-  return FinishLane(l, begin, tables, d);
+  if (auto err = StartLane(rans, lo, hi, begin, d, l)) return err;
+  return FinishLane(l, tables);
 }
 
-void DecodeRansPieces2(ByteSpan rans_a, uint64_t lo_a, uint64_t hi_a, ByteSpan rans_b, uint64_t lo_b,
-                       uint64_t hi_b, const std::array<uint64_t, kClasses + 1>& begin, const V3Tables& tables,
-                       uint8_t* d, std::optional<std::string>& err_a, std::optional<std::string>& err_b) {
-  RansLane a, b;
-  err_a = StartLane(rans_a, lo_a, hi_a, a);
-  err_b = StartLane(rans_b, lo_b, hi_b, b);
-  if (!err_a && !err_b && a.two && b.two) Lockstep(a, b, begin, tables, d);
-  if (!err_a) err_a = FinishLane(a, begin, tables, d);
-  if (!err_b) err_b = FinishLane(b, begin, tables, d);
+void DecodeRansPieces(std::span<RansPiece> pieces, const V3Tables& tables) {
+  // Two lane slots, each holding a two-state piece in progress (or none).
+  // Whenever both hold one they step in turn (Lockstep); a lane that ended
+  // or ran short of bytes is finished alone (FinishLane: its careful steps
+  // and final checks) and its slot takes the next two-state piece. A piece
+  // of one state, or one whose start fails, is done at once.
+  RansLane lane[2];
+  RansPiece* in_lane[2] = {nullptr, nullptr};
+  size_t next = 0;
+  const auto fill = [&](int s) {
+    while (next < pieces.size()) {
+      RansPiece& p = pieces[next++];
+      RansLane l;
+      p.err = StartLane(p.rans, p.lo, p.hi, *p.begin, p.d, l);
+      if (p.err) continue;
+      if (!l.two) {
+        p.err = FinishLane(l, tables);
+        continue;
+      }
+      lane[s] = l;
+      in_lane[s] = &p;
+      return;
+    }
+    in_lane[s] = nullptr;
+  };
+  fill(0);
+  fill(1);
+  while (in_lane[0] != nullptr && in_lane[1] != nullptr) {
+    Lockstep(lane[0], lane[1], tables);
+    // Lockstep stops only where a lane ended or has under 2 bytes left:
+    // that lane (or both) is finished and replaced.
+    for (int s = 0; s < 2; ++s) {
+      const RansLane& l = lane[s];
+      if (l.r < l.hi && l.end - l.ptr >= 2) continue;
+      in_lane[s]->err = FinishLane(lane[s], tables);
+      fill(s);
+    }
+  }
+  for (int s = 0; s < 2; ++s) {
+    if (in_lane[s] != nullptr) in_lane[s]->err = FinishLane(lane[s], tables);
+  }
 }
 
 namespace {

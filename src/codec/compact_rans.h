@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "codec/compact_v3.h"
@@ -23,15 +24,25 @@ namespace deltasync::compact {
 std::optional<std::string> DecodeRansPiece(ByteSpan rans, const std::array<uint64_t, kClasses + 1>& begin,
                                            uint64_t lo, uint64_t hi, const V3Tables& tables, uint8_t* d);
 
-// DecodeRansPiece of two pieces at once: a's changes [lo_a, hi_a) from
-// rans_a and b's [lo_b, hi_b) from rans_b (disjoint ranges of the same
-// classes), each piece's two states stepped in turn with the other's (four
-// independent chains where one piece has two) while both have changes and
-// bytes; the rest of each alone. Outputs and each piece's error
-// (err_a, err_b) exactly as two DecodeRansPiece calls give them.
-void DecodeRansPieces2(ByteSpan rans_a, uint64_t lo_a, uint64_t hi_a, ByteSpan rans_b, uint64_t lo_b,
-                       uint64_t hi_b, const std::array<uint64_t, kClasses + 1>& begin, const V3Tables& tables,
-                       uint8_t* d, std::optional<std::string>& err_a, std::optional<std::string>& err_b);
+// One piece to decode (DecodeRansPiece's arguments: its changes [lo, hi)
+// of the tensor whose classes are *begin, into d[lo, hi)) and, after
+// DecodeRansPieces, its outcome.
+struct RansPiece {
+  ByteSpan rans;
+  uint64_t lo = 0, hi = 0;
+  const std::array<uint64_t, kClasses + 1>* begin = nullptr;
+  uint8_t* d = nullptr;
+  std::optional<std::string> err;  // out: DecodeRansPiece's result
+};
+
+// DecodeRansPiece of every piece (pieces of different tensors may mix, their
+// outputs disjoint), two two-state pieces' states stepped in turn wherever
+// two are left: when one piece ends the next takes its place, so that only
+// the last piece's last changes decode on two states alone (pairs formed
+// within a tensor left most of a 1024 x 1024 projection's changes, 37% of
+// the model's, on two; docs/benchmarks.md, session 44). Outputs and each
+// piece's err exactly as one DecodeRansPiece call per piece gives them.
+void DecodeRansPieces(std::span<RansPiece> pieces, const V3Tables& tables);
 
 // The encoder's constants for a symbol of frequency f (1 <= f <= 4096) and
 // cumulative start: the step x -> (x / f) * 4096 + x % f + start, after the

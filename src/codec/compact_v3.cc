@@ -259,8 +259,23 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
   if (!escapes.empty()) PutBlock(out, escapes, kLiteralsOnly);
 }
 
-std::optional<std::string> ParseBf16StreamV3(Reader& in, uint64_t count, const V3Tables* tables, ParsedBf16& out,
-                                             V3Sizes* sizes) {
+namespace {
+
+std::string Where(uint64_t p) { return "piece " + std::to_string(p) + ": "; }
+
+// The first failed piece's error (the caller's order: piece by piece), with
+// its piece's number; pieces[j] is piece first + j.
+std::optional<std::string> FirstPieceError(std::span<const RansPiece> pieces, uint64_t first) {
+  for (size_t j = 0; j < pieces.size(); ++j) {
+    if (pieces[j].err) return Where(first + j) + *pieces[j].err;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> ParseBf16StreamV3Gaps(Reader& in, uint64_t count, const V3Tables* tables, ParsedBf16& out,
+                                                 std::vector<RansPiece>& pieces, V3Sizes* sizes) {
   const size_t start = in.position();
   std::optional<uint8_t> b0 = in.Byte(), b1 = in.Byte();
   if (!b0 || !b1) return "truncated class bitmap";
@@ -283,10 +298,10 @@ std::optional<std::string> ParseBf16StreamV3(Reader& in, uint64_t count, const V
     begin[cl + 1] = begin[cl] + m;
   }
   if (begin[kClasses] != count) return "class counts do not sum to the count";
-  const uint64_t pieces = (count + kV3Piece - 1) / kV3Piece;
-  std::vector<std::pair<uint64_t, uint64_t>> lens(pieces);
+  const uint64_t n_pieces = (count + kV3Piece - 1) / kV3Piece;
+  std::vector<std::pair<uint64_t, uint64_t>> lens(n_pieces);
   uint64_t body = 0;
-  for (uint64_t p = 0; p < pieces; ++p) {
+  for (uint64_t p = 0; p < n_pieces; ++p) {
     std::optional<uint64_t> g = in.Varint();
     std::optional<uint64_t> r = g ? in.Varint() : std::nullopt;
     if (!g || !r) return "piece directory entry " + std::to_string(p) + " is truncated or malformed";
@@ -301,68 +316,68 @@ std::optional<std::string> ParseBf16StreamV3(Reader& in, uint64_t count, const V
   SizeUninit(out.diffs, static_cast<size_t>(count), nullptr);
   std::array<GapRanks, kClasses> ranks;  // a class's ranks run on across pieces
   for (GapRanks& r : ranks) r.elements = out.elements;
-  auto where = [](uint64_t p) { return "piece " + std::to_string(p) + ": "; };
-  // Piece p's gaps into ranks; its rANS bytes to `rans`.
-  auto read_gaps = [&](uint64_t p, ByteSpan& rans) -> std::optional<std::string> {
+  const size_t first = pieces.size();
+  for (uint64_t p = 0; p < n_pieces; ++p) {
     const uint64_t lo = p * kV3Piece, hi = std::min(count, lo + kV3Piece);
     BitReader bits(*in.Take(lens[p].first));
-    for (int cl = 0; cl < kClasses; ++cl) {
+    std::optional<std::string> err;
+    for (int cl = 0; cl < kClasses && !err; ++cl) {
       const Span part = ClassPart(begin, cl, lo, hi);
       if (part.a >= part.b) continue;
-      if (auto err = out.ranks.Read(bits, part.a, part.b - part.a, ranks[cl])) {
-        return where(p) + "class " + std::to_string(cl) + " gaps: " + *err;
+      if (auto e = out.ranks.Read(bits, part.a, part.b - part.a, ranks[cl])) {
+        err = Where(p) + "class " + std::to_string(cl) + " gaps: " + *e;
       }
     }
-    if (!bits.AtPaddedEnd()) return where(p) + "trailing bits after the gaps";
-    rans = *in.Take(lens[p].second);
-    return std::nullopt;
-  };
-  auto count_sizes = [&](uint64_t p) {
+    if (!err && !bits.AtPaddedEnd()) err = Where(p) + "trailing bits after the gaps";
+    if (err) {
+      // The order one piece at a time gives: an earlier piece's rANS error
+      // first.
+      const std::span<RansPiece> before(pieces.data() + first, pieces.size() - first);
+      DecodeRansPieces(before, *tables);
+      if (auto e = FirstPieceError(before, 0)) err = e;
+      pieces.resize(first);
+      return err;
+    }
     if (sizes) {
       sizes->gaps += lens[p].first;
       sizes->diffs += lens[p].second;
     }
-  };
-  // Pieces two at a time where both are whole (their rANS states stepped in
-  // turn, DecodeRansPieces2), the errors in the order one at a time gives
-  // them: piece p's gaps, p's rANS, p + 1's gaps, p + 1's rANS.
-  for (uint64_t p = 0; p < pieces;) {
-    const uint64_t lo = p * kV3Piece, hi = std::min(count, lo + kV3Piece);
-    ByteSpan rans;
-    if (auto err = read_gaps(p, rans)) return err;
-    const uint64_t lo2 = hi, hi2 = std::min(count, lo2 + kV3Piece);
-    if (p + 1 < pieces && hi2 - lo2 >= kRansTwoStates) {
-      ByteSpan rans2;
-      if (auto err2 = read_gaps(p + 1, rans2)) {
-        if (auto err = DecodeRansPiece(rans, begin, lo, hi, *tables, out.diffs.data())) return where(p) + *err;
-        count_sizes(p);
-        return err2;
-      }
-      std::optional<std::string> err, err2;
-      DecodeRansPieces2(rans, lo, hi, rans2, lo2, hi2, begin, *tables, out.diffs.data(), err, err2);
-      if (err) return where(p) + *err;
-      count_sizes(p);
-      if (err2) return where(p + 1) + *err2;
-      count_sizes(p + 1);
-      p += 2;
-      continue;
-    }
-    if (auto err = DecodeRansPiece(rans, begin, lo, hi, *tables, out.diffs.data())) return where(p) + *err;
-    count_sizes(p);
-    ++p;
+    RansPiece piece;
+    piece.rans = *in.Take(lens[p].second);
+    piece.lo = lo;
+    piece.hi = hi;
+    piece.begin = &out.class_begin;
+    piece.d = out.diffs.data();
+    pieces.push_back(piece);
   }
-  const uint64_t n_escapes = static_cast<uint64_t>(std::count(out.diffs.begin(), out.diffs.end(), kEscape));
-  const size_t esc_start = in.position();
-  out.escapes.clear();
-  if (n_escapes > 0) {
-    if (auto err = GetBlock(in, 2 * n_escapes, 0, out.escapes)) return "escape block: " + *err;
-  }
-  if (sizes) sizes->escapes += in.position() - esc_start;
   out.past_class = -1;
   for (int cl = kClasses - 1; cl >= 0; --cl) {
     if (ranks[cl].past) out.past_class = cl;
   }
   return std::nullopt;
+}
+
+std::optional<std::string> ParseBf16StreamV3Rest(Reader& in, std::span<const RansPiece> pieces,
+                                                 const UninitVector<uint8_t>& diffs, std::vector<uint8_t>& escapes,
+                                                 V3Sizes* sizes) {
+  if (auto err = FirstPieceError(pieces, 0)) return err;
+  const uint64_t n_escapes = static_cast<uint64_t>(std::count(diffs.begin(), diffs.end(), kEscape));
+  const size_t esc_start = in.position();
+  escapes.clear();
+  if (n_escapes > 0) {
+    if (auto err = GetBlock(in, 2 * n_escapes, 0, escapes)) return "escape block: " + *err;
+  }
+  if (sizes) sizes->escapes += in.position() - esc_start;
+  return std::nullopt;
+}
+
+std::optional<std::string> ParseBf16StreamV3(Reader& in, uint64_t count, const V3Tables* tables, ParsedBf16& out,
+                                             V3Sizes* sizes) {
+  thread_local std::vector<RansPiece> pieces;
+  pieces.clear();
+  if (auto err = ParseBf16StreamV3Gaps(in, count, tables, out, pieces, sizes)) return err;
+  if (!pieces.empty()) DecodeRansPieces(pieces, *tables);
+  return ParseBf16StreamV3Rest(in, pieces, out.diffs, out.escapes, sizes);
 }
 
 }  // namespace deltasync::compact

@@ -21,6 +21,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -92,6 +93,26 @@ struct V3Sizes {
 };
 std::optional<std::string> ParseBf16StreamV3(Reader& in, uint64_t count, const V3Tables* tables, ParsedBf16& out,
                                              V3Sizes* sizes = nullptr);
+
+// ParseBf16StreamV3 in two parts around the rANS decode, so that a caller
+// can decode the pieces of many tensors together (DecodeRansPieces keeps
+// two pieces' states in flight across tensors, compact_rans.h):
+//  - Gaps: the header and every piece's gaps (into out's ranks;
+//    out.past_class set), each piece's rANS bytes appended to `pieces`
+//    (begin &out.class_begin, outputs out.diffs, sized here), not decoded.
+//    A gap error comes after an earlier piece's rANS error, as the
+//    one-call parse gives them (those pieces decoded here; `pieces` then
+//    as it came in);
+//  - the caller decodes the appended pieces (DecodeRansPieces; their
+//    begin and d may be moved to where out's class_begin and diffs went);
+//  - Rest, with `in` past the last piece (where Gaps left it): the first
+//    failed piece's error, else the escape block into `escapes`.
+struct RansPiece;
+std::optional<std::string> ParseBf16StreamV3Gaps(Reader& in, uint64_t count, const V3Tables* tables, ParsedBf16& out,
+                                                 std::vector<RansPiece>& pieces, V3Sizes* sizes = nullptr);
+std::optional<std::string> ParseBf16StreamV3Rest(Reader& in, std::span<const RansPiece> pieces,
+                                                 const UninitVector<uint8_t>& diffs, std::vector<uint8_t>& escapes,
+                                                 V3Sizes* sizes = nullptr);
 
 // A version-3 delta's diff tables into `tables`, when its metadata has
 // them (left empty otherwise); kCorruption when they are malformed.

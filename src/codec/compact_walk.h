@@ -37,6 +37,12 @@ struct Bf16Tensor {
   std::vector<uint8_t> escapes;   // their raw values, u16 little-endian each
   state_hash::TensorSeeds seeds{};
   uint64_t count = 0;  // the tensor's changes
+  // The read in parts (compact_decode.cc, ReadTensor with pieces): the
+  // first class whose gaps ran past its elements (-1: none), whether the
+  // rANS pieces were left to the caller, and where the stream's rest starts.
+  int past_class = -1;
+  bool deferred = false;
+  size_t tail = 0;
   // A fused apply (ApplyCompactDelta): the new values go to `target` (the
   // base's own bytes) instead of `out`, change k's position (from the
   // start of its chunk) and old value to undo_pos[k] and undo_old[k] first.

@@ -196,7 +196,7 @@ TEST(CompactRans, TruncatedOverLongAndCorruptedPiecesFailAsTheReference) {
 }
 
 
-// Two pieces of `c` at once (DecodeRansPieces2: [lo, lo + n) and the
+// Two pieces of `c` at once (DecodeRansPieces of [lo, lo + n) and the
 // piece after it, of up to n changes) against the reference on each, on
 // the valid bytes and on broken ones (either piece's or both: truncated,
 // over-long, flipped): the same bytes and the same error for each piece.
@@ -218,8 +218,16 @@ void CheckPair(const Case& c, uint64_t lo, uint64_t n, std::mt19937_64& rng) {
     for (int hb = 0; hb <= 5; ++hb) {
       const std::vector<uint8_t> ia = broken(a, ha), ib = broken(b, hb);
       std::vector<uint8_t> got(count, 0), want(count, 0);
-      std::optional<std::string> err_a, err_b;
-      DecodeRansPieces2(ia, lo, hi, ib, lo2, hi2, c.begin, c.tables, got.data(), err_a, err_b);
+      std::vector<RansPiece> two(2);
+      two[0].rans = ia;
+      two[0].lo = lo;
+      two[0].hi = hi;
+      two[1].rans = ib;
+      two[1].lo = lo2;
+      two[1].hi = hi2;
+      for (RansPiece& p : two) p.begin = &c.begin, p.d = got.data();
+      DecodeRansPieces(two, c.tables);
+      const std::optional<std::string> err_a = two[0].err, err_b = two[1].err;
       const std::optional<std::string> want_a = ReferenceDecode(ia, c.begin, lo, hi, c.tables, want.data());
       const std::optional<std::string> want_b = ReferenceDecode(ib, c.begin, lo2, hi2, c.tables, want.data());
       SCOPED_TRACE("pieces at " + std::to_string(lo) + " and " + std::to_string(lo2) + ", broken " +
@@ -255,6 +263,101 @@ TEST(CompactRans, TwoPiecesAtOnceEqualTheReferenceOnEach) {
   const Case c = MakeCase(rng, {{2, 70001}, {3, 61071}}, {2, 3});
   CheckPair(c, 0, kV3Piece, rng);
   CheckPair(c, kV3Piece - 1000, kV3Piece, rng);
+}
+
+// Many pieces at once (DecodeRansPieces), of two "tensors" sharing the
+// tables (their own class borders and outputs), listed interleaved: pieces
+// of 1 to 3,000 changes (one state below 64), some broken (truncated,
+// over-long, flipped, states too) so that a lane ends early, late or at its
+// start; each piece's bytes and error are the reference's.
+TEST(CompactRans, ManyPiecesOfTwoTensorsAtOnceEqualTheReferenceOnEach) {
+  std::mt19937_64 rng(17);
+  // All 256 symbols in every class's table: any diff byte codes in any class.
+  Case a = MakeCase(rng, {{0, 900}, {4, 2500}, {7, 4001}, {15, 300}}, {1, 2, 3, 0});
+  Case b;
+  for (int cl = 0; cl < kClasses; ++cl) {
+    const uint64_t m = cl == 4 ? 3100 : cl == 7 ? 1777 : cl == 15 ? 2 : cl == 0 ? 65 : 0;
+    b.begin[cl + 1] = b.begin[cl] + m;
+  }
+  for (uint64_t j = 0; j < b.begin[kClasses]; ++j) b.diffs.push_back(static_cast<uint8_t>(rng() % 6 == 0 ? rng() : rng() % 4));
+  // One set of tables for both, from both tensors' diffs.
+  DiffHistogram h{};
+  for (const Case* c : {static_cast<const Case*>(&a), static_cast<const Case*>(&b)}) {
+    for (int cl = 0; cl < kClasses; ++cl) {
+      for (uint64_t j = c->begin[cl]; j < c->begin[cl + 1]; ++j) h[cl][c->diffs[j]]++;
+    }
+  }
+  a.tables = V3Tables::Build(h);
+  b.tables = a.tables;
+  for (int trial = 0; trial < 40; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    // Each tensor cut into pieces of random sizes, then the two lists
+    // interleaved at random.
+    struct Cut {
+      const Case* c;
+      uint64_t lo, hi;
+    };
+    std::vector<Cut> cuts_a, cuts_b;
+    for (const Case* c : {static_cast<const Case*>(&a), static_cast<const Case*>(&b)}) {
+      std::vector<Cut>& cuts = c == &a ? cuts_a : cuts_b;
+      const uint64_t count = c->diffs.size();
+      for (uint64_t lo = 0; lo < count;) {
+        static constexpr uint64_t kSizes[] = {1, 2, 63, 64, 65, 100, 777, 3000};
+        const uint64_t hi = std::min(count, lo + kSizes[rng() % 8]);
+        cuts.push_back({c, lo, hi});
+        lo = hi;
+      }
+    }
+    std::vector<Cut> order;
+    size_t ia = 0, ib = 0;
+    while (ia < cuts_a.size() || ib < cuts_b.size()) {
+      const bool take_a = ib == cuts_b.size() || (ia < cuts_a.size() && rng() % 2 == 0);
+      order.push_back(take_a ? cuts_a[ia++] : cuts_b[ib++]);
+    }
+    std::vector<std::vector<uint8_t>> inputs;
+    std::vector<int> hows;
+    for (const Cut& cut : order) {
+      std::vector<uint8_t> y = ReferenceEncode(cut.c->diffs, cut.lo, cut.hi, cut.c->begin, cut.c->tables);
+      const int how = trial == 0 ? 0 : static_cast<int>(rng() % 12);  // mostly intact
+      if (how == 1) y.resize(y.size() - std::min<size_t>(y.size(), 1 + rng() % 12));
+      if (how == 2) y.resize(y.size() / 2);
+      if (how == 3) y.insert(y.end(), 1 + rng() % 3, static_cast<uint8_t>(rng()));
+      if (how == 4 && !y.empty()) y[rng() % y.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+      if (how == 5 && !y.empty()) y[rng() % std::min<size_t>(y.size(), 8)] ^= static_cast<uint8_t>(1u << (rng() % 8));
+      inputs.push_back(std::move(y));
+      hows.push_back(how);
+    }
+    std::vector<uint8_t> got_a(a.diffs.size(), 0), got_b(b.diffs.size(), 0);
+    std::vector<uint8_t> want_a(a.diffs.size(), 0), want_b(b.diffs.size(), 0);
+    std::vector<RansPiece> pieces(order.size());
+    for (size_t j = 0; j < order.size(); ++j) {
+      pieces[j].rans = inputs[j];
+      pieces[j].lo = order[j].lo;
+      pieces[j].hi = order[j].hi;
+      pieces[j].begin = &order[j].c->begin;
+      pieces[j].d = order[j].c == &a ? got_a.data() : got_b.data();
+      pieces[j].err = "not decoded";
+    }
+    DecodeRansPieces(pieces, a.tables);
+    for (size_t j = 0; j < order.size(); ++j) {
+      const Cut& cut = order[j];
+      std::vector<uint8_t>& want = cut.c == &a ? want_a : want_b;
+      const std::vector<uint8_t>& got = cut.c == &a ? got_a : got_b;
+      const std::optional<std::string> want_err =
+          ReferenceDecode(inputs[j], cut.c->begin, cut.lo, cut.hi, cut.c->tables, want.data());
+      ASSERT_EQ(pieces[j].err, want_err) << "piece " << j << ": [" << cut.lo << ", " << cut.hi << ") of "
+                                         << (cut.c == &a ? "a" : "b");
+      if (!want_err) {
+        ASSERT_TRUE(std::equal(got.begin() + cut.lo, got.begin() + cut.hi, want.begin() + cut.lo)) << j;
+      }
+      if (hows[j] == 0) {
+        ASSERT_FALSE(pieces[j].err) << *pieces[j].err;
+        ASSERT_TRUE(std::equal(got.begin() + cut.lo, got.begin() + cut.hi, cut.c->diffs.begin() + cut.lo)) << j;
+      }
+    }
+  }
+  // None at all.
+  DecodeRansPieces({}, a.tables);
 }
 
 // The library's writer (WriteBf16StreamV3, branch-free renormalisation)

@@ -161,7 +161,7 @@ TEST(CompactV3, ManyPieces) {
                             [&](uint16_t o, uint64_t i) { return i % 11 ? Ulp(o, i) : static_cast<uint16_t>(o ^ 0x8000); })});
 }
 
-// The parse reads two pieces' rANS bytes at once (DecodeRansPieces2), yet
+// The parse reads two pieces' rANS bytes at once (DecodeRansPieces), yet
 // its ranks, diffs and errors are those of reading the pieces one after the
 // other (gaps, then rANS, per piece), here with the pieces' own readers
 // (RankBuffer::Read, DecodeRansPiece): on a stream of 2, 3 and 4 pieces,
