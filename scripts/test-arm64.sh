@@ -5,10 +5,11 @@
 # SVE, SVE2, SVE_256 and SVE2_128 code on an x86-64 Debian 12 host. See
 # docs/arm64.md.
 #
-#   scripts/test-arm64.sh            the quick set (~10 min on 2 cores with a
-#                                    warm build): bf16_tests and codec_tests
-#                                    on two CPUs, SVE2 at 128 bits (Grace,
-#                                    Graviton4) and SVE at 256 bits (Graviton3)
+#   scripts/test-arm64.sh            the quick set (~12 min on 2 busy cores
+#                                    with a warm build): bf16_tests on two
+#                                    CPUs, SVE2 at 128 bits (Grace, Graviton4)
+#                                    and SVE at 256 bits (Graviton3), and
+#                                    codec_tests on the first
 #   scripts/test-arm64.sh --full     the whole unit suite (ctest -L unit) on
 #                                    five CPUs: NEON only, SVE2 at 128, 256,
 #                                    512 and 2048 bits
@@ -120,11 +121,18 @@ for cpu in $CPUS; do
     ctest --test-dir build-arm64 -L unit -j "$JOBS" --output-on-failure --timeout 900 || ok=0
   else
     # Each binary whole, in JOBS gtest shards at once (one qemu start per
-    # shard instead of one per test).
-    for bin in bf16_tests codec_tests; do
+    # shard instead of one per test). Left out: GapsPastThirtyTwoBitsWidenToU64
+    # (~280 s under qemu, over half the quick set's time: 2^32 elements of
+    # default dispatch, no per-target loop; --full runs it).
+    # codec_tests (no Highway code of its own, ~9 min under qemu on a busy
+    # 2-core machine) on the first CPU only.
+    bins="bf16_tests"
+    [[ "$cpu" == "${CPUS%% *}" ]] && bins="bf16_tests codec_tests"
+    for bin in $bins; do
       pids=()
       for ((s = 0; s < JOBS; ++s)); do
         GTEST_TOTAL_SHARDS=$JOBS GTEST_SHARD_INDEX=$s "$QEMU" "build-arm64/tests/$bin" --gtest_brief=1 \
+          --gtest_filter="-DetectAndEncodeGapDeltaTest.GapsPastThirtyTwoBitsWidenToU64" \
           >"build-arm64/$bin.$cpu.$s.log" 2>&1 &
         pids+=($!)
       done
