@@ -5,11 +5,11 @@
 # SVE, SVE2, SVE_256 and SVE2_128 code on an x86-64 Debian 12 host. See
 # docs/arm64.md.
 #
-#   scripts/test-arm64.sh            the quick set (~12 min on 2 busy cores
-#                                    with a warm build): bf16_tests on two
-#                                    CPUs, SVE2 at 128 bits (Grace, Graviton4)
-#                                    and SVE at 256 bits (Graviton3), and
-#                                    codec_tests on the first
+#   scripts/test-arm64.sh            the quick set (~13 min on 2 busy cores
+#                                    with a warm build): bf16_tests with SVE
+#                                    at 128 bits (Grace, Graviton4), 256
+#                                    (Graviton3) and 2048, codec_tests on the
+#                                    first
 #   scripts/test-arm64.sh --full     the whole unit suite (ctest -L unit) on
 #                                    five CPUs: NEON only, SVE2 at 128, 256,
 #                                    512 and 2048 bits
@@ -50,7 +50,7 @@ CPU_TABLE=(
 if ((FULL)); then
   CPUS="${DS_ARM64_CPUS:-neon sve128 sve256 sve512 sve2048}"
 else
-  CPUS="${DS_ARM64_CPUS:-sve128 sve256}"
+  CPUS="${DS_ARM64_CPUS:-sve128 sve256 sve2048}"
 fi
 
 if ((INSTALL)); then
