@@ -5,7 +5,7 @@
 # SVE, SVE2, SVE_256 and SVE2_128 code on an x86-64 Debian 12 host. See
 # docs/arm64.md.
 #
-#   scripts/test-arm64.sh            the quick set (~13 min on 2 busy cores
+#   scripts/test-arm64.sh            the quick set (~11 min on 2 busy cores
 #                                    with a warm build): bf16_tests with SVE
 #                                    at 128 bits (Grace, Graviton4), 256
 #                                    (Graviton3) and 2048, codec_tests on the
