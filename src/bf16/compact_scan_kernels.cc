@@ -226,9 +226,17 @@ HWY_INLINE bool ClassifyBlockAvx2(const uint16_t* HWY_RESTRICT pub, const void* 
 }
 #endif
 
+// The class bytes' vectors: at most 64 lanes, one 64-byte word of class
+// bytes. Wider SVE vectors (1024 and 2048 bits) would read past a word, and
+// past a block's padded bytes into the next block's, whose bytes of class c
+// ClassCountsBytes16 then counted as well (found under qemu at 2048 bits:
+// docs/arm64.md). The same type as ScalableTag wherever vectors are at most
+// 512 bits, i.e. on every x86 target.
+using ClassByteTag = hn::CappedTag<uint8_t, 64>;
+
 // mask[c] bit k = class byte k of the 64 at `cls` equals c.
 HWY_INLINE void ClassMasks(const uint8_t* HWY_RESTRICT cls, uint64_t* HWY_RESTRICT mask) {
-  const hn::ScalableTag<uint8_t> d8;
+  const ClassByteTag d8;
   constexpr size_t kMax = HWY_MAX_BYTES;
   const size_t N = hn::Lanes(d8);
   if (N >= 8) {
@@ -516,7 +524,7 @@ HWY_INLINE uint64_t ClassWord(const uint8_t* HWY_RESTRICT cls, uint8_t c) {
       _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(cls + 32)), want)));
   return uint64_t{lo} | uint64_t{hi} << 32;
 #else
-  const hn::ScalableTag<uint8_t> d8;
+  const ClassByteTag d8;
   const size_t N8 = hn::Lanes(d8);
   constexpr size_t kMax = HWY_MAX_BYTES;
   uint64_t m = 0;
@@ -620,7 +628,7 @@ HWY_INLINE void ClassCounts(const uint16_t* HWY_RESTRICT data, size_t n, uint32_
     std::memset(bytes + len, kNoClass, (len + 63) / 64 * 64 - len);
   }
 #else
-  const hn::ScalableTag<uint8_t> d8;
+  const ClassByteTag d8;
   const hn::Repartition<uint64_t, decltype(d8)> d64;
   const size_t N8 = hn::Lanes(d8);
   for (size_t at = 0; at < n; at += kScanBlock, counts += kScanClasses) {

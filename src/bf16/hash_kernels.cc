@@ -128,25 +128,30 @@ void HashTermDiffsImpl(const uint64_t* HWY_RESTRICT index, const uint64_t* HWY_R
                        uint64_t sums[2]) {
   const D64 d;
   const size_t N = hn::Lanes(d);
-  V64 sum[2] = {hn::Zero(d), hn::Zero(d)};
+  // Two named sums, not an array: SVE vectors are sizeless types, which
+  // cannot be array elements.
+  V64 sum0 = hn::Zero(d), sum1 = hn::Zero(d);
   size_t i = 0;
   for (; i + N <= n; i += N) {
     const V64 idx = hn::LoadU(d, index + i);
     const V64 nb = hn::LoadU(d, new_bits + i);
     const V64 ob = hn::LoadU(d, old_bits + i);
-    for (int lane = 0; lane < 2; ++lane) {
+    const auto term_diff = [&](int lane) {
       const V64 w = hn::Add(hn::Set(d, seed[lane]), MulConst(idx, sh::kIndexStep[lane]));
       const V64 t_new = Mix13(hn::Xor(w, MulConst(nb, sh::kBitsMul[lane])));
       const V64 t_old = Mix13(hn::Xor(w, MulConst(ob, sh::kBitsMul[lane])));
-      sum[lane] = hn::Add(sum[lane], hn::Sub(t_new, t_old));
-    }
+      return hn::Sub(t_new, t_old);
+    };
+    sum0 = hn::Add(sum0, term_diff(0));
+    sum1 = hn::Add(sum1, term_diff(1));
   }
   constexpr size_t kMaxLanes = HWY_MAX_BYTES / sizeof(uint64_t);
-  HWY_ALIGN uint64_t lanes[kMaxLanes];
+  HWY_ALIGN uint64_t lanes[2][kMaxLanes];
+  hn::Store(sum0, d, lanes[0]);
+  hn::Store(sum1, d, lanes[1]);
   for (int lane = 0; lane < 2; ++lane) {
-    hn::Store(sum[lane], d, lanes);
     uint64_t s = 0;
-    for (size_t j = 0; j < N; ++j) s += lanes[j];
+    for (size_t j = 0; j < N; ++j) s += lanes[lane][j];
     for (size_t k = i; k < n; ++k) {
       s += sh::ElementTerm(lane, seed[lane], index[k], new_bits[k]) -
            sh::ElementTerm(lane, seed[lane], index[k], old_bits[k]);
@@ -166,7 +171,7 @@ HWY_INLINE void HashTermDiffs16Of(uint64_t base, const Index* HWY_RESTRICT index
   const size_t N = hn::Lanes(d);
   const hn::Rebind<uint16_t, D64> d16;
   const hn::Rebind<uint32_t, D64> d32;
-  V64 sum[2] = {hn::Zero(d), hn::Zero(d)};
+  V64 sum0 = hn::Zero(d), sum1 = hn::Zero(d);  // not an array: see HashTermDiffsImpl
   const V64 seed0 = hn::Set(d, seed[0]), seed1 = hn::Set(d, seed[1]);
   const V64 vbase = hn::Set(d, base);
   size_t i = 0;
@@ -182,17 +187,18 @@ HWY_INLINE void HashTermDiffs16Of(uint64_t base, const Index* HWY_RESTRICT index
     const V64 ob = hn::PromoteTo(d, hn::PromoteTo(d32, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(old_bytes) + i)));
     const V64 w0 = hn::Add(seed0, MulConst(idx, sh::kIndexStep[0]));
     const V64 w1 = hn::Add(seed1, MulConst(idx, sh::kIndexStep[1]));
-    sum[0] = hn::Add(sum[0], hn::Sub(Mix13(hn::Xor(w0, MulConst<true>(nb, sh::kBitsMul[0]))),
-                                     Mix13(hn::Xor(w0, MulConst<true>(ob, sh::kBitsMul[0])))));
-    sum[1] = hn::Add(sum[1], hn::Sub(Mix13(hn::Xor(w1, MulConst<true>(nb, sh::kBitsMul[1]))),
-                                     Mix13(hn::Xor(w1, MulConst<true>(ob, sh::kBitsMul[1])))));
+    sum0 = hn::Add(sum0, hn::Sub(Mix13(hn::Xor(w0, MulConst<true>(nb, sh::kBitsMul[0]))),
+                                 Mix13(hn::Xor(w0, MulConst<true>(ob, sh::kBitsMul[0])))));
+    sum1 = hn::Add(sum1, hn::Sub(Mix13(hn::Xor(w1, MulConst<true>(nb, sh::kBitsMul[1]))),
+                                 Mix13(hn::Xor(w1, MulConst<true>(ob, sh::kBitsMul[1])))));
   }
   constexpr size_t kMaxLanes = HWY_MAX_BYTES / sizeof(uint64_t);
-  HWY_ALIGN uint64_t lanes[kMaxLanes];
+  HWY_ALIGN uint64_t lanes[2][kMaxLanes];
+  hn::Store(sum0, d, lanes[0]);
+  hn::Store(sum1, d, lanes[1]);
   for (int lane = 0; lane < 2; ++lane) {
-    hn::Store(sum[lane], d, lanes);
     uint64_t s = 0;
-    for (size_t j = 0; j < N; ++j) s += lanes[j];
+    for (size_t j = 0; j < N; ++j) s += lanes[lane][j];
     for (size_t k = i; k < n; ++k) {
       const uint64_t nb = new_bytes[2 * k] | uint64_t{new_bytes[2 * k + 1]} << 8;
       const uint64_t ob = old_bytes[2 * k] | uint64_t{old_bytes[2 * k + 1]} << 8;

@@ -1,0 +1,53 @@
+// The SIMD targets the kernels' tests loop over (ForEachTarget), printed so
+// that a run's log says what it covered, and checked against what the run
+// expects: scripts/test-arm64.sh runs the tests under qemu-aarch64 with
+// several emulated CPUs and sets DS_EXPECT_TARGETS to the Highway targets
+// each one must bring (e.g. "NEON SVE SVE2 SVE2_128"), so that an emulator
+// or compiler that quietly drops a target fails here instead of leaving it
+// untested.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bf16/simd_kernels.h"
+
+namespace deltasync {
+namespace {
+
+std::vector<std::string> Words(const char* text) {
+  std::vector<std::string> words;
+  std::istringstream in(text ? text : "");
+  for (std::string w; in >> w;) words.push_back(w);
+  return words;
+}
+
+TEST(KernelTargets, ListsTheTargetsAndHasEveryExpectedOne) {
+  const std::vector<std::string> names = kernels::SupportedTargetNames();
+  ASSERT_FALSE(names.empty());
+  std::string list;
+  for (const std::string& name : names) list += (list.empty() ? "" : " ") + name;
+  const std::string active = kernels::ActiveTargetName();
+  // One line that scripts grep for.
+  std::printf("kernel targets: %s (default: %s)\n", list.c_str(), active.c_str());
+  RecordProperty("kernel_targets", list);
+  // Not necessarily names.front(): Highway 1.0.3 lists SVE2_128 (SVE_256)
+  // where the vector is 128 (256) bits, yet its default dispatch stays on
+  // SVE2 there (docs/arm64.md); the loops run both.
+  EXPECT_NE(std::find(names.begin(), names.end(), active), names.end()) << "default " << active << " not in: " << list;
+  for (const std::string& want : Words(std::getenv("DS_EXPECT_TARGETS"))) {
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end())
+        << "expected target " << want << " in: " << list;
+  }
+  for (const std::string& unwanted : Words(std::getenv("DS_EXPECT_NO_TARGETS"))) {
+    EXPECT_EQ(std::find(names.begin(), names.end(), unwanted), names.end())
+        << "unexpected target " << unwanted << " in: " << list;
+  }
+}
+
+}  // namespace
+}  // namespace deltasync
