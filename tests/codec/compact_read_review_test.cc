@@ -328,6 +328,38 @@ TEST(CompactReadReview, TensorLargerThanAGroup) {
   CheckLayouts(specs, 12);
 }
 
+// A caller's buffers reused from a read where slot 0 held a version-3
+// bf16 stream (its rANS pieces left to the group: deferred) for a raw-mode
+// stream and a version-2 one: each read as into fresh buffers.
+TEST(CompactReadReview, ReusedBuffersCarryNoDeferredRead) {
+  const Built b = Build({{"r0", 3000, 100}, {"r1", 300, 40, true}}, 61);
+  const Built b2 = Build({{"r0", 3000, 100}, {"r1", 300, 40, true}}, 61, 2);
+  const std::unique_ptr<Listed> l = List(b);
+  const std::unique_ptr<Listed> l2 = List(b2);
+  const compact::V3Tables* t = &*l->tables;
+  for (const TensorView* next : {&l->streams[1], &l2->streams[0]}) {
+    const TensorView* next_base = next == &l->streams[1] ? l->bases[1] : l2->bases[0];
+    Read r;
+    r.bf.resize(1);
+    r.raw.resize(1);
+    compact::ReadCompactStreams("delta", {&l->streams[0]}, {l->bases[0]}, t, 1, r.raw, r.bf, r.errors);
+    ASSERT_TRUE(r.errors[0].ok()) << r.errors[0].ToString();
+    r.bf[0].escaped.clear();  // the contract: empty
+    r.bf[0].count = 0;
+    r.raw[0] = TensorChanges{};
+    compact::ReadCompactStreams("delta", {next}, {next_base}, t, 1, r.raw, r.bf, r.errors);
+    const Read fresh = ReadAll({next}, {next_base}, t, 1);
+    if (next_base->dtype == DType::kBF16) {
+      ExpectSameTensor(r, 0, fresh, 0, "after a deferred read, " + next->name);
+      continue;
+    }
+    // A raw-mode stream: its outcome and changes (bf is not its output).
+    EXPECT_EQ(r.errors[0].ToString(), fresh.errors[0].ToString());
+    EXPECT_EQ(r.raw[0].indices, fresh.raw[0].indices);
+    EXPECT_EQ(r.raw[0].values, fresh.raw[0].values);
+  }
+}
+
 // Every piece's rANS bytes in the stream (offsets).
 struct PieceAt {
   size_t rans_begin, rans_end;
