@@ -143,6 +143,10 @@ Status ReadTensor(const std::string& label, const TensorView& stream, const Tens
                   const compact::V3Tables* tables, bool fused, TensorChanges& c, Bf16Tensor& bf,
                   std::vector<compact::RansPiece>* pieces = nullptr) {
   auto bad = [&](const std::string& msg) { return CorruptTensor(label, stream.name, msg); };
+  // Not deferred until this read defers (a caller's reused bf may hold an
+  // earlier read's flag: ReadTensors would then finish a raw-mode or
+  // version-2 stream as a deferred version-3 one).
+  bf.deferred = false;
   Reader in(stream.data);
   std::optional<uint8_t> version = in.Byte();
   std::optional<uint8_t> mode = in.Byte();
