@@ -1,4 +1,4 @@
-// An adversarial review of the grouped read (compact_decode.cc, ReadTensors;
+// An adversarial review of the grouped read (compact_read.cc, ReadTensors;
 // session 44 H4): the rANS pieces of many tensors decoded together
 // (DecodeRansPieces) must leave each tensor exactly what a one-piece-at-a-
 // time read of that stream alone gives (RefRead below: ParseBf16StreamV3Gaps,
@@ -20,7 +20,7 @@
 #include "codec/compact_bf16.h"
 #include "codec/compact_case_util.h"
 #include "codec/compact_container.h"
-#include "codec/compact_parse.h"
+#include "codec/compact_read.h"
 #include "codec/compact_rans.h"
 #include "codec/compact_rice.h"
 #include "codec/compact_streams.h"
