@@ -1,7 +1,7 @@
 // ParseCompactDelta (deltasync/compact.h): the compact decoder's step 1
 // (every stream's entropy decode) alone, through the decoder's own read
-// (compact_parse.h).
-#include "codec/compact_parse.h"
+// (compact_read.h).
+#include "codec/compact_read.h"
 
 #include <optional>
 

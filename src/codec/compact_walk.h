@@ -1,6 +1,6 @@
 // The position walk of the compact decoder (internal to src/codec;
 // docs/format.md, "Decoding in parallel inside a tensor"): a bf16 tensor's
-// streams, read by compact_decode.cc, and the walk over its chunks, all
+// streams, read by compact_read.cc, and the walk over its chunks, all
 // chunks of all tensors in parallel.
 #pragma once
 
@@ -37,7 +37,7 @@ struct Bf16Tensor {
   std::vector<uint8_t> escapes;   // their raw values, u16 little-endian each
   state_hash::TensorSeeds seeds{};
   uint64_t count = 0;  // the tensor's changes
-  // The read in parts (compact_decode.cc, ReadTensor with pieces): the
+  // The read in parts (compact_read.cc, ReadTensor with pieces): the
   // first class whose gaps ran past its elements (-1: none), whether the
   // rANS pieces were left to the caller, and where the stream's rest starts.
   int past_class = -1;

@@ -13,7 +13,7 @@
 #include "codec/compact_bf16.h"
 #include "codec/compact_case_util.h"
 #include "codec/compact_container.h"
-#include "codec/compact_parse.h"
+#include "codec/compact_read.h"
 #include "codec/compact_streams.h"
 #include "codec/patch_test_util.h"
 #include "deltasync/compact.h"

@@ -1,5 +1,5 @@
 // The decoder's first step reads its streams in groups of tensors
-// (compact_decode.cc, ReadTensors): each tensor's gaps, then the rANS pieces
+// (compact_read.cc, ReadTensors): each tensor's gaps, then the rANS pieces
 // of the whole group decoded together (DecodeRansPieces, two pieces' states
 // in flight across tensor borders), then each tensor's end. Each tensor's
 // outcome must be its own: on a delta of tensors of 1 to 470,000 changes
@@ -16,7 +16,7 @@
 
 #include "codec/compact_case_util.h"
 #include "codec/compact_container.h"
-#include "codec/compact_parse.h"
+#include "codec/compact_read.h"
 #include "codec/compact_v3.h"
 #include "codec/patch_test_util.h"
 #include "deltasync/compact.h"
