@@ -147,6 +147,23 @@ TEST(TempFileTest, RemoveTempFilesUnlinksEveryLiveOne) {
   EXPECT_EQ(RegisteredTempFileCount(), 0);
 }
 
+// waitpid, giving up after `seconds`: the child is then killed (SIGKILL)
+// and reaped, and the status says so (a hang becomes a failure).
+int WaitOrKill(pid_t pid, int seconds, bool* timed_out) {
+  int status = 0;
+  *timed_out = false;
+  for (int i = 0; i < seconds * 100; ++i) {
+    pid_t got = ::waitpid(pid, &status, WNOHANG);
+    if (got == pid) return status;
+    if (got < 0) return -1;
+    ::usleep(10000);
+  }
+  *timed_out = true;
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return status;
+}
+
 // A child process with the CLI's handlers, killed while its temporary file
 // exists: the file is removed and the child still dies by the signal.
 void KillWhileWriting(int sig) {
@@ -156,6 +173,12 @@ void KillWhileWriting(int sig) {
   pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
+    // The signal's default action first, as in a CLI started from a shell:
+    // a test binary started in the background of a non-interactive shell
+    // (`tests &` in a script, scripts/test-arm64.sh's shards) inherits
+    // SIGINT ignored, which InstallTempFileCleanupOnSignals keeps (as for
+    // nohup), and the child then never died.
+    ::signal(sig, SIG_DFL);
     InstallTempFileCleanupOnSignals();
     TempFile tmp;
     if (tmp.Create(dir.Sub("big.bin")) != 0 || tmp.Write(Bytes("some bytes")) != 0) ::_exit(3);
@@ -169,8 +192,10 @@ void KillWhileWriting(int sig) {
   ::close(ready[0]);
   ASSERT_EQ(Names(dir.path()).size(), 1u);
   ASSERT_EQ(::kill(pid, sig), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  bool timed_out = false;
+  const int status = WaitOrKill(pid, 120, &timed_out);
+  ASSERT_FALSE(timed_out) << "the child outlived signal " << sig << " by 120 s";
+  ASSERT_NE(status, -1);
   ASSERT_TRUE(WIFSIGNALED(status)) << "status " << status;
   EXPECT_EQ(WTERMSIG(status), sig);
   EXPECT_TRUE(Names(dir.path()).empty()) << Names(dir.path()).front();
@@ -178,6 +203,21 @@ void KillWhileWriting(int sig) {
 
 TEST(TempFileTest, SigtermRemovesTheTemporaryFileAndStillKills) { KillWhileWriting(SIGTERM); }
 TEST(TempFileTest, SigintRemovesTheTemporaryFileAndStillKills) { KillWhileWriting(SIGINT); }
+
+// The same with the test itself started with SIGINT and SIGTERM ignored (a
+// background job of a non-interactive shell): the child inherits SIG_IGN,
+// and the test still sees the CLI's handlers at work, not a child that
+// never dies.
+TEST(TempFileTest, SignalTestsHoldWhenStartedWithTheSignalsIgnored) {
+  for (int sig : {SIGINT, SIGTERM}) {
+    struct sigaction ignore {}, old {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    ASSERT_EQ(::sigaction(sig, &ignore, &old), 0);
+    KillWhileWriting(sig);
+    ASSERT_EQ(::sigaction(sig, &old, nullptr), 0);
+  }
+}
 
 // Writeback: Write starts the device's writeback after every step. A stand-in
 // for sync_file_range records the ranges and can fail as a file system would.

@@ -189,6 +189,28 @@ inline std::string UniqueShmName(const std::string& tag) {
   return "/ds-test-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
 }
 
+// `args` as the command that runs them. In a cross build whose tests run
+// under an emulator (CMAKE_CROSSCOMPILING_EMULATOR, e.g. qemu-aarch64 in
+// build-arm64/, docs/arm64.md) the built CLI is a foreign binary that the
+// host kernel cannot exec without binfmt_misc (posix_spawn's child exits
+// 127): it runs through the same emulator as the test, which passes it the
+// environment (QEMU_CPU) too. Elsewhere `args` unchanged.
+inline std::vector<std::string> EmulatedCommand(const std::vector<std::string>& args) {
+  std::vector<std::string> command;
+#ifdef DS_TEST_EMULATOR
+  // The emulator and its arguments, '|'-separated (tests/CMakeLists.txt).
+  const std::string emulator = DS_TEST_EMULATOR;
+  for (size_t start = 0; start <= emulator.size();) {
+    size_t end = emulator.find('|', start);
+    if (end == std::string::npos) end = emulator.size();
+    if (end > start) command.push_back(emulator.substr(start, end - start));
+    start = end + 1;
+  }
+#endif
+  command.insert(command.end(), args.begin(), args.end());
+  return command;
+}
+
 // A child process (the built CLI) whose stdout and stderr lines are collected.
 class ChildProcess {
  public:
@@ -209,7 +231,7 @@ class ChildProcess {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
     posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
-    std::vector<std::string> copy = args;
+    std::vector<std::string> copy = EmulatedCommand(args);
     std::vector<char*> argv;
     for (auto& a : copy) argv.push_back(a.data());
     argv.push_back(nullptr);
