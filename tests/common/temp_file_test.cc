@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "testing/process_util.h"
 #include "testing/temp_dir.h"
 
 namespace deltasync {
@@ -147,23 +149,6 @@ TEST(TempFileTest, RemoveTempFilesUnlinksEveryLiveOne) {
   EXPECT_EQ(RegisteredTempFileCount(), 0);
 }
 
-// waitpid, giving up after `seconds`: the child is then killed (SIGKILL)
-// and reaped, and the status says so (a hang becomes a failure).
-int WaitOrKill(pid_t pid, int seconds, bool* timed_out) {
-  int status = 0;
-  *timed_out = false;
-  for (int i = 0; i < seconds * 100; ++i) {
-    pid_t got = ::waitpid(pid, &status, WNOHANG);
-    if (got == pid) return status;
-    if (got < 0) return -1;
-    ::usleep(10000);
-  }
-  *timed_out = true;
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &status, 0);
-  return status;
-}
-
 // A child process with the CLI's handlers, killed while its temporary file
 // exists: the file is removed and the child still dies by the signal.
 void KillWhileWriting(int sig) {
@@ -192,10 +177,10 @@ void KillWhileWriting(int sig) {
   ::close(ready[0]);
   ASSERT_EQ(Names(dir.path()).size(), 1u);
   ASSERT_EQ(::kill(pid, sig), 0);
-  bool timed_out = false;
-  const int status = WaitOrKill(pid, 120, &timed_out);
-  ASSERT_FALSE(timed_out) << "the child outlived signal " << sig << " by 120 s";
-  ASSERT_NE(status, -1);
+  const testing::WaitResult waited = testing::WaitOrKill(pid, std::chrono::seconds(120));
+  ASSERT_FALSE(waited.timed_out) << "the child outlived signal " << sig << " by 120 s";
+  ASSERT_FALSE(waited.error);
+  const int status = waited.status;
   ASSERT_TRUE(WIFSIGNALED(status)) << "status " << status;
   EXPECT_EQ(WTERMSIG(status), sig);
   EXPECT_TRUE(Names(dir.path()).empty()) << Names(dir.path()).front();

@@ -32,6 +32,7 @@
 #include "deltasync/state_hash.h"
 #include "deltasync/store.h"
 #include "testing/bucket_util.h"
+#include "testing/process_util.h"
 #include "testing/random_model.h"
 #include "testing/temp_dir.h"
 
@@ -282,16 +283,9 @@ class ChildProcess {
   int Wait(std::chrono::milliseconds timeout = kWait) {
     int status = 0;
     if (pid_ > 0) {
-      auto deadline = std::chrono::steady_clock::now() + timeout;
-      while (::waitpid(pid_, &status, WNOHANG) == 0) {
-        if (std::chrono::steady_clock::now() > deadline) {
-          ADD_FAILURE() << "child " << pid_ << " did not exit; killed";
-          ::kill(pid_, SIGKILL);
-          ::waitpid(pid_, &status, 0);
-          break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
+      const testing::WaitResult waited = testing::WaitOrKill(pid_, timeout);
+      if (waited.timed_out) ADD_FAILURE() << "child " << pid_ << " did not exit; killed";
+      status = waited.status;
     }
     pid_ = -1;
     for (auto& t : readers_) t.join();
