@@ -30,7 +30,10 @@ MEMSTORE_BYTES=${MEMSTORE_BYTES:-4294967296}
 TIMEOUT=${RGW_START_TIMEOUT:-60}
 T0=$(date +%s.%N)
 # Progress and errors go to fd 3, the caller's stderr, so that a die() inside a
-# check that wait_for() runs with its output discarded is still seen.
+# check that wait_for() runs with its output discarded is still seen. The
+# daemons must not inherit it (3>&-): a caller that reads this script's
+# stderr through a pipe (Python's subprocess.run(capture_output=True),
+# `$(start-rgw.sh 2>&1)`) would wait for the pipe's end as long as they run.
 exec 3>&2
 
 log() { awk -v t0="$T0" -v now="$(date +%s.%N)" -v m="$*" 'BEGIN{printf "start-rgw: [%5.2fs] %s\n", now-t0, m}' >&3; }
@@ -202,7 +205,7 @@ wait_for() {  # wait_for WHAT COMMAND... : polls every 0.2 s up to TIMEOUT
 monmaptool --create --fsid "$FSID" --addv a "[v2:127.0.0.1:$MON_PORT]" "$D/monmap" >"$D/log/monmap.out" 2>&1 \
   || die "monmaptool failed"
 ceph-mon --mkfs -i a --monmap "$D/monmap" >"$D/log/mon.mkfs.out" 2>&1 || die "ceph-mon --mkfs failed"
-nohup ceph-mon -f -i a >"$D/log/mon.a.out" 2>&1 </dev/null &
+nohup ceph-mon -f -i a >"$D/log/mon.a.out" 2>&1 </dev/null 3>&- &
 echo $! >"$D/mon.pid"
 wait_for "monitor" ceph --connect-timeout 2 mon stat
 log "monitor up on 127.0.0.1:$MON_PORT"
@@ -211,7 +214,7 @@ log "monitor up on 127.0.0.1:$MON_PORT"
 OSD_ID=$(ceph osd new "$OSD_UUID" 2>"$D/log/osd.new.err") || die "ceph osd new failed"
 [ "$OSD_ID" = 0 ] || die "unexpected osd id '$OSD_ID'"
 ceph-osd -i 0 --mkfs --osd-uuid "$OSD_UUID" >"$D/log/osd.mkfs.out" 2>&1 || die "ceph-osd --mkfs failed"
-nohup ceph-osd -f -i 0 >"$D/log/osd.0.out" 2>&1 </dev/null &
+nohup ceph-osd -f -i 0 >"$D/log/osd.0.out" 2>&1 </dev/null 3>&- &
 echo $! >"$D/osd.pid"
 osd_up() { ceph osd dump 2>/dev/null | grep -q '^osd.0 up *in'; }
 wait_for "osd.0" osd_up
@@ -223,7 +226,7 @@ log "osd.0 up (memstore, $((MEMSTORE_BYTES >> 20)) MiB)"
 # RGW_START_TRIES times (default 3).
 TRIES=${RGW_START_TRIES:-3}
 for try in $(seq 1 "$TRIES"); do
-  nohup radosgw -f -n client.rgw.a >"$D/log/rgw.a.out" 2>&1 </dev/null &
+  nohup radosgw -f -n client.rgw.a >"$D/log/rgw.a.out" 2>&1 </dev/null 3>&- &
   echo $! >"$D/rgw.pid"
   started=0
   for _ in $(seq 1 $((TIMEOUT * 5))); do
