@@ -29,9 +29,12 @@ every figure"):
     TRL-style PyTorch path (needs torch in --python).
 
 Prints one Markdown table (figure, measured, target, met) and the sweep
-table, and writes every benchmark's raw JSON to --json-out. It prints
-figures and never fails on a ratio; it fails (exit 1) only when a benchmark
-itself fails or prints no result.
+table, and writes every benchmark's raw JSON to --json-out (after each
+benchmark, so a run stopped late keeps what it measured). It prints
+figures and never fails on a ratio. Before any benchmark it checks that
+the binaries are built and that --python imports torch and deltasync, and
+stops (exit 2) naming what is missing. A benchmark that fails or prints no
+result is reported as not run, the others still run, and the exit is 1.
 """
 from __future__ import annotations
 
@@ -51,6 +54,10 @@ def log(msg: str) -> None:
     print(f"speed_report: [{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+class BenchFailed(Exception):
+    """One benchmark failed; the report goes on with the others."""
+
+
 def run(cmd: list[str], env: dict | None = None) -> str:
     log(" ".join(cmd))
     t0 = time.monotonic()
@@ -58,7 +65,9 @@ def run(cmd: list[str], env: dict | None = None) -> str:
     log(f"  {time.monotonic() - t0:.1f} s, exit {proc.returncode}")
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-        raise SystemExit(f"speed_report: {cmd[0]} failed (exit {proc.returncode})")
+        # Name the script, not its interpreter.
+        what = next((Path(c).name for c in cmd[:2] if c.endswith((".py", ".sh"))), Path(cmd[0]).name)
+        raise BenchFailed(f"{what} failed (exit {proc.returncode})")
     return proc.stdout
 
 
@@ -67,7 +76,22 @@ def last_json(out: str, what: str):
         line = line.strip()
         if line.startswith("{") or line.startswith("["):
             return json.loads(line)
-    raise SystemExit(f"speed_report: {what} printed no JSON result")
+    raise BenchFailed(f"{what} printed no JSON result")
+
+
+def preflight(build: Path, python: str) -> list[str]:
+    """What the run would miss, found before any benchmark runs (a run takes
+    20-30 minutes: a missing package found at its end would waste them)."""
+    problems = []
+    for exe in ("deltasync", "bench/gap_apply_bench", "bench/diff_bench", "bench/s3_bench"):
+        if not os.access(build / exe, os.X_OK):
+            problems.append(f"{build / exe} is not built (scripts/build.sh)")
+    probe = subprocess.run([python, "-c", "import torch, deltasync"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        problems.append(f"{python} cannot import torch and deltasync ({last}); install the package into it: "
+                        f"{python} -m pip install --no-build-isolation . (as scripts/test.sh does), or pass --python")
+    return problems
 
 
 def load_average() -> str:
@@ -102,7 +126,7 @@ def parse_s3(out: str) -> dict:
             rows[m.group(1).strip()] = {"s3store_s": float(m.group(2)), "curl_s": float(m.group(3)),
                                         "ratio": float(m.group(4))}
     if not rows:
-        raise SystemExit("speed_report: s3_bench printed no figures")
+        raise BenchFailed("s3_bench printed no figures")
     return rows
 
 
@@ -112,7 +136,7 @@ def parse_diff(out: str) -> dict:
                      ("diff_s", r"diff A B\s+([\d.]+) s"), ("ratio", r"ratio diff / \(dd A \+ dd B\) = ([\d.]+)")):
         m = re.search(pat, out)
         if not m:
-            raise SystemExit("speed_report: diff_bench printed no figures")
+            raise BenchFailed("diff_bench printed no figures")
         got[key] = float(m.group(1))
     return got
 
@@ -133,33 +157,56 @@ def main() -> int:
     threads = [int(t) for t in args.threads.split(",")]
     scales = args.sweep_scales or ("0.02" if args.quick else "0.25,1,2")
     quick = ["--quick"] if args.quick else []
+    problems = preflight(build, args.python)
+    if problems:
+        for msg in problems:
+            print(f"speed_report: {msg}", file=sys.stderr)
+        return 2
     raw: dict = {"load_average_start": load_average(), "cpu": cpu_name(), "nproc": os.cpu_count(),
-                 "free_2mib_blocks_gb_start": free_2mib_blocks_gb()}
+                 "free_2mib_blocks_gb_start": free_2mib_blocks_gb(), "failed": {}}
+
+    def save() -> None:
+        # After every benchmark, so that a run stopped or failing late keeps what it measured.
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(raw, indent=1) + "\n")
+
+    def step(key: str, measure) -> None:
+        try:
+            raw[key] = measure()
+        except BenchFailed as e:
+            log(f"  {key}: {e}; going on with the others")
+            raw["failed"][key] = str(e)
+        save()
 
     for t in threads:
-        raw[f"bench_t{t}"] = last_json(run([ds, "bench", "--json", "--threads", str(t)] + quick), "bench")
-        raw[f"sweep_t{t}"] = last_json(run([ds, "bench", "--sweep", "--json", "--threads", str(t), "--scales", scales,
-                                            "--rates", args.sweep_rates]), "bench --sweep")
+        step(f"bench_t{t}", lambda: last_json(run([ds, "bench", "--json", "--threads", str(t)] + quick), "bench"))
+        step(f"sweep_t{t}", lambda: last_json(run([ds, "bench", "--sweep", "--json", "--threads", str(t), "--scales",
+                                                   scales, "--rates", args.sweep_rates]), "bench --sweep"))
     top = max(threads)
     gap = [str(build / "bench/gap_apply_bench"), "--threads", str(top), "--reps", "2" if args.quick else "3"]
-    raw["gap_apply"] = last_json(run(gap + (["--scale", "0.05"] if args.quick else [])), "gap_apply_bench")
-    raw["diff"] = parse_diff(run([str(build / "bench/diff_bench"), "--runs", "3"] + quick))
+    step("gap_apply", lambda: last_json(run(gap + (["--scale", "0.05"] if args.quick else [])), "gap_apply_bench"))
+    step("diff", lambda: parse_diff(run([str(build / "bench/diff_bench"), "--runs", "3"] + quick)))
     rgw: list = []
     try:
-        env = s3_env(args.s3, rgw)
+        env = None
+        try:
+            env = s3_env(args.s3, rgw)
+        except BenchFailed as e:
+            raw["failed"]["s3"] = f"start-rgw.sh: {e}"
         if env is not None:
-            out = run([str(build / "bench/s3_bench"), "--mib", "128" if args.quick else "1024", "--runs", "3"], env)
-            raw["s3"] = parse_s3(out)
+            step("s3", lambda: parse_s3(run([str(build / "bench/s3_bench"), "--mib", "128" if args.quick else "1024",
+                                             "--runs", "3"], env)))
     finally:
         for d in rgw:
             subprocess.run(["bash", str(ROOT / "scripts/stop-rgw.sh"), d], cwd=ROOT, capture_output=True)
-    raw["python_publish"] = last_json(run([args.python, str(ROOT / "bench/python_publish_bench.py"), "--json"] + quick),
-                                      "python_publish_bench")
+    step("python_publish", lambda: last_json(run([args.python, str(ROOT / "bench/python_publish_bench.py"), "--json"]
+                                                 + quick), "python_publish_bench"))
     raw["load_average_end"] = load_average()
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(raw, indent=1) + "\n")
+    save()
     print_report(raw, threads)
-    return 0
+    for key, msg in raw["failed"].items():
+        print(f"speed_report: {key}: {msg}", file=sys.stderr)
+    return 1 if raw["failed"] else 0
 
 
 def free_2mib_blocks_gb() -> str:
@@ -189,7 +236,7 @@ def cpu_name() -> str:
 
 def print_report(raw: dict, threads: list[int]) -> None:
     top = max(threads)
-    b = raw[f"bench_t{top}"]
+    b = raw.get(f"bench_t{top}")
     rows = []  # figure, measured, target, met
 
     def row(figure: str, value: float, unit: str, target: float | None, fmt: str = "{:.3f}") -> None:
@@ -199,46 +246,53 @@ def print_report(raw: dict, threads: list[int]) -> None:
     print(f"# One run of every replica-speed figure ({raw['cpu']}, {raw['nproc']} cores; load average "
           f"{raw['load_average_start']} at the start, {raw['load_average_end']} at the end; "
           f"{raw.get('free_2mib_blocks_gb_start', '?')} GB free in blocks of 2 MiB or more at the start)\n")
-    print(f"Model: {b['model']}, {b['model_bytes'] / 1e9:.2f} GB bf16, {100 * b['changed_fraction']:.1f}% changed; "
-          f"memcpy {b['memcpy_gbps']:.2f} GB/s on {top} threads.\n")
-    row(f"whole compact apply / memcpy ({top} threads)", b["apply_compact_vs_memcpy"], "x", 0.5)
-    for t in threads:
-        bt = raw[f"bench_t{t}"]
-        row(f"compact decode per core ({t} thread{'s' if t > 1 else ''})", bt["decode_compact_gbps_per_core"], " GB/s", 5.0,
-            "{:.2f}")
-    if "apply_floor_vs_memcpy" in b:
-        # The same delta's required stages, each timed alone (bench_decode_floor.h): what bounds the two above.
-        row(f"  its floor: {top}-thread read with the scatter + (digest + parse + hash) / {top}, / memcpy",
-            b["apply_floor_vs_memcpy"], "x", None)
-        row("  compact decode floor per core: read + parse + output (bounds the decode per core)",
-            b["decode_floor_gbps_per_core"], " GB/s", None, "{:.2f}")
-        stages = ", ".join(f"{k} {b[f'floor_{k}_ns_per_change']:.2f}" for k in
-                           ("read", "parse", "output", "hash", "scatter", "read_scatter", "digest", "decode_library"))
-        rows.append(("  the floor's stages, ns per change (1 thread)", stages + f"; {100 * b['floor_blocks_with_change']:.1f}% "
-                     f"of 1024-blocks, {100 * b['floor_words_with_change']:.1f}% of 64-words hold a change", "", ""))
-    row(f"fused compact publish / memcpy ({top} threads)", b["publish_compact_vs_memcpy"], "x", 0.5)
-    if "publish_read_floor_vs_memcpy" in b:
-        row("  the trainer's read floor (fp32 masters + bf16 state, read only) / memcpy",
-            b["publish_read_floor_vs_memcpy"], "x", None)
-        row("  fused compact publish / that floor", b["publish_compact_vs_floor"], "x", None)
-    row(f"gap_delta detect+encode / memcpy ({top} threads)", b["detect_encode_vs_memcpy"], "x", 0.5)
-    if "detect_encode_vs_memcpy_paired" in b:
-        row("  the same, timed in turns with memcpy (median of the rounds)", b["detect_encode_vs_memcpy_paired"], "x", 0.5)
-    if "detect_encode_vs_floor" in b:
-        row("  gap_delta detect+encode / the read floor", b["detect_encode_vs_floor"], "x", None)
-    if "publish_gap_delta_vs_memcpy" in b:
-        row(f"gap_delta publish (Publisher, detect+apply in one pass, upload) / memcpy ({top} threads)",
-            b["publish_gap_delta_vs_memcpy"], "x", 0.5)
-    row(f"gap_delta apply / memcpy ({top} threads, bench)", b["apply_vs_memcpy"], "x", 1.0)
-    if "apply_vs_memcpy_paired" in b:
-        row("  the same, timed in turns with memcpy (median of the rounds)", b["apply_vs_memcpy_paired"], "x", 1.0)
-    g = raw["gap_apply"]
-    row(f"gap_delta apply / memcpy (gap_apply_bench, {g['threads']} threads)", g["apply_vs_memcpy"], "x", 1.0)
-    row("  its scatter floor / memcpy", g["scatter_floor_vs_memcpy"], "x", None)
-    d = raw["diff"]
-    rows.append(("`deltasync diff` / (dd A + dd B), warm page cache", f"{d['ratio']:.2f}x "
-                 f"({d['diff_s']:.3f} s vs {d['dd_a_s']:.3f} + {d['dd_b_s']:.3f} s)", "<= 2.5x",
-                 "yes" if d["ratio"] <= 2.5 else "no"))
+    if b is None:
+        rows.append((f"`deltasync bench` on {top} threads", "not run: " + raw["failed"].get(f"bench_t{top}", "?"), "", ""))
+    else:
+        print(f"Model: {b['model']}, {b['model_bytes'] / 1e9:.2f} GB bf16, {100 * b['changed_fraction']:.1f}% changed; "
+              f"memcpy {b['memcpy_gbps']:.2f} GB/s on {top} threads.\n")
+        row(f"whole compact apply / memcpy ({top} thread{'s' if top > 1 else ''})", b["apply_compact_vs_memcpy"], "x", 0.5)
+        for t in threads:
+            bt = raw.get(f"bench_t{t}")
+            if bt is None:
+                continue
+            row(f"compact decode per core ({t} thread{'s' if t > 1 else ''})", bt["decode_compact_gbps_per_core"], " GB/s", 5.0,
+                "{:.2f}")
+        if "apply_floor_vs_memcpy" in b:
+            # The same delta's required stages, each timed alone (bench_decode_floor.h): what bounds the two above.
+            row(f"  its floor: {top}-thread read with the scatter + (digest + parse + hash) / {top}, / memcpy",
+                b["apply_floor_vs_memcpy"], "x", None)
+            row("  compact decode floor per core: read + parse + output (bounds the decode per core)",
+                b["decode_floor_gbps_per_core"], " GB/s", None, "{:.2f}")
+            stages = ", ".join(f"{k} {b[f'floor_{k}_ns_per_change']:.2f}" for k in
+                               ("read", "parse", "output", "hash", "scatter", "read_scatter", "digest", "decode_library"))
+            rows.append(("  the floor's stages, ns per change (1 thread)", stages + f"; {100 * b['floor_blocks_with_change']:.1f}% "
+                         f"of 1024-blocks, {100 * b['floor_words_with_change']:.1f}% of 64-words hold a change", "", ""))
+        row(f"fused compact publish / memcpy ({top} threads)", b["publish_compact_vs_memcpy"], "x", 0.5)
+        if "publish_read_floor_vs_memcpy" in b:
+            row("  the trainer's read floor (fp32 masters + bf16 state, read only) / memcpy",
+                b["publish_read_floor_vs_memcpy"], "x", None)
+            row("  fused compact publish / that floor", b["publish_compact_vs_floor"], "x", None)
+        row(f"gap_delta detect+encode / memcpy ({top} threads)", b["detect_encode_vs_memcpy"], "x", 0.5)
+        if "detect_encode_vs_memcpy_paired" in b:
+            row("  the same, timed in turns with memcpy (median of the rounds)", b["detect_encode_vs_memcpy_paired"], "x", 0.5)
+        if "detect_encode_vs_floor" in b:
+            row("  gap_delta detect+encode / the read floor", b["detect_encode_vs_floor"], "x", None)
+        if "publish_gap_delta_vs_memcpy" in b:
+            row(f"gap_delta publish (Publisher, detect+apply in one pass, upload) / memcpy ({top} threads)",
+                b["publish_gap_delta_vs_memcpy"], "x", 0.5)
+        row(f"gap_delta apply / memcpy ({top} threads, bench)", b["apply_vs_memcpy"], "x", 1.0)
+        if "apply_vs_memcpy_paired" in b:
+            row("  the same, timed in turns with memcpy (median of the rounds)", b["apply_vs_memcpy_paired"], "x", 1.0)
+    if "gap_apply" in raw:
+        g = raw["gap_apply"]
+        row(f"gap_delta apply / memcpy (gap_apply_bench, {g['threads']} threads)", g["apply_vs_memcpy"], "x", 1.0)
+        row("  its scatter floor / memcpy", g["scatter_floor_vs_memcpy"], "x", None)
+    if "diff" in raw:
+        d = raw["diff"]
+        rows.append(("`deltasync diff` / (dd A + dd B), warm page cache", f"{d['ratio']:.2f}x "
+                     f"({d['diff_s']:.3f} s vs {d['dd_a_s']:.3f} + {d['dd_b_s']:.3f} s)", "<= 2.5x",
+                     "yes" if d["ratio"] <= 2.5 else "no"))
     if "s3" in raw:
         for what, key in (("S3 download, reused pages / curl -o /dev/null", "download (curl->null)"),
                           ("S3 download, fresh pages / curl -o /dev/null", "first download (fresh pages) vs curl->null"),
@@ -249,16 +303,20 @@ def print_report(raw: dict, threads: list[int]) -> None:
                              ">= 1x" if "download" in key and "fresh" not in key else "",
                              ("yes" if s["ratio"] >= 1.0 else "no") if "download" in key and "fresh" not in key else ""))
     else:
-        rows.append(("S3 download / curl -o /dev/null", "not run (no S3 endpoint; --s3 start)", ">= 1x", ""))
-    p = raw["python_publish"]
-    rows.append((f"Python publish vs TRL-style PyTorch path, best vs best ({100 * p['changed_fraction']:.1f}% changed)",
-                 f"{p['speedup_best']:.2f}x ({p['deltasync_min_s']:.3f} s vs {p['trl_style_min_s']:.3f} s)", ">= 5x",
-                 "yes" if p["speedup_best"] >= 5.0 else "no"))
-    rows.append(("  the same, median vs median", f"{p['speedup']:.2f}x", "", ""))
+        rows.append(("S3 download / curl -o /dev/null", "not run: " + raw["failed"].get("s3", "no S3 endpoint (--s3 start)"), ">= 1x", ""))
+    if "python_publish" in raw:
+        p = raw["python_publish"]
+        rows.append((f"Python publish vs TRL-style PyTorch path, best vs best ({100 * p['changed_fraction']:.1f}% changed)",
+                     f"{p['speedup_best']:.2f}x ({p['deltasync_min_s']:.3f} s vs {p['trl_style_min_s']:.3f} s)", ">= 5x",
+                     "yes" if p["speedup_best"] >= 5.0 else "no"))
+        rows.append(("  the same, median vs median", f"{p['speedup']:.2f}x", "", ""))
+    for key, msg in raw["failed"].items():
+        if key not in (f"bench_t{top}", "s3"):  # those two have their own rows above
+            rows.append((f"`{key}`", "not run: " + msg, "", ""))
     print("| figure | measured | target | met |\n|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(r) + " |")
-    for t in threads:
+    for t in (t for t in threads if f"sweep_t{t}" in raw):
         print(f"\nThe replica's compact apply over model sizes and change rates ({t} thread{'s' if t > 1 else ''}; "
               "`deltasync bench --sweep`):\n")
         print("| scale | model GB | changed | delta MB | apply s | apply / memcpy | decode GB/s per core | apply s per GB of model "
