@@ -1,7 +1,7 @@
 // kernels::ClassCountsBytes16 on CPUs with AVX-512 VBMI, GFNI and BITALG
 // (Ice Lake and later, Zen 4 and later): the counting pass's cost no longer
 // grows with the classes counted (internal; called from the AVX-512 target
-// of compact_scan_kernels.cc).
+// of class_count_kernels.cc).
 #pragma once
 
 #include <cstddef>

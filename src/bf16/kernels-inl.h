@@ -94,6 +94,14 @@ HWY_INLINE void SetMaskBits(D d, hn::Mask<D> m, size_t pos, uint8_t* HWY_RESTRIC
   }
 }
 
+// The class bytes' vectors (the fused compact scan, class_count_kernels.cc):
+// at most 64 lanes, one 64-byte word of class bytes. Wider SVE vectors (1024 and 2048 bits) would read past a word, and
+// past a block's padded bytes into the next block's, whose bytes of class c
+// ClassCountsBytes16 then counted as well (found under qemu at 2048 bits:
+// docs/arm64.md). The same type as ScalableTag wherever vectors are at most
+// 512 bits, i.e. on every x86 target.
+using ClassByteTag = hn::CappedTag<uint8_t, 64>;
+
 }  // namespace deltasync::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <random>
@@ -293,6 +294,63 @@ TEST(CompactScanKernel, StopsAtTheFirstNonFiniteValueOnEveryTarget) {
       const ScanOut want = Reference(pub, cur, f32, true, 0, {});
       ASSERT_EQ(want.result, bad_at);
       ForEachTarget([&] { ExpectSame(Kernel(pub, cur, f32, true, 0, {}), want); });
+    }
+  }
+}
+
+// Block patterns at the edges of a block pass, on every target: no change;
+// every element; words with 0 to 9 changes (a branch-free pass that writes
+// a fixed number of offsets a word has its edge there: session 46 tried six);
+// only each block's last element; all changes in class 0 or class 15 (the
+// first and last class) or in the one class of the whole base; every class
+// present but changes in one; and with check_finite, a NaN as the last
+// element of a fully changed block.
+TEST(CompactScanKernel, BlockPassEdgesOnEveryTarget) {
+  std::mt19937_64 rng(81);
+  enum Pattern { kNone, kAll, kPerWordCount, kLastOfBlock, kClass0, kClass15, kOneClassBase, kOneClassOfMany };
+  for (bool f32 : {true, false}) {
+    for (size_t n : {size_t{1024}, size_t{2048 + 37}, size_t{64 * 6 + 1}}) {
+      for (Pattern pattern : {kNone, kAll, kPerWordCount, kLastOfBlock, kClass0, kClass15, kOneClassBase,
+                              kOneClassOfMany}) {
+        SCOPED_TRACE((f32 ? "f32 n " : "bf16 n ") + std::to_string(n) + " pattern " + std::to_string(pattern));
+        std::vector<uint16_t> pub(n);
+        std::vector<uint32_t> cur(n);
+        for (size_t e = 0; e < n; ++e) {
+          const uint64_t r = rng();
+          // Exponents 100-140 (classes 0-15, ends included), or one class.
+          uint16_t exponent = static_cast<uint16_t>(100 + r % 41);
+          if (pattern == kOneClassBase) exponent = 120;
+          if (pattern == kClass0 && e % 3 == 0) exponent = 105;
+          if (pattern == kClass15 && e % 3 == 0) exponent = 133;
+          if ((pattern == kClass0 || pattern == kClass15) && e % 3 != 0) exponent = static_cast<uint16_t>(113 + r % 13);
+          const uint16_t p = static_cast<uint16_t>(((r >> 8) & 0x8000) | exponent << 7 | ((r >> 24) & 0x7F));
+          const size_t in_word = e % 64, word = e / 64;
+          bool change = false;
+          switch (pattern) {
+            case kNone: break;
+            case kAll: change = true; break;
+            case kPerWordCount: change = in_word < word % 10 * 3 && in_word % 3 == 0; break;
+            case kLastOfBlock: change = e % kernels::kScanBlockElements == kernels::kScanBlockElements - 1 || e == n - 1; break;
+            case kClass0:
+            case kClass15: change = e % 3 == 0; break;
+            case kOneClassBase: change = r % 4 == 0; break;
+            case kOneClassOfMany: change = compact::ClassOf(p) == 7; break;
+          }
+          const uint16_t next = change ? static_cast<uint16_t>(p + 1 + (r >> 40) % 3) : p;
+          pub[e] = p;
+          cur[e] = f32 ? static_cast<uint32_t>(next) << 16 | static_cast<uint32_t>((r >> 44) % 0x8000) : next;
+        }
+        const ScanOut want = Reference(pub, cur, f32, false, 99, {});
+        ForEachTarget([&] { ExpectSame(Kernel(pub, cur, f32, false, 99, {}), want); });
+        if (pattern == kAll) {
+          // check_finite: the first block's last element a NaN.
+          const size_t bad = std::min(n, kernels::kScanBlockElements) - 1;
+          cur[bad] = f32 ? 0x7FC00000 : 0x7FC0;
+          const ScanOut refused = Reference(pub, cur, f32, true, 99, {});
+          ASSERT_EQ(refused.result, bad);
+          ForEachTarget([&] { ExpectSame(Kernel(pub, cur, f32, true, 99, {}), refused); });
+        }
+      }
     }
   }
 }
