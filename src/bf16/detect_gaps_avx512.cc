@@ -10,7 +10,7 @@
 //     packed offsets shifted up one lane by VPERMT2W, the last change of
 //     the steps before in lane 0) minus 1 is the change's gap.
 // So a step costs the same few vector instructions however many of its
-// elements changed, where the Highway route (detect_kernels.cc) writes a
+// elements changed, where the Highway route (detect_gaps_kernels.cc) writes a
 // bitmap, then spends eight unconditional slots on every 64-element word
 // and writes each change's 64-bit index before its gap.
 #include "bf16/detect_gaps_avx512.h"

@@ -2,7 +2,7 @@
 // on CPUs with AVX-512 BW, DQ, VBMI2 and BF16 (Zen 4 and later, Sapphire
 // Rapids and later): each change's gap and value packed by VPCOMPRESSW, 32
 // elements a step, with no bitmap, no per-change loop and no 64-bit index
-// (internal; called from the AVX-512 target of detect_kernels.cc,
+// (internal; called from the AVX-512 target of detect_gaps_kernels.cc,
 // raw_kernels.h).
 #pragma once
 

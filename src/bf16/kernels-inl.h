@@ -13,6 +13,8 @@
 
 #include <hwy/highway.h>
 
+#include "bf16/round.h"
+
 HWY_BEFORE_NAMESPACE();
 namespace deltasync::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -101,6 +103,15 @@ HWY_INLINE void SetMaskBits(D d, hn::Mask<D> m, size_t pos, uint8_t* HWY_RESTRIC
 // docs/arm64.md). The same type as ScalableTag wherever vectors are at most
 // 512 bits, i.e. on every x86 target.
 using ClassByteTag = hn::CappedTag<uint8_t, 64>;
+
+// The first of cur[0..n) that rounds to Inf or NaN (n if none): the rare
+// failing call's second look.
+HWY_INLINE size_t FirstNonFiniteRounded(const uint32_t* HWY_RESTRICT cur, size_t n) {
+  for (size_t k = 0; k < n; ++k) {
+    if (bf16::IsNonFinite(bf16::RoundFp32ToBf16(bf16::LoadElement(cur, k)), bf16::kBf16ExpMask)) return k;
+  }
+  return n;
+}
 
 }  // namespace deltasync::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();

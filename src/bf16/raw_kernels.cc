@@ -21,7 +21,7 @@ bool TargetRunsRawKernels(int64_t target) {
 #if HWY_ARCH_X86_64
   // Highway's x86 targets: a smaller value is a better target; every one at
   // or above AVX3 calls the raw kernels (compact_scan_kernels.cc,
-  // class_count_kernels.cc, detect_kernels.cc).
+  // class_count_kernels.cc, detect_gaps_kernels.cc).
   // (CpuHasCompactScanAvx512() needs a superset of CpuHasClassCountsAvx512().)
   return target <= HWY_AVX3 && (CpuHasClassCountsAvx512() || CpuHasDetectGapsAvx512());
 #else
