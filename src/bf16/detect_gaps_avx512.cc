@@ -10,9 +10,11 @@
 //     packed offsets shifted up one lane by VPERMT2W, the last change of
 //     the steps before in lane 0) minus 1 is the change's gap.
 // So a step costs the same few vector instructions however many of its
-// elements changed, where the Highway route (detect_gaps_kernels.cc) writes a
-// bitmap, then spends eight unconditional slots on every 64-element word
-// and writes each change's 64-bit index before its gap.
+// elements changed. (The route it replaced wrote a bitmap, spent eight
+// unconditional slots on every 64-element word and each change's 64-bit
+// index before its gap; the Highway route of the other targets,
+// detect_gaps_kernels.cc, has since packed its entries the same way, in a
+// stack buffer, per block of 1024.)
 #include "bf16/detect_gaps_avx512.h"
 
 #include "bf16/raw_kernels.h"
