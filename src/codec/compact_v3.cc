@@ -363,11 +363,16 @@ std::optional<std::string> ParseBf16StreamV3Rest(Reader& in, std::span<const Ran
   if (auto err = FirstPieceError(pieces, 0)) return err;
   const uint64_t n_escapes = static_cast<uint64_t>(std::count(diffs.begin(), diffs.end(), kEscape));
   const size_t esc_start = in.position();
+  size_t framing = 0;  // the block's method and two lengths: header, as version 2's (MeasureCompactDelta)
   escapes.clear();
   if (n_escapes > 0) {
+    if (Reader peek = in; sizes && peek.Byte() && peek.Varint() && peek.Varint()) framing = peek.position() - esc_start;
     if (auto err = GetBlock(in, 2 * n_escapes, 0, escapes)) return "escape block: " + *err;
   }
-  if (sizes) sizes->escapes += in.position() - esc_start;
+  if (sizes) {
+    sizes->header += framing;
+    sizes->escapes += in.position() - esc_start - framing;
+  }
   return std::nullopt;
 }
 

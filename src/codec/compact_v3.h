@@ -87,7 +87,8 @@ struct ParsedBf16 {
 // `count` (count <= the base's elements, checked by the caller). On failure a
 // reason naming the field (the caller adds file and tensor).
 // With `sizes`, adds the stored bytes of its parts (inspect): header (bitmap,
-// counts, piece directory), gaps, diffs (rANS) and the escape block.
+// counts, piece directory, the escape block's framing), gaps, diffs (rANS)
+// and the escape block's payload (as version 2's parts are counted).
 struct V3Sizes {
   uint64_t header = 0, gaps = 0, diffs = 0, escapes = 0;
 };
