@@ -86,9 +86,12 @@ def preflight(build: Path, python: str) -> list[str]:
     for exe in ("deltasync", "bench/gap_apply_bench", "bench/diff_bench", "bench/s3_bench"):
         if not os.access(build / exe, os.X_OK):
             problems.append(f"{build / exe} is not built (scripts/build.sh)")
-    probe = subprocess.run([python, "-c", "import torch, deltasync"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+    try:
+        probe = subprocess.run([python, "-c", "import torch, deltasync"], capture_output=True, text=True)
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1] if probe.returncode != 0 else None
+    except OSError as e:  # no such interpreter, not executable
+        last = str(e)
+    if last is not None:
         problems.append(f"{python} cannot import torch and deltasync ({last}); install the package into it: "
                         f"{python} -m pip install --no-build-isolation . (as scripts/test.sh does), or pass --python")
     return problems
@@ -192,7 +195,7 @@ def main() -> int:
         try:
             env = s3_env(args.s3, rgw)
         except BenchFailed as e:
-            raw["failed"]["s3"] = f"start-rgw.sh: {e}"
+            raw["failed"]["s3"] = str(e)  # "start-rgw.sh failed (exit N)"
         if env is not None:
             step("s3", lambda: parse_s3(run([str(build / "bench/s3_bench"), "--mib", "128" if args.quick else "1024",
                                              "--runs", "3"], env)))

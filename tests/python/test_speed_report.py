@@ -31,6 +31,13 @@ def test_a_python_without_the_package_is_named_before_any_benchmark(deltasync_bi
     assert not (tmp_path / "raw.json").exists()
 
 
+def test_a_python_that_does_not_exist_is_named_too(deltasync_bin, tmp_path):
+    r = _report(Path(deltasync_bin).parent, "--quick", "--s3", "off", python=str(tmp_path / "no-such-python"),
+                timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "no-such-python cannot import torch and deltasync" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_a_failing_benchmark_is_reported_and_the_others_are_kept(deltasync_bin, tmp_path):
     # An interpreter that imports (the preflight passes) but fails every script it is given to run.
     failing = tmp_path / "failing-python"
