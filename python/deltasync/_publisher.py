@@ -1,4 +1,8 @@
-"""deltasync.Publisher: the trainer's side, over the native C++ Publisher."""
+"""deltasync.Publisher: the trainer's side, over the native C++ Publisher.
+
+Its arguments checked and converted for the native side in ``_publish_args.py``,
+its background queue in ``_publish_queue.py``.
+"""
 from __future__ import annotations
 
 import concurrent.futures
@@ -10,21 +14,24 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Union
 
-import ml_dtypes
 import numpy as np
 
 from . import _native
 from ._errors import FailedPreconditionError, InvalidArgumentError
+from ._publish_args import (
+    _as_indices,
+    _as_native,
+    _as_values,
+    _bucket_url,
+    _check_version,
+    _copy_array,
+    _items,
+    _views,
+)
+from ._publish_queue import PublishQueue, _Job
 
 __all__ = ["Publisher", "PublishResult"]
 
-# numpy dtypes the C++ core knows but numpy's buffer protocol does not carry:
-# they cross as unsigned integers of the same width plus the deltasync name.
-_BITWISE_DTYPES = {
-    np.dtype(ml_dtypes.bfloat16): (np.uint16, "BF16"),
-    np.dtype(ml_dtypes.float8_e4m3fn): (np.uint8, "F8_E4M3"),
-    np.dtype(ml_dtypes.float8_e5m2): (np.uint8, "F8_E5M2"),
-}
 _ENCODINGS = ("compact", "gap_delta", "raw")
 
 
@@ -55,123 +62,7 @@ def _result(stats: dict) -> PublishResult:
     return PublishResult(**{f.name: stats[f.name] for f in dataclasses.fields(PublishResult)})
 
 
-def _bucket_url(bucket: Any) -> str:
-    """A bucket argument as the native side takes it: str, with a leading ``~`` expanded.
-
-    The shell expands ``~`` for the CLI; Python does not, and ``"~/b"`` would
-    otherwise become a directory named ``~``. Malformed URLs (``s3:/x``) are
-    refused by the native side, as for the CLI.
-    """
-    return os.path.expanduser(os.fspath(bucket) if isinstance(bucket, os.PathLike) else str(bucket))
-
-
-_MAX_VERSION = 2**53 - 1  # deltasync::kMaxPublishVersion
-
-
-def _check_version(version: Any) -> int:
-    if isinstance(version, bool) or not isinstance(version, (int, np.integer)):
-        raise InvalidArgumentError(f"version must be a positive integer, got {version!r}")
-    version = int(version)
-    if version <= 0:
-        raise InvalidArgumentError(f"version must be a positive integer, got {version}")
-    if version > _MAX_VERSION:
-        raise InvalidArgumentError(f"version {version} is above 2**53-1 ({_MAX_VERSION}), the largest integer "
-                                   "every JSON reader of the manifest keeps exact")
-    return version
-
-
-def _is_torch_tensor(obj: Any) -> bool:
-    return type(obj).__module__.startswith("torch") and hasattr(obj, "detach")
-
-
-def _as_native(name: str, array: Any) -> tuple[Any, str]:
-    """(object the native module reads zero-copy, dtype override or "")."""
-    if isinstance(array, np.ndarray):
-        if not array.dtype.isnative:
-            raise InvalidArgumentError(f"tensor '{name}': byte order {array.dtype.str} is not the machine's; "
-                                       "convert with .astype(dtype.newbyteorder('='))")
-        bitwise = _BITWISE_DTYPES.get(array.dtype)
-        if bitwise is not None:
-            return array.view(bitwise[0]), bitwise[1]
-        return array, ""
-    if _is_torch_tensor(array):
-        device = getattr(array, "device", None)
-        if device is not None and getattr(device, "type", "cpu") != "cpu":
-            raise InvalidArgumentError(
-                f"tensor '{name}' is on {device}: Publisher.publish reads CPU memory; publish device tensors "
-                "with deltasync.torch.publish(publisher, version, tensors), which copies only changed elements "
-                "to the host")
-        # DLPack refuses tensors that require grad; the bytes are the same.
-        return array.detach(), ""
-    if hasattr(array, "__dlpack__") or hasattr(array, "__array_interface__") or isinstance(array, memoryview):
-        return array, ""
-    raise InvalidArgumentError(
-        f"tensor '{name}': expected a numpy array or a CPU tensor (DLPack), got {type(array).__name__}")
-
-
-def _copy_array(array: Any) -> Any:
-    """An owned copy of a numpy array or torch tensor (anything else as it is)."""
-    if _is_torch_tensor(array):
-        return array.detach().clone()
-    if isinstance(array, np.ndarray):
-        return array.copy()
-    return array
-
-
-def _items(tensors: Any) -> list[tuple[str, Any]]:
-    items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
-    seen: set[str] = set()
-    for item in items:
-        if not (isinstance(item, tuple) and len(item) == 2):
-            raise InvalidArgumentError(f"tensors must be a mapping or (name, array) pairs, got an item {item!r:.80}")
-        if not isinstance(item[0], str):
-            raise InvalidArgumentError(f"tensor names must be str, got {item[0]!r:.80}")
-        if item[0] in seen:
-            raise InvalidArgumentError(f"tensor '{item[0]}' is given twice")
-        seen.add(item[0])
-    return items
-
-
-def _as_indices(name: str, indices: Any) -> np.ndarray:
-    if _is_torch_tensor(indices):
-        indices = indices.detach().cpu().numpy()
-    idx = np.asarray(indices)
-    if idx.dtype.kind not in "iu":
-        raise InvalidArgumentError(f"tensor '{name}': change indices must be integers, got {idx.dtype}")
-    idx = idx.reshape(-1)
-    if idx.dtype.kind == "i" and idx.size and idx.min() < 0:
-        raise InvalidArgumentError(f"tensor '{name}': negative change index {int(idx.min())}")
-    return np.ascontiguousarray(idx.astype(np.uint64, copy=False))
-
-
-def _as_values(name: str, values: Any, published: str | None) -> np.ndarray:
-    if _is_torch_tensor(values):
-        values = values.detach()
-        import torch  # only reached with torch tensors
-
-        if values.dtype == torch.bfloat16:
-            values = values.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        else:
-            values = values.cpu().numpy()
-    vals = np.asarray(values).reshape(-1)
-    if published == "BF16" and vals.dtype == np.float32:
-        vals = vals.astype(ml_dtypes.bfloat16)  # round to nearest even, like Publisher.publish
-    bitwise = _BITWISE_DTYPES.get(vals.dtype)
-    if bitwise is not None:
-        vals = vals.view(bitwise[0])
-    return np.ascontiguousarray(vals)
-
-
-class _Job:
-    __slots__ = ("run", "future", "claimed")
-
-    def __init__(self, run, future):
-        self.run = run
-        self.future = future
-        self.claimed = False  # its failure was raised to a waiting caller: not kept for later
-
-
-class Publisher:
+class Publisher(PublishQueue):
     """Publishes successive weight states of a trainer into a bucket.
 
     ``bucket`` is a directory (a leading ``~`` is expanded), ``file:///abs/dir``
@@ -402,134 +293,6 @@ class Publisher:
 
         return self._submit(run, background)
 
-    # ------------------------------------------------------ background queue
-
-    def raise_failure(self) -> None:
-        """Re-raises the first background publish failure not raised yet (and forgets them all); never waits.
-
-        publish() and publish_changes() call it first, so a background failure
-        surfaces at the next publish, not only at flush().
-        """
-        with self._cond:
-            failures, self._failures = self._failures, []
-        if failures:
-            raise failures[0]
-
-    def _submit(self, run, background: bool):
-        self._refuse_if_parted()
-        self.raise_failure()
-        with self._cond:
-            if self._closed:
-                raise FailedPreconditionError(f"publisher for {self.bucket} is closed")
-            on_worker = self._worker is not None and threading.current_thread() is self._worker
-            if not background and (self._outstanding == 0 or on_worker):
-                # Nothing queued: run here, in order, with the caller's thread.
-                # (From a Future callback on the worker thread, waiting for the
-                # queue would wait for itself.)
-                self._outstanding += 1
-                inline = True
-            else:
-                inline = False
-                while self._outstanding >= self.max_pending and not on_worker:
-                    self._cond.wait()
-                    if self._closed:
-                        raise FailedPreconditionError(f"publisher for {self.bucket} is closed")
-                future: concurrent.futures.Future = concurrent.futures.Future()
-                future.set_running_or_notify_cancel()
-                job = _Job(run, future)
-                self._queue.append(job)
-                self._outstanding += 1
-                self._start_worker()
-                self._cond.notify_all()
-        if inline:
-            try:
-                return run()
-            finally:
-                with self._cond:
-                    self._outstanding -= 1
-                    self._cond.notify_all()
-        if background:
-            return future
-        # A synchronous publish behind queued ones: waits for its turn; its
-        # failure is raised here (and not kept for flush()).
-        try:
-            return future.result()
-        except BaseException:
-            with self._cond:
-                job.claimed = True
-                exc = future.exception()
-                self._failures = [f for f in self._failures if f is not exc]
-            raise
-
-    def _start_worker(self) -> None:
-        # REQUIRES: self._cond held. The worker exits when the queue runs
-        # empty (no idle thread keeps the Publisher alive) and is started
-        # again by the next background publish. Not a daemon: the interpreter
-        # waits for queued versions at exit instead of dropping them.
-        if self._worker is None:
-            self._worker = threading.Thread(target=self._work, name=f"deltasync-publisher({self.bucket})")
-            self._worker.start()
-
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                if not self._queue:
-                    self._worker = None
-                    return
-                job = self._queue.pop(0)
-            try:
-                result = job.run()
-            except BaseException as exc:  # noqa: BLE001 - handed to the Future and to flush()
-                # The Future first: its callbacks (a DeviceTracker marking
-                # itself for a resync) run before the next publish can see
-                # the failure through raise_failure().
-                job.future.set_exception(exc)
-                with self._cond:
-                    if not job.claimed:
-                        self._failures.append(exc)
-            else:
-                job.future.set_result(result)
-            finally:
-                job.run = None  # drops the references to the caller's arrays
-                with self._cond:
-                    self._outstanding -= 1
-                    self._cond.notify_all()
-
-    @property
-    def pending(self) -> int:
-        """Versions queued or being published in the background."""
-        with self._cond:
-            return self._outstanding
-
-    def flush(self) -> None:
-        """Waits until every queued publish completed; re-raises the first background failure.
-
-        Each failure is raised once: a second flush() after it returns normally
-        (when nothing else failed).
-        """
-        if self._parted is not None:  # attach() publishes this publisher's model as parts
-            self._parted.flush()
-        with self._cond:
-            if self._worker is not None and threading.current_thread() is self._worker:
-                raise FailedPreconditionError("flush() from a publish's Future callback would wait for itself")
-            while self._outstanding:
-                self._cond.wait()
-            failures, self._failures = self._failures, []
-        if failures:
-            raise failures[0]
-
-    def close(self) -> None:
-        """flush(), then refuses further publishes (FailedPreconditionError). Idempotent."""
-        try:
-            self.flush()
-        finally:
-            with self._cond:
-                self._closed = True
-                self._cond.notify_all()
-                worker = self._worker
-            if worker is not None and worker is not threading.current_thread():
-                worker.join()
-
     def __enter__(self) -> "Publisher":
         return self
 
@@ -558,17 +321,3 @@ def distributed_world_size() -> int:
     except (RuntimeError, ValueError):
         pass
     return 1
-
-
-def _views(items: list[tuple[str, str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Native (name, dtype, array) views -> {name: numpy array}, bf16/fp8 as ml_dtypes types."""
-    out: dict[str, np.ndarray] = {}
-    for name, dtype, array in items:
-        if dtype == "BF16":
-            array = array.view(ml_dtypes.bfloat16)
-        elif dtype == "F8_E4M3":
-            array = array.view(ml_dtypes.float8_e4m3fn)
-        elif dtype == "F8_E5M2":
-            array = array.view(ml_dtypes.float8_e5m2)
-        out[name] = array
-    return out

@@ -3,6 +3,7 @@
 Needs `pip install .` first (scripts/test.sh does it).
 """
 import ast
+import importlib
 import inspect
 import os
 import subprocess
@@ -92,6 +93,21 @@ def test_public_signatures_follow_the_contract():
         assert sig.parameters[kw].kind is inspect.Parameter.KEYWORD_ONLY
     assert inspect.signature(deltasync.Replica).parameters["threads"].default == 0
     assert inspect.signature(deltasync.Replica.update).parameters["version"].default is None
+
+
+def test_the_split_modules_keep_their_public_names():
+    """deltasync.torch and deltasync.vllm are split by role into private modules: every public
+    name stays importable from the module the docs name (re-exported), and Publisher keeps the
+    background queue's methods (_publish_queue.py)."""
+    for name in ("publish", "publish_changes", "publish_dir", "state_tensors", "raise_failure", "flush",
+                 "close", "pending", "latest_version", "settings", "changed_settings", "degraded"):
+        assert hasattr(deltasync.Publisher, name), f"Publisher.{name}"
+    pytest.importorskip("torch")
+    extra = {"deltasync.torch": ["KEEP_FP32_SUFFIXES", "strip_wrapper_prefix"], "deltasync.vllm": []}
+    for module_name, names in extra.items():
+        module = importlib.import_module(module_name)
+        for name in [*module.__all__, *names]:
+            assert getattr(module, name, None) is not None, f"{module_name}.{name}"
 
 
 def test_cli_binary_is_installed_in_the_package():
