@@ -234,8 +234,9 @@ class Publisher {
   };
   // From a change list (any encoding).
   Result<Prepared> PrepareChanges(uint64_t version, std::vector<TensorChanges> changes);
-  // gap_delta: detected and encoded in one pass, then applied from the
-  // delta's own bytes as a replica applies it (gap_ holds the buffers).
+  // gap_delta: detected, encoded and applied in one pass, each block's
+  // changes from the delta's own gap and value streams while the block is
+  // in cache (bf16/detect_encode_apply.h; gap_ holds the buffers).
   Result<Prepared> PrepareGapDelta(uint64_t version, std::span<const TensorView> tensors);
   // raw: detects the changes into kept_changes_ and applies
   // them in the same pass, their old values into kept_old_ for the rollback

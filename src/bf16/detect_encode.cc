@@ -19,6 +19,9 @@
 // does not (rare: a gap of 64 Ki unchanged elements), the tensor's gaps are
 // widened into one buffer from the 16-bit streams and the chunks' lists of
 // the gaps that did not fit.
+//
+// The Publisher's route also applies each block's changes as the block is
+// scanned (detect_encode_apply.h: ApplyGapBlock, called from ScanChunk).
 #include "deltasync/detect_encode.h"
 
 #include <algorithm>
@@ -29,6 +32,7 @@
 
 #include "bf16/chunked.h"
 #include "bf16/chunks.h"
+#include "bf16/gap_streams.h"
 #include "bf16/scan.h"
 #include "bf16/scratch.h"
 #include "bf16/simd_kernels.h"
@@ -38,16 +42,6 @@
 #include "common/parallel.h"
 
 namespace deltasync {
-
-struct DetectedGapDelta::Buffers {
-  struct ChunkStreams {
-    bf16::ScratchBuffer gaps;    // a uint16_t per change
-    bf16::ScratchBuffer values;  // the published dtype's bytes per change
-  };
-  std::vector<std::unique_ptr<ChunkStreams>> chunks;          // by chunk position
-  std::vector<std::unique_ptr<bf16::ScratchBuffer>> wide;     // by changed tensor: its U32/U64 gaps
-  std::vector<std::unique_ptr<bf16::ScratchBuffer>> indices;  // by worker: one block's 64-bit indices
-};
 
 DetectedGapDelta::DetectedGapDelta() = default;
 DetectedGapDelta::~DetectedGapDelta() = default;
@@ -68,20 +62,6 @@ static_assert(kBlock <= kernels::kCompareGapsMaxElements, "a block is one Compar
 // Below this many changes in total, the per-tensor finishing stays on the
 // calling thread (EncodeDelta's threshold).
 constexpr uint64_t kParallelMinChanges = uint64_t{1} << 18;
-
-// What one chunk found. Its gap stream holds `count` gaps, the first of
-// which (slot 0) is written after the scan.
-struct ChunkGaps {
-  size_t count = 0;
-  uint64_t first = 0, last = 0;  // its first and last change's index (count > 0)
-  uint64_t or_gap = 0;           // OR of its gaps 1 .. count-1 (only blocks' first gaps can pass 16 bits)
-  uint64_t gap0 = 0;             // its first change's gap, after the scan
-  std::vector<std::pair<size_t, uint64_t>> wide;  // (k, gap) of its gaps 1 .. count-1 above 16 bits
-  uint64_t first_bad = kNoError;  // flat index of the first non-finite element
-  bool out_of_memory = false;
-
-  bool failed() const { return first_bad != kNoError || out_of_memory; }
-};
 
 // Compares elements [begin, begin + n) of a job whose fp32 masters round to
 // its bf16 (the common case): the kernel writes the gaps itself (the first
@@ -112,8 +92,11 @@ size_t CompareIndicesBlock(const ScanJob& job, uint64_t begin, size_t n, uint64_
   return added;
 }
 
+// With `apply` (the job's seeds), each block's changes are applied to the
+// job's published bytes right after the compare (ApplyGapBlock), while the
+// block's elements are in cache.
 void ScanChunk(const ScanJob& job, const Chunk& chunk, ScratchBuffer& indices, ChunkStreams& streams,
-               ChunkGaps& out) {
+               ChunkGaps& out, const state_hash::TensorSeeds* apply) {
   const size_t value_size = DTypeSize(job.published_dtype);
   const bool gaps_kernel = job.f32_to_bf16();
   const size_t slack = gaps_kernel ? kernels::kCompareGapsSlack : kernels::kCompareOutputSlack;
@@ -121,7 +104,8 @@ void ScanChunk(const ScanJob& job, const Chunk& chunk, ScratchBuffer& indices, C
     const size_t n = static_cast<size_t>(std::min(kBlock, chunk.end - begin));
     const size_t room = out.count + n + slack;
     if (!streams.values.Reserve(room * value_size) || !streams.gaps.Reserve(room * sizeof(uint16_t)) ||
-        (!gaps_kernel && !indices.Reserve((n + slack) * sizeof(uint64_t)))) {
+        ((!gaps_kernel || apply) && !indices.Reserve((n + slack) * sizeof(uint64_t))) ||
+        (apply && !streams.old.Reserve(room * value_size))) {
       out.out_of_memory = true;
       return;
     }
@@ -138,6 +122,10 @@ void ScanChunk(const ScanJob& job, const Chunk& chunk, ScratchBuffer& indices, C
       return;
     }
     if (added == 0) continue;
+    if (apply) {
+      ApplyGapBlock(job, begin, gaps, values, added, gaps_kernel, reinterpret_cast<uint64_t*>(indices.data()),
+                    streams.old.data() + out.count * value_size, *apply, out.hash);
+    }
     // The gaps after a block's first are below kBlock. The chunk's own first
     // gap waits for the scan's end; a block's first may be wide.
     const bool chunk_first = out.count == 0;
@@ -185,7 +173,8 @@ void AppendPart(EncodedPatch& out, const uint8_t* data, size_t bytes) {
   out.size += bytes;
 }
 
-// Clears `out`'s patch and refuses other encodings than gap_delta.
+}  // namespace
+
 Status StartPatch(const PatchInfo& info, DetectedGapDelta& out) {
   out.patch.parts.clear();
   out.patch.size = 0;
@@ -195,22 +184,26 @@ Status StartPatch(const PatchInfo& info, DetectedGapDelta& out) {
                                  std::string(EncodingName(info.encoding)));
 }
 
-// The scan of `jobs` and the patch, after StartPatch.
 Status DetectAndEncodeJobs(const std::vector<ScanJob>& jobs, const DetectOptions& options, const PatchInfo& info,
-                           uint64_t chunk_elements, DetectedGapDelta& out) {
+                           uint64_t chunk_elements, DetectedGapDelta& out, std::vector<Chunk>& chunks,
+                           std::vector<ChunkGaps>& found, const GapApply* apply, StateHash* delta) {
   if (!out.buffers) out.buffers = std::make_unique<DetectedGapDelta::Buffers>();
   DetectedGapDelta::Buffers& buffers = *out.buffers;
 
-  const std::vector<Chunk> chunks = SplitIntoChunks(ElementCounts(jobs), chunk_elements);
+  chunks = SplitIntoChunks(ElementCounts(jobs), chunk_elements);
   while (buffers.chunks.size() < chunks.size()) buffers.chunks.push_back(std::make_unique<ChunkStreams>());
   const size_t workers = std::max<size_t>(
       1, std::min(static_cast<size_t>(ResolveThreads(options.threads)), chunks.size()));
   while (buffers.indices.size() < workers) buffers.indices.push_back(std::make_unique<ScratchBuffer>());
-  std::vector<ChunkGaps> found(chunks.size());
+  found.assign(chunks.size(), ChunkGaps{});
   RunChunks(chunks.size(), options.threads, [&](size_t worker, size_t c) {
-    ScanChunk(jobs[chunks[c].tensor], chunks[c], *buffers.indices[worker], *buffers.chunks[c], found[c]);
+    ScanChunk(jobs[chunks[c].tensor], chunks[c], *buffers.indices[worker], *buffers.chunks[c], found[c],
+              apply ? &apply->seeds[chunks[c].tensor] : nullptr);
     return !found[c].failed();
   });
+  if (apply) {
+    for (const ChunkGaps& f : found) *delta += StateHash{f.hash[0], f.hash[1]};
+  }
   // The first failure in chunk order is the first in (tensor, index) order.
   for (size_t c = 0; c < chunks.size(); ++c) {
     const ScanJob& job = jobs[chunks[c].tensor];
@@ -296,14 +289,14 @@ Status DetectAndEncodeJobs(const std::vector<ScanJob>& jobs, const DetectOptions
   return Status::OK();
 }
 
-}  // namespace
-
 Status DetectAndEncodeGapDeltaChunked(const WeightState& published, std::span<const TensorView> current,
                                       const DetectOptions& options, const PatchInfo& info,
                                       uint64_t chunk_elements, DetectedGapDelta& out) {
   DS_RETURN_IF_ERROR(StartPatch(info, out));
   DS_ASSIGN_OR_RETURN(std::vector<ScanJob> jobs, PlanDetect(published, current, options));
-  return DetectAndEncodeJobs(jobs, options, info, chunk_elements, out);
+  std::vector<Chunk> chunks;
+  std::vector<ChunkGaps> found;
+  return DetectAndEncodeJobs(jobs, options, info, chunk_elements, out, chunks, found, nullptr, nullptr);
 }
 
 Status DetectAndEncodeGapDeltaChunked(std::span<const TensorView> published, std::span<const TensorView> current,
@@ -311,7 +304,9 @@ Status DetectAndEncodeGapDeltaChunked(std::span<const TensorView> published, std
                                       uint64_t chunk_elements, DetectedGapDelta& out) {
   DS_RETURN_IF_ERROR(StartPatch(info, out));
   DS_ASSIGN_OR_RETURN(std::vector<ScanJob> jobs, PlanDetect(published, current, options));
-  return DetectAndEncodeJobs(jobs, options, info, chunk_elements, out);
+  std::vector<Chunk> chunks;
+  std::vector<ChunkGaps> found;
+  return DetectAndEncodeJobs(jobs, options, info, chunk_elements, out, chunks, found, nullptr, nullptr);
 }
 
 }  // namespace bf16

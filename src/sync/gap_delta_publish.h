@@ -1,17 +1,17 @@
 // The Publisher's gap_delta route (internal to src/sync): the delta is
-// detected and encoded in one pass (DetectAndEncodeGapDelta, no change list),
-// then applied to the published state from its own bytes the way a replica
-// applies it (DecodePatch keeping the gaps encoded, ApplyGapChanges with an
-// undo log). The state the publisher hashes and keeps is therefore exactly
-// what the uploaded delta gives a replica.
+// detected, encoded and applied to the published state in one pass
+// (bf16/detect_encode_apply.h): each block's changes are applied from the
+// gap and value streams the patch's parts point at, right after the block's
+// compare wrote them, while its elements are in cache. The state the
+// publisher hashes and keeps is therefore what the uploaded delta gives a
+// replica (tests/sync/gap_delta_publish_test.cc checks it against a
+// replica's decode and apply of the same bytes).
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <span>
-#include <vector>
 
-#include "deltasync/blob.h"
+#include "bf16/detect_encode_apply.h"
 #include "deltasync/changes.h"
 #include "deltasync/detect_encode.h"
 #include "deltasync/patch.h"
@@ -34,11 +34,10 @@ class GapDeltaPublish {
   // `state`. On success returns the change to the state's hash; TakePatch()
   // gives the delta (the bytes DetectChanges + EncodeDelta give), changed()
   // counts its changes, and Undo() puts `state` back. On an error (the
-  // detect's and the encoder's errors, or kInternal when the delta's own
-  // bytes do not decode and apply: a bug) `state` is unchanged. What a
-  // previous call returned must no longer be in use.
+  // detect's and the encoder's errors) `state` is unchanged. What a previous
+  // call returned must no longer be in use.
   Result<StateHash> Run(WeightState& state, std::span<const TensorView> current, const DetectOptions& options,
-                        const PatchInfo& info, int threads);
+                        const PatchInfo& info);
   // The delta of the last successful Run; its parts point into buffers this
   // object keeps until the next Run or Release.
   EncodedPatch TakePatch();
@@ -49,10 +48,8 @@ class GapDeltaPublish {
   void Release();
 
  private:
-  DetectedGapDelta detected_;
-  std::shared_ptr<BufferPool> pool_;  // the delta's contiguous copy's pages, reused
-  DecodedPatch decoded_;              // views into that copy
-  std::vector<uint8_t> undo_;         // ApplyGapChanges' old values
+  DetectedGapDelta detected_;  // the delta's streams and the old values, per chunk
+  bf16::GapDeltaApply apply_;
 };
 
 }  // namespace deltasync

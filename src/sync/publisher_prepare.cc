@@ -77,7 +77,7 @@ Result<Publisher::Prepared> Publisher::PrepareGapDelta(uint64_t version, std::sp
   if (!gap_) gap_ = std::make_unique<GapDeltaPublish>();
   const int threads = options_.threads;
   DS_ASSIGN_OR_RETURN(StateHash delta_hash,
-                      gap_->Run(state_, tensors, Detection(), DeltaInfo(version, latest_version(), state_), threads));
+                      gap_->Run(state_, tensors, Detection(), DeltaInfo(version, latest_version(), state_)));
   Prepared p;
   p.delta = gap_->TakePatch();
   p.changed = gap_->changed();

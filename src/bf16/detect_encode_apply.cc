@@ -1,0 +1,95 @@
+// Detecting, encoding and applying a gap_delta delta in one pass
+// (detect_encode_apply.h): the per-block apply the scan's chunks call, the
+// per-chunk undo, and the entry point.
+#include "bf16/detect_encode_apply.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "bf16/detect_apply.h"
+#include "common/parallel.h"
+
+namespace deltasync::bf16 {
+
+void ApplyGapBlock(const ScanJob& job, uint64_t begin, const uint16_t* gaps, const uint8_t* values, size_t added,
+                   bool gaps_kernel, uint64_t* indices, uint8_t* old, const state_hash::TensorSeeds& seeds,
+                   uint64_t hash[2]) {
+  if (gaps_kernel) {
+    // The kernel wrote the block's first change as its offset and each
+    // later one as the gap from the one before.
+    uint64_t at = begin + gaps[0];
+    indices[0] = at;
+    for (size_t k = 1; k < added; ++k) {
+      at += uint64_t{gaps[k]} + 1;
+      indices[k] = at;
+    }
+  }
+  // The published state is the caller's mutable WeightState
+  // (GapDeltaApply::Run); each chunk writes only its own elements.
+  ApplyBlock(const_cast<uint8_t*>(job.published), DTypeSize(job.published_dtype), indices, values, old, added, seeds,
+             hash);
+}
+
+void UndoGapChunk(uint8_t* data, size_t value_size, const ChunkGaps& found,
+                  const DetectedGapDelta::Buffers::ChunkStreams& streams) {
+  if (found.count == 0) return;
+  const uint16_t* gaps = reinterpret_cast<const uint16_t*>(streams.gaps.data());
+  const uint8_t* old = streams.old.data();
+  // Slot 0 holds the chunk's gap from the chunk before (or nothing yet):
+  // start from its first index instead.
+  uint64_t index[512];
+  uint64_t at = found.first;
+  size_t wide = 0;
+  for (size_t k = 0; k < found.count;) {
+    const size_t n = std::min<size_t>(512, found.count - k);
+    for (size_t j = 0; j < n; ++j, ++k) {
+      if (k > 0) {
+        uint64_t gap = gaps[k];
+        if (wide < found.wide.size() && found.wide[wide].first == k) gap = found.wide[wide++].second;
+        at += gap + 1;
+      }
+      index[j] = at;
+    }
+    UndoBlock(data, value_size, index, old + (k - n) * value_size, n);
+  }
+}
+
+Result<StateHash> GapDeltaApply::Run(WeightState& published, std::span<const TensorView> current,
+                                     const DetectOptions& options, const PatchInfo& info, uint64_t chunk_elements,
+                                     DetectedGapDelta& out) {
+  applied_ = false;
+  DS_RETURN_IF_ERROR(StartPatch(info, out));
+  DS_ASSIGN_OR_RETURN(std::vector<ScanJob> jobs, PlanDetect(published, current, options));
+  // PlanDetect makes one job per tensor of `published`, in order.
+  GapApply apply;
+  apply.seeds.reserve(jobs.size());
+  for (const WeightState::Tensor& t : published.tensors()) {
+    apply.seeds.push_back(state_hash::SeedsFor(t.name, t.dtype, t.shape));
+  }
+  StateHash delta;
+  Status done = DetectAndEncodeJobs(jobs, options, info, chunk_elements, out, chunks_, found_, &apply, &delta);
+  if (!done.ok()) {
+    // Every chunk that ran (a chunk not run found nothing) puts back what it
+    // applied, the failed ones included.
+    applied_ = true;
+    Undo(published, out, options.threads);
+    out.patch.parts.clear();
+    out.patch.size = 0;
+    out.changed = out.changed_tensors = 0;
+    return done;
+  }
+  applied_ = true;
+  return delta;
+}
+
+void GapDeltaApply::Undo(WeightState& published, const DetectedGapDelta& out, int threads) {
+  if (!applied_) return;
+  applied_ = false;
+  std::vector<WeightState::Tensor>& tensors = published.mutable_tensors();
+  ParallelFor(chunks_.size(), threads, [&](size_t c) {
+    WeightState::Tensor& t = tensors[chunks_[c].tensor];
+    UndoGapChunk(t.data.data(), DTypeSize(t.dtype), found_[c], *out.buffers->chunks[c]);
+  });
+}
+
+}  // namespace deltasync::bf16
