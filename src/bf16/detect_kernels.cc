@@ -396,9 +396,26 @@ std::string ActiveTargetName() {
   return name;
 }
 
+namespace {
+
+// hwy::SupportedTargets() (under SupportedAndGeneratedTargets) in Highway 1.0
+// sets the chosen target before it adds the vector-size targets (SVE_256
+// where SVE vectors are 256 bits, SVE2_128 where SVE2's are 128), and leaves
+// it so: every dispatch after it ran SVE2 where a fresh process runs SVE_256
+// or SVE2_128 (Graviton3, Grace), found under qemu (docs/arm64.md). Cleared
+// here, the next dispatch chooses again from the whole list. The mock of
+// UseOnlyTarget, if any, stays.
+std::vector<int64_t> SupportedTargetsKeepingDispatch() {
+  std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  hwy::GetChosenTarget().DeInit();
+  return targets;
+}
+
+}  // namespace
+
 std::vector<std::string> SupportedTargetNames() {
   std::vector<std::string> names;
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+  for (int64_t target : SupportedTargetsKeepingDispatch()) {
     names.push_back(hwy::TargetName(target));
     if (TargetRunsRawKernels(target)) names.push_back(names.back() + kNoRawSuffix);
   }
@@ -410,7 +427,7 @@ bool UseOnlyTarget(std::string_view name) {
   hwy::SetSupportedTargetsForTest(0);
   AllowRawKernels(true);
   if (name.empty()) return true;
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+  for (int64_t target : SupportedTargetsKeepingDispatch()) {
     const std::string target_name = hwy::TargetName(target);
     const bool no_raw = TargetRunsRawKernels(target) && name == target_name + kNoRawSuffix;
     if (name == target_name || no_raw) {
