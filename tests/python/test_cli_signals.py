@@ -112,11 +112,20 @@ class LineReader:
         raise AssertionError("timed out; output so far:\n" + "".join(self.text))
 
 
+def sigint_at_default():
+    """preexec_fn of every CLI a test sends SIGINT to: the child starts with SIGINT at its default, as a
+    command typed at a terminal does. A test run started in the background by a script (`.ci/run > log &`,
+    nohup) inherits SIGINT ignored, and the CLI leaves an ignored signal ignored by design (nohup's
+    contract), so the test's SIGINT would not reach it (the publish ran to the end, the demo did not stop)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_demo_until_first_version(deltasync_bin, bucket, *extra):
     """Starts a long demo and returns (proc, stdout reader, stderr reader, child pids) once version 1 is
     in the table."""
     proc = subprocess.Popen([deltasync_bin, "demo", "--bucket", str(bucket), "--layers", "1", "--steps", "50",
-                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_at_default)
     out, err = LineReader(proc.stdout), LineReader(proc.stderr)
     try:
         out.wait_for(lambda line: line.split()[:1] == ["1"], timeout=240)
@@ -226,14 +235,21 @@ def test_child_started_for_a_dead_parent_exits_at_once(tmp_path, deltasync_bin, 
 # --- signals to publish ----------------------------------------------------------------------------------
 
 
-def test_sigint_during_publish_leaves_no_temporary_file(tmp_path, deltasync_bin):
+@pytest.mark.parametrize("runner_sigint", [signal.SIG_DFL, signal.SIG_IGN], ids=["runner-default", "runner-ignores"])
+def test_sigint_during_publish_leaves_no_temporary_file(tmp_path, deltasync_bin, runner_sigint):
     # 100M fp32 elements (400 MB): the bf16 anchor is ~200 MB, long enough to
-    # catch its temporary file in the bucket.
+    # catch its temporary file in the bucket. "runner-ignores": the tests run
+    # as from a script in the background (SIGINT ignored, inherited).
     ckpt = tmp_path / "big.safetensors"
     write_checkpoint(ckpt, 100_000_000)
     bucket = tmp_path / "b"
-    proc = subprocess.Popen([deltasync_bin, "publish", str(bucket), str(ckpt), "--version", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    was = signal.signal(signal.SIGINT, runner_sigint)
+    try:
+        proc = subprocess.Popen([deltasync_bin, "publish", str(bucket), str(ckpt), "--version", "1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=sigint_at_default)
+    finally:
+        signal.signal(signal.SIGINT, was)
     try:
         deadline = time.monotonic() + 120
         seen = []
