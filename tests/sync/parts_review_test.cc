@@ -147,5 +147,94 @@ TEST(PartsReview, TheCommitterRefusesReceiptsWhoseManifestReadersCouldNotParseOr
   EXPECT_EQ(replica->state_hash(), stats->state_hash);
 }
 
+// A bf16 tensor of `shape` filled from `seed`.
+struct Owned {
+  std::string name;
+  std::vector<uint64_t> shape;
+  std::vector<uint8_t> bytes;
+  TensorView view() const { return {name, DType::kBF16, shape, bytes}; }
+};
+Owned Tensor(std::string name, std::vector<uint64_t> shape, uint8_t seed) {
+  uint64_t n = 1;
+  for (uint64_t d : shape) n *= d;
+  Owned t{std::move(name), std::move(shape), std::vector<uint8_t>(2 * n)};
+  for (size_t i = 0; i < t.bytes.size(); i += 2) {
+    t.bytes[i] = static_cast<uint8_t>(seed + i);
+    t.bytes[i + 1] = 0x3f;  // finite bf16 values
+  }
+  return t;
+}
+
+// Two parts of whole tensors a and b; the third tensor (no elements) has no block.
+PartLayout WholeTensorLayout(const std::string& empty_name, std::vector<uint64_t> empty_shape) {
+  PartLayout l;
+  l.tensors = {{"a", DType::kBF16, {8, 4}}, {"b", DType::kBF16, {8, 4}}, {empty_name, DType::kBF16, empty_shape}};
+  std::sort(l.tensors.begin(), l.tensors.end(), [](const TensorDesc& x, const TensorDesc& y) { return x.name < y.name; });
+  auto index = [&](const std::string& n) {
+    for (uint32_t i = 0; i < l.tensors.size(); ++i) {
+      if (l.tensors[i].name == n) return i;
+    }
+    return uint32_t{0};
+  };
+  l.parts = {{{index("a"), {0, 0}, {8, 4}}}, {{index("b"), {0, 0}, {8, 4}}}};
+  return l;
+}
+
+TEST(PartsReview, ALayoutWhoseEmptyTensorIsNotTheBucketsIsRefusedBeforeAnythingIsCommitted) {
+  TempDir dir;
+  auto store = OpenDirStore(dir.path());
+  PublisherOptions options;
+  options.threads = 1;
+  // Version 1, unparted: a, b and z, a tensor with no elements.
+  const std::vector<Owned> v1 = {Tensor("a", {8, 4}, 1), Tensor("b", {8, 4}, 2), Tensor("z", {0, 4}, 0)};
+  {
+    auto pub = Publisher::Open(store, options);
+    ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+    std::vector<TensorView> views;
+    for (const Owned& t : v1) views.push_back(t.view());
+    ASSERT_TRUE((*pub)->Publish(1, views).ok());
+  }
+  // Layouts that differ from version 1's tensors only in the empty tensor:
+  // same count, same elements, the same blocks.
+  for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<uint64_t>>>{
+           {"y", {0, 4}}, {"z", {4, 0}}, {"z", {0}}}) {
+    const PartLayout layout = WholeTensorLayout(name, shape);
+    ASSERT_TRUE(layout.Validate().ok()) << layout.Validate().ToString();
+    // One process publishing every part (--parts per-file).
+    auto all = PartPublisher::OpenAll(store, layout, options);
+    ASSERT_FALSE(all.ok()) << "'" << name << "' " << ShapeToString(shape) << " was accepted by OpenAll";
+    EXPECT_EQ(all.status().code(), ErrorCode::kInvalidArgument) << all.status().ToString();
+    EXPECT_NE(all.status().message().find("tensors"), std::string::npos) << all.status().ToString();
+    // A rank on its own (PartPublisher::Open) refuses it too.
+    auto one = PartPublisher::Open(store, layout, 0, options);
+    ASSERT_FALSE(one.ok());
+    EXPECT_EQ(one.status().code(), ErrorCode::kInvalidArgument) << one.status().ToString();
+  }
+  // The layout of the bucket's own tensors publishes, and a replica follows.
+  const PartLayout same = WholeTensorLayout("z", {0, 4});
+  auto all = PartPublisher::OpenAll(store, same, options);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  auto committer = PartCommitter::Open(store, same, options);
+  ASSERT_TRUE(committer.ok()) << committer.status().ToString();
+  const std::vector<Owned> v2 = {Tensor("a", {8, 4}, 5), Tensor("b", {8, 4}, 2)};
+  std::vector<PartReceipt> receipts;
+  for (size_t p = 0; p < 2; ++p) {
+    std::vector<TensorView> blocks = {v2[p].view()};
+    auto r = (*all)[p]->Publish(2, blocks);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    receipts.push_back(*r);
+  }
+  auto stats = (*committer)->Commit(2, receipts);
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  for (auto& pub : *all) pub->Finish(true);
+  auto replica = Replica::Create(store, ReplicaWithThreads(1));
+  auto updated = replica->Update();
+  ASSERT_TRUE(updated.ok()) << updated.status().ToString();
+  EXPECT_EQ(replica->version(), 2u);
+  EXPECT_EQ(replica->state_hash(), stats->state_hash);
+  EXPECT_TRUE(replica->state().Find("a")->data == v2[0].bytes);
+  EXPECT_NE(replica->state().Find("z"), nullptr);
+}
+
 }  // namespace
 }  // namespace deltasync
