@@ -236,5 +236,46 @@ TEST(PartsReview, ALayoutWhoseEmptyTensorIsNotTheBucketsIsRefusedBeforeAnythingI
   EXPECT_NE(replica->state().Find("z"), nullptr);
 }
 
+TEST(PartsReview, AFolderSavedIntoWhileItsPartsAreReadIsNotCommitted) {
+  // --parts per-file: the shards read, then the trainer's next save
+  // replaces one of them before the commit. The parts already read hold the
+  // old file (its mapping lives on) and the others would be new: refused.
+  TempDir dir;
+  auto store = OpenDirStore(dir.path() + "/bucket");
+  RandomModel model(3);
+  const std::string ckpt = dir.path() + "/ckpt";
+  HfWriteOptions write;
+  write.max_shard_bytes = 10'000;
+  ASSERT_TRUE(WriteHfFolder(ckpt, model.Views(), {}, write).ok());
+  auto folder = ReadHfFolder(ckpt);
+  ASSERT_TRUE(folder.ok()) << folder.status().ToString();
+  ASSERT_GE(folder->shards.size(), 2u);
+  model.Step(0.1);
+  write.replace = true;
+  ASSERT_TRUE(WriteHfFolder(ckpt, model.Views(), {}, write).ok());  // swapped in under the reader
+  PublisherOptions options;
+  options.threads = 1;
+  auto refused = PublishFolderParts(store, 1, *folder, options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), ErrorCode::kFailedPrecondition) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("changed while the folder was read"), std::string::npos)
+      << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("version 1 not committed"), std::string::npos)
+      << refused.status().ToString();
+  EXPECT_EQ(FetchManifest(*store).status().code(), ErrorCode::kNotFound);
+  // Read again, it publishes, and a replica holds the new save bit for bit.
+  auto reread = ReadHfFolder(ckpt);
+  ASSERT_TRUE(reread.ok()) << reread.status().ToString();
+  auto published = PublishFolderParts(store, 1, *reread, options);
+  ASSERT_TRUE(published.ok()) << published.status().ToString();
+  auto replica = Replica::Create(store, ReplicaWithThreads(1));
+  ASSERT_TRUE(replica->Update().ok());
+  auto want = ToPublishedState(model.Views(), {false, 1, [](std::string_view n) {
+                                                 return n.ends_with("e_score_correction_bias");
+                                               }});
+  ASSERT_TRUE(want.ok());
+  testing::ExpectSameState(replica->state(), *want);
+}
+
 }  // namespace
 }  // namespace deltasync
