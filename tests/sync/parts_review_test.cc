@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -275,6 +276,64 @@ TEST(PartsReview, AFolderSavedIntoWhileItsPartsAreReadIsNotCommitted) {
                                                }});
   ASSERT_TRUE(want.ok());
   testing::ExpectSameState(replica->state(), *want);
+}
+
+TEST(PartsReview, ATrackingReplicaGetsEachTensorsChangesAscendingFromEveryPart) {
+  // Column blocks (Shard(1)) interleave the parts' flat indices, so the
+  // parts' changes of one tensor are merged by sorting (MergeParts): the
+  // replica's changed elements must be exactly the elements that differ, each
+  // tensor's strictly ascending (ChangedElements' contract).
+  TempDir dir;
+  auto store = OpenDirStore(dir.path());
+  RandomModel model(31);
+  PublisherOptions options;
+  options.threads = 1;
+  options.anchor_interval = 100;
+  testing::Ranks ranks(store, SplitLayout(model.Views(), 3, 1), options);
+  ReplicaOptions tracking = ReplicaWithThreads(1);
+  tracking.track_changes = true;
+  auto replica = Replica::Create(store, tracking);
+  auto published = [&]() -> WeightState {
+    Result<WeightState> state = ToPublishedState(model.Views(), {false, 1, [](std::string_view n) {
+                                                   return n.ends_with("e_score_correction_bias");
+                                                 }});
+    EXPECT_TRUE(state.ok());
+    return std::move(*state);
+  };
+  ASSERT_TRUE(ranks.Publish(1, model.Views()).ok());
+  ASSERT_TRUE(replica->Update().ok());
+  EXPECT_TRUE(replica->TakeChanges().everything);
+  WeightState before = published();
+  for (uint64_t v = 2; v <= 3; ++v) {
+    model.Step(0.05);
+    ASSERT_TRUE(ranks.Publish(v, model.Views()).ok());
+    ASSERT_TRUE(replica->Update().ok());
+    WeightState after = published();
+    ChangedElements changes = replica->TakeChanges();
+    ASSERT_FALSE(changes.everything);
+    size_t multi_part_tensors = 0;
+    for (const WeightState::Tensor& t : after.tensors()) {
+      const size_t width = DTypeSize(t.dtype);
+      std::vector<uint64_t> want;
+      for (uint64_t i = 0; i < t.data.size() / width; ++i) {
+        if (std::memcmp(t.data.data() + i * width, before.Find(t.name)->data.data() + i * width, width) != 0) {
+          want.push_back(i);
+        }
+      }
+      auto got = std::find_if(changes.tensors.begin(), changes.tensors.end(),
+                              [&](const auto& c) { return c.first == t.name; });
+      if (want.empty()) {
+        EXPECT_EQ(got, changes.tensors.end()) << t.name;
+        continue;
+      }
+      ASSERT_NE(got, changes.tensors.end()) << t.name;
+      EXPECT_EQ(got->second, want) << "version " << v << ": " << t.name;
+      multi_part_tensors += t.shape.size() > 1 ? 1 : 0;
+    }
+    EXPECT_GT(multi_part_tensors, 0u);
+    testing::ExpectSameState(replica->state(), after);
+    before = std::move(after);
+  }
 }
 
 }  // namespace
