@@ -1,6 +1,7 @@
 // PartCommitter and PartReceipt (part_publisher.h): the commit of a parted
 // version, from the receipts of its parts.
 #include <algorithm>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
@@ -18,7 +19,8 @@ using Json = nlohmann::json;
 std::string V(uint64_t version) { return "version " + std::to_string(version); }
 
 bool IsLowerHex32(const std::string& s) {
-  return s.size() == 32 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  return s.size() == 32 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
 }  // namespace
@@ -172,8 +174,10 @@ Result<PublishStats> PartCommitter::Commit(uint64_t version, std::span<const Par
       // digests 32 lower-case hex digits), or the whole bucket is unreadable.
       const std::string expected =
           o.kind == PatchKind::kAnchor ? PartAnchorKey(version, p, n) : PartDeltaKey(version, latest, p, n);
-      if (o.key != expected) return refuse(part + "it lists the object '" + o.key + "'; its " +
-                                           (o.kind == PatchKind::kAnchor ? "anchor" : "delta") + " is '" + expected + "'");
+      if (o.key != expected) {
+        return refuse(part + "it lists the object '" + o.key + "'; its " +
+                      (o.kind == PatchKind::kAnchor ? "anchor" : "delta") + " is '" + expected + "'");
+      }
       if (!IsLowerHex32(o.xxh3_128)) {
         return refuse(part + "the XXH3-128 of '" + o.key + "' is \"" + o.xxh3_128 + "\", not 32 lower-case hex digits");
       }

@@ -156,7 +156,6 @@ Result<std::map<size_t, Blob>> FetchSomeParts(Store& store, const ObjectEntry& o
   return out;
 }
 
-
 // One replay of `plan`. On a failure one stored object is to blame for,
 // *bad names it.
 Result<RebuiltPart> Replay(Store& store, const Manifest& manifest, const CatchUpPlan& plan, const PartLayout& target,
