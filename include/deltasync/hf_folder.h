@@ -48,6 +48,16 @@ bool IsSideFileName(std::string_view name);
 // *.gguf). kInvalidArgument naming it otherwise.
 Status ValidateSideFileName(std::string_view name);
 
+// What a weight file (or the index) was when ReadHfFolder read it: the file
+// (device, inode) and its size and times (ctime changes with every write and
+// cannot be set back).
+struct HfFileStamp {
+  std::string path;
+  uint64_t device = 0, inode = 0, size = 0;
+  int64_t mtime_ns = 0, ctime_ns = 0;
+  friend bool operator==(const HfFileStamp&, const HfFileStamp&) = default;
+};
+
 // A model folder, read for publishing.
 struct HfFolder {
   std::string dir;
@@ -56,6 +66,7 @@ struct HfFolder {
   std::vector<TensorView> tensors;
   std::vector<SideFile> side_files;     // sorted by name; the index among them
   std::vector<std::string> left_out;    // other entries, not carried (sorted)
+  std::vector<HfFileStamp> stamps;      // the index and every shard, taken before each was opened
 };
 
 // Reads the folder `dir`. With an index, its weight_map is checked against
@@ -65,6 +76,15 @@ struct HfFolder {
 // that is not a model folder) or kCorruption (a broken index or shard)
 // naming the file and the rule; kIOError for the file system.
 Result<HfFolder> ReadHfFolder(const std::string& dir);
+
+// OK when every weight file and the index are still the files ReadHfFolder
+// read (same inode, size and times). kFailedPrecondition naming the first
+// one replaced, rewritten or removed since: a folder saved into while it is
+// read would publish a version that mixes two checkpoints, so a publisher
+// asks this after reading every tensor and before it commits. (A save that
+// was already half done when the read began, every file written before the
+// read, is not seen: a folder must be complete before it is published.)
+Status CheckHfFolderUnchanged(const HfFolder& folder);
 
 // For a checkpoint given as one FILE: kInvalidArgument, saying to pass the
 // folder, when `path` is a sharded checkpoint's index (*.index.json) or one

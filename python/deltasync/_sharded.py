@@ -221,7 +221,9 @@ class ShardedHandle:
     def _on_step(self, optimizer, args, kwargs) -> None:
         self._raise_pending()
         items = [(name, *_host_array(name, _local(p))) for name, p in self._blocks]
-        job = (self.next_version, items)
+        # The version is taken when the job runs, not here: with jobs queued
+        # the worker has not yet advanced next_version past the ones ahead.
+        job = items
         if self._background:
             self._queue.put(job)
         else:
@@ -262,8 +264,11 @@ class ShardedHandle:
             finally:
                 self._queue.task_done()
 
-    def _run(self, job) -> None:
-        version, items = job
+    def _run(self, items) -> None:
+        # Every rank runs the same jobs in the same order and gets the same
+        # outcome, so their next_version stays the same: a committed version
+        # advances it, a refused one leaves it for the next job to publish.
+        version = self.next_version
         receipt = None
         if self._native is not None:
             try:

@@ -1,6 +1,7 @@
 // PartCommitter and PartReceipt (part_publisher.h): the commit of a parted
 // version, from the receipts of its parts.
 #include <algorithm>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
@@ -16,6 +17,11 @@ namespace {
 using Json = nlohmann::json;
 
 std::string V(uint64_t version) { return "version " + std::to_string(version); }
+
+bool IsLowerHex32(const std::string& s) {
+  return s.size() == 32 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
 
 }  // namespace
 
@@ -158,13 +164,26 @@ Result<PublishStats> PartCommitter::Commit(uint64_t version, std::span<const Par
                     (latest > 0 ? "a delta" : ""));
     }
     for (const PartReceipt::Object& o : r.objects) {
-      if (Status s = ValidateKey(o.key); !s.ok()) return refuse(part + s.message());
       if (o.kind == PatchKind::kDelta && (latest == 0 || o.base_version != latest)) {
         return refuse(part + "a delta from " + V(o.base_version));
       }
       if (o.kind == PatchKind::kAnchor && !anchor) return refuse(part + "an anchor the cadence does not call for");
+      // The object's key is this part's of this version (as PartPublisher
+      // names it), so no receipt can list another part's or version's object:
+      // the manifest written must be one every reader parses (keys unique,
+      // digests 32 lower-case hex digits), or the whole bucket is unreadable.
+      const std::string expected =
+          o.kind == PatchKind::kAnchor ? PartAnchorKey(version, p, n) : PartDeltaKey(version, latest, p, n);
+      if (o.key != expected) {
+        return refuse(part + "it lists the object '" + o.key + "'; its " +
+                      (o.kind == PatchKind::kAnchor ? "anchor" : "delta") + " is '" + expected + "'");
+      }
+      if (!IsLowerHex32(o.xxh3_128)) {
+        return refuse(part + "the XXH3-128 of '" + o.key + "' is \"" + o.xxh3_128 + "\", not 32 lower-case hex digits");
+      }
       ObjectEntry& group = o.kind == PatchKind::kAnchor ? full : delta;
       if (group.parts.size() != p) return refuse(part + "two objects of one kind");
+      if (o.size > UINT64_MAX - group.size) return refuse(part + "the sizes of the parts' objects overflow");
       group.parts.push_back(PartObject{o.key, o.size, o.xxh3_128});
       group.size += o.size;
     }

@@ -339,12 +339,12 @@ Result<std::vector<std::unique_ptr<PartPublisher>>> PartPublisher::OpenAll(std::
     return caught_up.status().WithContext("cannot continue publishing to " + store->Describe() + ": rebuilding " +
                                           V(latest) + " failed");
   }
-  if (layout.total_elements() != replica->state().total_elements() ||
-      layout.tensors.size() != replica->state().tensors().size()) {
-    return Status::InvalidArgument("the layout's " + std::to_string(layout.tensors.size()) + " tensors are not the " +
-                                   std::to_string(replica->state().tensors().size()) + " tensors of " + V(latest) +
-                                   " in " + store->Describe());
-  }
+  // Every tensor, those without elements included (they have no block, so
+  // cutting the parts below would not see them): a layout that names another
+  // would commit a version no replica can reach from this one.
+  std::vector<TensorDesc> held;
+  for (const WeightState::Tensor& t : replica->state().tensors()) held.push_back({t.name, t.dtype, t.shape});
+  DS_RETURN_IF_ERROR(SameTensors(layout, held, latest, *store));
   for (std::unique_ptr<PartPublisher>& pub : pubs) {
     Result<WeightState> blocks = ExtractPart(pub->layout_, pub->part_, replica->state());
     if (!blocks.ok()) {

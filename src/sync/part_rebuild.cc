@@ -156,23 +156,6 @@ Result<std::map<size_t, Blob>> FetchSomeParts(Store& store, const ObjectEntry& o
   return out;
 }
 
-Status SameTensors(const PartLayout& target, const std::vector<TensorDesc>& got, uint64_t version, Store& store) {
-  if (got == target.tensors) return Status::OK();
-  for (size_t i = 0; i < std::max(got.size(), target.tensors.size()); ++i) {
-    if (i < got.size() && i < target.tensors.size() && got[i] == target.tensors[i]) continue;
-    auto say = [](const std::vector<TensorDesc>& ts, size_t i) {
-      return i < ts.size() ? "'" + ts[i].name + "' (" + std::string(DTypeName(ts[i].dtype)) + " " +
-                                 ShapeToString(ts[i].shape) + ")"
-                           : std::string("nothing");
-    };
-    return Status::InvalidArgument("the layout's " + std::to_string(target.tensors.size()) + " tensors are not the " +
-                                   std::to_string(got.size()) + " tensors of " + V(version) + " in " +
-                                   store.Describe() + ": tensor " + std::to_string(i) + " is " +
-                                   say(target.tensors, i) + " in the layout, " + say(got, i) + " in the bucket");
-  }
-  return Status::OK();
-}
-
 // One replay of `plan`. On a failure one stored object is to blame for,
 // *bad names it.
 Result<RebuiltPart> Replay(Store& store, const Manifest& manifest, const CatchUpPlan& plan, const PartLayout& target,
@@ -308,6 +291,23 @@ Result<RebuiltPart> Replay(Store& store, const Manifest& manifest, const CatchUp
 }
 
 }  // namespace
+
+Status SameTensors(const PartLayout& target, const std::vector<TensorDesc>& got, uint64_t version, Store& store) {
+  if (got == target.tensors) return Status::OK();
+  for (size_t i = 0; i < std::max(got.size(), target.tensors.size()); ++i) {
+    if (i < got.size() && i < target.tensors.size() && got[i] == target.tensors[i]) continue;
+    auto say = [](const std::vector<TensorDesc>& ts, size_t i) {
+      return i < ts.size() ? "'" + ts[i].name + "' (" + std::string(DTypeName(ts[i].dtype)) + " " +
+                                 ShapeToString(ts[i].shape) + ")"
+                           : std::string("nothing");
+    };
+    return Status::InvalidArgument("the layout's " + std::to_string(target.tensors.size()) + " tensors are not the " +
+                                   std::to_string(got.size()) + " tensors of " + V(version) + " in " +
+                                   store.Describe() + ": tensor " + std::to_string(i) + " is " +
+                                   say(target.tensors, i) + " in the layout, " + say(got, i) + " in the bucket");
+  }
+  return Status::OK();
+}
 
 Result<RebuiltPart> RebuildPart(Store& store, const Manifest& manifest, const PartLayout& layout, uint32_t part,
                                 int threads) {

@@ -37,4 +37,10 @@ struct RebuiltPart {
 Result<RebuiltPart> RebuildPart(Store& store, const Manifest& manifest, const PartLayout& layout, uint32_t part,
                                 int threads);
 
+// OK when `got` (a version's tensors: names, dtypes, shapes, in name order)
+// are exactly the layout's, tensors with no elements included (they have no
+// block, so only this sees them). kInvalidArgument naming the first tensor
+// that differs and `version` of `store` otherwise.
+Status SameTensors(const PartLayout& target, const std::vector<TensorDesc>& got, uint64_t version, Store& store);
+
 }  // namespace deltasync

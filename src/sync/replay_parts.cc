@@ -6,6 +6,7 @@
 #include "sync/replay.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <optional>
@@ -256,20 +257,31 @@ std::vector<TensorChanges> MergeParts(std::vector<std::vector<TensorChanges>> pa
     if (c.indices.empty()) continue;
     if (contributions[t] > 1) {
       // Blocks of several parts: sort by index (each part's run is ascending).
+      // The permutation is 32-bit while the changes' count fits (half the
+      // memory); a tensor of more than 2^32 changes (a fused expert stack
+      // changed entirely) needs 64 bits, or it would wrap and scramble values.
       const size_t width = DTypeSize(c.dtype);
-      std::vector<uint32_t> order(c.indices.size());
-      std::iota(order.begin(), order.end(), 0u);
-      std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return c.indices[a] < c.indices[b]; });
-      TensorChanges sorted;
-      sorted.name = c.name;
-      sorted.dtype = c.dtype;
-      sorted.indices.reserve(order.size());
-      sorted.values.resize(c.values.size());
-      for (size_t k = 0; k < order.size(); ++k) {
-        sorted.indices.push_back(c.indices[order[k]]);
-        std::memcpy(sorted.values.data() + k * width, c.values.data() + order[k] * width, width);
+      auto sort_by_index = [&](auto zero) {
+        using Position = decltype(zero);
+        std::vector<Position> order(c.indices.size());
+        std::iota(order.begin(), order.end(), Position{0});
+        std::sort(order.begin(), order.end(), [&](Position a, Position b) { return c.indices[a] < c.indices[b]; });
+        TensorChanges sorted;
+        sorted.name = c.name;
+        sorted.dtype = c.dtype;
+        sorted.indices.reserve(order.size());
+        sorted.values.resize(c.values.size());
+        for (size_t k = 0; k < order.size(); ++k) {
+          sorted.indices.push_back(c.indices[order[k]]);
+          std::memcpy(sorted.values.data() + k * width, c.values.data() + static_cast<size_t>(order[k]) * width, width);
+        }
+        c = std::move(sorted);
+      };
+      if (c.indices.size() <= UINT32_MAX) {
+        sort_by_index(uint32_t{0});
+      } else {
+        sort_by_index(uint64_t{0});
       }
-      c = std::move(sorted);
     }
     out.push_back(std::move(c));
   }
