@@ -162,7 +162,10 @@ class Publisher {
   Result<PublishStats> Publish(uint64_t version, std::span<const TensorView> tensors,
                                std::optional<std::span<const SideFile>> files = std::nullopt);
   // A model folder (ReadHfFolder): its tensors, and its side files as the
-  // version's full set.
+  // version's full set. After its tensors are read and before the version's
+  // weights are uploaded, the folder must still hold the files read
+  // (CheckHfFolderUnchanged): a save into it while it was read would publish
+  // a mix of two checkpoints (kFailedPrecondition, nothing committed).
   Result<PublishStats> PublishFolder(uint64_t version, const HfFolder& folder);
 
   // The published form of `tensors` (fp32 rounded to bf16 as Publish rounds
@@ -293,6 +296,9 @@ class Publisher {
   std::unique_ptr<GapDeltaPublish> gap_;
   // Non-empty while the newest state is unknown (Open could not rebuild it).
   std::string degraded_reason_;
+  // Set while PublishFolder publishes it: Commit checks it is unchanged
+  // before it uploads the version.
+  const HfFolder* folder_read_ = nullptr;
 };
 
 }  // namespace deltasync

@@ -188,7 +188,10 @@ Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const Tensor
 }
 
 Result<PublishStats> Publisher::PublishFolder(uint64_t version, const HfFolder& folder) {
-  return Publish(version, folder.tensors, std::span<const SideFile>(folder.side_files));
+  folder_read_ = &folder;
+  Result<PublishStats> published = Publish(version, folder.tensors, std::span<const SideFile>(folder.side_files));
+  folder_read_ = nullptr;
+  return published;
 }
 
 Result<WeightState> Publisher::Snapshot(std::span<const TensorView> tensors) const {
@@ -319,6 +322,14 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
     rollback();
     return s;
   };
+  // Every tensor was read (Prepare*, ToPublishedState): a folder must still
+  // be the checkpoint read, or the version mixes two (PublishFolder).
+  if (folder_read_ != nullptr) {
+    Status same = CheckHfFolderUnchanged(*folder_read_);
+    if (!same.ok()) {
+      return fail(same.WithContext("version " + std::to_string(version) + " not published to " + store_->Describe()));
+    }
+  }
 
   // A cumulative delta from the last anchor: every cumulative_interval-th
   // version after it, and every version when anchors are adaptive (its size
