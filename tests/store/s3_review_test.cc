@@ -414,6 +414,37 @@ TEST_F(S3ReviewTest, AListingWhoseTokensGoRoundInACircleFails) {
   EXPECT_LE(pages.load(), 4);
 }
 
+// ListMultipartUploads markers that go round in a circle ((a,1) -> (b,2) ->
+// (a,1)): `gc` must fail, not abort the same uploads again and again.
+TEST_F(S3ReviewTest, AnUploadListingWhoseMarkersGoRoundInACircleFails) {
+  std::atomic<int> pages{0};
+  bucket_.misbehave = [&](const ScriptedRequest& r, const std::string& key) -> std::optional<ScriptedReply> {
+    bool uploads = false, id = false;
+    r.Query("uploads", &uploads);
+    r.Query("uploadId", &id);
+    if (r.method == "DELETE" && id) return HttpReply(204);
+    if (!key.empty() || !uploads || r.method != "GET") return std::nullopt;
+    int page = pages.fetch_add(1);
+    std::string next = r.Query("key-marker") == "a" ? "b" : "a";
+    bool truncated = page < 20;  // an old client would have looped forever
+    std::string xml = "<ListMultipartUploadsResult><IsTruncated>" + std::string(truncated ? "true" : "false") +
+                      "</IsTruncated><Upload><Key>k" + std::to_string(page) + "</Key><UploadId>u" +
+                      std::to_string(page) + "</UploadId><Initiated>2020-01-01T00:00:00.000Z</Initiated></Upload>" +
+                      (truncated ? "<NextKeyMarker>" + next + "</NextKeyMarker><NextUploadIdMarker>" +
+                                       (next == "a" ? "1" : "2") + "</NextUploadIdMarker>"
+                                 : "") +
+                      "</ListMultipartUploadsResult>";
+    return HttpReply(200, {}, xml);
+  };
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  size_t aborted = 0;
+  Status st = store->AbortStaleUploads(std::chrono::hours(1), &aborted);
+  ASSERT_FALSE(st.ok()) << aborted << " uploads aborted from a listing that went round in a circle";
+  EXPECT_EQ(st.code(), ErrorCode::kIOError);
+  EXPECT_LE(pages.load(), 4);
+}
+
 // Keys with characters that need encoding (space, '+', '%', '=', '&', UTF-8)
 // go out percent-encoded as SigV4 wants, come back from a listing with XML
 // entities decoded, and read back exactly.
