@@ -161,11 +161,16 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
     HttpResponse pr = c.Send(part);
     Status st;
     // A server that ignores If-Match answers with the new ETag instead of 412.
-    const bool replaced = pr.ok() && pr.Header("etag") != out.etag;
+    const std::string part_etag = pr.ok() ? pr.Header("etag") : std::string();
+    const bool replaced = pr.ok() && !part_etag.empty() && part_etag != out.etag;
     std::optional<ContentRange> pcr;
     if (pr.transport_error == 0 && (pr.status == 412 || replaced)) {
       *changed = true;
       st = Status::Conflict(c.Url(object) + ": replaced while being downloaded");
+    } else if (pr.ok() && part_etag.empty()) {
+      st = Status::IOError(c.Url(object) + ": GET " + RangeHeader(lo, hi) +
+                           ": answered without an ETag, so it cannot be pinned to the version begun (at " +
+                           c.EndpointDescription() + ")");
     } else if (!pr.ok()) {
       st = c.Error(part, pr);
     } else if (pr.status != 206 || pr.sink_bytes != hi - lo) {
