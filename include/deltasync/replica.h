@@ -133,7 +133,11 @@ class Replica {
   // manifest, in the order they were found. Forgotten once the manifest
   // stops listing them with that content.
   const std::vector<BadObject>& bad_objects() const { return bad_; }
-  // Re-reads the manifest without moving.
+  // Re-reads the manifest without moving. kIntegrity, keeping the manifest
+  // read before, when the new one cannot describe the held state: it lists
+  // nothing at or above the held version (rolled back), or lists the held
+  // version with another state hash (the bucket was replaced). Update()
+  // starts with it, so it then fails the same way and holds its version.
   Status Refresh();
   // Recomputes the held state's hash from its bytes (O(model), about 0.1 s
   // per GB per thread) and compares it with the manifest's for the held

@@ -106,8 +106,10 @@ class S3Store : public Store {
   Status Put(std::string_view key, std::span<const ByteSpan> parts) override;
   using Store::Put;
   // Get: objects above part_size arrive as parallel ranged GETs into one
-  // buffer; every range is pinned to the first one's ETag, so an object
-  // replaced mid-download is read again rather than stitched from two versions.
+  // buffer; every range is pinned to the first one's ETag (sent as If-Match
+  // and checked in each answer, with its Content-Range), so an object
+  // replaced mid-download is read again rather than stitched from two
+  // versions; a large object served without an ETag is refused (kIOError).
   Result<Blob> Get(std::string_view key) override;
   Result<Blob> GetRange(std::string_view key, uint64_t offset, uint64_t length) override;
   Result<uint64_t> Size(std::string_view key) override;

@@ -127,6 +127,13 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
   if (end > cr->total) return RangeTooLong(c, object, offset, end, cr->total);
   uint64_t got = out.bytes.size();
   if (offset + got >= end) return out;
+  // The later ranges are pinned to this answer's ETag; without one a
+  // replaced object could not be told from the one begun.
+  if (out.etag.empty()) {
+    return Status::IOError(c.Url(object) + ": GET: the server sent no ETag, so the ranges of a " +
+                           std::to_string(end - offset) + "-byte download cannot be pinned to one version of "
+                           "the object (at " + c.EndpointDescription() + ")");
+  }
 
   // Large: the first part's buffer grows to hold everything (its pages are
   // remapped, not copied; the rest is never zero-filled) and the rest is
@@ -153,14 +160,27 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
     part.into = MutableByteSpan(all + (lo - offset), hi - lo);
     HttpResponse pr = c.Send(part);
     Status st;
-    if (pr.transport_error == 0 && pr.status == 412) {
+    // A server that ignores If-Match answers with the new ETag instead of 412.
+    const std::string part_etag = pr.ok() ? pr.Header("etag") : std::string();
+    const bool replaced = pr.ok() && !part_etag.empty() && part_etag != out.etag;
+    std::optional<ContentRange> pcr;
+    if (pr.transport_error == 0 && (pr.status == 412 || replaced)) {
       *changed = true;
       st = Status::Conflict(c.Url(object) + ": replaced while being downloaded");
+    } else if (pr.ok() && part_etag.empty()) {
+      st = Status::IOError(c.Url(object) + ": GET " + RangeHeader(lo, hi) +
+                           ": answered without an ETag, so it cannot be pinned to the version begun (at " +
+                           c.EndpointDescription() + ")");
     } else if (!pr.ok()) {
       st = c.Error(part, pr);
     } else if (pr.status != 206 || pr.sink_bytes != hi - lo) {
       st = Status::IOError(c.Url(object) + ": GET " + RangeHeader(lo, hi) + ": got " +
                            std::to_string(pr.sink_bytes) + " bytes (HTTP " + std::to_string(pr.status) + ")");
+    } else if (!(pcr = ParseContentRange(pr.Header("content-range"))) || pcr->first != lo || pcr->last != hi - 1 ||
+               pcr->total != cr->total) {
+      // The right length for another range (a proxy mixing up its entries).
+      st = Status::IOError(c.Url(object) + ": GET " + RangeHeader(lo, hi) + ": answered with Content-Range '" +
+                           pr.Header("content-range") + "' at " + c.EndpointDescription());
     }
     if (!st.ok()) {
       stop.store(true);

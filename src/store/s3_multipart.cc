@@ -12,6 +12,8 @@
 #include <ctime>
 #include <mutex>
 #include <optional>
+#include <set>
+#include <utility>
 
 #include "common/parallel.h"
 #include "deltasync/s3_store.h"
@@ -160,7 +162,10 @@ Status S3Store::AbortStaleUploads(std::chrono::seconds older_than, size_t* abort
   if (aborted != nullptr) *aborted = 0;
   const int64_t cutoff = static_cast<int64_t>(std::time(nullptr)) - older_than.count();
   std::string key_marker, id_marker;
-  // ListMultipartUploads pages by (key, upload id) markers; they must advance.
+  std::set<std::pair<std::string, std::string>> seen_markers;
+  // ListMultipartUploads pages by (key, upload id) markers; every page must
+  // give a pair not seen before (markers that go round in a circle would
+  // abort the same uploads forever).
   for (;;) {
     S3Call list{"GET", ""};
     list.query = {{"uploads", ""}, {"prefix", c.prefix()}};
@@ -179,7 +184,7 @@ Status S3Store::AbortStaleUploads(std::chrono::seconds older_than, size_t* abort
     if (s3::XmlText(r.body, "IsTruncated").value_or("false") != "true") break;
     std::string next_key = s3::XmlText(r.body, "NextKeyMarker").value_or("");
     std::string next_id = s3::XmlText(r.body, "NextUploadIdMarker").value_or("");
-    if (next_key == key_marker && next_id == id_marker) {
+    if (!seen_markers.emplace(next_key, next_id).second || (next_key.empty() && next_id.empty())) {
       return Status::IOError(c.Url(c.prefix()) + ": upload listing is truncated but its markers do not advance");
     }
     key_marker = std::move(next_key);

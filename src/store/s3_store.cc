@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <set>
 
 #include "store/s3_client.h"
 #include "store/s3_config.h"
@@ -109,8 +110,10 @@ Result<std::vector<std::string>> S3Store::List(std::string_view prefix) {
   const std::string full_prefix = c.prefix() + std::string(prefix);
   std::vector<std::string> keys;
   std::string token;
-  // ListObjectsV2 pages hold up to 1000 keys; the continuation token must
-  // move on every page, which bounds the loop even against a faulty server.
+  std::set<std::string> seen_tokens;
+  // ListObjectsV2 pages hold up to 1000 keys; every page must give a token
+  // not seen before, which bounds the loop even against a faulty server
+  // (one whose tokens go round in a circle would list keys again and again).
   for (;;) {
     S3Call list{"GET", ""};
     list.query = {{"list-type", "2"}, {"prefix", full_prefix}};
@@ -124,8 +127,9 @@ Result<std::vector<std::string>> S3Store::List(std::string_view prefix) {
     }
     if (s3::XmlText(r.body, "IsTruncated").value_or("false") != "true") break;
     std::string next = s3::XmlText(r.body, "NextContinuationToken").value_or("");
-    if (next.empty() || next == token) {
-      return Status::IOError(c.Url(full_prefix) + ": listing is truncated but gives no new continuation token");
+    if (next.empty() || !seen_tokens.insert(next).second) {
+      return Status::IOError(c.Url(full_prefix) + ": listing is truncated but gives no new continuation token" +
+                             (next.empty() ? "" : " (it repeats an earlier one)"));
     }
     token = std::move(next);
   }

@@ -70,6 +70,17 @@ Status Replica::Refresh() {
                              " lists no version at or above the held " + V(version_) +
                              " (the bucket was rolled back or replaced)");
   }
+  // The held version listed with another state: the bucket was replaced (or
+  // its manifest rewritten). The held weights are not that version's, and
+  // no delta of this manifest applies to them.
+  if (version_ > 0) {
+    const VersionEntry* held = m.Find(version_);
+    if (held != nullptr && held->state_hash != state_hash_) {
+      return Status::Integrity(store_->Describe() + "/" + std::string(kManifestKey) + " lists the held " +
+                               V(version_) + " with state hash " + held->state_hash.Hex() + ", not the " +
+                               state_hash_.Hex() + " held (the bucket was replaced or its history rewritten)");
+    }
+  }
   manifest_ = std::move(m);
   // Bad objects stay bad while the manifest lists them with the same content.
   ObjectSet listed;
