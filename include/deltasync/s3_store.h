@@ -109,7 +109,8 @@ class S3Store : public Store {
   // buffer; every range is pinned to the first one's ETag (sent as If-Match
   // and checked in each answer, with its Content-Range), so an object
   // replaced mid-download is read again rather than stitched from two
-  // versions; a large object served without an ETag is refused (kIOError).
+  // versions; a large object served without an ETag is read in one GET
+  // instead (slower, exact: its ranges could not be pinned).
   Result<Blob> Get(std::string_view key) override;
   Result<Blob> GetRange(std::string_view key, uint64_t offset, uint64_t length) override;
   Result<uint64_t> Size(std::string_view key) override;

@@ -78,6 +78,31 @@ Result<Fetched> FetchEmpty(S3Client& c, const std::string& object, uint64_t offs
   return Fetched{{}, r.Header("etag")};
 }
 
+// [offset, end) of an object of `total` bytes in one GET: for a server that
+// sends no ETag, whose ranges cannot be pinned to one version of the object.
+Result<Fetched> FetchInOneGet(S3Client& c, const std::string& object, uint64_t offset, uint64_t end,
+                              uint64_t total) {
+  Fetched out{BlobBuffer(c.download_pool()), {}};
+  S3Call all{"GET", object};
+  if (offset > 0 || end < total) all.headers = {{"range", RangeHeader(offset, end)}};
+  all.grow_into = &out.bytes;
+  HttpResponse r = c.Send(all);
+  if (!r.ok()) return c.Error(all, r);
+  std::optional<ContentRange> cr;
+  if (r.status == 200 && out.bytes.size() == total) {
+    // The whole object (no range asked, or a server that ignores Range).
+    if (offset > 0) std::memmove(out.bytes.data(), out.bytes.data() + offset, end - offset);
+    (void)out.bytes.Resize(end - offset);  // a shrink: cannot fail
+  } else if (r.status != 206 || !(cr = ParseContentRange(r.Header("content-range"))) || cr->first != offset ||
+             cr->last + 1 != end || cr->total != total || out.bytes.size() != end - offset) {
+    return Status::IOError(c.Url(object) + ": GET " + RangeHeader(offset, end) + " (in one request: the server "
+                           "sends no ETag to pin ranges to): got " + std::to_string(out.bytes.size()) +
+                           " bytes, HTTP " + std::to_string(r.status) + ", Content-Range '" +
+                           r.Header("content-range") + "' at " + c.EndpointDescription());
+  }
+  return out;
+}
+
 // Fetches [offset, offset + length) (to the end when length is unset) once.
 // Sets *changed when the object was replaced mid-way (the caller retries).
 Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offset,
@@ -128,12 +153,9 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
   uint64_t got = out.bytes.size();
   if (offset + got >= end) return out;
   // The later ranges are pinned to this answer's ETag; without one a
-  // replaced object could not be told from the one begun.
-  if (out.etag.empty()) {
-    return Status::IOError(c.Url(object) + ": GET: the server sent no ETag, so the ranges of a " +
-                           std::to_string(end - offset) + "-byte download cannot be pinned to one version of "
-                           "the object (at " + c.EndpointDescription() + ")");
-  }
+  // replaced object could not be told from the one begun, so the slower
+  // exact route: the whole range in one GET (one answer is one version).
+  if (out.etag.empty()) return FetchInOneGet(c, object, offset, end, cr->total);
 
   // Large: the first part's buffer grows to hold everything (its pages are
   // remapped, not copied; the rest is never zero-filled) and the rest is
