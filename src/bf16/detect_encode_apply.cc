@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "bf16/detect_apply.h"
+#include "bf16/gap_walk.h"
 #include "common/parallel.h"
 
 namespace deltasync::bf16 {
@@ -17,12 +18,7 @@ void ApplyGapBlock(const ScanJob& job, uint64_t begin, const uint16_t* gaps, con
   if (gaps_kernel) {
     // The kernel wrote the block's first change as its offset and each
     // later one as the gap from the one before.
-    uint64_t at = begin + gaps[0];
-    indices[0] = at;
-    for (size_t k = 1; k < added; ++k) {
-      at += uint64_t{gaps[k]} + 1;
-      indices[k] = at;
-    }
+    GapWalk(begin + gaps[0], gaps).Next(added, indices);
   }
   // The published state is the caller's mutable WeightState
   // (GapDeltaApply::Run); each chunk writes only its own elements.
@@ -36,21 +32,13 @@ void UndoGapChunk(uint8_t* data, size_t value_size, const ChunkGaps& found,
   const uint16_t* gaps = reinterpret_cast<const uint16_t*>(streams.gaps.data());
   const uint8_t* old = streams.old.data();
   // Slot 0 holds the chunk's gap from the chunk before (or nothing yet):
-  // start from its first index instead.
+  // the walk starts from its first index instead.
+  GapWalk walk(found.first, gaps, found.wide);
   uint64_t index[512];
-  uint64_t at = found.first;
-  size_t wide = 0;
-  for (size_t k = 0; k < found.count;) {
+  for (size_t k = 0; k < found.count; k += 512) {
     const size_t n = std::min<size_t>(512, found.count - k);
-    for (size_t j = 0; j < n; ++j, ++k) {
-      if (k > 0) {
-        uint64_t gap = gaps[k];
-        if (wide < found.wide.size() && found.wide[wide].first == k) gap = found.wide[wide++].second;
-        at += gap + 1;
-      }
-      index[j] = at;
-    }
-    UndoBlock(data, value_size, index, old + (k - n) * value_size, n);
+    walk.Next(n, index);
+    UndoBlock(data, value_size, index, old + k * value_size, n);
   }
 }
 

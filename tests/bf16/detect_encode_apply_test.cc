@@ -26,9 +26,11 @@ namespace {
 
 using testing::Flatten;
 using testing_bf16::Case;
+using testing_bf16::ForEachRate;
 using testing_bf16::ForEachTarget;
 using testing_bf16::InfoFor;
 using testing_bf16::MakeCase;
+using testing_bf16::RateCase;
 using testing_bf16::Separate;
 using testing_bf16::Views;
 
@@ -57,32 +59,25 @@ StateHash ReplicaApply(WeightState& state, const std::vector<uint8_t>& patch, in
 }
 
 TEST(GapDeltaApplyTest, ThePatchOfDetectThenEncodeAndTheStateAReplicaGetsFromIt) {
-  for (double rate : {0.0, 0.001, 0.034, 0.5, 1.0}) {
-    SCOPED_TRACE("rate " + std::to_string(rate));
-    const Case c = MakeCase(static_cast<uint64_t>(rate * 1000) + 13, rate);
-    const std::vector<TensorView> current = Views(c.current);
-    const PatchInfo info = InfoFor(c.state);
-    uint64_t want_changed = 0;
-    auto want = Separate(c.state, current, {.threads = 1}, info, &want_changed);
-    ASSERT_TRUE(want.ok()) << want.status().ToString();
-    WeightState replica = Copy(c.state);
-    const StateHash before_hash = HashState(c.state);
-    const StateHash want_delta = ReplicaApply(replica, *want, 2);
+  ForEachRate(13, [](const RateCase& r) {
+    WeightState replica = Copy(r.c.state);
+    const StateHash before_hash = HashState(r.c.state);
+    const StateHash want_delta = ReplicaApply(replica, r.want, 2);
     const auto want_state = Bytes(replica);
     ASSERT_EQ(HashState(replica), before_hash + want_delta);
-    const auto before = Bytes(c.state);
+    const auto before = Bytes(r.c.state);
 
-    WeightState state = Copy(c.state);
+    WeightState state = Copy(r.c.state);
     DetectedGapDelta out;  // reused across targets, chunk sizes and threads
     bf16::GapDeltaApply route;
     ForEachTarget([&] {
       for (uint64_t chunk : {uint64_t{333}, uint64_t{4096}, uint64_t{70001}, bf16::kDefaultChunkElements}) {
         for (int threads : {1, 2, 5}) {
           SCOPED_TRACE("chunk " + std::to_string(chunk) + " threads " + std::to_string(threads));
-          Result<StateHash> delta = route.Run(state, current, {.threads = threads}, info, chunk, out);
+          Result<StateHash> delta = route.Run(state, r.current, {.threads = threads}, r.info, chunk, out);
           ASSERT_TRUE(delta.ok()) << delta.status().ToString();
-          EXPECT_EQ(Flatten(out.patch), *want);
-          EXPECT_EQ(out.changed, want_changed);
+          EXPECT_EQ(Flatten(out.patch), r.want);
+          EXPECT_EQ(out.changed, r.want_changed);
           EXPECT_EQ(*delta, want_delta);
           ASSERT_EQ(Bytes(state), want_state);
           route.Undo(state, out, threads);
@@ -92,7 +87,7 @@ TEST(GapDeltaApplyTest, ThePatchOfDetectThenEncodeAndTheStateAReplicaGetsFromIt)
         }
       }
     });
-  }
+  });
 }
 
 // The detect's and the encoder's errors, found in the scan (NaN masters,

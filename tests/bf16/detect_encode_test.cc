@@ -30,38 +30,34 @@ namespace {
 using testing::Flatten;
 using testing_bf16::AddMastered;
 using testing_bf16::Case;
+using testing_bf16::ForEachRate;
 using testing_bf16::ForEachTarget;
 using testing_bf16::InfoFor;
 using testing_bf16::MakeCase;
+using testing_bf16::RateCase;
 using testing_bf16::Separate;
 using testing_bf16::Views;
 
 TEST(DetectAndEncodeGapDeltaTest, SameBytesAsDetectThenEncode) {
-  for (double rate : {0.0, 0.001, 0.034, 0.5, 1.0}) {
-    SCOPED_TRACE("rate " + std::to_string(rate));
-    const Case c = MakeCase(static_cast<uint64_t>(rate * 1000) + 3, rate);
-    const std::vector<TensorView> current = Views(c.current);
-    const PatchInfo info = InfoFor(c.state);
-    uint64_t want_changed = 0;
-    auto want = Separate(c.state, current, {.threads = 1}, info, &want_changed);
-    ASSERT_TRUE(want.ok()) << want.status().ToString();
+  ForEachRate(3, [](const RateCase& r) {
     DetectedGapDelta out;  // reused across targets, chunk sizes and threads
     ForEachTarget([&] {
       for (uint64_t chunk : {uint64_t{333}, uint64_t{4096}, uint64_t{65536}, uint64_t{70001},
                              bf16::kDefaultChunkElements}) {
         for (int threads : {1, 2, 5}) {
           SCOPED_TRACE("chunk " + std::to_string(chunk) + " threads " + std::to_string(threads));
-          Status s = bf16::DetectAndEncodeGapDeltaChunked(c.state, current, {.threads = threads}, info, chunk, out);
+          Status s = bf16::DetectAndEncodeGapDeltaChunked(r.c.state, r.current, {.threads = threads}, r.info, chunk,
+                                                          out);
           ASSERT_TRUE(s.ok()) << s.ToString();
-          EXPECT_EQ(Flatten(out.patch), *want);
-          EXPECT_EQ(out.changed, want_changed);
+          EXPECT_EQ(Flatten(out.patch), r.want);
+          EXPECT_EQ(out.changed, r.want_changed);
         }
       }
     });
     // The public entry (default chunks, all cores).
-    ASSERT_TRUE(DetectAndEncodeGapDelta(c.state, current, {}, info, out).ok());
-    EXPECT_EQ(Flatten(out.patch), *want);
-  }
+    ASSERT_TRUE(DetectAndEncodeGapDelta(r.c.state, r.current, {}, r.info, out).ok());
+    EXPECT_EQ(Flatten(out.patch), r.want);
+  });
 }
 
 // The wide gaps do widen: U32 where a gap passes 16 bits, U16 otherwise,

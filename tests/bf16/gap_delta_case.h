@@ -1,7 +1,8 @@
 // The gap_delta detect tests' case (shared by detect_encode_test.cc and
 // detect_encode_apply_test.cc): a published state and the trainer's tensors
 // against it, with gaps too wide for 16 bits at and away from chunk borders,
-// and what DetectChanges + EncodeDelta give for it.
+// and what DetectChanges + EncodeDelta give for it (ForEachRate: at each
+// change rate the tests run at).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "bf16/bf16_test_util.h"
@@ -107,6 +109,34 @@ inline Result<std::vector<uint8_t>> Separate(const WeightState& state, std::span
   for (const TensorChanges& c : changes) *changed += c.count();
   DS_ASSIGN_OR_RETURN(EncodedPatch patch, EncodeDelta(info, changes));
   return testing::Flatten(patch);
+}
+
+// One rate's case and what DetectChanges then EncodeDelta give for it: the
+// patch every route must write, and its change count.
+struct RateCase {
+  Case c;
+  std::vector<TensorView> current;  // views of c.current
+  PatchInfo info;
+  std::vector<uint8_t> want;
+  uint64_t want_changed = 0;
+};
+
+// For each rate the gap_delta tests run at (0%, 0.1%, 3.4%, 50%, 100% changed),
+// under a trace of it: MakeCase(seed + rate * 1000, rate) and the separate
+// route's patch, to body(const RateCase&).
+template <typename Body>
+void ForEachRate(uint64_t seed, Body body) {
+  for (double rate : {0.0, 0.001, 0.034, 0.5, 1.0}) {
+    SCOPED_TRACE("rate " + std::to_string(rate));
+    RateCase r;
+    r.c = MakeCase(static_cast<uint64_t>(rate * 1000) + seed, rate);
+    r.current = Views(r.c.current);
+    r.info = InfoFor(r.c.state);
+    Result<std::vector<uint8_t>> want = Separate(r.c.state, r.current, {.threads = 1}, r.info, &r.want_changed);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    r.want = std::move(*want);
+    body(std::as_const(r));
+  }
 }
 
 }  // namespace deltasync::testing_bf16
