@@ -15,6 +15,7 @@
 #include "deltasync/hf_folder.h"
 #include "deltasync/safetensors.h"
 #include "testing/temp_dir.h"
+#include "testing/test_bytes.h"
 
 namespace deltasync {
 namespace {
@@ -22,19 +23,10 @@ namespace {
 namespace fs = std::filesystem;
 using testing::TempDir;
 
-struct Owned {
-  std::string name;
-  std::vector<uint64_t> shape;
-  std::vector<uint8_t> bytes;
-  TensorView view() const { return {name, DType::kBF16, shape, bytes}; }
-};
+using Owned = testing::OwnedBf16;
 
 Owned MakeTensor(std::string name, std::vector<uint64_t> shape, uint8_t seed) {
-  uint64_t n = 1;
-  for (uint64_t d : shape) n *= d;
-  Owned t{std::move(name), std::move(shape), std::vector<uint8_t>(2 * n)};
-  for (size_t i = 0; i < t.bytes.size(); ++i) t.bytes[i] = static_cast<uint8_t>(seed + i * 5);
-  return t;
+  return testing::MakeBf16(std::move(name), std::move(shape), [&](size_t i) { return static_cast<uint8_t>(seed + i * 5); });
 }
 
 void WriteText(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }

@@ -17,6 +17,7 @@
 
 #include "deltasync/s3_store.h"
 #include "testing/scripted_s3.h"
+#include "testing/test_bytes.h"
 
 namespace deltasync {
 namespace {
@@ -29,17 +30,7 @@ using testing::ScriptedS3;
 
 constexpr uint64_t kPart = 5ull << 20;  // S3Store's smallest part size
 
-std::string Pattern(size_t n, uint32_t seed) {
-  std::string out(n, '\0');
-  uint32_t x = seed * 2654435761u + 1;
-  for (size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    out[i] = static_cast<char>(x);
-  }
-  return out;
-}
+std::string Pattern(size_t n, uint32_t seed) { return testing::Pattern<std::string>(n, seed); }
 
 ByteSpan Span(std::string_view s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
 std::string Str(const Blob& b) { return std::string(reinterpret_cast<const char*>(b.bytes().data()), b.size()); }

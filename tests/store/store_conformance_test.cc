@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "testing/test_bytes.h"
+
 namespace deltasync::testing {
 namespace {
 
@@ -17,17 +19,7 @@ ByteSpan Span(std::string_view s) { return {reinterpret_cast<const uint8_t*>(s.d
 std::string Str(const Blob& b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
 
 // Deterministic, position-dependent bytes: a shifted or truncated copy differs.
-std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
-  std::vector<uint8_t> out(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    out[i] = static_cast<uint8_t>(x);
-  }
-  return out;
-}
+std::vector<uint8_t> Pattern(size_t n, uint32_t seed) { return testing::Pattern<std::vector<uint8_t>>(n, seed); }
 
 bool Contains(const std::string& haystack, std::string_view needle) {
   return haystack.find(needle) != std::string::npos;

@@ -26,6 +26,7 @@
 #include "testing/parts_util.h"
 #include "testing/random_model.h"
 #include "testing/temp_dir.h"
+#include "testing/test_bytes.h"
 
 namespace deltasync {
 namespace {
@@ -149,21 +150,11 @@ TEST(PartsReview, TheCommitterRefusesReceiptsWhoseManifestReadersCouldNotParseOr
 }
 
 // A bf16 tensor of `shape` filled from `seed`.
-struct Owned {
-  std::string name;
-  std::vector<uint64_t> shape;
-  std::vector<uint8_t> bytes;
-  TensorView view() const { return {name, DType::kBF16, shape, bytes}; }
-};
+using Owned = testing::OwnedBf16;
 Owned Tensor(std::string name, std::vector<uint64_t> shape, uint8_t seed) {
-  uint64_t n = 1;
-  for (uint64_t d : shape) n *= d;
-  Owned t{std::move(name), std::move(shape), std::vector<uint8_t>(2 * n)};
-  for (size_t i = 0; i < t.bytes.size(); i += 2) {
-    t.bytes[i] = static_cast<uint8_t>(seed + i);
-    t.bytes[i + 1] = 0x3f;  // finite bf16 values
-  }
-  return t;
+  // High bytes 0x3f: finite bf16 values.
+  return testing::MakeBf16(std::move(name), std::move(shape),
+                           [&](size_t i) { return i % 2 ? uint8_t{0x3f} : static_cast<uint8_t>(seed + i); });
 }
 
 // Two parts of whole tensors a and b; the third tensor (no elements) has no block.

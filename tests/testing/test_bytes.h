@@ -1,0 +1,48 @@
+// Test data shared by the unit tests: reproducible byte patterns, and bf16
+// tensors that own their bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "deltasync/tensor.h"
+
+namespace deltasync::testing {
+
+// n pseudo-random bytes from `seed` (xorshift32), as any container of
+// chars or bytes (std::string, std::vector<uint8_t>).
+template <class Bytes>
+Bytes Pattern(size_t n, uint32_t seed) {
+  Bytes out(n, 0);
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    out[i] = static_cast<typename Bytes::value_type>(x);
+  }
+  return out;
+}
+
+// A bf16 tensor that owns its bytes.
+struct OwnedBf16 {
+  std::string name;
+  std::vector<uint64_t> shape;
+  std::vector<uint8_t> bytes;
+  TensorView view() const { return {name, DType::kBF16, shape, bytes}; }
+};
+
+// A bf16 tensor of `shape` whose byte i is fill(i).
+template <class Fill>
+OwnedBf16 MakeBf16(std::string name, std::vector<uint64_t> shape, Fill fill) {
+  uint64_t n = 1;
+  for (uint64_t d : shape) n *= d;
+  OwnedBf16 t{std::move(name), std::move(shape), std::vector<uint8_t>(2 * n)};
+  for (size_t i = 0; i < t.bytes.size(); ++i) t.bytes[i] = fill(i);
+  return t;
+}
+
+}  // namespace deltasync::testing
