@@ -158,3 +158,36 @@ def test_attach_sparse_background_failure_never_commits_a_state_that_is_not_the_
         got = {n: np.ascontiguousarray(a).view(np.int16).reshape(-1) for n, a in replica.tensors().items()}
         for name, want in at[ver].items():
             np.testing.assert_array_equal(got[name], want, err_msg=f"version {ver}, {name}")
+
+
+def test_load_into_tied_targets_needs_equal_replica_tensors(bucket):
+    """A model whose embedding and LM head are one tensor cannot hold two different replica
+    tensors: load_into must refuse (before copying) instead of leaving the first one overwritten."""
+    torch = pytest.importorskip("torch")
+    import deltasync.torch as dt
+
+    rng = np.random.default_rng(5)
+    emb = rng.normal(size=(16, 8)).astype(np.float32)
+    with deltasync.Publisher(bucket) as pub:
+        pub.publish(1, {"embed.weight": emb, "head.weight": emb.copy()})  # tied on the trainer: equal
+        head = emb.copy()
+        head[3, :] += 1.0
+        pub.publish(2, {"embed.weight": emb, "head.weight": head})  # untied on the trainer
+    replica = deltasync.Replica(bucket)
+    replica.update(1)
+    shared = torch.zeros(16, 8, dtype=torch.bfloat16)
+    tied = {"embed.weight": shared, "head.weight": shared}
+    assert dt.load_into(replica, tied) > 0
+    np.testing.assert_array_equal(shared.view(torch.int16).numpy(), dt.tensors(replica)["embed.weight"]
+                                  .view(torch.int16).numpy())
+    replica.update(2)
+    before = shared.clone()
+    with pytest.raises(deltasync.InvalidArgumentError, match="tied"):
+        dt.load_into(replica, tied)
+    assert torch.equal(shared.view(torch.int16), before.view(torch.int16))  # nothing copied
+    # Separate targets take both.
+    separate = {"embed.weight": torch.zeros(16, 8, dtype=torch.bfloat16),
+                "head.weight": torch.zeros(16, 8, dtype=torch.bfloat16)}
+    dt.load_into(replica, separate)
+    for name, t in separate.items():
+        np.testing.assert_array_equal(t.view(torch.int16).numpy(), dt.tensors(replica)[name].view(torch.int16).numpy())
