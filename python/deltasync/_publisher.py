@@ -270,7 +270,9 @@ class Publisher(PublishQueue):
         ml_dtypes.bfloat16 or uint16 bits; float32 values for a bf16 tensor are
         rounded to bf16). Tensors without changes are left out. The index and
         value arrays are copied when the publish runs. The first version must
-        come through publish() (FailedPreconditionError otherwise).
+        come through publish() (FailedPreconditionError otherwise). Queued
+        behind a version that failed, it is not run (FailedPreconditionError):
+        its changes assume that version's state.
         """
         version = _check_version(version)
         if not isinstance(changes, Mapping):
