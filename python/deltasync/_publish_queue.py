@@ -12,12 +12,17 @@ from ._errors import FailedPreconditionError
 
 
 class _Job:
-    __slots__ = ("run", "future", "claimed")
+    __slots__ = ("run", "future", "claimed", "version", "relative", "behind")
 
-    def __init__(self, run, future):
+    def __init__(self, run, future, version=None, relative=False):
         self.run = run
         self.future = future
         self.claimed = False  # its failure was raised to a waiting caller: not kept for later
+        self.version = version
+        # publish_changes: its changes are relative to the state the caller expects the
+        # versions queued before it to leave.
+        self.relative = relative
+        self.behind = None  # the version whose failure it was queued behind (it never runs then)
 
 
 class PublishQueue:
@@ -33,10 +38,11 @@ class PublishQueue:
         """
         with self._cond:
             failures, self._failures = self._failures, []
+            self._failed_version = None  # the caller has been told (here, or by the failed call itself)
         if failures:
             raise failures[0]
 
-    def _submit(self, run, background: bool):
+    def _submit(self, run, background: bool, version=None, relative: bool = False):
         self._refuse_if_parted()
         self.raise_failure()
         with self._cond:
@@ -57,7 +63,10 @@ class PublishQueue:
                         raise FailedPreconditionError(f"publisher for {self.bucket} is closed")
                 future: concurrent.futures.Future = concurrent.futures.Future()
                 future.set_running_or_notify_cancel()
-                job = _Job(run, future)
+                job = _Job(run, future, version, relative)
+                if self._failed_version is not None:
+                    # A failure not yet raised to the caller, who built this job before seeing it.
+                    job.behind = self._failed_version
                 self._queue.append(job)
                 self._outstanding += 1
                 self._start_worker()
@@ -99,8 +108,22 @@ class PublishQueue:
                     return
                 job = self._queue.pop(0)
             try:
+                if job.relative and job.behind is not None:
+                    # Its changes assume the failed version's: applied to the state
+                    # before it they would commit weights that are not the trainer's.
+                    raise FailedPreconditionError(
+                        f"version {job.version} was not published: its changes were queued behind version "
+                        f"{job.behind}, which failed, and would apply to the state before it; publish the "
+                        "full weights, or the changes since the latest version, again")
                 result = job.run()
             except BaseException as exc:  # noqa: BLE001 - handed to the Future and to flush()
+                with self._cond:
+                    # Every job queued behind a failure: a relative one must not run.
+                    failed = job.version if job.version is not None else "?"
+                    for queued in self._queue:
+                        if queued.behind is None:
+                            queued.behind = failed
+                    self._failed_version = failed
                 # The Future first: its callbacks (a DeviceTracker marking
                 # itself for a resync) run before the next publish can see
                 # the failure through raise_failure().
@@ -136,6 +159,7 @@ class PublishQueue:
             while self._outstanding:
                 self._cond.wait()
             failures, self._failures = self._failures, []
+            self._failed_version = None
         if failures:
             raise failures[0]
 

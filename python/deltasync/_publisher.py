@@ -136,6 +136,9 @@ class Publisher(PublishQueue):
         self._outstanding = 0  # queued + running
         self._worker: threading.Thread | None = None
         self._failures: list[BaseException] = []  # background failures not yet re-raised by flush()
+        # The version of a failure the caller has not been told of yet (raise_failure/flush clear it):
+        # publish_changes queued behind it never runs (_publish_queue.py).
+        self._failed_version: int | str | None = None
         self._closed = False
 
     def _refuse_if_parted(self) -> None:
@@ -236,7 +239,7 @@ class Publisher(PublishQueue):
             def run() -> PublishResult:
                 return _result(self._native.publish(version, items))
 
-        return self._submit(run, background)
+        return self._submit(run, background, version)
 
     def publish_dir(self, version: int, path: str | os.PathLike) -> PublishResult:
         """Publishes a Hugging Face model folder as ``version``; waits for the commit.
@@ -255,7 +258,7 @@ class Publisher(PublishQueue):
         def run() -> PublishResult:
             return _result(self._native.publish_dir(version, path))
 
-        return self._submit(run, False)
+        return self._submit(run, False, version)
 
     def publish_changes(self, version: int, changes: Mapping[str, tuple[Any, Any]], *,
                         background: bool = False) -> Union[PublishResult, "concurrent.futures.Future[PublishResult]"]:
@@ -267,7 +270,9 @@ class Publisher(PublishQueue):
         ml_dtypes.bfloat16 or uint16 bits; float32 values for a bf16 tensor are
         rounded to bf16). Tensors without changes are left out. The index and
         value arrays are copied when the publish runs. The first version must
-        come through publish() (FailedPreconditionError otherwise).
+        come through publish() (FailedPreconditionError otherwise). Queued
+        behind a version that failed, it is not run (FailedPreconditionError):
+        its changes assume that version's state.
         """
         version = _check_version(version)
         if not isinstance(changes, Mapping):
@@ -291,7 +296,7 @@ class Publisher(PublishQueue):
                 items.append((name, _as_indices(name, indices), _as_values(name, values, published.get(name))))
             return _result(self._native.publish_changes(version, items))
 
-        return self._submit(run, background)
+        return self._submit(run, background, version, relative=True)
 
     def __enter__(self) -> "Publisher":
         return self

@@ -88,6 +88,28 @@ def _flat_put(target: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> No
         target.index_put_(torch.unravel_index(idx, target.shape), vals)
 
 
+def _as_bits(t: torch.Tensor) -> torch.Tensor:
+    if not t.is_floating_point():
+        return t
+    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def _check_tied(sources: dict[str, torch.Tensor], targets: dict[str, torch.Tensor]) -> None:
+    """Targets that are one tensor (tied weights: an embedding and the LM head) hold one value:
+    the replica's tensors for them must be equal bit for bit, else the model would hold only
+    one of them (silently). Raised before anything is copied."""
+    first: dict[tuple, str] = {}
+    for name, t in targets.items():
+        key = (str(t.device), t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        other = first.setdefault(key, name)
+        if other == name:
+            continue
+        if not torch.equal(_as_bits(sources[other]), _as_bits(sources[name])):  # -0.0, NaN: bitwise
+            raise InvalidArgumentError(
+                f"load_into: tensors {other} and {name} have one target (tied weights) but differ in the "
+                "replica: the model cannot hold both; untie them in the model or publish them tied")
+
+
 def load_into(replica, state_dict: Mapping[str, torch.Tensor]) -> int:
     """Copies the replica's weights into ``state_dict``'s tensors; returns the elements copied.
 
@@ -123,6 +145,7 @@ def load_into(replica, state_dict: Mapping[str, torch.Tensor]) -> int:
             raise InvalidArgumentError(
                 f"load_into: tensor {name}: target dtype {dst.dtype} != replica dtype {src.dtype}")
         targets[name] = dst
+    _check_tied(sources, targets)
     everything, changes = replica._take_changes()
     fingerprint = _fingerprint(targets)
     if _side_get(replica, "loaded") != fingerprint:  # the targets the last load_into filled
