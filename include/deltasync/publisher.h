@@ -252,11 +252,17 @@ class Publisher {
   // Applies `changes` to state_ and adds their hash change to *hash; the
   // result puts the old values back.
   std::function<void()> ApplyWithUndo(std::vector<TensorChanges> changes, StateHash* hash);
+  // Publish, the tensors read from `folder` when it is set (PublishFolder).
+  Result<PublishStats> PublishRead(uint64_t version, std::span<const TensorView> tensors,
+                                   std::optional<std::span<const SideFile>> files, const HfFolder* folder);
   // Everything after the delta: cumulative delta, anchor, upload, commit;
   // rolls back on failure. `first_state` for a version without a base (the
-  // first one, or a recovered one when degraded), else `prepared`.
+  // first one, or a recovered one when degraded), else `prepared`. `folder`:
+  // the folder the tensors were read from, which must still be unchanged
+  // (CheckHfFolderUnchanged) before anything of the weights is uploaded.
   Result<PublishStats> Commit(uint64_t version, std::optional<WeightState> first_state, Prepared prepared,
-                              const Stopwatch& clock, std::optional<FileSet> files = std::nullopt);
+                              const Stopwatch& clock, std::optional<FileSet> files = std::nullopt,
+                              const HfFolder* folder = nullptr);
   void RememberAnchor();
   // Writes `next` (stamped with this writer) with compare-and-swap.
   Status CommitManifest(Manifest next);
@@ -296,9 +302,6 @@ class Publisher {
   std::unique_ptr<GapDeltaPublish> gap_;
   // Non-empty while the newest state is unknown (Open could not rebuild it).
   std::string degraded_reason_;
-  // Set while PublishFolder publishes it: Commit checks it is unchanged
-  // before it uploads the version.
-  const HfFolder* folder_read_ = nullptr;
 };
 
 }  // namespace deltasync

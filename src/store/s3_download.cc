@@ -78,6 +78,12 @@ Result<Fetched> FetchEmpty(S3Client& c, const std::string& object, uint64_t offs
   return Fetched{{}, r.Header("etag")};
 }
 
+// Keeps [offset, end) of a whole object fetched into out.bytes.
+void KeepRange(Fetched& out, uint64_t offset, uint64_t end) {
+  if (offset > 0) std::memmove(out.bytes.data(), out.bytes.data() + offset, end - offset);
+  (void)out.bytes.Resize(end - offset);  // a shrink: cannot fail
+}
+
 // [offset, end) of an object of `total` bytes in one GET: for a server that
 // sends no ETag, whose ranges cannot be pinned to one version of the object.
 Result<Fetched> FetchInOneGet(S3Client& c, const std::string& object, uint64_t offset, uint64_t end,
@@ -90,9 +96,7 @@ Result<Fetched> FetchInOneGet(S3Client& c, const std::string& object, uint64_t o
   if (!r.ok()) return c.Error(all, r);
   std::optional<ContentRange> cr;
   if (r.status == 200 && out.bytes.size() == total) {
-    // The whole object (no range asked, or a server that ignores Range).
-    if (offset > 0) std::memmove(out.bytes.data(), out.bytes.data() + offset, end - offset);
-    (void)out.bytes.Resize(end - offset);  // a shrink: cannot fail
+    KeepRange(out, offset, end);  // the whole object (no range asked, or a server that ignores Range)
   } else if (r.status != 206 || !(cr = ParseContentRange(r.Header("content-range"))) || cr->first != offset ||
              cr->last + 1 != end || cr->total != total || out.bytes.size() != end - offset) {
     return Status::IOError(c.Url(object) + ": GET " + RangeHeader(offset, end) + " (in one request: the server "
@@ -138,8 +142,7 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
     uint64_t total = out.bytes.size();
     uint64_t end = length ? offset + *length : total;
     if (offset > total || end > total) return RangeTooLong(c, object, offset, end, total);
-    if (offset > 0) std::memmove(out.bytes.data(), out.bytes.data() + offset, end - offset);
-    (void)out.bytes.Resize(end - offset);  // a shrink: cannot fail
+    KeepRange(out, offset, end);
     return out;
   }
   std::optional<ContentRange> cr = ParseContentRange(r.Header("content-range"));

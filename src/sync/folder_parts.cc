@@ -11,11 +11,6 @@
 #include "sync/part_settings.h"
 
 namespace deltasync {
-namespace {
-
-std::string V(uint64_t version) { return "version " + std::to_string(version); }
-
-}  // namespace
 
 Result<FolderLayout> MakeFolderLayout(const HfFolder& folder, const PublisherOptions& options) {
   // Tensors ascending by name; ReadHfFolder put each name in one file only.
@@ -96,7 +91,7 @@ Result<FolderPartsStats> PublishFolderParts(std::shared_ptr<Store> store, uint64
   // The weights read must be one checkpoint: a save into the folder while
   // the parts read it would commit a mix of two.
   if (failed.ok()) {
-    failed = CheckHfFolderUnchanged(folder).WithContext(V(version) + " not committed to " + store->Describe());
+    failed = CheckHfFolderUnchanged(folder).WithContext("version " + std::to_string(version) + " not committed to " + store->Describe());
   }
   Result<PublishStats> committed = failed.ok()
                                        ? committer->Commit(version, ok, std::span<const SideFile>(folder.side_files))

@@ -152,6 +152,11 @@ DetectOptions Publisher::Detection() const {
 
 Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const TensorView> tensors,
                                        std::optional<std::span<const SideFile>> files) {
+  return PublishRead(version, tensors, files, nullptr);
+}
+
+Result<PublishStats> Publisher::PublishRead(uint64_t version, std::span<const TensorView> tensors,
+                                           std::optional<std::span<const SideFile>> files, const HfFolder* folder) {
   DS_RETURN_IF_ERROR(CheckNewVersion(version));
   Stopwatch clock;
   // Side files first (small): listed only when the set changed, uploaded
@@ -176,22 +181,19 @@ Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const Tensor
                                      std::to_string(manifest_.Latest()->total_elements) +
                                      "; a recovered version must be the same model's complete weights");
     }
-    return Commit(version, std::move(first), Prepared{}, clock, std::move(changed_files));
+    return Commit(version, std::move(first), Prepared{}, clock, std::move(changed_files), folder);
   }
   if (settings_.encoding == IndexEncoding::kCompact) {
     DS_ASSIGN_OR_RETURN(Prepared delta, PrepareScanned(version, tensors));
-    return Commit(version, std::nullopt, std::move(delta), clock, std::move(changed_files));
+    return Commit(version, std::nullopt, std::move(delta), clock, std::move(changed_files), folder);
   }
   DS_ASSIGN_OR_RETURN(Prepared delta, settings_.encoding == IndexEncoding::kGapDelta ? PrepareGapDelta(version, tensors)
                                                                                     : PrepareDetected(version, tensors));
-  return Commit(version, std::nullopt, std::move(delta), clock, std::move(changed_files));
+  return Commit(version, std::nullopt, std::move(delta), clock, std::move(changed_files), folder);
 }
 
 Result<PublishStats> Publisher::PublishFolder(uint64_t version, const HfFolder& folder) {
-  folder_read_ = &folder;
-  Result<PublishStats> published = Publish(version, folder.tensors, std::span<const SideFile>(folder.side_files));
-  folder_read_ = nullptr;
-  return published;
+  return PublishRead(version, folder.tensors, std::span<const SideFile>(folder.side_files), &folder);
 }
 
 Result<WeightState> Publisher::Snapshot(std::span<const TensorView> tensors) const {
@@ -291,7 +293,8 @@ constexpr uint64_t kOverlapChecksumBytes = uint64_t{1} << 20;
 }  // namespace
 
 Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightState> first_state, Prepared prepared,
-                                       const Stopwatch& clock, std::optional<FileSet> files) {
+                                       const Stopwatch& clock, std::optional<FileSet> files,
+                                       const HfFolder* folder) {
   const uint64_t previous = latest_version();
   const bool first = first_state.has_value();
   // A version without a base after others: degraded, the previous state is unknown.
@@ -324,8 +327,8 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
   };
   // Every tensor was read (Prepare*, ToPublishedState): a folder must still
   // be the checkpoint read, or the version mixes two (PublishFolder).
-  if (folder_read_ != nullptr) {
-    Status same = CheckHfFolderUnchanged(*folder_read_);
+  if (folder != nullptr) {
+    Status same = CheckHfFolderUnchanged(*folder);
     if (!same.ok()) {
       return fail(same.WithContext("version " + std::to_string(version) + " not published to " + store_->Describe()));
     }
