@@ -38,6 +38,7 @@ from ._errors import FailedPreconditionError, InvalidArgumentError
 from ._torch_attach import AttachHandle, attach
 from ._torch_common import KEEP_FP32_SUFFIXES, _side_get, _side_set, strip_wrapper_prefix, to_publishable  # noqa: F401
 from ._torch_publish import DeviceTracker, publish, tracker_for
+from ._torch_targets import check_disjoint
 
 __all__ = [
     "AttachHandle",
@@ -118,7 +119,9 @@ def load_into(replica, state_dict: Mapping[str, torch.Tensor]) -> int:
     parameters' memory). Every replica tensor needs a target of the same
     shape and dtype (a bf16 model for bf16 weights); a mismatch is an
     InvalidArgumentError naming the tensor, raised before anything is copied.
-    Targets the replica does not have (buffers) are left alone.
+    So are two targets that partly share memory (overlapping views into one
+    buffer), and tied targets (one tensor under two names) whose replica
+    tensors differ. Targets the replica does not have (buffers) are left alone.
 
     The first call copies everything. Later calls into the same tensors copy
     only the elements that changed since the previous call (the replica
@@ -145,6 +148,7 @@ def load_into(replica, state_dict: Mapping[str, torch.Tensor]) -> int:
             raise InvalidArgumentError(
                 f"load_into: tensor {name}: target dtype {dst.dtype} != replica dtype {src.dtype}")
         targets[name] = dst
+    check_disjoint(targets)
     _check_tied(sources, targets)
     everything, changes = replica._take_changes()
     fingerprint = _fingerprint(targets)
