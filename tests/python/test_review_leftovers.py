@@ -59,6 +59,20 @@ def test_load_into_refuses_targets_that_partly_overlap(replica, layout):
     assert not bool(buf.view(torch.int16).any())  # nothing copied
 
 
+def test_load_into_checks_new_targets_after_a_load_into_others(replica):
+    """The check is skipped only for the very targets the last load filled; other targets (the same
+    names and shapes, now overlapping) are checked again."""
+    torch = pytest.importorskip("torch")
+    import deltasync.torch as dt
+
+    dt.load_into(replica, {"a.weight": torch.zeros(32, 16, dtype=torch.bfloat16),
+                           "b.weight": torch.zeros(32, 16, dtype=torch.bfloat16)})
+    buf = torch.zeros(48, 16, dtype=torch.bfloat16)
+    with pytest.raises(deltasync.InvalidArgumentError, match="partly share memory"):
+        dt.load_into(replica, {"a.weight": buf[:32], "b.weight": buf[16:]})
+    assert not bool(buf.view(torch.int16).any())
+
+
 def test_load_into_takes_interleaved_views_that_share_no_element(replica):
     """Views whose byte ranges intersect but whose elements do not (the even and odd columns of one
     buffer) are separate targets: loaded exactly."""
