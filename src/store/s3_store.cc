@@ -38,7 +38,7 @@ std::string Unquote(const std::string& etag) {
 // trusts. A HEAD may already see a racing writer's object, so its ETag counts
 // only when it is the MD5 of the bytes written (what a single PUT's ETag is on
 // AWS without SSE-KMS/SSE-C, Ceph RGW and MinIO): then the key holds exactly
-// our bytes. Anything else is kIOError (docs/s3.md, "Conditional writes").
+// our bytes. Anything else is kIOError (docs/s3.md, "Conditional manifest writes").
 template <typename CurrentETag>
 Result<std::string> WrittenWithoutETag(s3::S3Client& c, const std::string& object, std::span<const ByteSpan> parts,
                                        uint64_t size, CurrentETag& current_etag) {
