@@ -1,7 +1,8 @@
 """The background queue of ``deltasync.Publisher`` (``publish(..., background=True)``): one worker
 thread, started when a version is queued and gone when the queue runs empty; at most
 ``max_pending`` versions outstanding; a failure handed to its Future and re-raised once, by the
-next publish, ``raise_failure()`` or ``flush()``; ``close()``.
+next publish, ``raise_failure()`` or ``flush()``; ``close()`` (which refuses publishes first, then
+waits for the ones already begun).
 """
 from __future__ import annotations
 
@@ -164,13 +165,21 @@ class PublishQueue:
             raise failures[0]
 
     def close(self) -> None:
-        """flush(), then refuses further publishes (FailedPreconditionError). Idempotent."""
+        """Refuses further publishes (FailedPreconditionError), then flush(). Idempotent.
+
+        Ordered with publishes from other threads: one that began before close() (running, queued,
+        or run inline) is waited for and its failure raised here; one that begins after is refused,
+        and so is one still waiting for room in the queue. Nothing publishes after close() returns.
+        """
+        with self._cond:
+            # First: a publish checking _closed after this point is refused, so the
+            # flush below waits for every one that will ever run.
+            self._closed = True
+            self._cond.notify_all()  # publishes waiting for room are refused now
         try:
             self.flush()
         finally:
             with self._cond:
-                self._closed = True
-                self._cond.notify_all()
                 worker = self._worker
             if worker is not None and worker is not threading.current_thread():
                 worker.join()

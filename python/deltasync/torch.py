@@ -38,6 +38,7 @@ from ._errors import FailedPreconditionError, InvalidArgumentError
 from ._torch_attach import AttachHandle, attach
 from ._torch_common import KEEP_FP32_SUFFIXES, _side_get, _side_set, strip_wrapper_prefix, to_publishable  # noqa: F401
 from ._torch_publish import DeviceTracker, publish, tracker_for
+from ._torch_targets import check_disjoint
 
 __all__ = [
     "AttachHandle",
@@ -78,7 +79,8 @@ def tensors(replica) -> dict[str, torch.Tensor]:
 
 
 def _fingerprint(targets: dict[str, torch.Tensor]) -> tuple:
-    return tuple(sorted((name, t.data_ptr(), tuple(t.shape), t.dtype, str(t.device)) for name, t in targets.items()))
+    return tuple(sorted((name, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device))
+                        for name, t in targets.items()))
 
 
 def _flat_put(target: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> None:
@@ -118,7 +120,9 @@ def load_into(replica, state_dict: Mapping[str, torch.Tensor]) -> int:
     parameters' memory). Every replica tensor needs a target of the same
     shape and dtype (a bf16 model for bf16 weights); a mismatch is an
     InvalidArgumentError naming the tensor, raised before anything is copied.
-    Targets the replica does not have (buffers) are left alone.
+    So are two targets that partly share memory (overlapping views into one
+    buffer), and tied targets (one tensor under two names) whose replica
+    tensors differ. Targets the replica does not have (buffers) are left alone.
 
     The first call copies everything. Later calls into the same tensors copy
     only the elements that changed since the previous call (the replica
@@ -145,10 +149,13 @@ def load_into(replica, state_dict: Mapping[str, torch.Tensor]) -> int:
             raise InvalidArgumentError(
                 f"load_into: tensor {name}: target dtype {dst.dtype} != replica dtype {src.dtype}")
         targets[name] = dst
+    fingerprint = _fingerprint(targets)
+    same_targets = _side_get(replica, "loaded") == fingerprint  # the targets the last load_into filled
+    if not same_targets:  # (those were checked then)
+        check_disjoint(targets)
     _check_tied(sources, targets)
     everything, changes = replica._take_changes()
-    fingerprint = _fingerprint(targets)
-    if _side_get(replica, "loaded") != fingerprint:  # the targets the last load_into filled
+    if not same_targets:
         everything = True
     _side_set(replica, "loaded", None)  # until this load completes
     copied = 0

@@ -7,17 +7,20 @@
 // unfinished upload forever otherwise, invisible to ListObjects.
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <utility>
 
 #include "common/parallel.h"
 #include "deltasync/s3_store.h"
 #include "store/s3_client.h"
+#include "store/s3_signer.h"
 #include "store/s3_xml.h"
 
 namespace deltasync {
@@ -38,12 +41,71 @@ uint64_t PartSizeFor(uint64_t configured, uint64_t size) {
   return std::max({configured, needed, kMinPartSize});
 }
 
+std::string_view UnquotedETag(std::string_view etag) {
+  if (etag.size() >= 2 && etag.front() == '"' && etag.back() == '"') return etag.substr(1, etag.size() - 2);
+  return etag;
+}
+
 Status Abort(S3Client& c, const std::string& object, const std::string& upload_id) {
   S3Call del{"DELETE", object};
   del.query = {{"uploadId", upload_id}};
   HttpResponse r = c.Send(del);
   if (r.ok() || (r.transport_error == 0 && r.status == 404)) return Status::OK();
   return c.Error(del, r);
+}
+
+// The ETag S3-compatible servers give a completed multipart upload: the MD5
+// of the parts' binary MD5s, "-", the number of parts (AWS without SSE-KMS or
+// SSE-C, Ceph RGW, MinIO). nullopt when a part's ETag is not an MD5 (32 hex
+// digits, quoted or not): then it cannot be computed.
+std::optional<std::string> MultipartETag(const std::vector<std::string>& part_etags) {
+  auto nibble = [](char ch) -> int {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+  };
+  std::string digests;
+  for (const std::string& etag : part_etags) {
+    std::string_view hex = UnquotedETag(etag);
+    if (hex.size() != 32) return std::nullopt;
+    for (size_t i = 0; i < 32; i += 2) {
+      int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
+      if (hi < 0 || lo < 0) return std::nullopt;
+      digests += static_cast<char>(hi * 16 + lo);
+    }
+  }
+  ByteSpan span(reinterpret_cast<const uint8_t*>(digests.data()), digests.size());
+  return s3::Md5Hex(std::span<const ByteSpan>(&span, 1), 0, digests.size()) + "-" +
+         std::to_string(part_etags.size());
+}
+
+// After CompleteMultipartUpload answered NoSuchUpload to a retry: OK when the
+// object at the key is provably this upload (its ETag is the one computed from
+// our parts' ETags, its size ours); otherwise kIOError, and the caller uploads
+// again. The same size is not the same bytes: an older object of that size
+// left at the key by an aborted upload must never count as written.
+Status CheckCompletedEarlier(S3Client& c, const std::string& object, const std::vector<std::string>& etags,
+                             uint64_t size) {
+  const std::string what = c.Url(object) + ": CompleteMultipartUpload answered NoSuchUpload after a retry, and ";
+  const std::string then = "; the upload is not counted as written (upload it again)";
+  S3Call head{"HEAD", object};
+  HttpResponse h = c.Send(head);
+  if (!h.ok()) {
+    return Status::IOError(what + "the key holds no object of it (" + c.Error(head, h).message() + ")" + then);
+  }
+  std::optional<std::string> expected = MultipartETag(etags);
+  if (!expected) {
+    return Status::IOError(what + "the parts' ETags are not MD5s (encryption with SSE-KMS or SSE-C?), so the "
+                           "object at the key cannot be proven to be this upload" + then);
+  }
+  std::string found(UnquotedETag(h.Header("etag")));
+  std::transform(found.begin(), found.end(), found.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  uint64_t found_size = std::strtoull(h.Header("content-length").c_str(), nullptr, 10);
+  if (found == *expected && found_size == size) return Status::OK();
+  return Status::IOError(what + "the object at the key is another one (ETag \"" + found + "\", " +
+                         std::to_string(found_size) + " bytes; this upload's would be \"" + *expected + "\", " +
+                         std::to_string(size) + " bytes)" + then);
 }
 
 // CompleteMultipartUpload can fail inside a 200 answer (S3 sends the status
@@ -67,13 +129,10 @@ Status Complete(S3Client& c, const std::string& object, const std::string& uploa
     bool error_in_body = r.ok() && s3::XmlText(r.body, "Error").has_value();
     if (r.ok() && !error_in_body) return Status::OK();
     if (r.transport_error == 0 && r.status == 404 && (r.attempts > 1 || round > 1)) {
-      // NoSuchUpload after a retry: an earlier attempt may have completed it.
-      // It did if the object now has exactly our size.
-      S3Call head{"HEAD", object};
-      HttpResponse h = c.Send(head);
-      if (h.ok() && std::strtoull(h.Header("content-length").c_str(), nullptr, 10) == size) {
-        return Status::OK();
-      }
+      // NoSuchUpload after a retry: an earlier attempt may have completed it,
+      // or someone aborted it (`gc --abort-uploads-older-than`) and the key
+      // holds an older object. Only this upload's ETag proves which.
+      return CheckCompletedEarlier(c, object, etags, size);
     }
     std::string code = s3::S3ErrorCode(r);
     bool retry = error_in_body && (code == "InternalError" || code == "SlowDown");

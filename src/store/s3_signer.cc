@@ -48,11 +48,9 @@ std::string CanonicalHeaderValue(std::string_view v) {
   return out;
 }
 
-}  // namespace
-
-std::string Sha256Hex(std::span<const ByteSpan> parts, uint64_t offset, uint64_t length) {
+std::string DigestHex(const EVP_MD* md_type, std::span<const ByteSpan> parts, uint64_t offset, uint64_t length) {
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  EVP_DigestInit_ex(ctx, md_type, nullptr);
   for (ByteSpan part : parts) {
     if (length == 0) break;
     if (offset >= part.size()) {
@@ -71,9 +69,19 @@ std::string Sha256Hex(std::span<const ByteSpan> parts, uint64_t offset, uint64_t
   return Hex(md, len);
 }
 
+}  // namespace
+
+std::string Sha256Hex(std::span<const ByteSpan> parts, uint64_t offset, uint64_t length) {
+  return DigestHex(EVP_sha256(), parts, offset, length);
+}
+
 std::string Sha256Hex(std::string_view data) {
   ByteSpan span(reinterpret_cast<const uint8_t*>(data.data()), data.size());
   return Sha256Hex(std::span<const ByteSpan>(&span, 1), 0, data.size());
+}
+
+std::string Md5Hex(std::span<const ByteSpan> parts, uint64_t offset, uint64_t length) {
+  return DigestHex(EVP_md5(), parts, offset, length);
 }
 
 std::string UriEncode(std::string_view in, bool keep_slash) {

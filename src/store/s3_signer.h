@@ -27,6 +27,10 @@ inline constexpr std::string_view kUnsignedPayload = "UNSIGNED-PAYLOAD";
 // Lower-case hex of SHA-256 over `parts[offset, offset+length)` concatenated.
 std::string Sha256Hex(std::span<const ByteSpan> parts, uint64_t offset, uint64_t length);
 std::string Sha256Hex(std::string_view data);
+// Lower-case hex of MD5 over the same bytes: what S3-compatible servers
+// (AWS without SSE-KMS/SSE-C, Ceph RGW, MinIO) give as a single PUT's ETag,
+// and per part of a multipart upload. Checks only, never signing.
+std::string Md5Hex(std::span<const ByteSpan> parts, uint64_t offset, uint64_t length);
 
 // RFC 3986 percent-encoding as SigV4 defines it: unreserved characters
 // (A-Z a-z 0-9 - . _ ~) stay, every other byte becomes %XX (upper-case hex).

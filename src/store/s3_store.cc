@@ -4,11 +4,13 @@
 #include "deltasync/s3_store.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <set>
 
 #include "store/s3_client.h"
 #include "store/s3_config.h"
+#include "store/s3_signer.h"
 #include "store/s3_xml.h"
 
 namespace deltasync {
@@ -29,6 +31,27 @@ uint64_t TotalSize(std::span<const ByteSpan> parts) {
 std::string Unquote(const std::string& etag) {
   if (etag.size() >= 2 && etag.front() == '"' && etag.back() == '"') return etag.substr(1, etag.size() - 2);
   return etag;
+}
+
+// A conditional PUT answered 200 without an ETag: the answer does not say
+// which object was written, and the token is what the next compare-and-swap
+// trusts. A HEAD may already see a racing writer's object, so its ETag counts
+// only when it is the MD5 of the bytes written (what a single PUT's ETag is on
+// AWS without SSE-KMS/SSE-C, Ceph RGW and MinIO): then the key holds exactly
+// our bytes. Anything else is kIOError (docs/s3.md, "Conditional manifest writes").
+template <typename CurrentETag>
+Result<std::string> WrittenWithoutETag(s3::S3Client& c, const std::string& object, std::span<const ByteSpan> parts,
+                                       uint64_t size, CurrentETag& current_etag) {
+  DS_ASSIGN_OR_RETURN(std::optional<std::string> now, current_etag());
+  const std::string md5 = s3::Md5Hex(parts, 0, size);
+  std::string found = now ? Unquote(*now) : std::string();
+  std::transform(found.begin(), found.end(), found.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  if (now && found == md5) return *now;
+  return Status::IOError(c.Url(object) + ": the server did not return an ETag for a conditional write, and the " +
+                         (now ? "object at the key has ETag " + *now + ", not the MD5 of the bytes written (" + md5 + ")"
+                              : std::string("key holds no object now")) +
+                         ": deltasync cannot prove which object it wrote (the server must return the ETag of a "
+                         "PUT, or give MD5 ETags; docs/s3.md)");
 }
 
 }  // namespace
@@ -120,13 +143,23 @@ Result<std::vector<std::string>> S3Store::List(std::string_view prefix) {
     if (!token.empty()) list.query.emplace_back("continuation-token", token);
     HttpResponse r = c.Send(list);
     if (!r.ok()) return c.Error(list, r).WithContext("listing '" + full_prefix + "'");
-    for (std::string_view contents : s3::XmlElements(r.body, "Contents")) {
+    // A page must be one whole document, and every entry must name its key:
+    // a page misread (cut short, a CDATA section that never ends) must not
+    // drop keys silently.
+    std::vector<std::string_view> page = s3::XmlElements(r.body, "ListBucketResult");
+    if (page.size() != 1) {
+      return Status::IOError(c.Url(full_prefix) + ": a listing page is not one whole <ListBucketResult> document");
+    }
+    for (std::string_view contents : s3::XmlElements(page[0], "Contents")) {
       std::optional<std::string> key = s3::XmlText(contents, "Key");
-      if (!key || key->compare(0, c.prefix().size(), c.prefix()) != 0) continue;
+      if (!key || key->empty()) {
+        return Status::IOError(c.Url(full_prefix) + ": a listing entry has no <Key>");
+      }
+      if (key->compare(0, c.prefix().size(), c.prefix()) != 0) continue;
       keys.push_back(key->substr(c.prefix().size()));
     }
-    if (s3::XmlText(r.body, "IsTruncated").value_or("false") != "true") break;
-    std::string next = s3::XmlText(r.body, "NextContinuationToken").value_or("");
+    if (s3::XmlText(page[0], "IsTruncated").value_or("false") != "true") break;
+    std::string next = s3::XmlText(page[0], "NextContinuationToken").value_or("");
     if (next.empty() || !seen_tokens.insert(next).second) {
       return Status::IOError(c.Url(full_prefix) + ": listing is truncated but gives no new continuation token" +
                              (next.empty() ? "" : " (it repeats an earlier one)"));
@@ -199,9 +232,7 @@ Result<std::string> S3Store::PutIfUnchanged(std::string_view key, std::span<cons
     if (r.ok()) {
       std::string etag = r.Header("etag");
       if (!etag.empty()) return etag;
-      DS_ASSIGN_OR_RETURN(std::optional<std::string> now, current_etag());
-      if (now) return *now;
-      return Status::IOError(c.Url(object) + ": written, but the server reports no ETag for it");
+      return WrittenWithoutETag(c, object, parts, size, current_etag);
     }
     if (r.transport_error != 0 || r.status != 412) return c.Error(put, r);
     DS_ASSIGN_OR_RETURN(std::optional<std::string> now, current_etag());

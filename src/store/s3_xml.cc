@@ -49,6 +49,49 @@ bool DecodeReference(std::string_view ref, std::string& out) {
   return AppendUtf8(cp, out);
 }
 
+// A CDATA section, comment or processing instruction starting at text[i]
+// ('<'): its length up to and including its end ("]]>", "-->", "?>"); the
+// rest of the text when it never ends; 0 when text[i] starts none of them.
+// Its characters are never markup: "<![CDATA[</Key>]]>" holds no end tag.
+constexpr std::string_view kCdataOpen = "<![CDATA[";
+
+size_t SectionLength(std::string_view text, size_t i) {
+  std::string_view rest = text.substr(i);
+  std::string_view end;
+  size_t skip = 0;
+  if (rest.substr(0, kCdataOpen.size()) == kCdataOpen) {
+    end = "]]>";
+    skip = kCdataOpen.size();
+  } else if (rest.substr(0, 4) == "<!--") {
+    end = "-->";
+    skip = 4;
+  } else if (rest.substr(0, 2) == "<?") {
+    end = "?>";
+    skip = 2;
+  } else {
+    return 0;
+  }
+  size_t at = rest.find(end, skip);
+  return at == std::string_view::npos ? rest.size() : at + end.size();
+}
+
+// The first `needle` ("<tag" or "</tag>") at or after `pos` that is markup,
+// not inside a CDATA section, comment or processing instruction; npos when
+// there is none (a section that never ends hides everything after it).
+size_t FindMarkup(std::string_view xml, size_t pos, std::string_view needle) {
+  while (pos < xml.size()) {
+    size_t lt = xml.find('<', pos);
+    if (lt == std::string_view::npos) return std::string_view::npos;
+    if (size_t len = SectionLength(xml, lt)) {
+      pos = lt + len;
+      continue;
+    }
+    if (xml.substr(lt, needle.size()) == needle) return lt;
+    pos = lt + 1;
+  }
+  return std::string_view::npos;
+}
+
 }  // namespace
 
 std::vector<std::string_view> XmlElements(std::string_view xml, std::string_view tag) {
@@ -57,7 +100,7 @@ std::vector<std::string_view> XmlElements(std::string_view xml, std::string_view
   const std::string close = std::string("</").append(tag).append(">");
   size_t pos = 0;
   while (pos < xml.size()) {
-    size_t start = xml.find(open, pos);
+    size_t start = FindMarkup(xml, pos, open);
     if (start == std::string_view::npos) break;
     size_t after = start + open.size();
     // "<Key" must not match "<KeyCount>": the name has to end here.
@@ -74,7 +117,7 @@ std::vector<std::string_view> XmlElements(std::string_view xml, std::string_view
       pos = gt + 1;
       continue;
     }
-    size_t end = xml.find(close, gt + 1);
+    size_t end = FindMarkup(xml, gt + 1, close);
     if (end == std::string_view::npos) break;
     out.push_back(xml.substr(gt + 1, end - gt - 1));
     pos = end + close.size();
@@ -92,6 +135,17 @@ std::string XmlUnescape(std::string_view text) {
   std::string out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '<') {
+      if (size_t len = SectionLength(text, i)) {
+        if (text.substr(i, kCdataOpen.size()) == kCdataOpen) {  // the characters, verbatim
+          size_t body = i + kCdataOpen.size();
+          size_t end = text.find("]]>", body);
+          out.append(text.substr(body, (end == std::string_view::npos ? text.size() : end) - body));
+        }  // a comment or a processing instruction is no text
+        i += len - 1;
+        continue;
+      }
+    }
     if (text[i] != '&') {
       out += text[i];
       continue;
