@@ -131,6 +131,21 @@ class UpdateSourceMixin:
                     f"the bucket (its /status)? The engine keeps version {self._engine_version}")
             time.sleep(0.005)
 
+    def newest_version(self, bucket: str = "") -> int:
+        """The version an update without one would move to now: the node follower's region's, else
+        the bucket's newest (re-reads the manifest). The driver asks every TP worker and sends the
+        largest as an explicit version (``update_llm``, ``request_update``): workers that each took
+        "the newest" on their own could move to different versions while the trainer publishes."""
+        with self._lock:
+            if self.init_info.shm:
+                from ._shm import Region
+
+                if self._region is None:
+                    self._region = Region(self.init_info.shm)
+                self._region.check_alive()
+                return self._region.version
+            return self._replica_for(bucket).latest_available()
+
     def _shm_token(self) -> str:
         """The node daemon's bearer token (``shm_token_file``, else ``$DELTASYNC_SHM_TOKEN_FILE``), read per wake-up."""
         path = self.init_info.shm_token_file or os.environ.get("DELTASYNC_SHM_TOKEN_FILE", "")

@@ -390,6 +390,17 @@ class DeltaSyncWorkerExtension:
                 st["double_buffer"] = engine.double_buffer_status()
         return st
 
+    def deltasync_newest(self, bucket: str = "") -> dict[str, Any]:
+        """``{"version": N}``: the version this worker would move to without one (its region's, or
+        the bucket's newest), or ``{"error": ...}`` instead of raising (see deltasync_update_weights)."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        if not isinstance(engine, DeltaSyncEngine):
+            return {"error": "no deltasync weight-transfer engine in this worker"}
+        try:
+            return {"version": engine.newest_version(bucket)}
+        except Exception as e:
+            return {"error": f"{type(e).__name__}: {e}"}
+
     def deltasync_prepare(self) -> dict[str, Any]:
         """The double buffer (``init_info`` ``double_buffer``): prepares the node follower's newest
         version into the shadow parameters now, outside the pause (what the preparing thread does

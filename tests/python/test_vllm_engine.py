@@ -242,7 +242,9 @@ def test_request_update_drives_the_control_plane():
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
-            self.wfile.write(b"{}")
+            # /collective_rpc deltasync_newest: two TP workers seeing versions 6 and 7
+            self.wfile.write(b'{"results": [{"version": 6}, {"version": 7}]}' if self.path == "/collective_rpc"
+                             else b"{}")
 
         def log_message(self, *args):
             pass
@@ -259,8 +261,11 @@ def test_request_update_drives_the_control_plane():
                         ("/finish_weight_update", {}),
                         ("/resume", {})]
         seen.clear()
-        request_update(url, pause=None)
-        assert [p for p, _ in seen] == ["/start_weight_update", "/update_weights", "/finish_weight_update"]
+        request_update(url, pause=None)  # the newest: resolved once for every worker, then asked for by number
+        assert [p for p, _ in seen] == ["/collective_rpc", "/start_weight_update", "/update_weights",
+                                        "/finish_weight_update"]
+        assert seen[0][1] == {"method": "deltasync_newest", "kwargs": {"bucket": ""}}
+        assert seen[2][1] == {"update_info": {"version": 7}}
     finally:
         server.shutdown()
 

@@ -1,0 +1,125 @@
+"""Session 49's adversarial review of the vLLM delivery path (no vLLM: the engine with callbacks).
+
+Each test is a way a delivery could go silently wrong that the review looked for:
+
+- TP workers that resolve "the newest version" each on their own while the trainer publishes
+  (``update_llm(version=None)``): the ranks would hold different versions, and nothing said so;
+- a node follower's region replaced under the engine by a daemon of another bucket whose
+  version numbers continue the engine's (the change lists start at "the engine's version",
+  but of another run): applied as a sparse move, the engine would hold neither run's state.
+"""
+import contextlib
+import subprocess
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import deltasync  # noqa: E402
+import deltasync.torch as dt  # noqa: E402
+from deltasync._shm import Region  # noqa: E402
+from deltasync.vllm import DeltaSyncEngine, DeltaSyncWorkerExtension, apply_patches_to_state_dict, update_llm  # noqa: E402
+
+
+def versions(seed, n):
+    """{version: {name: bf16 tensor}}: n versions, each moving a few elements."""
+    g = torch.Generator().manual_seed(seed)
+    s = {"a.weight": torch.randn(64, 48, generator=g).to(torch.bfloat16),
+         "b.bias": torch.randn(300, generator=g).to(torch.bfloat16)}
+    out = {1: {k: t.clone() for k, t in s.items()}}
+    for v in range(2, n + 1):
+        flat = s["a.weight"].view(-1)
+        idx = torch.randint(0, flat.numel(), (40,), generator=g)
+        flat[idx] = (flat[idx].float() + 0.5).to(torch.bfloat16)
+        s["b.bias"][v] = float(v)
+        out[v] = {k: t.clone() for k, t in s.items()}
+    return out
+
+
+class State:
+    """The engine's callbacks into a plain bf16 state."""
+
+    def __init__(self):
+        self.state = {}
+
+    def load_weights(self, weights):
+        for name, t in weights:
+            self.state[name] = t.detach().clone()
+
+    def apply_patches(self, patches):
+        for p in patches:
+            self.state.setdefault(p.name, torch.full(p.full_shape, float("nan"), dtype=torch.bfloat16))
+        apply_patches_to_state_dict(self.state, patches)
+
+    def equals(self, want):
+        return set(self.state) == set(want) and all(
+            torch.equal(self.state[n].view(torch.int16), want[n].view(torch.int16)) for n in want)
+
+
+# --- TP workers and "the newest version" --------------------------------------------------------
+class FakeWorker(DeltaSyncWorkerExtension):
+    """What vLLM's worker gives the extension: the engine and the three weight-update calls."""
+
+    def __init__(self, bucket):
+        self.held = State()
+        self.weight_transfer_engine = DeltaSyncEngine(bucket, load_weights=self.held.load_weights,
+                                                      apply_patches=self.held.apply_patches)
+
+    def start_weight_update(self):
+        pass
+
+    def update_weights(self, update_info):
+        self.weight_transfer_engine.update_weights(update_info)
+
+    def finish_weight_update(self):
+        pass
+
+
+class FakeLLM:
+    """vllm.LLM's collective_rpc over TP workers, one after the other; ``between(method)`` runs
+    after the first worker answered (the trainer publishing meanwhile)."""
+
+    def __init__(self, workers, between=None):
+        self.workers, self.between, self.calls = workers, between, []
+
+    def collective_rpc(self, method, args=(), kwargs=None):
+        self.calls.append(method)
+        out = []
+        for i, w in enumerate(self.workers):
+            if i == 1 and self.between is not None:
+                self.between(method)
+            out.append(getattr(w, method)(*args, **(kwargs or {})))
+        return out
+
+    def reset_prefix_cache(self):
+        pass
+
+
+def test_update_llm_newest_moves_every_tp_rank_to_one_version(bucket):
+    states = versions(1, 4)
+    pub = deltasync.Publisher(bucket)
+    for v in (1, 2):
+        dt.publish(pub, v, states[v])
+    published = [2]
+
+    def publish_next(method):  # the trainer publishes while the ranks answer, once per call
+        if published[-1] < 4:
+            published.append(published[-1] + 1)
+            dt.publish(pub, published[-1], states[published[-1]])
+
+    workers = [FakeWorker(bucket), FakeWorker(bucket)]
+    llm = FakeLLM(workers, between=publish_next)
+    try:
+        status = update_llm(llm)  # "the newest": the ranks must agree on which
+        held = [s["version"] for s in status]
+        assert held[0] == held[1], f"TP ranks hold different versions after update_llm(): {held}"
+        for w in workers:
+            assert w.held.equals(states[held[0]]), "a rank's weights are not its reported version's"
+        llm.between = None
+        status = update_llm(llm, 4)
+        assert [s["version"] for s in status] == [4, 4]
+        assert all(w.held.equals(states[4]) for w in workers)
+    finally:
+        pub.close()
