@@ -92,6 +92,11 @@ class UpdateSourceMixin:
         notified = False
         while True:
             region.check_alive()
+            if self._shm_from != (region, region.generation):
+                # Another region, or the name mapped again (a restarted daemon, maybe of another
+                # bucket): its change lists "from the engine's version" need not start from what the
+                # engine holds. Everything, once, from the region (still no download).
+                self._force_full = True
             held = region.version
             want = info.version if info.version is not None else held
 

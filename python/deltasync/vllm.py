@@ -119,6 +119,7 @@ class DeltaSyncEngine(UpdateSourceMixin, DoubleBufferMixin):
         self._replica = None
         self._replica_bucket = ""
         self._region = None  # the node follower's --shm region (init_info shm)
+        self._shm_from = None  # (region, generation): the mapping the held version was delivered with
         self._values = None  # the changed values of the update in progress, when prepared elsewhere
         self._whole_only = False  # the update in progress has no apply_patches
         self._planned = None  # of the update in progress: tensors whose changes wait in the plan's buffers
@@ -307,6 +308,8 @@ class DeltaSyncEngine(UpdateSourceMixin, DoubleBufferMixin):
             self.last_update["retried_full_after"] = retried
         if self.init_info.shm:
             self._replica = None  # an exact-route replica is not kept: the node holds the mirror
+            region = self._region
+            self._shm_from = None if region is None else (region, region.generation)
 
     def _deliver(self, src, names, changes, load_weights, apply_patches) -> tuple[str, int]:
         """Hands ``names`` to the engine: whole (``changes`` None, or no ``apply_patches``) or as patches."""

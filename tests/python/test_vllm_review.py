@@ -123,3 +123,64 @@ def test_update_llm_newest_moves_every_tp_rank_to_one_version(bucket):
         assert all(w.held.equals(states[4]) for w in workers)
     finally:
         pub.close()
+
+
+# --- the node follower's region replaced under the engine --------------------------------------
+@contextlib.contextmanager
+def serving(deltasync_bin, bucket, name):
+    proc = subprocess.Popen([deltasync_bin, "serve", bucket, "--shm", name, "--listen", "127.0.0.1:0",
+                             "--poll", "0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def wait_region(name, version, proc, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, "serve exited"
+        try:
+            r = Region(name)
+            if r.version == version and r._seq() % 2 == 0:
+                return r
+        except deltasync.NotFoundError:
+            pass
+        time.sleep(0.05)
+    pytest.fail(f"the region never held version {version}")
+
+
+def test_region_of_another_bucket_under_the_same_name_is_not_applied_as_a_move(deltasync_bin, tmp_path):
+    """Daemon A (bucket A) feeds the engine versions 1 and 2, then stops; daemon B (bucket B, another
+    run with the same tensors) takes the name, first at its version 2, then at 3 as a move from 2.
+    The engine holds A's 2; B's change lists "from 2" are not a move from what it holds."""
+    name = f"ds-review-{uuid.uuid4().hex[:8]}"
+    a, b = versions(1, 3), versions(2, 3)
+    pub_a, pub_b = deltasync.Publisher(str(tmp_path / "a")), deltasync.Publisher(str(tmp_path / "b"))
+    try:
+        held = State()
+        engine = DeltaSyncEngine(str(tmp_path / "a"), load_weights=held.load_weights,
+                                 apply_patches=held.apply_patches)
+        engine.init_transfer_engine(engine.parse_init_info({"bucket": str(tmp_path / "a"), "shm": name,
+                                                            "shm_wait_s": 20}))
+        with serving(deltasync_bin, str(tmp_path / "a"), name) as proc:
+            for v in (1, 2):
+                dt.publish(pub_a, v, a[v])
+                wait_region(name, v, proc)
+                engine.update_weights({"version": v})
+                assert held.equals(a[v]) and engine.version == v
+            assert engine.last_update["kind"] == "sparse_flat"
+        for v in (1, 2):
+            dt.publish(pub_b, v, b[v])
+        with serving(deltasync_bin, str(tmp_path / "b"), name) as proc:
+            wait_region(name, 2, proc)
+            dt.publish(pub_b, 3, b[3])
+            region = wait_region(name, 3, proc)
+            assert region.base_version == 2 and region.changes_complete  # B's move 2 -> 3
+            engine.update_weights({"version": 3})
+            assert engine.version == 3
+            assert held.equals(b[3]), "B's move 2 -> 3 applied to A's version 2: neither run's weights"
+    finally:
+        pub_a.close()
+        pub_b.close()
