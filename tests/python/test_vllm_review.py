@@ -184,3 +184,23 @@ def test_region_of_another_bucket_under_the_same_name_is_not_applied_as_a_move(d
     finally:
         pub_a.close()
         pub_b.close()
+
+
+# --- an older version after a newer one, and the same version twice (what holds) ----------------
+def test_an_older_version_after_a_newer_one_and_the_same_version_twice(tmp_path):
+    states = versions(3, 5)
+    pub = deltasync.Publisher(str(tmp_path / "b"), anchor_interval=3)
+    for v in range(1, 6):
+        dt.publish(pub, v, states[v])
+    pub.close()
+    held = State()
+    engine = DeltaSyncEngine(str(tmp_path / "b"), load_weights=held.load_weights, apply_patches=held.apply_patches)
+    engine.update_weights({"version": 4})
+    assert held.equals(states[4]) and engine.version == 4
+    engine.update_weights({"version": 4})  # again: nothing moves, nothing is delivered
+    assert held.equals(states[4]) and engine.version == 4 and engine.last_update["elements"] == 0
+    with pytest.raises(deltasync.Error, match="only move forward"):  # back: refused, untouched
+        engine.update_weights({"version": 2})
+    assert engine.version == 4 and held.equals(states[4]) and "older" in engine.last_error
+    engine.update_weights({"version": 5})
+    assert held.equals(states[5]) and engine.version == 5
