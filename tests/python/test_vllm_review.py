@@ -6,21 +6,26 @@ Each test is a way a delivery could go silently wrong that the review looked for
   (``update_llm(version=None)``): the ranks would hold different versions, and nothing said so;
 - a node follower's region replaced under the engine by a daemon of another bucket whose
   version numbers continue the engine's (the change lists start at "the engine's version",
-  but of another run): applied as a sparse move, the engine would hold neither run's state.
+  but of another run): applied as a sparse move, the engine would hold neither run's state;
+- an older version after a newer one, and the same version twice (these hold).
 """
 import contextlib
 import subprocess
 import time
 import uuid
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 import deltasync  # noqa: E402
 import deltasync.torch as dt  # noqa: E402
 from deltasync._shm import Region  # noqa: E402
-from deltasync.vllm import DeltaSyncEngine, DeltaSyncWorkerExtension, apply_patches_to_state_dict, update_llm  # noqa: E402
+from deltasync.vllm import (  # noqa: E402
+    DeltaSyncEngine,
+    DeltaSyncWorkerExtension,
+    apply_patches_to_state_dict,
+    update_llm,
+)
 
 
 def versions(seed, n):

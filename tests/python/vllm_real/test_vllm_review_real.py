@@ -98,3 +98,60 @@ def test_float32_engine_holds_a_bf16_bucket_exactly_and_verifies(bucket):
         assert llm.collective_rpc("deltasync_verify") == [len(bucket["published"][2])]
     finally:
         close(llm)
+
+
+def test_double_buffer_does_not_prepare_a_replaced_regions_move(tmp_path, deltasync_bin):
+    """The double buffer (verification off) follows daemon A to version 2 by a swap; daemon B, of
+    another bucket, takes the region's name and moves it from its 2 to its 3. The shadows must not
+    be prepared as "the engine's 2 plus B's move": the update delivers B's 3 exactly."""
+    import subprocess
+
+    from safetensors.torch import load_file
+    from test_vllm_double_buffer import moved, prepare
+    from test_vllm_real import assert_params, status, wait_region_version
+
+    model_dir = str(tmp_path / "model")
+    make_model_dir(model_dir)
+    base = {n: t.contiguous() for n, t in load_file(os.path.join(model_dir, "model.safetensors")).items()}
+    a, b = {0: base}, {0: moved(base, 100, frac=0.05)}
+    for v in (1, 2, 3):
+        a[v], b[v] = moved(a[v - 1], v), moved(b[v - 1], 100 + v)
+    name = f"ds-review-db-{os.getpid()}"
+
+    def daemon(bucket):
+        return subprocess.Popen([deltasync_bin, "serve", bucket, "--shm", name, "--listen", "127.0.0.1:0",
+                                 "--poll", "0.1", "--threads", "1"], stderr=subprocess.DEVNULL)
+
+    pub_a, pub_b = deltasync.Publisher(str(tmp_path / "a")), deltasync.Publisher(str(tmp_path / "b"))
+    llm, proc = engine(model_dir, "bfloat16"), None
+    try:
+        llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {
+            "bucket": str(tmp_path / "a"), "shm": name, "double_buffer": True, "double_buffer_poll_s": 0}})
+        dt.publish(pub_a, 1, a[1])
+        proc = daemon(str(tmp_path / "a"))
+        wait_region_version(proc, name, 1)
+        update_llm(llm, 1)
+        dt.publish(pub_a, 2, a[2])
+        wait_region_version(proc, name, 2)
+        assert prepare(llm)[0]["state"] == "ready"
+        assert update_llm(llm, 2)[0]["last_update"]["kind"] == "swap"
+        proc.terminate()
+        proc.wait(30)
+        for v in (1, 2):
+            dt.publish(pub_b, v, b[v])
+        proc = daemon(str(tmp_path / "b"))
+        wait_region_version(proc, name, 2)
+        dt.publish(pub_b, 3, b[3])
+        wait_region_version(proc, name, 3)
+        prepare(llm)
+        st = update_llm(llm, 3)[0]
+        assert st["version"] == 3
+        assert_params(llm, b[3], "B's version 3 after the region was replaced")
+        assert st["last_update"]["kind"] == "dense", status(llm)
+    finally:
+        close(llm)
+        pub_a.close()
+        pub_b.close()
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
