@@ -155,3 +155,48 @@ def test_double_buffer_does_not_prepare_a_replaced_regions_move(tmp_path, deltas
         if proc is not None:
             proc.terminate()
             proc.wait(30)
+
+
+def test_http_request_update_without_a_version_resolves_the_newest(bucket, tmp_path):
+    """``request_update(url)`` (no version) against the real server: the newest is resolved through
+    the dev-mode ``/collective_rpc`` (``deltasync_newest``), then asked for by number."""
+    import json
+    import subprocess
+    import time
+    import urllib.request
+
+    from deltasync.vllm import request_update
+    from test_vllm_real import _free_port, _post
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", bucket["model"],
+         "--served-model-name", "m", "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256",
+         "--port", str(port), "--host", "127.0.0.1", "--seed", "0", "--worker-extension-cls", EXTENSION,
+         "--weight-transfer-config", json.dumps({"backend": "deltasync"})],
+        stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, "DS_TEST_VLLM_WEIGHTS": "plain", "VLLM_SERVER_DEV_MODE": "1"})
+    try:
+        deadline = time.time() + 300
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=5).read()
+                break
+            except OSError:
+                if server.poll() is not None or time.time() > deadline:
+                    pytest.fail("the vLLM server did not start:\n" + open(tmp_path / "server.log").read()[-4000:])
+                time.sleep(1)
+        _post(url + "/init_weight_transfer_engine", {"init_info": {"bucket": bucket["bucket"], "verify": True}})
+        request_update(url)
+        st = _post(url + "/collective_rpc", {"method": "deltasync_status"})["results"]
+        assert [s["version"] for s in st] == [2], st
+        assert st[0]["last_update"]["verified_tensors"] == st[0]["last_update"]["tensors"]
+    finally:
+        server.terminate()
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
