@@ -67,7 +67,8 @@ def request_update(server_url: str, version: int | None = None, *, bucket: str =
     ``/resume``. ``pause=None`` skips pausing (the prefix cache then keeps
     stale blocks: reset it yourself). ``version`` None: the newest, resolved once for all
     workers first (``POST /collective_rpc`` of ``deltasync_newest``), as ``update_llm`` does.
-    Raises urllib's HTTPError on a failure.
+    Afterwards every worker's ``deltasync_status`` (``/collective_rpc``) must report the version.
+    Raises urllib's HTTPError on a failed request, RuntimeError when a worker holds another version.
     """
     def post(path: str, body: dict) -> bytes:
         req = urllib.request.Request(server_url.rstrip("/") + path, data=json.dumps(body).encode(),
@@ -91,6 +92,14 @@ def request_update(server_url: str, version: int | None = None, *, bucket: str =
         post("/start_weight_update", {})
         post("/update_weights", {"update_info": info})
         post("/finish_weight_update", {})
+        # Every worker must hold the version now (vLLM's executor stops reading replies at the first
+        # failed worker: a rank's failure can surface one call late, or not in these three).
+        reply = json.loads(post("/collective_rpc", {"method": "deltasync_status"}) or b"{}")
+        held = [r.get("version") if isinstance(r, dict) else r
+                for r in (reply.get("results") if isinstance(reply, dict) else None) or [None]]
+        if any(h != info["version"] for h in held):
+            raise RuntimeError(f"deltasync update to version {info['version']}: the workers hold versions {held} "
+                               "(deltasync_status over /collective_rpc)")
     finally:
         if pause is not None:
             post("/resume", {})

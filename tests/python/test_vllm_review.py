@@ -209,3 +209,40 @@ def test_an_older_version_after_a_newer_one_and_the_same_version_twice(tmp_path)
     assert engine.version == 4 and held.equals(states[4]) and "older" in engine.last_error
     engine.update_weights({"version": 5})
     assert held.equals(states[5]) and engine.version == 5
+
+
+# --- request_update: every worker must report the version afterwards ----------------------------
+def test_request_update_raises_when_a_worker_does_not_hold_the_version():
+    """A server whose three weight-update routes answer 200 while one TP rank did not move (vLLM's
+    executor reports a rank's failure one call late once its replies are out of step)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from deltasync.vllm import request_update
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            if self.path == "/collective_rpc" and body["method"] == "deltasync_status":
+                self.wfile.write(b'{"results": [{"version": 5}, {"version": 0}]}')  # rank 1 failed
+            else:
+                self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(RuntimeError, match=r"hold versions \[5, 0\]"):
+            request_update(f"http://127.0.0.1:{server.server_port}", 5)
+        assert seen[-1] == "/resume"  # resumed whatever happened
+    finally:
+        server.shutdown()
