@@ -84,7 +84,7 @@ class DoubleBufferMixin:
                 return
         region = self._region
         region.check_alive()
-        have = 0 if self._force_full else self._engine_version
+        have = 0 if self._force_full or self._shm_from != (region, region.generation) else self._engine_version
         if have == 0:
             self._db_state = "the engine holds no known version yet (the first update delivers in place)"
             return

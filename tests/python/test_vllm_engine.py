@@ -242,7 +242,13 @@ def test_request_update_drives_the_control_plane():
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
-            self.wfile.write(b"{}")
+            if self.path != "/collective_rpc":
+                self.wfile.write(b"{}")
+            elif json.loads(body)["method"] == "deltasync_newest":  # two TP workers seeing versions 6 and 7
+                self.wfile.write(b'{"results": [{"version": 6}, {"version": 7}]}')
+            else:  # deltasync_status: both hold the version asked last
+                v = next(b["update_info"]["version"] for p, b in reversed(seen) if p == "/update_weights")
+                self.wfile.write(json.dumps({"results": [{"version": v}, {"version": v}]}).encode())
 
         def log_message(self, *args):
             pass
@@ -257,10 +263,14 @@ def test_request_update_drives_the_control_plane():
                         ("/start_weight_update", {}),
                         ("/update_weights", {"update_info": {"version": 12, "bucket": "s3://b/run"}}),
                         ("/finish_weight_update", {}),
+                        ("/collective_rpc", {"method": "deltasync_status"}),  # every worker holds 12
                         ("/resume", {})]
         seen.clear()
-        request_update(url, pause=None)
-        assert [p for p, _ in seen] == ["/start_weight_update", "/update_weights", "/finish_weight_update"]
+        request_update(url, pause=None)  # the newest: resolved once for every worker, then asked for by number
+        assert [p for p, _ in seen] == ["/collective_rpc", "/start_weight_update", "/update_weights",
+                                        "/finish_weight_update", "/collective_rpc"]
+        assert seen[0][1] == {"method": "deltasync_newest", "kwargs": {"bucket": ""}}
+        assert seen[2][1] == {"update_info": {"version": 7}}
     finally:
         server.shutdown()
 
