@@ -346,5 +346,48 @@ TEST_P(GcDamagedAnchorTest, RefusesToStrandTheVersionsBehindADamagedOldestKeptAn
 
 INSTANTIATE_TEST_SUITE_P(FlippedOrDeleted, GcDamagedAnchorTest, ::testing::Bool());
 
+// Recovery seen from a replica that holds the version that became
+// unrebuildable (it reached 12 before 12's step delta was damaged): the
+// recovered 13 has no delta, so it moves by 13's anchor, exactly; then on.
+TEST(GcReviewTest, AReplicaOnTheDamagedVersionMovesToTheRecoveredOneExactly) {
+  TempDir tmp;
+  auto store = OpenDirStore(tmp.Sub("bucket"));
+  RandomModel model(41);
+  std::map<uint64_t, StateHash> hashes;
+  {
+    auto pub = Publisher::Open(store, {});
+    ASSERT_TRUE(pub.ok());
+    for (uint64_t v = 1; v <= 12; ++v) {
+      if (v > 1) model.Step(0.05);
+      auto stats = (*pub)->Publish(v, model.Views());
+      ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+      hashes[v] = stats->state_hash;
+    }
+  }
+  auto replica = Replica::Create(store);
+  ASSERT_TRUE(replica->Update(12).ok());
+  const std::string step12 = ReadManifest(*store).Find(12)->delta()->key;
+  ASSERT_TRUE(fs::remove(tmp.Sub("bucket") + "/" + step12));
+
+  auto pub = Publisher::Open(store, {});
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  ASSERT_TRUE((*pub)->degraded());
+  for (uint64_t v = 13; v <= 14; ++v) {
+    model.Step(0.05);
+    auto stats = (*pub)->Publish(v, model.Views());
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    EXPECT_EQ(stats->recovered, v == 13);
+    hashes[v] = stats->state_hash;
+  }
+  Result<UpdateStats> to13 = replica->Update(13);
+  ASSERT_TRUE(to13.ok()) << to13.status().ToString();
+  EXPECT_EQ(to13->anchors_applied, 1u);
+  EXPECT_EQ(HashState(replica->state()), hashes[13]);
+  Result<UpdateStats> to14 = replica->Update(14);
+  ASSERT_TRUE(to14.ok()) << to14.status().ToString();
+  EXPECT_EQ(to14->deltas_applied, 1u);
+  EXPECT_EQ(HashState(replica->state()), hashes[14]);
+}
+
 }  // namespace
 }  // namespace deltasync
