@@ -14,7 +14,17 @@
 // that read the old manifest just before may see kNotFound for an object
 // and re-plans at its next update. Objects that no version lists (left by a
 // failed publish, which the next attempt overwrites) are not touched: a
-// publish in flight uploads its objects before listing them.
+// publish in flight uploads its objects before listing them. Side file
+// objects are deleted last, after reading the manifest again: a publisher
+// may have listed one again since (it uploads it again first, and checks it
+// is there right before its commit: sync/manifest_writer.h).
+//
+// Before changing anything (also with dry_run), the oldest kept anchor is
+// read and checked against its listing (size, XXH3-128): pruning makes it
+// the only start of every kept version's chain, so a damaged or missing
+// one, which replicas had routed around through an older anchor, would
+// leave every kept version unreachable. kFailedPrecondition naming it then,
+// and nothing is changed.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +46,8 @@ struct PruneStats {
 };
 
 // keep_anchors >= 1 (kInvalidArgument otherwise). With dry_run, reports what
-// would be removed and changes nothing. kConflict when another writer
+// would be removed and changes nothing (its objects_deleted and
+// bytes_deleted count every object it would delete). kConflict when another writer
 // changed the manifest between reading and writing it (run again).
 Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_run = false);
 

@@ -237,6 +237,10 @@ Status S3Store::AbortStaleUploads(std::chrono::seconds older_than, size_t* abort
       std::string id = s3::XmlText(upload, "UploadId").value_or("");
       std::optional<int64_t> started = ParseIsoTime(s3::XmlText(upload, "Initiated").value_or(""));
       if (key.empty() || id.empty() || !started || *started > cutoff) continue;
+      // Under this bucket's prefix only, even when a server answers with
+      // uploads outside the prefix asked for (another run's, "run10/"
+      // beside "run1/"), as List skips such keys.
+      if (key.compare(0, c.prefix().size(), c.prefix()) != 0) continue;
       DS_RETURN_IF_ERROR(Abort(c, key, id).WithContext("aborting upload " + id));
       if (aborted != nullptr) ++*aborted;
     }

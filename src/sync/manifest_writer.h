@@ -19,7 +19,11 @@ std::string NewWriterId();
 // Store::PutIfUnchanged. A conflict is resolved when the manifest now is
 // this writer's own commit (a retried PUT that landed) or when another
 // writer only pruned versions (gc) and the newest version is still
-// `current`'s: then `next`'s new version is appended to the pruned list. On
+// `current`'s: then `next`'s new version is appended to the pruned list.
+// Before each write, the side file objects the new version lists and no
+// version before it does must be in the store with their size (a gc
+// pruning the versions that listed them may just have deleted them):
+// kNotFound naming the file otherwise, nothing written. On
 // success `current` and `token` become the written manifest; otherwise
 // kConflict (another publisher) or the store's error, and they are unchanged.
 Status CommitManifest(Store& store, const std::string& writer_id, Manifest& current,

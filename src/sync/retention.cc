@@ -1,13 +1,78 @@
 // PruneVersions (retention.h): manifest first, then objects.
 #include "deltasync/retention.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "deltasync/manifest.h"
 
 namespace deltasync {
+namespace {
+
+// Checks one stored object against its listing (size, then XXH3-128),
+// reading it in slices so that a large anchor is never held whole.
+Status CheckStored(Store& store, const PartObject& o) {
+  DS_ASSIGN_OR_RETURN(uint64_t size, store.Size(o.key));
+  if (size != o.size) {
+    return Status::Integrity(o.key + " is " + std::to_string(size) + " bytes, the manifest lists " +
+                             std::to_string(o.size));
+  }
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
+  if (!state) return Status::Internal("out of memory for a hash state");
+  XXH3_128bits_reset(state.get());
+  constexpr uint64_t kSlice = uint64_t{64} << 20;
+  for (uint64_t offset = 0; offset < size; offset += kSlice) {
+    DS_ASSIGN_OR_RETURN(Blob slice, store.GetRange(o.key, offset, std::min(kSlice, size - offset)));
+    if (slice.size() != std::min(kSlice, size - offset)) {
+      return Status::Integrity(o.key + " gave " + std::to_string(slice.size()) + " bytes at offset " +
+                               std::to_string(offset) + ", fewer than its size promises");
+    }
+    XXH3_128bits_update(state.get(), slice.bytes().data(), slice.size());
+  }
+  const XXH128_hash_t h = XXH3_128bits_digest(state.get());
+  char hex[33];
+  std::snprintf(hex, sizeof hex, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  if (o.xxh3_128 != hex) return Status::Integrity(o.key + ": XXH3-128 " + hex + ", the manifest lists " + o.xxh3_128);
+  return Status::OK();
+}
+
+// The oldest kept anchor becomes the only start of every kept version's
+// chain: pruning the versions before it also removes the route around it.
+// So it must be intact (every part of a parted anchor). A damaged one is
+// refused with what to do; a store failure is returned as it is.
+Status CheckOldestKeptAnchor(Store& store, const VersionEntry& v, uint64_t newest, uint64_t keep_anchors) {
+  for (const PartObject& o : StoredObjects(*v.anchor())) {
+    Status checked = CheckStored(store, o);
+    if (checked.ok()) continue;
+    if (checked.code() != ErrorCode::kNotFound && checked.code() != ErrorCode::kIntegrity) return checked;
+    return Status::FailedPrecondition(
+        "not pruning " + store.Describe() + ": the oldest anchor --keep-anchors " + std::to_string(keep_anchors) +
+        " keeps (version " + std::to_string(v.version) + ") is damaged or missing (" +
+        (checked.code() == ErrorCode::kNotFound ? o.key + " is missing" : checked.message()) +
+        "), and removing the versions before it would leave versions " + std::to_string(v.version) + "-" +
+        std::to_string(newest) + " without a route around it; nothing was changed. Run deltasync verify --all, "
+        "and gc with a larger --keep-anchors (or publish a new anchor first)");
+  }
+  return Status::OK();
+}
+
+// After a failed delete: no version lists the objects of the removed
+// versions any more, so no later gc finds them (it deletes only what the
+// versions it removes list).
+std::string LeftBehind(const PruneStats& stats, const std::string& key) {
+  return "the manifest no longer lists " + key + " but deleting it failed; no later gc will find it or the other " +
+         "objects of the removed versions " + std::to_string(stats.removed_versions.front()) + "-" +
+         std::to_string(stats.removed_versions.back()) + " not deleted yet (weight objects under anchors/, deltas/, " +
+         "ds/): delete those by hand";
+}
+
+}  // namespace
 
 Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_run) {
   if (keep_anchors == 0) {
@@ -75,13 +140,19 @@ Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_r
     pruned.versions.push_back(std::move(entry));
   }
   stats.kept_versions = pruned.versions.size();
+  std::vector<PartObject> doomed_files;  // deleted last, after a second look at the manifest
   for (const auto& [key, size] : removed_files) {
-    // Deleted like the others (only key and size are read below).
-    if (!kept_files.count(key)) doomed.push_back(PartObject{key, size, ""});
+    // Only key and size are read below.
+    if (!kept_files.count(key)) doomed_files.push_back(PartObject{key, size, ""});
   }
   for (const PartObject& o : doomed) stats.bytes_deleted += o.size;
-  if (dry_run || doomed.empty()) {
-    stats.objects_deleted = dry_run ? doomed.size() : 0;
+  for (const PartObject& o : doomed_files) stats.bytes_deleted += o.size;
+  if (!stats.removed_versions.empty()) {
+    DS_RETURN_IF_ERROR(
+        CheckOldestKeptAnchor(store, pruned.versions.front(), manifest.Latest()->version, keep_anchors));
+  }
+  if (dry_run || (doomed.empty() && doomed_files.empty())) {
+    stats.objects_deleted = dry_run ? doomed.size() + doomed_files.size() : 0;
     return stats;
   }
 
@@ -100,8 +171,36 @@ Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_r
   for (const PartObject& o : doomed) {
     Status deleted = store.Delete(o.key);
     if (!deleted.ok() && deleted.code() != ErrorCode::kNotFound) {
-      return deleted.WithContext("the manifest no longer lists " + o.key + " but deleting it failed (run gc again "
-                                 "or delete it by hand)");
+      return deleted.WithContext(LeftBehind(stats, o.key));
+    }
+    stats.objects_deleted++;
+  }
+  if (doomed_files.empty()) return stats;
+  // Side file objects are named by their content: a publisher may have
+  // uploaded one of them again for its new version and listed it since the
+  // write above (CommitManifest rebases onto the pruned list). Those that
+  // the manifest lists now stay.
+  Result<Manifest> now = FetchManifest(store);
+  if (!now.ok()) {
+    // Left in the bucket: small, and a later publish may list them again.
+    return now.status().WithContext("rereading the manifest before deleting the side file objects only the removed "
+                                    "versions listed failed; they stay (do not delete them by hand: a publish may "
+                                    "list them again)");
+  }
+  std::set<std::string> listed;
+  for (const VersionEntry& v : now->versions) {
+    if (!v.files) continue;
+    for (const auto& [name, f] : *v.files) listed.insert(f.key);
+  }
+  for (const PartObject& o : doomed_files) {
+    if (listed.count(o.key)) {
+      stats.bytes_deleted -= o.size;
+      continue;
+    }
+    Status deleted = store.Delete(o.key);
+    if (!deleted.ok() && deleted.code() != ErrorCode::kNotFound) {
+      return deleted.WithContext("deleting the side file object " + o.key + ", which no version lists, failed; it "
+                                 "stays (do not delete it by hand: a publish may list it again)");
     }
     stats.objects_deleted++;
   }
