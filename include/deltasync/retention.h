@@ -24,7 +24,10 @@
 // the only start of every kept version's chain, so a damaged or missing
 // one, which replicas had routed around through an older anchor, would
 // leave every kept version unreachable. kFailedPrecondition naming it then,
-// and nothing is changed.
+// and nothing is changed. That read costs the anchor's size in downloads
+// (an S3 bucket of a large model: a long gc); AnchorCheck::kSize checks only
+// that every object of it is there with its listed size (a missing or cut
+// anchor, not one damaged in place).
 #pragma once
 
 #include <cstdint>
@@ -43,12 +46,21 @@ struct PruneStats {
   uint64_t objects_deleted = 0;
   uint64_t bytes_deleted = 0;  // sizes as the manifest listed them
   bool dry_run = false;
+  // The oldest kept anchor's check (when versions were removed): its version
+  // (0: not checked) and the bytes read to hash it (0 with AnchorCheck::kSize).
+  uint64_t anchor_checked = 0;
+  uint64_t anchor_bytes_read = 0;
 };
+
+// How the oldest kept anchor is checked before pruning: read whole and hashed
+// (kFull, exact), or its objects' presence and sizes only (kSize).
+enum class AnchorCheck { kFull, kSize };
 
 // keep_anchors >= 1 (kInvalidArgument otherwise). With dry_run, reports what
 // would be removed and changes nothing (its objects_deleted and
 // bytes_deleted count every object it would delete). kConflict when another writer
 // changed the manifest between reading and writing it (run again).
-Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_run = false);
+Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_run = false,
+                                 AnchorCheck anchor_check = AnchorCheck::kFull);
 
 }  // namespace deltasync

@@ -14,14 +14,16 @@
 namespace deltasync {
 namespace {
 
-// Checks one stored object against its listing (size, then XXH3-128),
-// reading it in slices so that a large anchor is never held whole.
-Status CheckStored(Store& store, const PartObject& o) {
+// Checks one stored object against its listing (size, then with kFull its
+// XXH3-128), reading it in slices so that a large anchor is never held whole;
+// adds the bytes read to *read.
+Status CheckStored(Store& store, const PartObject& o, AnchorCheck check, uint64_t* read) {
   DS_ASSIGN_OR_RETURN(uint64_t size, store.Size(o.key));
   if (size != o.size) {
     return Status::Integrity(o.key + " is " + std::to_string(size) + " bytes, the manifest lists " +
                              std::to_string(o.size));
   }
+  if (check == AnchorCheck::kSize) return Status::OK();
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
   if (!state) return Status::Internal("out of memory for a hash state");
   XXH3_128bits_reset(state.get());
@@ -33,6 +35,7 @@ Status CheckStored(Store& store, const PartObject& o) {
                                std::to_string(offset) + ", fewer than its size promises");
     }
     XXH3_128bits_update(state.get(), slice.bytes().data(), slice.size());
+    *read += slice.size();
   }
   const XXH128_hash_t h = XXH3_128bits_digest(state.get());
   char hex[33];
@@ -46,9 +49,10 @@ Status CheckStored(Store& store, const PartObject& o) {
 // chain: pruning the versions before it also removes the route around it.
 // So it must be intact (every part of a parted anchor). A damaged one is
 // refused with what to do; a store failure is returned as it is.
-Status CheckOldestKeptAnchor(Store& store, const VersionEntry& v, uint64_t newest, uint64_t keep_anchors) {
+Status CheckOldestKeptAnchor(Store& store, const VersionEntry& v, uint64_t newest, uint64_t keep_anchors,
+                             AnchorCheck check, uint64_t* read) {
   for (const PartObject& o : StoredObjects(*v.anchor())) {
-    Status checked = CheckStored(store, o);
+    Status checked = CheckStored(store, o, check, read);
     if (checked.ok()) continue;
     if (checked.code() != ErrorCode::kNotFound && checked.code() != ErrorCode::kIntegrity) return checked;
     return Status::FailedPrecondition(
@@ -74,7 +78,7 @@ std::string LeftBehind(const PruneStats& stats, const std::string& key) {
 
 }  // namespace
 
-Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_run) {
+Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_run, AnchorCheck anchor_check) {
   if (keep_anchors == 0) {
     return Status::InvalidArgument("--keep-anchors must be at least 1: a bucket without an anchor cannot start a replica");
   }
@@ -148,8 +152,9 @@ Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_r
   for (const PartObject& o : doomed) stats.bytes_deleted += o.size;
   for (const PartObject& o : doomed_files) stats.bytes_deleted += o.size;
   if (!stats.removed_versions.empty()) {
-    DS_RETURN_IF_ERROR(
-        CheckOldestKeptAnchor(store, pruned.versions.front(), manifest.Latest()->version, keep_anchors));
+    DS_RETURN_IF_ERROR(CheckOldestKeptAnchor(store, pruned.versions.front(), manifest.Latest()->version,
+                                             keep_anchors, anchor_check, &stats.anchor_bytes_read));
+    stats.anchor_checked = pruned.versions.front().version;
   }
   if (dry_run || (doomed.empty() && doomed_files.empty())) {
     stats.objects_deleted = dry_run ? doomed.size() + doomed_files.size() : 0;

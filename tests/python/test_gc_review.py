@@ -39,8 +39,18 @@ def test_gc_refuses_to_strand_versions_behind_a_damaged_oldest_kept_anchor(tmp_p
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert "ds/anchors/step_000009.safetensors" in proc.stderr and "--keep-anchors" in proc.stderr
     assert tree(bucket) == before
+    # --anchor-check size reads nothing, so it cannot see a flip in place (a dry run shows it)
+    cheap = json.loads(run("gc", bucket, "--keep-anchors", 1, "--dry-run", "--anchor-check", "size",
+                           "--json").stdout)
+    assert cheap["pruned"]["anchor_check"] == "size" and cheap["pruned"]["anchor_bytes_read"] == 0
+    assert cheap["pruned"]["anchor_checked"] == 9
+    text = run("gc", bucket, "--keep-anchors", 2, "--dry-run").stdout
+    assert "checked the oldest kept anchor (version 6) first: read and hashed" in text, text
+    assert tree(bucket) == before
     out = json.loads(run("gc", bucket, "--keep-anchors", 2, "--json").stdout)
     assert out["pruned"]["kept_anchors"] == [6, 9]
+    assert out["pruned"]["anchor_checked"] == 6 and out["pruned"]["anchor_check"] == "full"
+    assert out["pruned"]["anchor_bytes_read"] == before["ds/anchors/step_000006.safetensors"]
     for v in (6, 9, 10):
         pull_and_check(run, tmp_path, bucket, v, expected[v])
 

@@ -335,12 +335,22 @@ TEST_P(GcDamagedAnchorTest, RefusesToStrandTheVersionsBehindADamagedOldestKeptAn
     EXPECT_NE(refused.status().message().find(anchor8), std::string::npos) << refused.status().ToString();
     EXPECT_NE(refused.status().message().find("--keep-anchors"), std::string::npos) << refused.status().ToString();
   }
+  // --anchor-check size: a missing anchor is still refused; one damaged in
+  // place (same size) is what that cheaper check gives up (a dry run shows it).
+  Result<PruneStats> by_size = PruneVersions(*store, 1, /*dry_run=*/true, AnchorCheck::kSize);
+  EXPECT_EQ(by_size.ok(), !remove) << by_size.status().ToString();
+  if (by_size.ok()) {
+    EXPECT_EQ(by_size->anchor_checked, 8u);
+    EXPECT_EQ(by_size->anchor_bytes_read, 0u);
+  }
   EXPECT_EQ(ReadManifest(*store).ToJson(), before.ToJson()) << "nothing changed";
   ASSERT_TRUE(reaches_ten());
 
   Result<PruneStats> kept = PruneVersions(*store, 2);  // keeps anchor 4 as the start
   ASSERT_TRUE(kept.ok()) << kept.status().ToString();
   EXPECT_EQ(kept->kept_anchors, (std::vector<uint64_t>{4, 8}));
+  EXPECT_EQ(kept->anchor_checked, 4u);
+  EXPECT_EQ(kept->anchor_bytes_read, before.Find(4)->anchor()->size) << "read whole to hash it";
   EXPECT_TRUE(reaches_ten()) << "still routed around anchor 8";
 }
 

@@ -234,12 +234,18 @@ Status RunGc(const GcArgs& args) {
   nlohmann::ordered_json out = {{"bucket", store->Describe()}, {"dry_run", args.dry_run}, {"pruned", nullptr},
                                 {"aborted_uploads", nullptr}, {"temporaries", nullptr}};
   if (args.keep_anchors) {
-    DS_ASSIGN_OR_RETURN(PruneStats pruned, PruneVersions(*store, *args.keep_anchors, args.dry_run));
+    DS_ASSIGN_OR_RETURN(PruneStats pruned,
+                        PruneVersions(*store, *args.keep_anchors, args.dry_run,
+                                      args.anchor_check_size ? AnchorCheck::kSize : AnchorCheck::kFull));
     out["pruned"] = {{"removed_versions", pruned.removed_versions},
                      {"objects_deleted", pruned.objects_deleted},
                      {"bytes_deleted", pruned.bytes_deleted},
                      {"kept_versions", pruned.kept_versions},
-                     {"kept_anchors", pruned.kept_anchors}};
+                     {"kept_anchors", pruned.kept_anchors},
+                     {"anchor_checked", pruned.anchor_checked == 0 ? nlohmann::ordered_json(nullptr)
+                                                                   : nlohmann::ordered_json(pruned.anchor_checked)},
+                     {"anchor_check", args.anchor_check_size ? "size" : "full"},
+                     {"anchor_bytes_read", pruned.anchor_bytes_read}};
     std::string kept;
     for (uint64_t v : pruned.kept_anchors) kept += (kept.empty() ? "" : ", ") + std::to_string(v);
     if (text) {
@@ -254,6 +260,13 @@ Status RunGc(const GcArgs& args) {
                   static_cast<unsigned long long>(pruned.objects_deleted),
                   HumanBytes(static_cast<double>(pruned.bytes_deleted)).c_str(),
                   static_cast<unsigned long long>(pruned.kept_versions), kept.empty() ? "none" : kept.c_str());
+      if (pruned.anchor_checked != 0) {
+        const std::string how = args.anchor_check_size
+                                    ? "its objects and sizes only (--anchor-check size)"
+                                    : "read and hashed, " + HumanBytes(static_cast<double>(pruned.anchor_bytes_read));
+        std::printf("%s: checked the oldest kept anchor (version %llu) first: %s\n", store->Describe().c_str(),
+                    static_cast<unsigned long long>(pruned.anchor_checked), how.c_str());
+      }
     }
   }
   auto* s3 = dynamic_cast<S3Store*>(store.get());

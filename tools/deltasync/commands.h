@@ -94,6 +94,7 @@ struct GcArgs {
   std::string bucket;
   std::optional<uint64_t> keep_anchors;
   bool dry_run = false;
+  bool anchor_check_size = false;  // --anchor-check size
   double abort_uploads_older_than_h = 24;
   double temp_older_than_h = 1;
   bool json = false;

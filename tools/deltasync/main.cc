@@ -176,6 +176,13 @@ int main(int argc, char** argv) {
                      "Keep the newest K anchors and every version after the oldest of them; remove the rest")
       ->check(WholeNumber(1));
   gc_cmd->add_flag("--dry-run", gc.dry_run, "Only report what --keep-anchors and --temp-older-than would remove");
+  std::string anchor_check = "full";
+  gc_cmd
+      ->add_option("--anchor-check", anchor_check,
+                   "Before pruning, check the oldest kept anchor: 'full' reads and hashes it (default; downloads "
+                   "its size), 'size' only checks its objects are there with their listed sizes")
+      ->check(CLI::IsMember({"full", "size"}))
+      ->each([&gc](const std::string& v) { gc.anchor_check_size = v == "size"; });
   gc_cmd->add_option("--abort-uploads-older-than", gc.abort_uploads_older_than_h,
                      "S3: abort multipart uploads started more than this many hours ago")
       ->check(Number(0));
