@@ -292,10 +292,11 @@ TEST(GapDeltaHashLaterTest, AFailedWriteBesideTheSumCommitsNothingAndTheRetryPub
   PublishAndFollow(bucket, trainer, 5, *replica);
 }
 
+int hook_calls = 0;  // DeferredStateHash's test hook's, on the sum's thread
+
 // The sum itself failing (it threw: out of memory), on its thread beside the
 // delta's write and at an anchor that sums it at once: the version fails
 // loudly, nothing committed, the publisher as before; the retry publishes.
-int hook_calls = 0;
 TEST(GapDeltaHashLaterTest, ASumThatThrowsCommitsNothingAndTheRetryPublishes) {
   Bucket bucket(2);
   ASSERT_NE(bucket.pub, nullptr);
