@@ -1,9 +1,10 @@
 #include "sync/deferred_state_hash.h"
 
 #include <atomic>
+#include <cstdio>
 #include <exception>
 #include <new>
-#include <system_error>
+#include <string>
 
 namespace deltasync {
 namespace {
@@ -20,17 +21,19 @@ DeferredStateHash::~DeferredStateHash() {
 
 void DeferredStateHash::RunSum() noexcept {
   // No exception leaves the sum's thread (it would end the process): what
-  // it throws becomes the version's error.
+  // it throws becomes the version's error, kept without allocating.
+  auto failed = [this](const char* what) {
+    std::snprintf(error_, sizeof error_, "%s", what != nullptr && what[0] != '\0' ? what : "an exception");
+  };
   try {
     if (Hook hook = hook_for_testing.load()) hook();
     change_ = sum_();
   } catch (const std::bad_alloc&) {
-    error_ = "out of memory";
+    failed("out of memory");
   } catch (const std::exception& e) {
-    error_ = e.what();
-    if (error_.empty()) error_ = "an exception";
+    failed(e.what());
   } catch (...) {
-    error_ = "an unknown exception";
+    failed("an unknown exception");
   }
   done_ = true;
 }
@@ -39,7 +42,7 @@ void DeferredStateHash::Start() {
   if (!pending() || done_ || thread_.joinable()) return;
   try {
     thread_ = std::thread([this] { RunSum(); });
-  } catch (const std::system_error&) {
+  } catch (const std::exception&) {  // std::system_error, std::bad_alloc
     RunSum();  // no thread: the slower route, the same sum
   }
 }
@@ -53,9 +56,9 @@ Result<StateHash> DeferredStateHash::Join() {
   }
   sum_ = nullptr;
   done_ = false;
-  if (!error_.empty()) {
-    Status failed = Status::Internal("the state hash's change could not be summed (" + error_ + ")");
-    error_.clear();
+  if (error_[0] != '\0') {
+    Status failed = Status::Internal(std::string("the state hash's change could not be summed (") + error_ + ")");
+    error_[0] = '\0';
     return failed;
   }
   return change_;

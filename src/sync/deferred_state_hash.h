@@ -17,7 +17,6 @@
 #pragma once
 
 #include <functional>
-#include <string>
 #include <thread>
 
 #include "deltasync/state_hash.h"
@@ -57,7 +56,7 @@ class DeferredStateHash {
   std::thread thread_;
   bool done_ = false;  // RunSum ran (read after thread_ joined)
   StateHash change_;
-  std::string error_;  // what the sum threw, empty when it did not
+  char error_[160] = {};  // what the sum threw, empty when it did not
 };
 
 }  // namespace deltasync
