@@ -230,6 +230,10 @@ class Publisher {
     uint64_t changed = 0;
     uint64_t gap_delta_bytes = 0;  // with measure_gap_delta
     StateHash next_hash;
+    // When set, next_hash lacks (most of) the delta's hash change, which this
+    // sums: Commit runs it beside the delta's upload and adds it before the
+    // manifest's entry (sync/deferred_state_hash.h).
+    std::function<StateHash()> hash_later;
     std::function<void()> rollback;  // puts state_ back as it was
     // Where delta's buffers go once it is written: back to buffers_ (a
     // compact delta), to kept_patch_ (kept_changes_' delta), or freed.

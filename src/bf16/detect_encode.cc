@@ -94,9 +94,9 @@ size_t CompareIndicesBlock(const ScanJob& job, uint64_t begin, size_t n, uint64_
 
 // With `apply` (the job's seeds), each block's changes are applied to the
 // job's published bytes right after the compare (ApplyGapBlock), while the
-// block's elements are in cache.
+// block's elements are in cache; with `hash_later`, without their hash terms.
 void ScanChunk(const ScanJob& job, const Chunk& chunk, ScratchBuffer& indices, ChunkStreams& streams,
-               ChunkGaps& out, const state_hash::TensorSeeds* apply) {
+               ChunkGaps& out, const state_hash::TensorSeeds* apply, bool hash_later) {
   const size_t value_size = DTypeSize(job.published_dtype);
   const bool gaps_kernel = job.f32_to_bf16();
   const size_t slack = gaps_kernel ? kernels::kCompareGapsSlack : kernels::kCompareOutputSlack;
@@ -124,7 +124,7 @@ void ScanChunk(const ScanJob& job, const Chunk& chunk, ScratchBuffer& indices, C
     if (added == 0) continue;
     if (apply) {
       ApplyGapBlock(job, begin, gaps, values, added, gaps_kernel, reinterpret_cast<uint64_t*>(indices.data()),
-                    streams.old.data() + out.count * value_size, *apply, out.hash);
+                    streams.old.data() + out.count * value_size, *apply, hash_later, out.hash);
     }
     // The gaps after a block's first are below kBlock. The chunk's own first
     // gap waits for the scan's end; a block's first may be wide.
@@ -198,7 +198,7 @@ Status DetectAndEncodeJobs(const std::vector<ScanJob>& jobs, const DetectOptions
   found.assign(chunks.size(), ChunkGaps{});
   RunChunks(chunks.size(), options.threads, [&](size_t worker, size_t c) {
     ScanChunk(jobs[chunks[c].tensor], chunks[c], *buffers.indices[worker], *buffers.chunks[c], found[c],
-              apply ? &apply->seeds[chunks[c].tensor] : nullptr);
+              apply ? &apply->seeds[chunks[c].tensor] : nullptr, apply && apply->HashedLater(chunks[c].tensor));
     return !found[c].failed();
   });
   if (apply) {

@@ -34,13 +34,31 @@ class GapDeltaApply {
   // `published` is as it was and out.patch holds no patch.
   Result<StateHash> Run(WeightState& published, std::span<const TensorView> current, const DetectOptions& options,
                         const PatchInfo& info, uint64_t chunk_elements, DetectedGapDelta& out);
+  // Run with the hash change's terms of 2-byte values (nearly all of it)
+  // left out of the scan: the result is the change of the other dtypes'
+  // changes only, and HashLater() gives the rest. Run's result is their sum.
+  Result<StateHash> RunHashLater(WeightState& published, std::span<const TensorView> current,
+                                 const DetectOptions& options, const PatchInfo& info, uint64_t chunk_elements,
+                                 DetectedGapDelta& out);
+  // After a successful RunHashLater into `out`, before its Undo (`out` not
+  // written since): the hash change of its 2-byte changes, summed from the
+  // chunks' gap, value and old-value streams (the values the scan wrote into
+  // `published` and the delta carries, and the ones they replaced). Reads
+  // only those streams and what the Run kept, so it may run beside a write
+  // of the patch's parts. Allocates (a StateHash a chunk) and may start a
+  // thread: it can throw std::bad_alloc or std::system_error.
+  StateHash HashLater(const DetectedGapDelta& out, int threads) const;
   // Puts back in `published` what the last successful Run into `out`
   // applied (once; `out` not written since).
   void Undo(WeightState& published, const DetectedGapDelta& out, int threads);
 
  private:
+  Result<StateHash> Scan(WeightState& published, std::span<const TensorView> current, const DetectOptions& options,
+                         const PatchInfo& info, uint64_t chunk_elements, DetectedGapDelta& out, bool hash_later);
+
   std::vector<Chunk> chunks_;     // the last Run's
   std::vector<ChunkGaps> found_;  // what each of its chunks found and applied
+  GapApply apply_;                // its tensors' seeds, and whether it left the hash for later
   bool applied_ = false;          // a Run succeeded and was not undone
 };
 

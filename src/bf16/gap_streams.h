@@ -45,20 +45,29 @@ struct ChunkGaps {
   bool failed() const { return first_bad != kNoError || out_of_memory; }
 };
 
-// An in-scan apply (detect_encode_apply.h): per job, its tensor's hash seeds.
+// An in-scan apply (detect_encode_apply.h): per job, its tensor's hash seeds
+// and value size.
 struct GapApply {
   std::vector<state_hash::TensorSeeds> seeds;
+  std::vector<size_t> value_sizes;
+  // The hash terms of 2-byte values left to GapDeltaApply::HashLater (each
+  // chunk's `hash` then holds only its other dtypes' terms).
+  bool hash_later = false;
+
+  // Job `job`'s hash terms are left for later.
+  bool HashedLater(size_t job) const { return hash_later && value_sizes[job] == 2; }
 };
 
 // Applies the `added` changes a block of `job` starting at element `begin`
 // just wrote (gaps/values: their slots in the chunk's streams, gaps[0] still
 // the first change's offset in the block; for jobs without the gaps kernel,
 // `indices` already holds their 64-bit indices) to job.published: their old
-// values to `old`, their state-hash change added to hash[2]. `indices` has
+// values to `old`, their state-hash change added to hash[2] unless
+// `hash_later` (GapApply::HashedLater: 2-byte values only). `indices` has
 // room for added + kernels::kCompareGapsSlack entries.
 void ApplyGapBlock(const ScanJob& job, uint64_t begin, const uint16_t* gaps, const uint8_t* values, size_t added,
                    bool gaps_kernel, uint64_t* indices, uint8_t* old, const state_hash::TensorSeeds& seeds,
-                   uint64_t hash[2]);
+                   bool hash_later, uint64_t hash[2]);
 
 // Puts back in `data` (a tensor's bytes, `value_size` per element) the
 // changes a chunk applied (found.count of them, their old values in

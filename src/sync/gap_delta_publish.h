@@ -38,6 +38,15 @@ class GapDeltaPublish {
   // call returned must no longer be in use.
   Result<StateHash> Run(WeightState& state, std::span<const TensorView> current, const DetectOptions& options,
                         const PatchInfo& info);
+  // Run with the hash terms of its 2-byte changes (nearly all) left out: the
+  // result is the other changes' hash change, HashLater(threads) the rest
+  // (their sum is Run's result). HashLater reads only the delta's streams
+  // and the old values, so it may run beside the delta's write; call it
+  // after a successful RunHashLater, before Undo, the next Run or Release.
+  // It may throw std::bad_alloc (bf16::GapDeltaApply::HashLater).
+  Result<StateHash> RunHashLater(WeightState& state, std::span<const TensorView> current,
+                                 const DetectOptions& options, const PatchInfo& info);
+  StateHash HashLater(int threads) const { return apply_.HashLater(detected_, threads); }
   // The delta of the last successful Run; its parts point into buffers this
   // object keeps until the next Run or Release.
   EncodedPatch TakePatch();

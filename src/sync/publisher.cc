@@ -25,6 +25,7 @@
 
 #include <random>
 #include "sync/bucket_settings.h"
+#include "sync/deferred_state_hash.h"
 #include "sync/gap_delta_publish.h"
 #include "sync/manifest_writer.h"
 #include "sync/notifier.h"
@@ -355,6 +356,15 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
     }
   }
 
+  // The delta's hash change when Prepare left it for later (gap_delta):
+  // summed beside the upload below, or here when an anchor's check needs it
+  // (sync/deferred_state_hash.h: the manifest's hash is the state published).
+  DeferredStateHash later_hash(std::move(prepared.hash_later));
+  if (anchor && later_hash.pending()) {
+    Result<StateHash> change = later_hash.Join();
+    if (!change.ok()) return fail(change.status().WithContext("version " + std::to_string(version)));
+    next_hash += *change;
+  }
   EncodedPatch full;
   std::vector<TensorView> full_views;
   if (anchor) {
@@ -377,7 +387,6 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
   Stopwatch upload_clock;
   VersionEntry entry;
   entry.version = version;
-  entry.state_hash = next_hash;
   entry.total_elements = stats.total_elements;
   entry.changed_elements = stats.changed_elements;
   entry.created_unix_ms = UnixMillis();
@@ -409,6 +418,7 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
     return Status::OK();
   };
   Status uploaded = Status::OK();
+  later_hash.Start();
   if (!first) {
     uploaded = upload(PatchKind::kDelta, compact ? CompactDeltaKey(version) : DeltaKey(version), delta, previous);
     stats.wrote_delta = uploaded.ok();
@@ -425,7 +435,12 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
     stats.wrote_anchor = uploaded.ok();
     stats.anchor_bytes = full.size;
   }
+  // Taken before the manifest's entry is written, and before a rollback.
+  Result<StateHash> change = later_hash.Join();
+  if (uploaded.ok() && !change.ok()) uploaded = change.status();
   if (uploaded.ok()) {
+    next_hash += *change;
+    entry.state_hash = next_hash;
     Manifest next = manifest_;
     next.settings = settings_;
     next.anchor_interval = settings_.anchor_interval;

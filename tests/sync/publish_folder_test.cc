@@ -53,6 +53,8 @@ TEST_P(PublishFolderChanged, AFolderSavedIntoAfterItsReadIsNotPublished) {
   ASSERT_GE(first->shards.size(), 3u);
   ASSERT_TRUE((*publisher)->PublishFolder(1, *first).ok());
   const StateHash v1 = HashState((*publisher)->state());
+  Result<std::vector<std::string>> objects = store->List("");
+  ASSERT_TRUE(objects.ok()) << objects.status().ToString();
 
   // Version 2 read, then the trainer's next save lands in the folder before
   // the publish commits (the read shards are mapped: the save replaces them).
@@ -71,6 +73,11 @@ TEST_P(PublishFolderChanged, AFolderSavedIntoAfterItsReadIsNotPublished) {
   EXPECT_EQ((*publisher)->latest_version(), 1u);
   EXPECT_EQ(HashState((*publisher)->state()), v1) << "the refused version left the publisher's state changed";
   EXPECT_EQ(testing::ReadManifest(*store).Latest()->version, 1u);
+  // Checked before anything of the weights was uploaded (with gap_delta on
+  // two threads, before the deferred state hash started).
+  Result<std::vector<std::string>> after = store->List("");
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_EQ(*after, *objects) << "the refused version uploaded objects";
 
   // Read again, the folder publishes, and a replica follows it bit for bit.
   Result<HfFolder> again = ReadHfFolder(ckpt);
