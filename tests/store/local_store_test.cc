@@ -17,17 +17,19 @@
 #include "deltasync/store.h"
 #include "deltasync/temp_file.h"
 #include "store/store_conformance.h"
+#include "testing/test_bytes.h"
 
 namespace deltasync::testing {
 namespace {
+
+using testing::Span;
+using testing::Str;
 
 namespace fs = std::filesystem;
 
 // The prefix LocalStore gives its temporary files (docs/format.md, "Temporary files").
 constexpr std::string_view kTempPrefix = ".tmp-";
 
-ByteSpan Span(std::string_view s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
-std::string Str(const Blob& b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
 
 std::string MakeTempDir() {
   std::string tmpl = ::testing::TempDir() + "ds_local_store_XXXXXX";

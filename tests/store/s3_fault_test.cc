@@ -9,15 +9,17 @@
 #include "deltasync/s3_store.h"
 #include "testing/fault_proxy.h"
 #include "testing/s3_test_env.h"
+#include "testing/test_bytes.h"
 
 namespace deltasync::testing {
 namespace {
+
+using testing::Span;
 
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
 bool Contains(const std::string& s, std::string_view needle) { return s.find(needle) != std::string::npos; }
-ByteSpan Span(std::string_view s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
 
 std::vector<uint8_t> Pattern(size_t n) {
   std::vector<uint8_t> out(n);

@@ -30,6 +30,9 @@
 namespace deltasync {
 namespace {
 
+using testing::Span;
+using testing::Str;
+
 using testing::HttpReply;
 using testing::S3ErrorReply;
 using testing::ScriptedReply;
@@ -39,8 +42,6 @@ using testing::ScriptedS3;
 constexpr uint64_t kPart = 5ull << 20;  // S3Store's smallest part size
 
 std::string Pattern(size_t n, uint32_t seed) { return testing::Pattern<std::string>(n, seed); }
-ByteSpan Span(std::string_view s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
-std::string Str(const Blob& b) { return std::string(reinterpret_cast<const char*>(b.bytes().data()), b.size()); }
 
 Result<std::string> PutIfUnchanged(S3Store& store, std::string_view key, std::string_view bytes,
                                    const std::optional<std::string>& token) {

@@ -12,13 +12,15 @@
 #include "store/store_conformance.h"
 #include "testing/fault_proxy.h"
 #include "testing/s3_test_env.h"
+#include "testing/test_bytes.h"
 
 namespace deltasync::testing {
 namespace {
 
+using testing::Span;
+using testing::Str;
+
 bool Contains(const std::string& s, std::string_view needle) { return s.find(needle) != std::string::npos; }
-ByteSpan Span(std::string_view s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
-std::string Str(const Blob& b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
 std::vector<ByteSpan> One(std::string_view s) { return {Span(s)}; }
 
 std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {

@@ -14,9 +14,10 @@
 namespace deltasync::testing {
 namespace {
 
+using testing::Span;
+using testing::Str;
+
 std::vector<uint8_t> Bytes(std::string_view s) { return {s.begin(), s.end()}; }
-ByteSpan Span(std::string_view s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
-std::string Str(const Blob& b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
 
 // Deterministic, position-dependent bytes: a shifted or truncated copy differs.
 std::vector<uint8_t> Pattern(size_t n, uint32_t seed) { return testing::Pattern<std::vector<uint8_t>>(n, seed); }

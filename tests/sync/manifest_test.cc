@@ -12,13 +12,15 @@
 #include <vector>
 
 #include "deltasync/store.h"
+#include "testing/test_bytes.h"
 
 namespace deltasync {
 namespace {
 
+using testing::Span;
+
 using Json = nlohmann::json;
 
-ByteSpan Span(std::string_view s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
 
 TEST(ManifestKeysTest, SixDigitStepNames) {
   EXPECT_EQ(AnchorKey(10), "anchors/step_000010.safetensors");

@@ -5,9 +5,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "deltasync/blob.h"
 #include "deltasync/tensor.h"
 
 namespace deltasync::testing {
@@ -26,6 +28,10 @@ Bytes Pattern(size_t n, uint32_t seed) {
   }
   return out;
 }
+
+// A string's bytes as a ByteSpan (no copy); a Blob's bytes as a string.
+inline ByteSpan Span(std::string_view s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
+inline std::string Str(const Blob& b) { return {reinterpret_cast<const char*>(b.bytes().data()), b.size()}; }
 
 // A bf16 tensor that owns its bytes.
 struct OwnedBf16 {
