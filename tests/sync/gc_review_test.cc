@@ -95,12 +95,18 @@ struct RevertedConfig {
   }
 
   void ExpectVersionEightIsWhole() {
-    ExpectEveryListedObjectIsThere(*base);
     EXPECT_EQ(Fetched(*base, 8), (Pairs{{"config.json", "old"}, {"tokenizer.json", "tok"}}));
+    ExpectReaches(8, hashes[8]);
+  }
+
+  // Every object the manifest lists is there, and a fresh replica reaches
+  // `version` bit-exactly.
+  void ExpectReaches(uint64_t version, const StateHash& hash) {
+    ExpectEveryListedObjectIsThere(*base);
     auto replica = Replica::Create(base);
-    Result<UpdateStats> updated = replica->Update(8);
+    Result<UpdateStats> updated = replica->Update(version);
     ASSERT_TRUE(updated.ok()) << updated.status().ToString();
-    EXPECT_EQ(HashState(replica->state()), hashes[8]);
+    EXPECT_EQ(HashState(replica->state()), hash);
   }
 
   TempDir tmp;
@@ -212,10 +218,7 @@ TEST(GcReviewTest, GcBetweenAWeightUploadAndTheCommitKeepsTheNewObjects) {
   ASSERT_TRUE(pruned);
   ASSERT_TRUE(stats.ok()) << stats.status().ToString();
   EXPECT_EQ(ReadManifest(*b.base).versions.front().version, 6u);
-  ExpectEveryListedObjectIsThere(*b.base);
-  auto replica = Replica::Create(b.base);
-  ASSERT_TRUE(replica->Update(8).ok());
-  EXPECT_EQ(HashState(replica->state()), stats->state_hash);
+  b.ExpectReaches(8, stats->state_hash);
 }
 
 // A commit that rebases onto gc's pruned manifest and then fails (the
@@ -242,10 +245,7 @@ TEST(GcReviewTest, AFailedRebasedCommitDoesNotBringBackThePrunedVersions) {
   Manifest now = ReadManifest(*b.base);
   EXPECT_EQ(now.versions.front().version, 6u) << "the pruned versions came back";
   EXPECT_EQ(now.Latest()->version, 8u);
-  ExpectEveryListedObjectIsThere(*b.base);
-  auto replica = Replica::Create(b.base);
-  ASSERT_TRUE(replica->Update(8).ok());
-  EXPECT_EQ(HashState(replica->state()), again->state_hash);
+  b.ExpectReaches(8, again->state_hash);
 }
 
 // The rebased write lands but its answer is lost: the publish fails, and
@@ -276,10 +276,7 @@ TEST(GcReviewTest, ALostAnswerToARebasedCommitLeavesThePublisherOnThePrunedList)
   Manifest now = ReadManifest(*b.base);
   EXPECT_EQ(now.versions.front().version, 6u) << "the pruned versions came back";
   EXPECT_EQ(now.Latest()->version, 9u);
-  ExpectEveryListedObjectIsThere(*b.base);
-  auto replica = Replica::Create(b.base);
-  ASSERT_TRUE(replica->Update(9).ok());
-  EXPECT_EQ(HashState(replica->state()), nine->state_hash);
+  b.ExpectReaches(9, nine->state_hash);
 }
 
 // Anchors 1, 4, 8 (interval 4), versions 1..10. Anchor 8's object is
