@@ -127,13 +127,27 @@ class DoubleBufferMixin:
         """Inside the pause: swaps the prepared shadows in when they hold exactly the version asked
         for, moved from the one the engine holds. None when swapped; else why not (the in-place
         route runs, and the shadows are left to be re-prepared)."""
+        from ._errors import FailedPreconditionError
+
         if load_weights is not None and load_weights != self._default_load_weights():
             return "not swapped: the caller's callbacks deliver"
         db = self._db
         if db is None:
             return "not swapped: " + (self._db_off or self._db_state or "no shadows prepared yet")
         region = self._region
-        want = info.version if info.version is not None else (region.version if region is not None else 0)
+        if region is not None:
+            try:
+                region.check_alive()  # re-maps a region a restarted daemon created under the name
+            except FailedPreconditionError:
+                pass  # no writer now, none new: the shadows are still of this mapping
+        if region is None or db.plan.generation != region.generation or \
+                self._shm_from != (region, region.generation):
+            # A daemon (maybe of another bucket) took the region's name since the shadows were
+            # prepared, or since the engine's version was delivered: what they hold is the old
+            # region's, whatever its number. The in-place route delivers the new region's whole.
+            db.invalidate("the --shm region was mapped anew")  # its version numbers are not the new region's
+            return "not swapped: the --shm region was mapped anew since the shadows were prepared"
+        want = info.version if info.version is not None else region.version
         have = 0 if self._force_full else self._engine_version
         t1 = time.perf_counter()
         p = db.swap(want, have)

@@ -101,9 +101,10 @@ def test_float32_engine_holds_a_bf16_bucket_exactly_and_verifies(bucket):
 
 
 def test_double_buffer_does_not_prepare_a_replaced_regions_move(tmp_path, deltasync_bin):
-    """The double buffer (verification off) follows daemon A to version 2 by a swap; daemon B, of
-    another bucket, takes the region's name and moves it from its 2 to its 3. The shadows must not
-    be prepared as "the engine's 2 plus B's move": the update delivers B's 3 exactly."""
+    """The double buffer (verification off) follows daemon A to version 2 by a swap, and prepares
+    A's 3; daemon B, of another bucket, takes the region's name and moves it from its 2 to its 3.
+    The shadows must not be prepared as "the engine's 2 plus B's move", and A's prepared 3 must not
+    be swapped in as B's 3: the update delivers B's 3 exactly."""
     import subprocess
 
     from safetensors.torch import load_file
@@ -135,6 +136,9 @@ def test_double_buffer_does_not_prepare_a_replaced_regions_move(tmp_path, deltas
         wait_region_version(proc, name, 2)
         assert prepare(llm)[0]["state"] == "ready"
         assert update_llm(llm, 2)[0]["last_update"]["kind"] == "swap"
+        dt.publish(pub_a, 3, a[3])
+        wait_region_version(proc, name, 3)
+        assert prepare(llm)[0]["state"] == "ready"  # A's 3 (from 2) in the shadows
         proc.terminate()
         proc.wait(30)
         for v in (1, 2):
@@ -148,6 +152,7 @@ def test_double_buffer_does_not_prepare_a_replaced_regions_move(tmp_path, deltas
         assert st["version"] == 3
         assert_params(llm, b[3], "B's version 3 after the region was replaced")
         assert st["last_update"]["kind"] == "dense", status(llm)
+        assert "mapped anew" in st["last_update"]["double_buffer"], st["last_update"]
     finally:
         close(llm)
         pub_a.close()
