@@ -48,6 +48,11 @@ struct PatchInfo {
   uint64_t total_elements = 0;
   uint64_t total_changed_elements = 0;
   uint64_t num_changed_params = 0;
+  // deltasync_base_state_hash on a TRL delta (gap_delta or raw): the state
+  // hash (HashState) of the exact state it applies to. `deltasync diff` writes
+  // it and `deltasync apply` refuses a base that does not hash to it; absent
+  // in TRL's files and in a bucket's objects (their manifest names the hashes).
+  std::optional<StateHash> base_state_hash;
 };
 
 // An encoded patch as a scatter-gather list for Store::Put: `parts` point

@@ -23,6 +23,9 @@ inline constexpr std::string_view kSparsity = "sparsity";
 inline constexpr std::string_view kEncoding = "encoding";
 // deltasync's own key (TRL ignores keys it does not know).
 inline constexpr std::string_view kBaseVersion = "deltasync_base_version";
+// The state hash a TRL delta applies to (PatchInfo::base_state_hash; the same
+// key and hex form as a compact delta's kBaseStateHashKey).
+inline constexpr std::string_view kBaseStateHash = "deltasync_base_state_hash";
 // The older TRL writer's JSON list of changed parameter names (deltas only).
 inline constexpr std::string_view kChangedParams = "changed_params";
 

@@ -135,6 +135,14 @@ Result<Header> ReadHeader(const Metadata& m, const Errors& err) {
                       " is not older than model_version " + std::to_string(h.info.model_version));
     }
     h.changed_params = Find(m, pm::kChangedParams);
+    if (const std::string* hash = Find(m, pm::kBaseStateHash)) {
+      Result<StateHash> parsed = StateHash::FromHex(*hash);
+      if (!parsed.ok()) {
+        return err.File("__metadata__ '" + std::string(pm::kBaseStateHash) + "' is " + Show(*hash) +
+                        ", not 32 hex digits");
+      }
+      h.info.base_state_hash = *parsed;
+    }
   }
   return h;
 }

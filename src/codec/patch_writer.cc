@@ -88,6 +88,7 @@ Result<std::vector<uint8_t>> EncodeDeltaHeader(const PatchInfo& info, uint64_t n
                                                std::span<const TensorLayout> tensors) {
   Metadata metadata = BuildMetadata(true, info.model_version, num_params, changed, info.total_elements, info.encoding);
   if (info.base_version) metadata.emplace(patchmeta::kBaseVersion, std::to_string(*info.base_version));
+  if (info.base_state_hash) metadata.emplace(patchmeta::kBaseStateHash, info.base_state_hash->Hex());
   return EncodeSafetensorsHeader(metadata, tensors);
 }
 

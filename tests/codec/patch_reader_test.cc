@@ -94,6 +94,33 @@ TEST(DecodePatchTest, MetadataRules) {
   ExpectCorrupt(with("encoding", "zstd"), "__metadata__ 'encoding' is 'zstd', expected 'raw' or 'gap_delta'");
   ExpectCorrupt(with("deltasync_base_version", "5"), "deltasync_base_version 5 is not older than model_version 5");
   ExpectCorrupt(with("deltasync_base_version", "x"), "'deltasync_base_version' is 'x'");
+  ExpectCorrupt(with("deltasync_base_state_hash", "abc"), "'deltasync_base_state_hash' is 'abc', not 32 hex digits");
+}
+
+// deltasync_base_state_hash (written by `deltasync diff`): read into the
+// info, and written back by the delta encoder.
+TEST(DecodePatchTest, BaseStateHashIsReadAndWritten) {
+  Result<DecodedPatch> none = Decode(GoodGapFile(DeltaMetadata()), kLabel);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_FALSE(none->info.base_state_hash.has_value());
+  Metadata m = DeltaMetadata();
+  m["deltasync_base_state_hash"] = "0123456789abcdef0123456789abcdef";
+  Result<DecodedPatch> r = Decode(GoodGapFile(m), kLabel);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->info.base_state_hash.has_value());
+  EXPECT_EQ(r->info.base_state_hash->Hex(), "0123456789abcdef0123456789abcdef");
+
+  PatchInfo info = r->info;
+  info.total_elements = 1000;
+  Result<EncodedPatch> encoded = EncodeDelta(info, r->changes);
+  ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
+  std::vector<uint8_t> bytes;
+  for (ByteSpan part : encoded->parts) bytes.insert(bytes.end(), part.begin(), part.end());
+  Result<DecodedPatch> again = Decode(std::move(bytes), kLabel);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->file.metadata().at("deltasync_base_state_hash"), "0123456789abcdef0123456789abcdef");
+  ASSERT_TRUE(again->info.base_state_hash.has_value());
+  EXPECT_EQ(*again->info.base_state_hash, *r->info.base_state_hash);
 }
 
 TEST(DecodePatchTest, CountsMustAgreeWithTheTensors) {

@@ -181,6 +181,8 @@ Status RunPull(const PullArgs& args) {
     DS_ASSIGN_OR_RETURN(folder.max_shard_bytes, ParseByteSize(args.max_shard_size, "--max-shard-size"));
   }
   folder.replace = args.force;
+  DS_RETURN_IF_ERROR(args.hf_dir.empty() ? CheckOutputOutsideBucket(*store, args.out_path, "-o")
+                                         : CheckOutputOutsideBucket(*store, args.hf_dir, "--hf-dir"));
   if (!args.hf_dir.empty()) DS_RETURN_IF_ERROR(CheckHfFolderTarget(args.hf_dir, args.force));
   // What an earlier pull to the same path left when it was SIGKILLed mid-write.
   RemoveDeadWritersTemporaries(args.hf_dir.empty() ? args.out_path : args.hf_dir);

@@ -84,6 +84,7 @@ Status RunDiff(const DiffArgs& args) {
   if (args.container && encoding != IndexEncoding::kCompact) {
     return Status::InvalidArgument("--container applies only to --encoding compact");
   }
+  DS_RETURN_IF_ERROR(CheckOutputIsNotInput(args.out_path, {{"OLD", args.old_path}, {"NEW", args.new_path}}));
   DS_ASSIGN_OR_RETURN(SafetensorsFile old_file, SafetensorsFile::Open(args.old_path));
   DS_ASSIGN_OR_RETURN(SafetensorsFile new_file, SafetensorsFile::Open(args.new_path));
   // The same fp32 policy as the Publisher's default.
@@ -99,6 +100,12 @@ Status RunDiff(const DiffArgs& args) {
   info.model_version = args.version;
   info.encoding = encoding;
   info.total_elements = base->total_elements();
+  // The exact state the patch applies to, as `apply` hashes its BASE: a TRL
+  // delta names it in deltasync_base_state_hash, so that `apply` refuses any
+  // other base of the same shapes (without it, such a base took the changes
+  // silently and OUT looked like a good result); a compact delta always did.
+  const StateHash base_hash = HashTensors(base_views);
+  if (encoding != IndexEncoding::kCompact) info.base_state_hash = base_hash;
   if (encoding == IndexEncoding::kGapDelta && !args.json) {
     // One pass: the scan writes the patch's streams (the bytes DetectChanges
     // + EncodeDelta write; --json measures the changes, so it takes those).
@@ -121,7 +128,7 @@ Status RunDiff(const DiffArgs& args) {
     }
     const int stream_version = static_cast<int>(args.stream_version.value_or(kDefaultCompactStreamVersion));
     const int container = static_cast<int>(args.container.value_or(kDefaultCompactContainer));
-    DS_ASSIGN_OR_RETURN(patch, EncodeCompactDelta(info, HashTensors(base_views), base_views, *changes, 0, stream_version,
+    DS_ASSIGN_OR_RETURN(patch, EncodeCompactDelta(info, base_hash, base_views, *changes, 0, stream_version,
                                                   container));
   } else {
     DS_ASSIGN_OR_RETURN(patch, EncodeDelta(info, *changes));
@@ -159,6 +166,12 @@ Status RunDiff(const DiffArgs& args) {
 }
 
 Status RunApply(const ApplyArgs& args) {
+  {
+    // OUT may be BASE (updated in place, atomically), not one of the patches.
+    std::vector<std::pair<std::string, std::string>> patches;
+    for (const std::string& p : args.patch_paths) patches.emplace_back("a PATCH", p);
+    DS_RETURN_IF_ERROR(CheckOutputIsNotInput(args.out_path, patches));
+  }
   DS_ASSIGN_OR_RETURN(SafetensorsFile base_file, SafetensorsFile::Open(args.base_path));
   DS_ASSIGN_OR_RETURN(WeightState state, WeightState::FromViews(base_file.tensors()));
   std::optional<uint64_t> version = ParseU64(base_file.metadata(), "model_version");
@@ -186,6 +199,15 @@ Status RunApply(const ApplyArgs& args) {
       if (patch.info.base_version && version && *patch.info.base_version != *version) {
         return Status::FailedPrecondition(path + ": applies to version " + std::to_string(*patch.info.base_version) +
                                           " but the state is at version " + std::to_string(*version));
+      }
+      if (patch.info.base_state_hash) {
+        const StateHash have = HashState(state);
+        if (!(have == *patch.info.base_state_hash)) {
+          return Status::FailedPrecondition(
+              path + ": delta to version " + std::to_string(patch.info.model_version) + " applies to state hash " +
+              patch.info.base_state_hash->Hex() + ", but the state it was given has state hash " + have.Hex() +
+              " (another base, or the patches out of order)");
+        }
       }
       if (!patch.encoded.empty() || patch.changes.empty()) {
         // gap_delta: applied straight from the file's gaps in one pass (the

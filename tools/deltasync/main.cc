@@ -2,6 +2,8 @@
 // line on stderr), 2 usage error.
 #include <unistd.h>
 
+#include <csignal>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -340,6 +342,10 @@ int main(int argc, char** argv) {
   // its children and exits 130/143; every other command removes its
   // temporary files and dies by the signal. A child of the demo dies with it.
   DieWithParentIfAsked();
+  // A file-size limit (`ulimit -f`) reached by a write: the write fails with
+  // EFBIG and the command says so and removes its temporary file, instead of
+  // dying by SIGXFSZ with the temporary left beside OUT.
+  ::signal(SIGXFSZ, SIG_IGN);
   if (*demo_cmd) {
     InstallDemoInterruptHandlers();
   } else if (!*serve_cmd) {

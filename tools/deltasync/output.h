@@ -3,12 +3,14 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <utility>
 #include <vector>
 #include <string>
 #include <nlohmann/json.hpp>
 
 #include "deltasync/patch.h"
 #include "deltasync/status.h"
+#include "deltasync/store.h"
 #include "deltasync/weight_state.h"
 
 namespace deltasync::cli {
@@ -21,6 +23,20 @@ Status WritePatchFile(const std::string& path, const EncodedPatch& patch);
 // metadata transformers checks and `apply` reads (CheckpointMetadata:
 // format "pt", model_version).
 Status WriteStateFile(const std::string& path, const WeightState& state, uint64_t version);
+
+// Refuses an output path (`pull -o`, `pull --hf-dir`) that is the local
+// bucket's directory, lies inside it or holds it: a pull there would replace
+// the bucket's manifest or objects with model weights (or, with --force, the
+// folder holding the bucket). OK for other stores.
+Status CheckOutputOutsideBucket(const Store& store, const std::string& out_path, const std::string& flag);
+
+// Refuses an output path that names the same file as one of `inputs` (the
+// same inode: a link or another spelling of it counts): `diff -o OLD` would
+// replace the base weights, the only thing the patch applies to, with the
+// patch. A missing output is fine.
+// `inputs`: (what the input is, e.g. "OLD"; its path).
+Status CheckOutputIsNotInput(const std::string& out_path,
+                             const std::vector<std::pair<std::string, std::string>>& inputs);
 
 // A live progress line on stderr, drawn only when stderr is a terminal: a
 // pipe or a log file gets none of it (no \r, no escape codes).
