@@ -46,6 +46,10 @@ struct ReplicaOptions {
   // update's total: a front end can show progress (the library draws
   // nothing). The CLI's `pull` draws it on a terminal.
   std::function<void(uint64_t done, uint64_t total)> progress;
+  // Keep a state that an anchor of another layout replaced (its buffers) for
+  // TakeReplacedStates() instead of freeing it: a front end that handed out
+  // views of the buffers (the Python binding) frees them once no view is left.
+  bool keep_replaced_states = false;
 };
 
 // ReplicaOptions with only `threads` set.
@@ -151,6 +155,9 @@ class Replica {
   // the record. A consumer that mirrors the state elsewhere (a GPU copy)
   // copies only these elements.
   ChangedElements TakeChanges();
+  // The states replaced since the previous call, oldest first (always empty
+  // without ReplicaOptions::keep_replaced_states).
+  std::vector<WeightState> TakeReplacedStates();
   // Gives up the state (the replica is empty afterwards).
   WeightState ReleaseState() &&;
 
@@ -179,6 +186,7 @@ class Replica {
   std::unique_ptr<replay::PartTotals> part_totals_;  // the class totals held for a parted delta's parts
   std::vector<BadObject> bad_;
   ObjectSet bad_set_;  // the same objects, for PlanCatchUp
+  std::vector<WeightState> replaced_;  // ReplicaOptions::keep_replaced_states
 };
 
 }  // namespace deltasync

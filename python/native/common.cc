@@ -192,25 +192,25 @@ bool ParseFramework(std::string_view framework) {
   Raise(ErrorCode::kInvalidArgument, "unknown framework '" + std::string(framework) + "' (numpy or torch)");
 }
 
-nb::list ExportState(std::mutex& mutex, const WeightState& state, nb::handle owner, std::string_view framework) {
-  const bool torch = ParseFramework(framework);
-  struct Item {
-    std::string name;
-    DType dtype;
-    std::vector<uint64_t> shape;
-    const void* data;
-  };
-  std::vector<Item> out = WithoutGil(mutex, [&] {
-    std::vector<Item> v;
-    for (const WeightState::Tensor& t : state.tensors()) v.push_back(Item{t.name, t.dtype, t.shape, t.data.data()});
-    return v;
-  });
+std::vector<StateItem> StateItems(const WeightState& state) {
+  std::vector<StateItem> v;
+  for (const WeightState::Tensor& t : state.tensors()) v.push_back(StateItem{t.name, t.dtype, t.shape, t.data.data()});
+  return v;
+}
+
+nb::list ExportItems(const std::vector<StateItem>& items, nb::handle owner, bool torch) {
   nb::list list;
-  for (const Item& it : out) {
+  for (const StateItem& it : items) {
     list.append(nb::make_tuple(it.name, std::string(DTypeName(it.dtype)),
                                ExportTensor(it.data, it.dtype, it.shape, owner, torch)));
   }
   return list;
+}
+
+nb::list ExportState(std::mutex& mutex, const WeightState& state, nb::handle owner, std::string_view framework) {
+  const bool torch = ParseFramework(framework);
+  std::vector<StateItem> items = WithoutGil(mutex, [&] { return StateItems(state); });
+  return ExportItems(items, owner, torch);
 }
 
 }  // namespace deltasync::py

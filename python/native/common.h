@@ -62,6 +62,21 @@ nb::object ExportTensor(const void* data, DType dtype, const std::vector<uint64_
 // "numpy" -> false, "torch" -> true; anything else raises InvalidArgumentError.
 bool ParseFramework(std::string_view framework);
 
+// One tensor of a state, as ExportItems hands it out.
+struct StateItem {
+  std::string name;
+  DType dtype;
+  std::vector<uint64_t> shape;
+  const void* data;
+};
+
+// The tensors of `state`. REQUIRES: the mutex guarding `state` held (any GIL state).
+std::vector<StateItem> StateItems(const WeightState& state);
+
+// [(name, dtype name, read-only array)] over `items`; the arrays keep `owner`
+// alive. REQUIRES: GIL held.
+nb::list ExportItems(const std::vector<StateItem>& items, nb::handle owner, bool torch);
+
 // [(name, dtype name, read-only array)] over `state`'s tensors, read under
 // `mutex` without the GIL; the arrays keep `owner` alive (their memory is
 // owned by the object behind it).

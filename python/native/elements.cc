@@ -159,7 +159,9 @@ void BindElements(nb::module_& m) {
                      " is outside the " + std::to_string(limit) + " elements");
         }
       },
-      "src"_a, "idx"_a, "out"_a, "threads"_a = 0);
+      // noconvert: nanobind would otherwise hand a non-contiguous `out` over
+      // as a contiguous temporary copy, fill that and drop it (TypeError now).
+      "src"_a, "idx"_a, "out"_a.noconvert(), "threads"_a = 0);
   // dst.flat[idx[i] - offset] = vals[i]; with k < cols, only the columns
   // [c0, c0 + k) of a row-major source of `cols` columns, into a destination
   // of k columns (a row-parallel shard). Every target is checked against
@@ -193,7 +195,7 @@ void BindElements(nb::module_& m) {
                           static_cast<const uint8_t*>(vals.data()), n, offset, cols, c0, k, threads);
         }
       },
-      "dst"_a, "idx"_a, "vals"_a, "offset"_a = 0, "cols"_a = 1, "c0"_a = 0, "k"_a = 1, "threads"_a = 0);
+      "dst"_a.noconvert(), "idx"_a, "vals"_a, "offset"_a = 0, "cols"_a = 1, "c0"_a = 0, "k"_a = 1, "threads"_a = 0);
 }
 
 }  // namespace deltasync::py

@@ -157,6 +157,20 @@ class PyPublisher {
       // Before the first version there is no published dtype: PublishChanges
       // reports that (kFailedPrecondition); unknown names it reports too.
       DType dtype = dtypes[i].value_or(val.view.dtype);
+      // The values are taken as the published dtype's bits: an array of that
+      // dtype or of the unsigned integer of its width (bf16 as uint16 bits).
+      // Any other dtype of the same width (float16 values for a bf16 tensor,
+      // int16 numbers) would be reinterpreted, silently: refused.
+      const DType v = val.view.dtype;
+      const bool raw_bits = (v == DType::kU8 || v == DType::kU16 || v == DType::kU32 || v == DType::kU64) &&
+                            DTypeSize(v) == DTypeSize(dtype);
+      if (dtypes[i] && v != dtype && !raw_bits) {
+        Raise(ErrorCode::kInvalidArgument,
+              "tensor '" + name + "': values of " + std::string(DTypeName(v)) + " for the published dtype " +
+                  std::string(DTypeName(dtype)) + "; pass " + std::string(DTypeName(dtype)) +
+                  " values (or their bits as an unsigned integer array" +
+                  (dtype == DType::kBF16 ? "; float32 values are rounded to bf16" : "") + ")");
+      }
       if (val.view.data.size() != count * DTypeSize(dtype)) {
         Raise(ErrorCode::kInvalidArgument,
               "tensor '" + name + "': " + std::to_string(count) + " indices need " + std::to_string(count) +

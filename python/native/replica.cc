@@ -34,6 +34,16 @@ nb::dict UpdateStatsToDict(const UpdateStats& s) {
   return d;
 }
 
+// What keeps the memory under the views of one tensors() call: the replica
+// (its current state) and the slot that receives that state if an update
+// replaces it (an anchor of another layout). Destroyed with the GIL held (the
+// capsule's destructor); the slot is written only under the replica's mutex,
+// and only while it is the replica's current one (which the replica keeps).
+struct ViewKeeper {
+  nb::object replica;
+  std::shared_ptr<std::vector<WeightState>> replaced;
+};
+
 class PyReplica {
  public:
   PyReplica(const std::string& bucket, int threads) {
@@ -43,6 +53,7 @@ class PyReplica {
     ReplicaOptions options;
     options.threads = threads;
     options.track_changes = true;
+    options.keep_replaced_states = true;  // freed by KeepReplaced once no view is left
     store_ = std::move(*store);
     replica_ = Replica::Create(store_, options);
   }
@@ -58,7 +69,11 @@ class PyReplica {
 
   // Moves to `target` (newest when None); returns the UpdateStats as a dict.
   nb::dict Update(std::optional<uint64_t> target) {
-    Result<UpdateStats> stats = WithoutGil(mu_, [&] { return replica_->Update(target); });
+    Result<UpdateStats> stats = WithoutGil(mu_, [&] {
+      Result<UpdateStats> r = replica_->Update(target);
+      KeepReplaced();
+      return r;
+    });
     ThrowIfError(stats.status());
     return UpdateStatsToDict(*stats);
   }
@@ -101,9 +116,19 @@ class PyReplica {
   }
 
   // [(name, dtype name, read-only array)]: views of the held state that keep
-  // this object alive; their contents change on update().
+  // this object alive; their contents change on update(), or, when an update
+  // replaced the state (an anchor of another layout), they keep the old
+  // buffers (and contents) alive until the last of them is gone.
   nb::list Tensors(nb::handle self, const std::string& framework) {
-    return ExportState(mu_, replica_->state(), self, framework);
+    const bool torch = ParseFramework(framework);
+    std::shared_ptr<std::vector<WeightState>> slot;
+    std::vector<StateItem> items = WithoutGil(mu_, [&] {
+      slot = views_of_state_;  // the pointers and their slot read together
+      return StateItems(replica_->state());
+    });
+    auto* keeper = new ViewKeeper{nb::borrow(self), std::move(slot)};
+    nb::capsule owner(keeper, [](void* p) noexcept { delete static_cast<ViewKeeper*>(p); });
+    return ExportItems(items, owner, torch);
   }
 
   void Verify() {
@@ -127,9 +152,22 @@ class PyReplica {
   }
 
  private:
+  // An update that loaded an anchor of another layout replaced the state: its
+  // buffers go to the views handed out of it (freed with the last of them,
+  // at once when there is none), and later views get a fresh slot.
+  // REQUIRES: mu_ held (any GIL state).
+  void KeepReplaced() {
+    std::vector<WeightState> replaced = replica_->TakeReplacedStates();
+    if (replaced.empty()) return;
+    for (WeightState& s : replaced) views_of_state_->push_back(std::move(s));
+    views_of_state_ = std::make_shared<std::vector<WeightState>>();
+  }
+
   std::mutex mu_;
   std::shared_ptr<Store> store_;
   std::unique_ptr<Replica> replica_;
+  // The slot that the current state goes to when replaced (ViewKeeper); under mu_.
+  std::shared_ptr<std::vector<WeightState>> views_of_state_ = std::make_shared<std::vector<WeightState>>();
 };
 
 }  // namespace

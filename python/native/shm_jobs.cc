@@ -239,7 +239,10 @@ void BindShmJobs(nb::module_& m) {
         }
         return nb::make_tuple(code, bad, slots, val_bytes);
       },
-      "region"_a, "changes_lo"_a, "changes_hi"_a, "jobs"_a, "out_idx"_a, "out_val"_a, "result"_a, "threads"_a = 0);
+      // The outputs noconvert: nanobind would otherwise fill a converted
+      // temporary copy of one of another dtype or order (TypeError now).
+      "region"_a, "changes_lo"_a, "changes_hi"_a, "jobs"_a, "out_idx"_a.noconvert(), "out_val"_a.noconvert(),
+      "result"_a.noconvert(), "threads"_a = 0);
 
   // dst_ptr[idx[slot + i]] = vals[val_byte + i * item] for each scatter job
   // (dst_ptr, dst_limit, item, count, slot, val_byte): the buffers of a

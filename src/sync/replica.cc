@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <iterator>
+#include <utility>
 
 #include "common/clock.h"
 #include "common/parallel.h"
@@ -55,6 +56,8 @@ Replica::~Replica() = default;
 std::unique_ptr<Replica> Replica::Create(std::shared_ptr<Store> store, ReplicaOptions options) {
   return std::unique_ptr<Replica>(new Replica(std::move(store), options));
 }
+
+std::vector<WeightState> Replica::TakeReplacedStates() { return std::exchange(replaced_, {}); }
 
 WeightState Replica::ReleaseState() && {
   version_ = 0;
@@ -269,6 +272,7 @@ Status Replica::LoadAnchor(const VersionEntry& entry, const ObjectEntry& object,
     Result<WeightState> state = anchor->decoded ? WeightState::FromTensors(std::move(anchor->decoded->tensors))
                                                 : WeightState::FromViews(views);
     if (!state.ok()) return fail(state.status());
+    if (options_.keep_replaced_states && !state_.tensors().empty()) replaced_.push_back(std::move(state_));
     state_ = std::move(*state);
   }
   state_hash_ = anchor->hash;
