@@ -151,7 +151,11 @@ Result<Publisher::Prepared> Publisher::PrepareScanned(uint64_t version, std::spa
 }
 
 Result<uint64_t> Publisher::GapDeltaSize(uint64_t version, std::span<const TensorChanges> changes) const {
-  PatchInfo info{PatchKind::kDelta, version, IndexEncoding::kGapDelta, latest_version(), state_.total_elements()};
+  PatchInfo info;
+  info.model_version = version;
+  info.encoding = IndexEncoding::kGapDelta;
+  info.base_version = latest_version();
+  info.total_elements = state_.total_elements();
   DS_ASSIGN_OR_RETURN(EncodedPatch trl, EncodeDelta(info, changes));
   return trl.size;
 }
