@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import deltasync
+from test_publisher_replica import _GatedNative
 
 BF16 = ml_dtypes.bfloat16
 
@@ -116,26 +117,7 @@ def test_load_into_tied_targets_still_load(bucket):
 # --------------------------------------------------------------------- close
 
 
-class _GatedNative:
-    """The real native publisher; a publish (inline or from the queue) says it started, then waits for `gate`."""
-
-    def __init__(self, native):
-        self._real = native
-        self.started = threading.Event()
-        self.gate = threading.Event()
-
-    def publish(self, version, items):
-        self.started.set()
-        assert self.gate.wait(60)
-        return self._real.publish(version, items)
-
-    def publish_snapshot(self, version, snapshot):
-        self.started.set()
-        assert self.gate.wait(60)
-        return self._real.publish_snapshot(version, snapshot)
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
+# _GatedNative: the real native publisher whose publish waits for a gate (test_publisher_replica).
 
 
 def test_close_refuses_a_publish_that_begins_after_it_and_nothing_publishes_after_it_returns(bucket):
