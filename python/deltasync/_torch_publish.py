@@ -176,8 +176,9 @@ def publish(publisher, version: int, tensors, *, background: bool = False, spars
     # (A non-contiguous tensor is then copied once with .contiguous().)
     # The tensors are read without the GIL: one that another thread resizes,
     # replaces or writes meanwhile refuses the version (_HeldTensors).
+    arrays = to_publishable(items, contiguous=background)  # refuses what is not a CPU tensor
     held = _HeldTensors(items, version)
-    return publisher._publish(version, to_publishable(items, contiguous=background), background, held.changed)
+    return publisher._publish(version, arrays, background, held.changed)
 
 
 class _HeldTensors:

@@ -120,12 +120,7 @@ TEST_P(PublishFileChanged, AFileCutWhileMappedIsNotPublishedAndDoesNotKillThePro
 }
 
 INSTANTIATE_TEST_SUITE_P(Encodings, PublishFileChanged,
-                         ::testing::Values(IndexEncoding::kCompact, IndexEncoding::kGapDelta, IndexEncoding::kRaw),
-                         [](const ::testing::TestParamInfo<IndexEncoding>& p) {
-                           return std::string(p.param == IndexEncoding::kCompact    ? "compact"
-                                              : p.param == IndexEncoding::kGapDelta ? "gap_delta"
-                                                                                    : "raw");
-                         });
+                         testing::AllEncodings(), testing::EncodingParamName);
 
 }  // namespace
 }  // namespace deltasync
