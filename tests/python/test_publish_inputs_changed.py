@@ -3,7 +3,7 @@
 * torch tensors that a trainer thread writes in place, resizes (``resize_``) or replaces
   (``set_``) while ``deltasync.torch.publish`` reads them without the GIL: the version is refused
   (FailedPreconditionError naming the tensor), nothing is committed, the next publish goes on.
-* a checkpoint file or folder written into while ``deltasync publish`` / ``diff`` read it: a
+* a checkpoint file written into while ``deltasync publish`` / ``diff`` / ``apply`` read it: a
   writer process rewrites it in a loop during the command, which must refuse it.
 * thread starts refused by the system in the extension's parallel loops: the work runs on the
   threads that did start, the result is exact (it used to be std::terminate).
@@ -18,7 +18,8 @@ import threading
 import ml_dtypes
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
 
 torch = pytest.importorskip("torch")
 
@@ -126,21 +127,32 @@ def _bf16_file(path, n: int, seed: int) -> int:
     return os.path.getsize(path)
 
 
-@pytest.mark.parametrize("command", ["publish", "diff"])
+@pytest.mark.parametrize("command", ["publish", "diff", "apply"])
 def test_a_file_rewritten_while_the_cli_reads_it_is_refused(tmp_path, command, deltasync_bin):
     exe = deltasync_bin
     ckpt = tmp_path / "model.safetensors"
     old = tmp_path / "old.safetensors"
     size = _bf16_file(ckpt, 16 << 20, 1)
     _bf16_file(old, 16 << 20, 2)
+    patch = tmp_path / "p.patch"
+    if command == "apply":
+        # A raw delta from the file to another state, without the base state hash (as TRL writes
+        # them): nothing but the file check stops it from applying to a torn base.
+        subprocess.run([exe, "diff", str(ckpt), str(old), "-o", str(patch), "--encoding", "raw"], check=True,
+                       capture_output=True)
+        with safe_open(str(patch), "np") as f:
+            meta = {k: v for k, v in f.metadata().items() if k != "deltasync_base_state_hash"}
+        save_file(load_file(str(patch)), str(patch), metadata=meta)
     writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(ckpt), str(size)], stdout=subprocess.PIPE,
                               text=True)
     try:
         assert writer.stdout.readline().strip() == "writing"
         if command == "publish":
             args = [exe, "publish", str(tmp_path / "bucket"), str(ckpt), "--version", "1"]
-        else:
+        elif command == "diff":
             args = [exe, "diff", str(old), str(ckpt), "-o", str(tmp_path / "d.patch"), "--version", "2"]
+        else:
+            args = [exe, "apply", str(ckpt), str(patch), "-o", str(tmp_path / "d.patch")]
         run = subprocess.run(args, capture_output=True, text=True, timeout=300)
     finally:
         writer.kill()

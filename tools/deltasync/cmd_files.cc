@@ -184,8 +184,13 @@ Status RunApply(const ApplyArgs& args) {
   DS_ASSIGN_OR_RETURN(WeightState state, WeightState::FromViews(base_file.tensors()));
   std::optional<uint64_t> version = ParseU64(base_file.metadata(), "model_version");
   std::vector<uint8_t> undo;  // ApplyGapChanges' scratch, reused across patches
+  // Every input read mapped, checked once all were read: a file cut short
+  // while mapped reads as zeros past the cut (Blob::MapFile) and must not
+  // make OUT.
+  std::vector<SafetensorsFile> inputs = {base_file};
   for (const std::string& path : args.patch_paths) {
     DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
+    inputs.push_back(file);
     if (IsCompactDelta(file)) {
       // Checked against the state's own hash: refused unless it is the base.
       Result<CompactDelta> delta = DecodeCompactDelta(file, state, HashState(state));
@@ -230,7 +235,7 @@ Status RunApply(const ApplyArgs& args) {
     }
     version = patch.info.model_version;
   }
-  DS_RETURN_IF_ERROR(base_file.CheckUnchanged());  // the state was copied from it
+  for (const SafetensorsFile& input : inputs) DS_RETURN_IF_ERROR(input.CheckUnchanged());
   DS_RETURN_IF_ERROR(WriteStateFile(args.out_path, state, version.value_or(0)));
   std::printf("wrote %s: version %llu, %zu tensors, %llu elements\n", args.out_path.c_str(),
               static_cast<unsigned long long>(version.value_or(0)), state.tensors().size(),
