@@ -22,7 +22,10 @@ class Blob {
   // Takes ownership of `bytes`.
   static Blob FromVector(std::vector<uint8_t> bytes);
   // Maps `path` read-only. An empty file gives an empty Blob. The file must not
-  // be modified while mapped (deltasync only ever replaces files by rename).
+  // be modified while mapped (deltasync only ever replaces files by rename):
+  // a file cut short while mapped does not kill the process with SIGBUS; the
+  // pages past the cut read as zeros and cut() turns true
+  // (common/mapping_guard.h), so a reader checks cut() after reading.
   static Result<Blob> MapFile(const std::string& path);
   // Reads `path` into memory (for files that may change underneath).
   static Result<Blob> ReadFile(const std::string& path);
@@ -34,9 +37,14 @@ class Blob {
   ByteSpan bytes() const { return impl_ ? impl_->bytes : ByteSpan(); }
   size_t size() const { return bytes().size(); }
   const uint8_t* data() const { return bytes().data(); }
+  // True when the file behind a MapFile Blob was cut short while mapped and
+  // part of the bytes read as zeros instead of the file's: what was read
+  // from it must not be used. Always false for other Blobs.
+  bool cut() const { return impl_ && impl_->cut(); }
 
   struct Impl {
     virtual ~Impl() = default;
+    virtual bool cut() const { return false; }
     ByteSpan bytes;
   };
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "deltasync/blob.h"
+#include "deltasync/file_stamp.h"
 #include "deltasync/safetensors.h"
 #include "deltasync/status.h"
 #include "deltasync/tensor.h"
@@ -48,15 +49,8 @@ bool IsSideFileName(std::string_view name);
 // *.gguf). kInvalidArgument naming it otherwise.
 Status ValidateSideFileName(std::string_view name);
 
-// What a weight file (or the index) was when ReadHfFolder read it: the file
-// (device, inode) and its size and times (ctime changes with every write and
-// cannot be set back).
-struct HfFileStamp {
-  std::string path;
-  uint64_t device = 0, inode = 0, size = 0;
-  int64_t mtime_ns = 0, ctime_ns = 0;
-  friend bool operator==(const HfFileStamp&, const HfFileStamp&) = default;
-};
+// What a weight file (or the index) was when ReadHfFolder read it.
+using HfFileStamp = FileStamp;
 
 // A model folder, read for publishing.
 struct HfFolder {
@@ -78,8 +72,9 @@ struct HfFolder {
 Result<HfFolder> ReadHfFolder(const std::string& dir);
 
 // OK when every weight file and the index are still the files ReadHfFolder
-// read (same inode, size and times). kFailedPrecondition naming the first
-// one replaced, rewritten or removed since: a folder saved into while it is
+// read (same inode, size and times) and no weight file was cut short while
+// it was mapped (Blob::cut). kFailedPrecondition naming the first one
+// replaced, rewritten, cut or removed since: a folder saved into while it is
 // read would publish a version that mixes two checkpoints, so a publisher
 // asks this after reading every tensor and before it commits. (A save that
 // was already half done when the read began, every file written before the

@@ -159,8 +159,13 @@ class Publisher {
   // full set; uploaded and listed in the manifest when the set differs from
   // the previous version's. nullopt: the previous version's set, unchanged
   // (as for PublishChanges).
+  // unchanged: when set, asked after every tensor was read and before any of
+  // the weights is uploaded; an error from it fails the publish (nothing
+  // committed). For tensors mapped from files that a writer may change
+  // underneath: SafetensorsFile::CheckUnchanged.
   Result<PublishStats> Publish(uint64_t version, std::span<const TensorView> tensors,
-                               std::optional<std::span<const SideFile>> files = std::nullopt);
+                               std::optional<std::span<const SideFile>> files = std::nullopt,
+                               const std::function<Status()>& unchanged = {});
   // A model folder (ReadHfFolder): its tensors, and its side files as the
   // version's full set. After its tensors are read and before the version's
   // weights are uploaded, the folder must still hold the files read
@@ -256,17 +261,13 @@ class Publisher {
   // Applies `changes` to state_ and adds their hash change to *hash; the
   // result puts the old values back.
   std::function<void()> ApplyWithUndo(std::vector<TensorChanges> changes, StateHash* hash);
-  // Publish, the tensors read from `folder` when it is set (PublishFolder).
-  Result<PublishStats> PublishRead(uint64_t version, std::span<const TensorView> tensors,
-                                   std::optional<std::span<const SideFile>> files, const HfFolder* folder);
   // Everything after the delta: cumulative delta, anchor, upload, commit;
   // rolls back on failure. `first_state` for a version without a base (the
-  // first one, or a recovered one when degraded), else `prepared`. `folder`:
-  // the folder the tensors were read from, which must still be unchanged
-  // (CheckHfFolderUnchanged) before anything of the weights is uploaded.
+  // first one, or a recovered one when degraded), else `prepared`.
+  // `unchanged` (Publish's) is asked before anything of the weights is uploaded.
   Result<PublishStats> Commit(uint64_t version, std::optional<WeightState> first_state, Prepared prepared,
                               const Stopwatch& clock, std::optional<FileSet> files = std::nullopt,
-                              const HfFolder* folder = nullptr);
+                              const std::function<Status()>& unchanged = {});
   void RememberAnchor();
   // Writes `next` (stamped with this writer) with compare-and-swap.
   Status CommitManifest(Manifest next);

@@ -16,11 +16,13 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "deltasync/blob.h"
+#include "deltasync/file_stamp.h"
 #include "deltasync/status.h"
 #include "deltasync/tensor.h"
 
@@ -32,7 +34,8 @@ using Metadata = std::map<std::string, std::string>;
 
 class SafetensorsFile {
  public:
-  // Maps `path` and parses it. Errors name `path`.
+  // Maps `path` and parses it (stamped first: CheckUnchanged). Errors name
+  // `path`.
   static Result<SafetensorsFile> Open(const std::string& path);
   // Parses bytes held by `blob` (kept alive by the result). Errors name `label`.
   static Result<SafetensorsFile> Parse(Blob blob, std::string label);
@@ -46,11 +49,21 @@ class SafetensorsFile {
   const std::string& label() const { return label_; }
   const Blob& blob() const { return blob_; }
 
+  // OK when the file Open mapped is still the file it stamped, unchanged
+  // (FileChangeSince), and was not cut short while mapped (Blob::cut).
+  // kFailedPrecondition naming it and how it changed otherwise: what was
+  // read from it may mix two saves (or zeros), so a publisher or `diff` asks
+  // this after reading every tensor and before it commits or writes. (A
+  // file already being written when it was opened may go unseen: see
+  // FileStamp.) For a Parse()d Blob: only the cut.
+  Status CheckUnchanged() const;
+
  private:
   Blob blob_;
   std::string label_;
   std::vector<TensorView> tensors_;
   Metadata metadata_;
+  std::optional<FileStamp> stamp_;  // Open's
 };
 
 // The header bytes (length prefix + JSON, padded with spaces to a multiple of

@@ -2,7 +2,7 @@
 # The public API is deltasync.Publisher / deltasync.Replica; this module is
 # their engine. Every method raises a deltasync.Error subclass (from
 # deltasync._errors) carrying the C++ Status message on failure.
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,10 @@ class Publisher:
     # take the array's own dtype). Arrays: CPU, C-contiguous, read zero-copy (numpy
     # buffer protocol or DLPack). Returns deltasync::PublishStats as a dict.
     # Releases the GIL while it publishes.
-    def publish(self, version: int, items: Sequence[tuple[str, Any, str]]) -> dict[str, Any]: ...
+    # unchanged: called (with the GIL) after every array was read, before
+    # anything is uploaded; a string it returns refuses the version.
+    def publish(self, version: int, items: Sequence[tuple[str, Any, str]],
+                unchanged: Callable[[], str | None] | None = None) -> dict[str, Any]: ...
     # The published (bf16) form of the arrays, owned (deltasync::Publisher::
     # Snapshot); does not wait for a publish in progress.
     def snapshot(self, items: Sequence[tuple[str, Any, str]]) -> Snapshot: ...

@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Union
 
 import numpy as np
@@ -225,6 +225,13 @@ class Publisher(PublishQueue):
         non-contiguous one is refused with InvalidArgumentError naming it
         (nothing is copied behind your back). CUDA tensors: deltasync.torch.publish.
         """
+        return self._publish(version, tensors, background, None)
+
+    def _publish(self, version: int, tensors, background: bool,
+                 unchanged: Callable[[], str | None] | None) -> Any:
+        """publish(); ``unchanged`` (None, or a check returning why the arrays
+        changed while they were read) refuses the version before anything is
+        committed (deltasync.torch.publish checks its tensors with it)."""
         version = _check_version(version)
         items = [(name, *_as_native(name, arr)) for name, arr in _items(tensors)]
         if background:
@@ -232,9 +239,15 @@ class Publisher(PublishQueue):
             # (bf16) form now, in this thread; the worker publishes that.
             snapshot = self._native.snapshot(items)
             del items
+            why = unchanged() if unchanged is not None else None
+            if why is not None:
+                raise FailedPreconditionError(why)
 
             def run() -> PublishResult:
                 return _result(self._native.publish_snapshot(version, snapshot))
+        elif unchanged is not None:
+            def run() -> PublishResult:
+                return _result(self._native.publish(version, items, unchanged))
         else:
             def run() -> PublishResult:
                 return _result(self._native.publish(version, items))

@@ -174,4 +174,42 @@ def publish(publisher, version: int, tensors, *, background: bool = False, spars
     # before it returns (C++ Publisher::Snapshot), so the next optimizer step
     # may change them at once.
     # (A non-contiguous tensor is then copied once with .contiguous().)
-    return publisher.publish(version, to_publishable(items, contiguous=background), background=background)
+    # The tensors are read without the GIL: one that another thread resizes,
+    # replaces or writes meanwhile refuses the version (_HeldTensors).
+    arrays = to_publishable(items, contiguous=background)  # refuses what is not a CPU tensor
+    held = _HeldTensors(items, version)
+    return publisher._publish(version, arrays, background, held.changed)
+
+
+class _HeldTensors:
+    """What each tensor of a publish was when it began, to refuse the version if a trainer thread
+    changed one while the publisher read it without the GIL: ``resize_`` (a shape that no longer
+    matches, or storage reallocated under the read), ``set_`` (another storage), or an in-place
+    write (``t._version``: the version would mix two states). Holds each storage, so that memory
+    ``set_`` lets go of stays valid while it is read; a ``resize_`` that grows a storage frees its
+    memory at once, which nothing outside torch can prevent (the read may crash before this
+    check refuses the version)."""
+
+    def __init__(self, items, version: int) -> None:
+        self._version = version
+        self._was = [(name, t, t.untyped_storage(), self._now(t)) for name, t in items]
+
+    @staticmethod
+    def _now(t: torch.Tensor):
+        return (t.untyped_storage().data_ptr(), t.data_ptr(), tuple(t.shape), t.stride(), t._version)
+
+    def changed(self) -> str | None:
+        for name, t, _storage, was in self._was:
+            now = self._now(t)
+            if now == was:
+                continue
+            if now[:2] != was[:2]:
+                how = "its storage was replaced or reallocated (set_, resize_)"
+            elif now[2:4] != was[2:4]:
+                how = f"its shape went from {list(was[2])} to {list(now[2])} (resize_)"
+            else:
+                how = "it was written in place"
+            return (f"tensor {name} changed while version {self._version} was read from it ({how}); "
+                    "the version could mix two states of it and is not published: change the tensors only "
+                    "once publish() returns (with background=True it returns once it has copied them)")
+        return None

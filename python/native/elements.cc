@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common.h"
+#include "common/thread_start.h"
 
 namespace deltasync::py {
 namespace {
@@ -38,7 +39,8 @@ size_t ItemBytes(const A& a, const char* what) {
 }
 
 // Runs body(begin, end) over [0, n) on up to `threads` threads (0: every
-// core), in chunks of at least 256Ki elements.
+// core), in chunks of at least 256Ki elements. A chunk whose thread the system
+// refuses to start runs on the caller's thread (common/thread_start.h).
 template <typename Body>
 void Split(size_t n, int threads, Body body) {
   size_t t = threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency());
@@ -48,8 +50,12 @@ void Split(size_t n, int threads, Body body) {
     return;
   }
   std::vector<std::thread> workers;
+  workers.reserve(t);
   const size_t step = (n + t - 1) / t;
-  for (size_t b = 0; b < n; b += step) workers.emplace_back(body, b, std::min(n, b + step));
+  for (size_t b = 0; b < n; b += step) {
+    const size_t e = std::min(n, b + step);
+    if (!TryStartThread(workers, [&body, b, e] { body(b, e); })) body(b, e);
+  }
   for (std::thread& w : workers) w.join();
 }
 

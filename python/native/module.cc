@@ -4,6 +4,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "common.h"
+#include "common/thread_start.h"
 #include "deltasync/changes.h"
 #include "deltasync/status.h"
 #include "deltasync/tensor.h"
@@ -40,6 +41,9 @@ NB_MODULE(_native, m) {
         deltasync::py::Raise(deltasync::ErrorCode::kInvalidArgument, "unknown error code '" + code + "'");
       },
       "code"_a, "message"_a);
+  // Test hook (common/thread_start.h): thread starts fail from the `after`-th
+  // next one on, as if the system refused them; -1 stops it.
+  m.def("_fail_thread_starts_after_for_testing", &deltasync::FailThreadStartsAfterForTesting, "after"_a);
   // The one wording of a tensor-set mismatch (include/deltasync/changes.h).
   m.def(
       "describe_tensor_set_diff",

@@ -7,6 +7,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -22,6 +23,18 @@
 
 namespace deltasync::py {
 namespace {
+
+// Calls unchanged() with the GIL: None -> OK, a string -> kFailedPrecondition
+// with it; an exception it raises -> kInternal (it cannot cross the C++ publish).
+Status AskUnchanged(const nb::object& unchanged) {
+  nb::gil_scoped_acquire gil;
+  try {
+    nb::object why = unchanged();
+    return why.is_none() ? Status::OK() : Status::FailedPrecondition(nb::cast<std::string>(why));
+  } catch (const std::exception& e) {
+    return Status::Internal(std::string("the unchanged() check raised: ") + e.what());
+  }
+}
 
 nb::dict StatsToDict(const PublishStats& s) {
   nb::dict d;
@@ -77,15 +90,21 @@ class PyPublisher {
     pub_ = std::move(*opened);
   }
 
-  // items: (name, array, dtype override or "").
-  nb::dict Publish(uint64_t version, const std::vector<std::tuple<std::string, nb::object, std::string>>& items) {
+  // items: (name, array, dtype override or ""). unchanged: None, or called
+  // (with the GIL) once every array was read and before anything is uploaded:
+  // a string it returns refuses the version (FailedPreconditionError with that
+  // message, nothing committed), None lets it go on.
+  nb::dict Publish(uint64_t version, const std::vector<std::tuple<std::string, nb::object, std::string>>& items,
+                   const nb::object& unchanged) {
     std::vector<BorrowedTensor> borrowed;  // keeps the arrays alive; destroyed with the GIL held
     borrowed.reserve(items.size());
     for (const auto& [name, obj, dtype] : items) borrowed.push_back(ImportTensor(name, obj, dtype));
     std::vector<TensorView> views;
     views.reserve(borrowed.size());
     for (const BorrowedTensor& b : borrowed) views.push_back(b.view);
-    Result<PublishStats> stats = WithoutGil(mu_, [&] { return pub_->Publish(version, views); });
+    std::function<Status()> check;
+    if (!unchanged.is_none()) check = [&unchanged] { return AskUnchanged(unchanged); };
+    Result<PublishStats> stats = WithoutGil(mu_, [&] { return pub_->Publish(version, views, std::nullopt, check); });
     ThrowIfError(stats.status());
     return StatsToDict(*stats);
   }
@@ -253,7 +272,7 @@ void BindPublisher(nb::module_& m) {
            "allow_nonfinite"_a, "create_bucket"_a, "notify"_a, "notify_token"_a, "measure_gap_delta"_a)
       .def_prop_ro("settings", &PyPublisher::Settings)
       .def_prop_ro("changed_settings", &PyPublisher::ChangedSettings)
-      .def("publish", &PyPublisher::Publish, "version"_a, "items"_a)
+      .def("publish", &PyPublisher::Publish, "version"_a, "items"_a, "unchanged"_a = nb::none())
       .def("publish_changes", &PyPublisher::PublishChanges, "version"_a, "items"_a)
       .def("publish_dir", &PyPublisher::PublishDir, "version"_a, "path"_a)
       .def("snapshot", &PyPublisher::Snapshot, "items"_a)

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common.h"
+#include "common/thread_start.h"
 
 namespace deltasync::py {
 namespace {
@@ -63,7 +64,8 @@ size_t Threads(int threads) {
   return threads > 0 ? static_cast<size_t>(threads) : std::max(1u, std::thread::hardware_concurrency());
 }
 
-// Runs items 0..n-1 (item(i)) on up to `threads` threads pulling from one counter.
+// Runs items 0..n-1 (item(i)) on up to `threads` threads pulling from one
+// counter; on fewer when the system refuses to start more (common/thread_start.h).
 template <typename Item>
 void Pull(size_t n, size_t threads, Item item) {
   threads = std::min(threads, n);
@@ -73,7 +75,9 @@ void Pull(size_t n, size_t threads, Item item) {
   };
   if (threads <= 1) return run();
   std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(run);
+  pool.reserve(threads - 1);
+  for (size_t t = 1; t < threads && TryStartThread(pool, run); ++t) {
+  }
   run();
   for (std::thread& t : pool) t.join();
 }

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/mapping_guard.h"
 #include "common/pages.h"  // AdviseHugePages
 
 namespace deltasync {
@@ -40,6 +41,21 @@ struct MmapImpl : Blob::Impl {
   void* addr;
   size_t len;
   std::weak_ptr<BufferPool> pool;
+};
+
+// A file's read-only mapping, guarded against SIGBUS (common/mapping_guard.h).
+struct FileMapImpl : Blob::Impl {
+  FileMapImpl(void* addr, size_t len) : addr(addr), len(len), slot(GuardMapping(addr, len)) {
+    bytes = ByteSpan(static_cast<const uint8_t*>(addr), len);
+  }
+  ~FileMapImpl() override {
+    UnguardMapping(slot);
+    ::munmap(addr, len);
+  }
+  bool cut() const override { return MappingCut(slot); }
+  void* addr;
+  size_t len;
+  int slot;
 };
 
 constexpr size_t kPage = 4096;
@@ -113,7 +129,7 @@ Result<Blob> Blob::MapFile(const std::string& path) {
   if (len == 0) return FromVector({});
   void* addr = ::mmap(nullptr, len, PROT_READ, MAP_PRIVATE, fd.get(), 0);
   if (addr == MAP_FAILED) return Status::IOError(path + ": mmap failed: " + ErrnoText(errno));
-  return Blob(std::make_shared<MmapImpl>(addr, len, len));
+  return Blob(std::make_shared<FileMapImpl>(addr, len));
 }
 
 Result<Blob> Blob::ReadFile(const std::string& path) {

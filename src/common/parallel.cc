@@ -2,14 +2,18 @@
 
 #include <atomic>
 
+#include "common/thread_start.h"
+
 namespace deltasync {
 namespace {
 
-// `run` on `workers` threads at once, the caller's one of them.
+// `run` on `workers` threads at once, the caller's one of them; on fewer when
+// the system refuses to start more (thread_start.h: every task still runs once).
 void RunOnWorkers(size_t workers, const std::function<void()>& run) {
   std::vector<std::thread> pool;
   pool.reserve(workers - 1);
-  for (size_t w = 1; w < workers; ++w) pool.emplace_back(run);
+  for (size_t w = 1; w < workers && TryStartThread(pool, run); ++w) {
+  }
   run();
   for (std::thread& t : pool) t.join();
 }

@@ -19,7 +19,8 @@ inline int ResolveThreads(int threads) {
 // Calls fn(task) for every task in [0, n), spread over up to `threads`
 // threads (the caller's thread is one of them). Tasks are handed out in
 // ascending order from a shared counter, so uneven tasks balance. fn must not
-// throw.
+// throw. When the system refuses to start a thread, the tasks run on the
+// threads that did start (common/thread_start.h).
 void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn);
 
 // ParallelFor with each thread's next task known while it runs one: calls

@@ -84,17 +84,6 @@ Result<std::map<std::string, std::string>> ReadWeightMap(const std::string& path
   }
 }
 
-Result<HfFileStamp> StampOf(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return Status::IOError(path + ": " + ErrnoText(errno));
-  return HfFileStamp{path,
-                     static_cast<uint64_t>(st.st_dev),
-                     static_cast<uint64_t>(st.st_ino),
-                     static_cast<uint64_t>(st.st_size),
-                     int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec,
-                     int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec};
-}
-
 Result<SideFile> ReadSideFile(const std::string& dir, const std::string& name) {
   const std::string path = Join(dir, name);
   struct stat st;
@@ -160,7 +149,7 @@ Result<HfFolder> ReadHfFolder(const std::string& dir_in) {
   std::vector<std::string> shard_names;
   const std::string index_path = Join(dir, kHfIndexFile);
   if (indexed) {
-    DS_ASSIGN_OR_RETURN(HfFileStamp stamp, StampOf(index_path));
+    DS_ASSIGN_OR_RETURN(HfFileStamp stamp, StampFile(index_path));
     folder.stamps.push_back(std::move(stamp));
     DS_ASSIGN_OR_RETURN(Blob index, Blob::ReadFile(index_path));
     DS_ASSIGN_OR_RETURN(weight_map, ReadWeightMap(index_path, index.bytes()));
@@ -192,7 +181,7 @@ Result<HfFolder> ReadHfFolder(const std::string& dir_in) {
   std::map<std::string, std::string> holder;  // tensor -> the file holding it
   for (const std::string& name : shard_names) {
     // Stamped before it is opened: a file replaced in between reads as changed.
-    DS_ASSIGN_OR_RETURN(HfFileStamp stamp, StampOf(Join(dir, name)));
+    DS_ASSIGN_OR_RETURN(HfFileStamp stamp, StampFile(Join(dir, name)));
     folder.stamps.push_back(std::move(stamp));
     DS_ASSIGN_OR_RETURN(SafetensorsFile shard, SafetensorsFile::Open(Join(dir, name)));
     for (const TensorView& t : shard.tensors()) {
@@ -242,19 +231,11 @@ Result<HfFolder> ReadHfFolder(const std::string& dir_in) {
 
 Status CheckHfFolderUnchanged(const HfFolder& folder) {
   for (const HfFileStamp& was : folder.stamps) {
-    Result<HfFileStamp> now = StampOf(was.path);
-    std::string how;
-    if (!now.ok()) {
-      how = "it is gone: " + now.status().message();
-    } else if (now->device != was.device || now->inode != was.inode) {
-      how = "another file now has its name";
-    } else if (now->size != was.size) {
-      how = "its size went from " + std::to_string(was.size) + " to " + std::to_string(now->size) + " bytes";
-    } else if (*now != was) {
-      how = "it was written to";
-    } else {
-      continue;
+    std::string how = FileChangeSince(was);
+    for (const SafetensorsFile& shard : folder.shards) {
+      if (how.empty() && shard.label() == was.path && shard.blob().cut()) how = kCutWhileRead;
     }
+    if (how.empty()) continue;
     return Status::FailedPrecondition(was.path + " changed while the folder was read (" + how +
                                       "); a version read from it could mix two checkpoints: publish the folder " +
                                       "once it is completely written (save each checkpoint to its own folder, or " +

@@ -473,18 +473,4 @@ Result<SafetensorsFile> SafetensorsFile::Parse(Blob blob, std::string label) {
   }
 }
 
-Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
-  DS_ASSIGN_OR_RETURN(Blob blob, Blob::MapFile(path));
-  return Parse(std::move(blob), path);
-}
-
-const TensorView* SafetensorsFile::Find(std::string_view name) const {
-  // Linear: tensors_ is in offset order and the class has no room for an
-  // index; files hold at most a few thousand tensors.
-  for (const TensorView& t : tensors_) {
-    if (t.name == name) return &t;
-  }
-  return nullptr;
-}
-
 }  // namespace deltasync

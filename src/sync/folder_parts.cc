@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/clock.h"
+#include "common/thread_start.h"
 #include "deltasync/part_publisher.h"
 #include "sync/bucket_settings.h"
 #include "sync/part_settings.h"
@@ -66,14 +67,17 @@ Result<FolderPartsStats> PublishFolderParts(std::shared_ptr<Store> store, uint64
   std::vector<Result<PartReceipt>> receipts(n, Status::Internal("part not run"));
   {
     std::vector<std::thread> workers;
+    workers.reserve(n);
     for (size_t p = 0; p < n; ++p) {
-      workers.emplace_back([&, p] {
+      auto part = [&, p] {
         std::vector<TensorView> blocks;
         for (const TensorView& t : folder.shards[fl.part_files[p]].tensors()) {
           if (t.num_elements() > 0) blocks.push_back(t);
         }
         receipts[p] = pubs[p]->Publish(version, blocks);
-      });
+      };
+      // A part whose thread the system refuses runs here (thread_start.h).
+      if (!TryStartThread(workers, part)) part();
     }
     for (std::thread& w : workers) w.join();
   }

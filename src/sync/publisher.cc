@@ -17,6 +17,7 @@
 #include "codec/stream_buffers.h"
 #include "common/clock.h"
 #include "common/parallel.h"
+#include "common/thread_start.h"
 #include "deltasync/compact.h"
 #include "deltasync/replica.h"
 #include "deltasync/side_files.h"
@@ -152,12 +153,8 @@ DetectOptions Publisher::Detection() const {
 }
 
 Result<PublishStats> Publisher::Publish(uint64_t version, std::span<const TensorView> tensors,
-                                       std::optional<std::span<const SideFile>> files) {
-  return PublishRead(version, tensors, files, nullptr);
-}
-
-Result<PublishStats> Publisher::PublishRead(uint64_t version, std::span<const TensorView> tensors,
-                                           std::optional<std::span<const SideFile>> files, const HfFolder* folder) {
+                                       std::optional<std::span<const SideFile>> files,
+                                       const std::function<Status()>& unchanged) {
   DS_RETURN_IF_ERROR(CheckNewVersion(version));
   Stopwatch clock;
   // Side files first (small): listed only when the set changed, uploaded
@@ -182,19 +179,20 @@ Result<PublishStats> Publisher::PublishRead(uint64_t version, std::span<const Te
                                      std::to_string(manifest_.Latest()->total_elements) +
                                      "; a recovered version must be the same model's complete weights");
     }
-    return Commit(version, std::move(first), Prepared{}, clock, std::move(changed_files), folder);
+    return Commit(version, std::move(first), Prepared{}, clock, std::move(changed_files), unchanged);
   }
   if (settings_.encoding == IndexEncoding::kCompact) {
     DS_ASSIGN_OR_RETURN(Prepared delta, PrepareScanned(version, tensors));
-    return Commit(version, std::nullopt, std::move(delta), clock, std::move(changed_files), folder);
+    return Commit(version, std::nullopt, std::move(delta), clock, std::move(changed_files), unchanged);
   }
   DS_ASSIGN_OR_RETURN(Prepared delta, settings_.encoding == IndexEncoding::kGapDelta ? PrepareGapDelta(version, tensors)
                                                                                     : PrepareDetected(version, tensors));
-  return Commit(version, std::nullopt, std::move(delta), clock, std::move(changed_files), folder);
+  return Commit(version, std::nullopt, std::move(delta), clock, std::move(changed_files), unchanged);
 }
 
 Result<PublishStats> Publisher::PublishFolder(uint64_t version, const HfFolder& folder) {
-  return PublishRead(version, folder.tensors, std::span<const SideFile>(folder.side_files), &folder);
+  return Publish(version, folder.tensors, std::span<const SideFile>(folder.side_files),
+                 [&folder] { return CheckHfFolderUnchanged(folder); });
 }
 
 Result<WeightState> Publisher::Snapshot(std::span<const TensorView> tensors) const {
@@ -295,7 +293,7 @@ constexpr uint64_t kOverlapChecksumBytes = uint64_t{1} << 20;
 
 Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightState> first_state, Prepared prepared,
                                        const Stopwatch& clock, std::optional<FileSet> files,
-                                       const HfFolder* folder) {
+                                       const std::function<Status()>& unchanged) {
   const uint64_t previous = latest_version();
   const bool first = first_state.has_value();
   // A version without a base after others: degraded, the previous state is unknown.
@@ -326,10 +324,10 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
     rollback();
     return s;
   };
-  // Every tensor was read (Prepare*, ToPublishedState): a folder must still
-  // be the checkpoint read, or the version mixes two (PublishFolder).
-  if (folder != nullptr) {
-    Status same = CheckHfFolderUnchanged(*folder);
+  // Every tensor was read (Prepare*, ToPublishedState): files they were
+  // mapped from must still be the checkpoint read, or the version mixes two.
+  if (unchanged) {
+    Status same = unchanged();
     if (!same.ok()) {
       return fail(same.WithContext("version " + std::to_string(version) + " not published to " + store_->Describe()));
     }
@@ -402,10 +400,12 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
     // alone, then the checksum alone.
     std::string checksum;
     Status put;
-    if (patch.size >= kOverlapChecksumBytes && ResolveThreads(options_.threads) > 1) {
-      std::thread hasher([&] { checksum = Xxh3Hex(patch.parts); });
+    std::vector<std::thread> hasher;  // none when the system refuses a thread (thread_start.h)
+    hasher.reserve(1);
+    if (patch.size >= kOverlapChecksumBytes && ResolveThreads(options_.threads) > 1 &&
+        TryStartThread(hasher, [&] { checksum = Xxh3Hex(patch.parts); })) {
       put = store_->Put(key, patch.parts);
-      hasher.join();
+      hasher[0].join();
     } else {
       put = store_->Put(key, patch.parts);
       if (put.ok()) checksum = Xxh3Hex(patch.parts);

@@ -99,12 +99,7 @@ TEST_P(PublishFolderChanged, AFolderSavedIntoAfterItsReadIsNotPublished) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Encodings, PublishFolderChanged,
-                         ::testing::Values(IndexEncoding::kCompact, IndexEncoding::kGapDelta, IndexEncoding::kRaw),
-                         [](const ::testing::TestParamInfo<IndexEncoding>& p) {
-                           return std::string(p.param == IndexEncoding::kCompact    ? "compact"
-                                              : p.param == IndexEncoding::kGapDelta ? "gap_delta"
-                                                                                    : "raw");
-                         });
+                         testing::AllEncodings(), testing::EncodingParamName);
 
 }  // namespace
 }  // namespace deltasync

@@ -28,4 +28,13 @@ inline Manifest ReadManifest(Store& store) {
   return m.ok() ? *m : Manifest{};
 }
 
+// The three index encodings as a test parameter, named "compact",
+// "gap_delta", "raw" in the test names.
+inline auto AllEncodings() {
+  return ::testing::Values(IndexEncoding::kCompact, IndexEncoding::kGapDelta, IndexEncoding::kRaw);
+}
+inline std::string EncodingParamName(const ::testing::TestParamInfo<IndexEncoding>& p) {
+  return p.param == IndexEncoding::kCompact ? "compact" : p.param == IndexEncoding::kGapDelta ? "gap_delta" : "raw";
+}
+
 }  // namespace deltasync::testing

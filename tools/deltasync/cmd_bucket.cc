@@ -79,7 +79,8 @@ Status RunPublish(const PublishArgs& args) {
     phase = "uploading";
     started = std::chrono::steady_clock::now();
     Result<PublishStats> published = folder ? publisher->PublishFolder(args.version, *dir)
-                                            : publisher->Publish(args.version, file->tensors());
+                                            : publisher->Publish(args.version, file->tensors(), std::nullopt,
+                                                                  [&] { return file->CheckUnchanged(); });
     EraseProgressLine();
     DS_ASSIGN_OR_RETURN(stats, std::move(published));
   }

@@ -87,6 +87,12 @@ Status RunDiff(const DiffArgs& args) {
   DS_RETURN_IF_ERROR(CheckOutputIsNotInput(args.out_path, {{"OLD", args.old_path}, {"NEW", args.new_path}}));
   DS_ASSIGN_OR_RETURN(SafetensorsFile old_file, SafetensorsFile::Open(args.old_path));
   DS_ASSIGN_OR_RETURN(SafetensorsFile new_file, SafetensorsFile::Open(args.new_path));
+  // Both read where they are mapped: a save into either while they were read
+  // would make a patch between states neither file held.
+  const auto unchanged = [&] {
+    Status old_same = old_file.CheckUnchanged();
+    return old_same.ok() ? new_file.CheckUnchanged() : old_same;
+  };
   // The same fp32 policy as the Publisher's default.
   const DetectOptions options = PublishedPolicy(args.allow_nonfinite);
   // Both files are read where they are mapped: only OLD's f32 tensors that
@@ -112,6 +118,7 @@ Status RunDiff(const DiffArgs& args) {
     DetectedGapDelta fused;
     Status s = DetectAndEncodeGapDelta(base_views, new_file.tensors(), options, info, fused);
     if (!s.ok()) return s.WithContext(comparing);
+    DS_RETURN_IF_ERROR(unchanged());
     DS_RETURN_IF_ERROR(WritePatchFile(args.out_path, fused.patch));
     PrintDiffLine(args.out_path, fused.changed_tensors, fused.changed, info.total_elements, fused.patch.size);
     return Status::OK();
@@ -133,6 +140,7 @@ Status RunDiff(const DiffArgs& args) {
   } else {
     DS_ASSIGN_OR_RETURN(patch, EncodeDelta(info, *changes));
   }
+  DS_RETURN_IF_ERROR(unchanged());
   DS_RETURN_IF_ERROR(WritePatchFile(args.out_path, patch));
   uint64_t changed = 0;
   for (const TensorChanges& c : *changes) changed += c.count();
@@ -176,8 +184,13 @@ Status RunApply(const ApplyArgs& args) {
   DS_ASSIGN_OR_RETURN(WeightState state, WeightState::FromViews(base_file.tensors()));
   std::optional<uint64_t> version = ParseU64(base_file.metadata(), "model_version");
   std::vector<uint8_t> undo;  // ApplyGapChanges' scratch, reused across patches
+  // Every input read mapped, checked once all were read: a file cut short
+  // while mapped reads as zeros past the cut (Blob::MapFile) and must not
+  // make OUT.
+  std::vector<SafetensorsFile> inputs = {base_file};
   for (const std::string& path : args.patch_paths) {
     DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
+    inputs.push_back(file);
     if (IsCompactDelta(file)) {
       // Checked against the state's own hash: refused unless it is the base.
       Result<CompactDelta> delta = DecodeCompactDelta(file, state, HashState(state));
@@ -222,6 +235,7 @@ Status RunApply(const ApplyArgs& args) {
     }
     version = patch.info.model_version;
   }
+  for (const SafetensorsFile& input : inputs) DS_RETURN_IF_ERROR(input.CheckUnchanged());
   DS_RETURN_IF_ERROR(WriteStateFile(args.out_path, state, version.value_or(0)));
   std::printf("wrote %s: version %llu, %zu tensors, %llu elements\n", args.out_path.c_str(),
               static_cast<unsigned long long>(version.value_or(0)), state.tensors().size(),
