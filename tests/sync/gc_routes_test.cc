@@ -1,0 +1,200 @@
+// gc and the routes through the objects it removes (retention.h, session
+// 50): a kept version that a fresh replica reaches today only through a
+// removed object (here a cumulative delta from a removed anchor, around a
+// damaged step delta) must not be left unreachable by gc.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deltasync/manifest.h"
+#include "deltasync/publisher.h"
+#include "deltasync/replica.h"
+#include "deltasync/retention.h"
+#include "testing/bucket_util.h"
+#include "testing/random_model.h"
+#include "testing/temp_dir.h"
+
+namespace deltasync {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::OpenDirStore;
+using testing::RandomModel;
+using testing::ReadManifest;
+using testing::TempDir;
+
+// Removes the file, or flips one byte of it in place (same size).
+void Damage(const std::string& path, bool remove) {
+  if (remove) {
+    ASSERT_TRUE(fs::remove(path)) << path;
+    return;
+  }
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_GT(bytes.size(), 100u) << path;
+  bytes[bytes.size() / 2] ^= 0x10;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// Versions 1..10 of one model published twice by the real Publisher: into
+// `bucket` with anchors 1, 4, 8 (interval 4) and step deltas, and into a
+// second bucket with one anchor (1) and a cumulative delta 1 -> 10
+// (cumulative interval 9). That delta is copied into `bucket` and listed on
+// its version 10, as a writer that keeps cumulative deltas from an older
+// anchor would (the format allows any base; the Publisher starts them at the
+// last anchor). Same model, same versions: same states and hashes.
+struct CrossingBucket {
+  CrossingBucket() {
+    PublisherOptions steps;
+    steps.anchor_interval = 4;
+    PublisherOptions cumulative;
+    cumulative.anchor_interval = 100;
+    cumulative.cumulative_interval = 9;
+    auto other = OpenDirStore(tmp.Sub("other"));
+    Publish(store, steps, true);
+    Publish(other, cumulative, false);
+    Manifest with = ReadManifest(*store);
+    const Manifest cumulative_manifest = ReadManifest(*other);
+    for (const ObjectEntry& o : cumulative_manifest.Find(10)->objects) {
+      if (o.kind == PatchKind::kDelta && o.base_version == 1u) cumulative_delta = o;
+    }
+    EXPECT_EQ(cumulative_delta.key, CumulativeDeltaKey(1, 10, IndexEncoding::kCompact));
+    fs::create_directories(fs::path(Path(cumulative_delta.key)).parent_path());
+    fs::copy_file(tmp.Sub("other") + "/" + cumulative_delta.key, Path(cumulative_delta.key));
+    for (VersionEntry& v : with.versions) {
+      if (v.version == 10) v.objects.push_back(cumulative_delta);
+    }
+    const std::string json = with.ToJson();
+    EXPECT_TRUE(store->Put(kManifestKey, ByteSpan(reinterpret_cast<const uint8_t*>(json.data()), json.size())).ok());
+    step9 = with.Find(9)->delta()->key;
+  }
+
+  void Publish(const std::shared_ptr<Store>& to, const PublisherOptions& options, bool keep_hashes) {
+    auto pub = Publisher::Open(to, options);
+    ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+    RandomModel model(53);
+    for (uint64_t v = 1; v <= 10; ++v) {
+      // Small steps up to 8, large ones after: anchor 1 + the cumulative
+      // delta is the cheaper route to 10 (fewer bytes than anchor 8 and the
+      // steps 9 and 10), the one fresh replicas take.
+      if (v > 1) model.Step(v <= 8 ? 0.002 : 0.3);
+      auto stats = (*pub)->Publish(v, model.Views());
+      ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+      if (keep_hashes) hashes[v] = stats->state_hash;
+    }
+  }
+
+  std::string Path(const std::string& key) const { return tmp.Sub("bucket") + "/" + key; }
+
+  // A fresh replica reaches `version` bit-exactly.
+  bool Reaches(uint64_t version) {
+    auto replica = Replica::Create(store);
+    Result<UpdateStats> updated = replica->Update(version);
+    if (updated.ok()) last = *updated;
+    return updated.ok() && HashState(replica->state()) == hashes[version];
+  }
+
+  TempDir tmp;
+  std::shared_ptr<Store> store = OpenDirStore(tmp.Sub("bucket"));
+  std::map<uint64_t, StateHash> hashes;
+  ObjectEntry cumulative_delta;
+  std::string step9;
+  UpdateStats last;  // of the last Reaches that reached
+};
+
+// Intact: gc --keep-anchors 1 keeps 8..10 and checks anchor 8 and the route
+// to 10 (the version a removed delta leads into): anchor 8 + steps 9 and 10
+// read and hashed, nothing else.
+TEST(GcRoutesTest, ChecksTheRoutesToTheVersionsARemovedDeltaLeadsInto) {
+  CrossingBucket b;
+  ASSERT_TRUE(b.Reaches(10));
+  EXPECT_EQ(b.last.anchors_applied, 1u);
+  EXPECT_EQ(b.last.deltas_applied, 1u) << "anchor 1 + the cumulative delta";
+  const Manifest m = ReadManifest(*b.store);
+  Result<PruneStats> dry = PruneVersions(*b.store, 1, /*dry_run=*/true);
+  ASSERT_TRUE(dry.ok()) << dry.status().ToString();
+  EXPECT_EQ(dry->routes_checked, (std::vector<uint64_t>{8, 10}));
+  EXPECT_EQ(dry->anchor_checked, 8u);
+  EXPECT_EQ(dry->anchor_bytes_read, m.Find(8)->anchor()->size);
+  EXPECT_EQ(dry->check_objects, 3u);
+  EXPECT_EQ(dry->check_bytes_read, m.Find(8)->anchor()->size + m.Find(9)->delta()->size + m.Find(10)->delta()->size);
+  Result<PruneStats> by_size = PruneVersions(*b.store, 1, /*dry_run=*/true, AnchorCheck::kSize);
+  ASSERT_TRUE(by_size.ok()) << by_size.status().ToString();
+  EXPECT_EQ(by_size->check_objects, 3u);
+  EXPECT_EQ(by_size->check_bytes_read, 0u);
+}
+
+// Version 9's step delta damaged (flipped) or missing: 9 is lost whatever
+// gc does, but 10 is reached today through anchor 1 and the cumulative delta
+// 1 -> 10 (fresh replicas take that route anyway: it is the cheaper one).
+// gc --keep-anchors 1 (or 2) would remove both: 10 lost. Refused, naming 10
+// and the step delta; nothing changed.
+class GcCutRouteTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GcCutRouteTest, RefusesToCutTheOnlyRouteToAKeptVersion) {
+  const bool remove = GetParam();
+  CrossingBucket b;
+  Damage(b.Path(b.step9), remove);
+  ASSERT_FALSE(b.Reaches(9));
+  ASSERT_TRUE(b.Reaches(10)) << "routed around 9 through the cumulative delta before gc";
+  const std::string before = ReadManifest(*b.store).ToJson();
+
+  for (uint64_t keep : {1, 2}) {
+    for (bool dry_run : {true, false}) {
+      Result<PruneStats> refused = PruneVersions(*b.store, keep, dry_run);
+      if (refused.ok()) {
+        ADD_FAILURE() << "gc --keep-anchors " << keep << (dry_run ? " would prune" : " pruned") << " versions "
+                      << refused->removed_versions.front() << "-" << refused->removed_versions.back();
+        if (dry_run) continue;
+        EXPECT_TRUE(b.Reaches(10)) << "version 10 lost by gc";
+        return;
+      }
+      EXPECT_EQ(refused.status().code(), ErrorCode::kFailedPrecondition);
+      const std::string& message = refused.status().message();
+      EXPECT_NE(message.find("version 10,"), std::string::npos) << message;
+      EXPECT_NE(message.find(b.step9), std::string::npos) << message;
+      EXPECT_NE(message.find("--keep-anchors"), std::string::npos) << message;
+    }
+  }
+  // --anchor-check size: a missing step delta is still refused; one damaged
+  // in place is what that cheaper check gives up (a dry run shows it).
+  Result<PruneStats> by_size = PruneVersions(*b.store, 1, /*dry_run=*/true, AnchorCheck::kSize);
+  EXPECT_EQ(by_size.ok(), !remove) << by_size.status().ToString();
+  EXPECT_EQ(ReadManifest(*b.store).ToJson(), before) << "nothing changed";
+  EXPECT_TRUE(b.Reaches(10));
+
+  // Keeping anchor 1 keeps the route (nothing to remove).
+  Result<PruneStats> all = PruneVersions(*b.store, 3);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_TRUE(all->removed_versions.empty());
+  EXPECT_TRUE(b.Reaches(10));
+}
+
+INSTANTIATE_TEST_SUITE_P(FlippedOrDeleted, GcCutRouteTest, ::testing::Bool());
+
+// The cumulative delta damaged too: 10 is unreachable today, so gc has
+// nothing of it to save and prunes (refusing would keep the bucket from ever
+// being pruned); what it keeps is still reached.
+TEST(GcRoutesTest, AVersionUnreachableAlreadyDoesNotBlockGc) {
+  CrossingBucket b;
+  Damage(b.Path(b.step9), true);
+  Damage(b.Path(b.cumulative_delta.key), false);
+  ASSERT_FALSE(b.Reaches(10));
+  Result<PruneStats> pruned = PruneVersions(*b.store, 1);
+  ASSERT_TRUE(pruned.ok()) << pruned.status().ToString();
+  EXPECT_EQ(pruned->removed_versions, (std::vector<uint64_t>{1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(pruned->routes_checked, (std::vector<uint64_t>{8, 10}));
+  EXPECT_TRUE(b.Reaches(8));
+}
+
+}  // namespace
+}  // namespace deltasync
