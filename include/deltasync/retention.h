@@ -36,7 +36,8 @@
 // it, re-planning around each bad one. Only when none is left does it look
 // at T's routes today (reading removed objects too): T unreachable today is
 // not gc's to save and is pruned as it is; reachable only through removed
-// objects refuses gc. The Publisher lists a removed object leading past A
+// objects refuses gc. A itself must always be reached (its anchor intact):
+// pruning before a broken A could leave no version reachable at all. The Publisher lists a removed object leading past A
 // only as A's step delta (its cumulative deltas start at the last anchor),
 // so for its buckets the check reads A's anchor, as before session 50; a
 // manifest written otherwise costs the route of each such T.

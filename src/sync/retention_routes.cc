@@ -136,10 +136,14 @@ Status CheckKeptRoutes(Store& store, const Manifest& before, const Manifest& pru
     stats->routes_checked.push_back(target);
     DS_ASSIGN_OR_RETURN(bool after, routes.Reaches(pruned, target));
     if (after) continue;
-    // Unreachable after pruning: refused only when it is reachable now (one
-    // that nothing reaches already is not gc's to save).
-    DS_ASSIGN_OR_RETURN(bool now, routes.Reaches(before, target));
-    if (!now) continue;
+    // Unreachable after pruning: refused when it is reachable now (one that
+    // nothing reaches already is not gc's to save), and always for the
+    // oldest kept anchor, the start of every kept chain: pruning before a
+    // broken one could leave no version reachable at all.
+    if (target != oldest.version) {
+      DS_ASSIGN_OR_RETURN(bool now, routes.Reaches(before, target));
+      if (!now) continue;
+    }
     std::vector<PartObject> kept_objects;  // the kept objects that could be on its routes
     for (const VersionEntry& v : pruned.versions) {
       if (v.version > target) break;

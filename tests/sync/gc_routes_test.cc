@@ -196,5 +196,26 @@ TEST(GcRoutesTest, AVersionUnreachableAlreadyDoesNotBlockGc) {
   EXPECT_TRUE(b.Reaches(8));
 }
 
+// The oldest kept anchor is held to session 49's rule whatever else: when
+// it is damaged gc refuses even if nothing reaches it today (here its step
+// delta is gone too, and the cumulative delta to 10): pruning would
+// otherwise leave a bucket in which no version is reachable at all, where
+// versions 1-7 are today.
+TEST(GcRoutesTest, ADamagedOldestKeptAnchorIsRefusedEvenWhenItsVersionIsUnreachableToday) {
+  CrossingBucket b;
+  const Manifest m = ReadManifest(*b.store);
+  Damage(b.Path(m.Find(8)->anchor()->key), false);
+  Damage(b.Path(m.Find(8)->delta()->key), true);
+  Damage(b.Path(b.cumulative_delta.key), true);
+  ASSERT_FALSE(b.Reaches(8));
+  ASSERT_FALSE(b.Reaches(10));
+  ASSERT_TRUE(b.Reaches(7));
+  Result<PruneStats> refused = PruneVersions(*b.store, 1, /*dry_run=*/true);
+  ASSERT_FALSE(refused.ok()) << "would prune versions 1-7, leaving nothing reachable";
+  EXPECT_EQ(refused.status().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find(m.Find(8)->anchor()->key), std::string::npos)
+      << refused.status().ToString();
+}
+
 }  // namespace
 }  // namespace deltasync
