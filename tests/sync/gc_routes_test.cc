@@ -53,7 +53,11 @@ void Damage(const std::string& path, bool remove) {
 // anchor would (the format allows any base; the Publisher starts them at the
 // last anchor). Same model, same versions: same states and hashes.
 struct CrossingBucket {
-  CrossingBucket() {
+  // cheap_cumulative: small steps up to 8 and large ones after, so that
+  // anchor 1 + the cumulative delta is the cheaper route to 10 (fewer bytes
+  // than anchor 8 and the steps 9 and 10), the one fresh replicas take;
+  // otherwise even steps, and fresh replicas start at anchor 8.
+  explicit CrossingBucket(bool cheap_cumulative = true) : cumulative_cheaper(cheap_cumulative) {
     PublisherOptions steps;
     steps.anchor_interval = 4;
     PublisherOptions cumulative;
@@ -83,10 +87,7 @@ struct CrossingBucket {
     ASSERT_TRUE(pub.ok()) << pub.status().ToString();
     RandomModel model(53);
     for (uint64_t v = 1; v <= 10; ++v) {
-      // Small steps up to 8, large ones after: anchor 1 + the cumulative
-      // delta is the cheaper route to 10 (fewer bytes than anchor 8 and the
-      // steps 9 and 10), the one fresh replicas take.
-      if (v > 1) model.Step(v <= 8 ? 0.002 : 0.3);
+      if (v > 1) model.Step(!cumulative_cheaper ? 0.05 : v <= 8 ? 0.002 : 0.3);
       auto stats = (*pub)->Publish(v, model.Views());
       ASSERT_TRUE(stats.ok()) << stats.status().ToString();
       if (keep_hashes) hashes[v] = stats->state_hash;
@@ -103,6 +104,7 @@ struct CrossingBucket {
     return updated.ok() && HashState(replica->state()) == hashes[version];
   }
 
+  const bool cumulative_cheaper;
   TempDir tmp;
   std::shared_ptr<Store> store = OpenDirStore(tmp.Sub("bucket"));
   std::map<uint64_t, StateHash> hashes;
@@ -215,6 +217,25 @@ TEST(GcRoutesTest, ADamagedOldestKeptAnchorIsRefusedEvenWhenItsVersionIsUnreacha
   EXPECT_EQ(refused.status().code(), ErrorCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find(m.Find(8)->anchor()->key), std::string::npos)
       << refused.status().ToString();
+}
+
+// A fresh replica (holding nothing when the update began) that loaded
+// anchor 8 and then found step 9 bad routes around it through anchor 1 and
+// the cumulative delta in the same update: it served nothing before, so
+// going back to an older anchor leaves it no older than it was. Before, it
+// stopped on 8 ("starts from the older anchor version 1") although a route
+// was there (and every later update from 8 stopped the same way).
+TEST(GcRoutesTest, AFreshReplicaRoutesAroundThroughAnOlderAnchorInItsFirstUpdate) {
+  CrossingBucket b(/*cumulative_cheaper=*/false);
+  ASSERT_TRUE(b.Reaches(10));
+  EXPECT_EQ(b.last.deltas_applied, 2u) << "anchor 8 + steps 9 and 10: the cheaper route";
+  Damage(b.Path(b.step9), true);
+  auto replica = Replica::Create(b.store);
+  Result<UpdateStats> updated = replica->Update(10);
+  ASSERT_TRUE(updated.ok()) << updated.status().ToString();
+  EXPECT_EQ(HashState(replica->state()), b.hashes[10]);
+  EXPECT_EQ(updated->anchors_applied, 2u) << "anchor 8, then anchor 1";
+  EXPECT_EQ(updated->deltas_applied, 1u);
 }
 
 }  // namespace
