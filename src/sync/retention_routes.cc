@@ -100,7 +100,11 @@ class RouteChecker {
 
  private:
   Result<bool> Intact(const PartObject& o) {
-    if (read_.count(o.key)) return !faults_.count(o.key);
+    if (read_.count(o.key)) {
+      if (!faults_.count(o.key)) return true;
+      bad_refs_.insert(RefOf(o));  // the key listed again with another hash: left out too
+      return false;
+    }
     uint64_t read = 0;
     Status checked = CheckStored(store_, o, check_, &read);
     bytes_read_ += read;
