@@ -89,7 +89,7 @@ class RouteChecker {
   uint64_t BytesReadFor(const std::vector<PartObject>& objects) const {
     uint64_t sum = 0;
     for (const PartObject& o : objects) {
-      auto it = read_.find(o.key);
+      auto it = read_.find(RefOf(o));
       if (it != read_.end()) sum += it->second;
     }
     return sum;
@@ -100,18 +100,14 @@ class RouteChecker {
 
  private:
   Result<bool> Intact(const PartObject& o) {
-    if (read_.count(o.key)) {
-      if (!faults_.count(o.key)) return true;
-      bad_refs_.insert(RefOf(o));  // the key listed again with another hash: left out too
-      return false;
-    }
+    if (auto seen = read_.find(RefOf(o)); seen != read_.end()) return !bad_refs_.count(seen->first);
     uint64_t read = 0;
     Status checked = CheckStored(store_, o, check_, &read);
     bytes_read_ += read;
     if (!checked.ok() && checked.code() != ErrorCode::kNotFound && checked.code() != ErrorCode::kIntegrity) {
       return checked;
     }
-    read_[o.key] = read;
+    read_[RefOf(o)] = read;
     if (checked.ok()) return true;
     bad_refs_.insert(RefOf(o));
     faults_[o.key] = checked.code() == ErrorCode::kNotFound ? o.key + " is missing" : checked.message();
@@ -121,7 +117,7 @@ class RouteChecker {
   Store& store_;
   const AnchorCheck check_;
   ObjectSet bad_refs_;
-  std::map<std::string, uint64_t> read_;      // key -> bytes read checking it
+  std::map<ObjectRef, uint64_t> read_;        // object checked -> bytes read checking it
   std::map<std::string, std::string> faults_;  // key -> what is wrong with it
   uint64_t bytes_read_ = 0;
 };
