@@ -153,11 +153,15 @@ Status CheckKeptRoutes(Store& store, const Manifest& before, const Manifest& pru
     }
     std::string faults = routes.Faults(kept_objects);
     if (faults.empty()) faults = "objects that no kept version lists (every route to it starts before that)";
+    const std::string why = target == oldest.version
+                                ? "is the oldest anchor it keeps, the start of every kept version's chain"
+                                : "is reachable today only through objects of the versions before " +
+                                      std::to_string(oldest.version) + " that gc would remove";
     refused = Status::FailedPrecondition(
         "not pruning " + store.Describe() + ": version " + std::to_string(target) + ", which --keep-anchors " +
-        std::to_string(keep_anchors) + " keeps, is reachable today only through objects of the versions before " +
-        std::to_string(oldest.version) + " that gc would remove: its routes through the objects gc keeps need " +
-        faults + ". Removing them would leave version " + std::to_string(target) +
+        std::to_string(keep_anchors) + " keeps, " + why + ": its routes through the objects gc keeps need " +
+        faults + ". Removing the versions before " + std::to_string(oldest.version) + " would leave version " +
+        std::to_string(target) +
         " (and every later version that needs it) unreachable; nothing was changed. Run deltasync verify --all, "
         "and gc with a larger --keep-anchors (or publish a new anchor first)");
     break;
