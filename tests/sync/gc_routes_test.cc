@@ -4,12 +4,11 @@
 // damaged step delta) must not be left unreachable by gc.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "deltasync/manifest.h"
@@ -18,31 +17,29 @@
 #include "deltasync/retention.h"
 #include "testing/bucket_util.h"
 #include "testing/random_model.h"
+#include "testing/s3_test_env.h"
 #include "testing/temp_dir.h"
 
 namespace deltasync {
 namespace {
 
-namespace fs = std::filesystem;
 using testing::OpenDirStore;
 using testing::RandomModel;
 using testing::ReadManifest;
 using testing::TempDir;
 
-// Removes the file, or flips one byte of it in place (same size).
-void Damage(const std::string& path, bool remove) {
+// Removes the stored object, or flips one byte of it in place (same size).
+void Damage(Store& store, const std::string& key, bool remove) {
   if (remove) {
-    ASSERT_TRUE(fs::remove(path)) << path;
+    ASSERT_TRUE(store.Delete(key).ok()) << key;
     return;
   }
-  std::string bytes;
-  {
-    std::ifstream in(path, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  ASSERT_GT(bytes.size(), 100u) << path;
+  Result<Blob> blob = store.Get(key);
+  ASSERT_TRUE(blob.ok()) << blob.status().ToString();
+  std::vector<uint8_t> bytes(blob->bytes().begin(), blob->bytes().end());
+  ASSERT_GT(bytes.size(), 100u) << key;
   bytes[bytes.size() / 2] ^= 0x10;
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  ASSERT_TRUE(store.Put(key, ByteSpan(bytes)).ok()) << key;
 }
 
 // Versions 1..10 of one model published twice by the real Publisher: into
@@ -57,7 +54,9 @@ struct CrossingBucket {
   // anchor 1 + the cumulative delta is the cheaper route to 10 (fewer bytes
   // than anchor 8 and the steps 9 and 10), the one fresh replicas take;
   // otherwise even steps, and fresh replicas start at anchor 8.
-  explicit CrossingBucket(bool cheap_cumulative = true) : cumulative_cheaper(cheap_cumulative) {
+  // `on`: the bucket's store (default: a local one in tmp).
+  explicit CrossingBucket(bool cheap_cumulative = true, std::shared_ptr<Store> on = nullptr)
+      : cumulative_cheaper(cheap_cumulative), store(on ? std::move(on) : OpenDirStore(tmp.Sub("bucket"))) {
     PublisherOptions steps;
     steps.anchor_interval = 4;
     PublisherOptions cumulative;
@@ -72,8 +71,8 @@ struct CrossingBucket {
       if (o.kind == PatchKind::kDelta && o.base_version == 1u) cumulative_delta = o;
     }
     EXPECT_EQ(cumulative_delta.key, CumulativeDeltaKey(1, 10, IndexEncoding::kCompact));
-    fs::create_directories(fs::path(Path(cumulative_delta.key)).parent_path());
-    fs::copy_file(tmp.Sub("other") + "/" + cumulative_delta.key, Path(cumulative_delta.key));
+    Result<Blob> copied = other->Get(cumulative_delta.key);
+    EXPECT_TRUE(copied.ok() && store->Put(cumulative_delta.key, copied->bytes()).ok());
     for (VersionEntry& v : with.versions) {
       if (v.version == 10) v.objects.push_back(cumulative_delta);
     }
@@ -94,7 +93,7 @@ struct CrossingBucket {
     }
   }
 
-  std::string Path(const std::string& key) const { return tmp.Sub("bucket") + "/" + key; }
+  void Damage(const std::string& key, bool remove) { deltasync::Damage(*store, key, remove); }
 
   // A fresh replica reaches `version` bit-exactly.
   bool Reaches(uint64_t version) {
@@ -106,7 +105,7 @@ struct CrossingBucket {
 
   const bool cumulative_cheaper;
   TempDir tmp;
-  std::shared_ptr<Store> store = OpenDirStore(tmp.Sub("bucket"));
+  std::shared_ptr<Store> store;
   std::map<uint64_t, StateHash> hashes;
   ObjectEntry cumulative_delta;
   std::string step9;
@@ -139,13 +138,21 @@ TEST(GcRoutesTest, ChecksTheRoutesToTheVersionsARemovedDeltaLeadsInto) {
 // gc does, but 10 is reached today through anchor 1 and the cumulative delta
 // 1 -> 10 (fresh replicas take that route anyway: it is the cheaper one).
 // gc --keep-anchors 1 (or 2) would remove both: 10 lost. Refused, naming 10
-// and the step delta; nothing changed.
-class GcCutRouteTest : public ::testing::TestWithParam<bool> {};
+// and the step delta; nothing changed. On a local bucket, and on S3 when an
+// endpoint is configured (the check's Size and ranged reads go to the server).
+class GcCutRouteTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(GcCutRouteTest, RefusesToCutTheOnlyRouteToAKeptVersion) {
-  const bool remove = GetParam();
-  CrossingBucket b;
-  Damage(b.Path(b.step9), remove);
+  const auto [remove, on_s3] = GetParam();
+  std::shared_ptr<Store> s3;
+  if (on_s3) {
+    std::optional<testing::S3TestServer> server = testing::FindS3TestServer();
+    if (!server) GTEST_SKIP() << testing::kNoS3Reason;
+    s3 = testing::MakeTestBucket(*server, testing::S3TestOptions(*server), "gcroutes", "runs/a");
+    ASSERT_TRUE(s3);
+  }
+  CrossingBucket b(/*cheap_cumulative=*/true, s3);
+  b.Damage(b.step9, remove);
   ASSERT_FALSE(b.Reaches(9));
   ASSERT_TRUE(b.Reaches(10)) << "routed around 9 through the cumulative delta before gc";
   const std::string before = ReadManifest(*b.store).ToJson();
@@ -181,15 +188,19 @@ TEST_P(GcCutRouteTest, RefusesToCutTheOnlyRouteToAKeptVersion) {
   EXPECT_TRUE(b.Reaches(10));
 }
 
-INSTANTIATE_TEST_SUITE_P(FlippedOrDeleted, GcCutRouteTest, ::testing::Bool());
+std::string CutRouteName(const ::testing::TestParamInfo<std::tuple<bool, bool>>& info) {
+  return std::string(std::get<0>(info.param) ? "Deleted" : "Flipped") + (std::get<1>(info.param) ? "OnS3" : "Local");
+}
+INSTANTIATE_TEST_SUITE_P(Damage, GcCutRouteTest, ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         CutRouteName);
 
 // The cumulative delta damaged too: 10 is unreachable today, so gc has
 // nothing of it to save and prunes (refusing would keep the bucket from ever
 // being pruned); what it keeps is still reached.
 TEST(GcRoutesTest, AVersionUnreachableAlreadyDoesNotBlockGc) {
   CrossingBucket b;
-  Damage(b.Path(b.step9), true);
-  Damage(b.Path(b.cumulative_delta.key), false);
+  b.Damage(b.step9, true);
+  b.Damage(b.cumulative_delta.key, false);
   ASSERT_FALSE(b.Reaches(10));
   Result<PruneStats> pruned = PruneVersions(*b.store, 1);
   ASSERT_TRUE(pruned.ok()) << pruned.status().ToString();
@@ -206,9 +217,9 @@ TEST(GcRoutesTest, AVersionUnreachableAlreadyDoesNotBlockGc) {
 TEST(GcRoutesTest, ADamagedOldestKeptAnchorIsRefusedEvenWhenItsVersionIsUnreachableToday) {
   CrossingBucket b;
   const Manifest m = ReadManifest(*b.store);
-  Damage(b.Path(m.Find(8)->anchor()->key), false);
-  Damage(b.Path(m.Find(8)->delta()->key), true);
-  Damage(b.Path(b.cumulative_delta.key), true);
+  b.Damage(m.Find(8)->anchor()->key, false);
+  b.Damage(m.Find(8)->delta()->key, true);
+  b.Damage(b.cumulative_delta.key, true);
   ASSERT_FALSE(b.Reaches(8));
   ASSERT_FALSE(b.Reaches(10));
   ASSERT_TRUE(b.Reaches(7));
@@ -229,7 +240,7 @@ TEST(GcRoutesTest, AFreshReplicaRoutesAroundThroughAnOlderAnchorInItsFirstUpdate
   CrossingBucket b(/*cumulative_cheaper=*/false);
   ASSERT_TRUE(b.Reaches(10));
   EXPECT_EQ(b.last.deltas_applied, 2u) << "anchor 8 + steps 9 and 10: the cheaper route";
-  Damage(b.Path(b.step9), true);
+  b.Damage(b.step9, true);
   auto replica = Replica::Create(b.store);
   Result<UpdateStats> updated = replica->Update(10);
   ASSERT_TRUE(updated.ok()) << updated.status().ToString();
