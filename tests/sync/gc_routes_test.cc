@@ -23,10 +23,8 @@
 namespace deltasync {
 namespace {
 
-using testing::OpenDirStore;
 using testing::RandomModel;
 using testing::ReadManifest;
-using testing::TempDir;
 
 // Removes the stored object, or flips one byte of it in place (same size).
 void Damage(Store& store, const std::string& key, bool remove) {
@@ -56,13 +54,13 @@ struct CrossingBucket {
   // otherwise even steps, and fresh replicas start at anchor 8.
   // `on`: the bucket's store (default: a local one in tmp).
   explicit CrossingBucket(bool cheap_cumulative = true, std::shared_ptr<Store> on = nullptr)
-      : cumulative_cheaper(cheap_cumulative), store(on ? std::move(on) : OpenDirStore(tmp.Sub("bucket"))) {
+      : cumulative_cheaper(cheap_cumulative), store(on ? std::move(on) : testing::OpenDirStore(tmp.Sub("bucket"))) {
     PublisherOptions steps;
     steps.anchor_interval = 4;
     PublisherOptions cumulative;
     cumulative.anchor_interval = 100;
     cumulative.cumulative_interval = 9;
-    auto other = OpenDirStore(tmp.Sub("other"));
+    auto other = testing::OpenDirStore(tmp.Sub("other"));
     Publish(store, steps, true);
     Publish(other, cumulative, false);
     Manifest with = ReadManifest(*store);
@@ -104,7 +102,7 @@ struct CrossingBucket {
   }
 
   const bool cumulative_cheaper;
-  TempDir tmp;
+  testing::TempDir tmp;
   std::shared_ptr<Store> store;
   std::map<uint64_t, StateHash> hashes;
   ObjectEntry cumulative_delta;
