@@ -113,8 +113,9 @@ class Replica {
   // plans again without it from the version reached so far. While it routes
   // around bad objects it never goes below the version it holds: when the
   // only route left starts from an older anchor, the update stops on the
-  // held version with an error saying so (a replica holding nothing takes
-  // that route). A store failure (kIOError) is returned as is: it says
+  // held version with an error saying so (a replica that held nothing when
+  // the update began takes that route, even after loading a newer anchor in
+  // it). A store failure (kIOError) is returned as is: it says
   // nothing about the object.
   // Errors: target missing from the manifest or older than the held version
   // (kInvalidArgument/kNotFound), or no route left without the bad objects

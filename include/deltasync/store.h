@@ -126,4 +126,14 @@ class LocalStore : public Store {
 // bucket is a kNotFound error naming it).
 Result<std::shared_ptr<Store>> OpenStore(std::string_view url, bool create = true, bool create_bucket = false);
 
+// Refuses `path`, where a command writes its output (`pull -o`, `pull
+// --hf-dir`, `serve --out`: a file or a folder, there or not yet), when
+// `store` is a local bucket whose directory it is, lies inside or holds
+// (symbolic links, "." and ".." resolved as far as the path exists): writing
+// there would replace the bucket's files (its manifest, or its anchors:
+// `serve --out` names its files as the bucket names anchors, and prunes
+// them). kInvalidArgument naming `flag` and the bucket; OK for other stores
+// (and for a null one).
+Status CheckOutsideBucket(const Store* store, const std::string& path, const std::string& flag);
+
 }  // namespace deltasync

@@ -166,7 +166,9 @@ class Replica:
         side files (config.json, tokenizer files, ...) are fetched and
         verified. The folder appears whole (built beside, then renamed); an
         existing non-empty ``path`` is refused (FailedPreconditionError)
-        unless ``force``. Load it with ``from_pretrained(path)``.
+        unless ``force``; a ``path`` that is the local bucket's directory, lies
+        inside it or holds it is refused whatever ``force`` says
+        (InvalidArgumentError). Load it with ``from_pretrained(path)``.
         """
         if self.version == 0:
             raise FailedPreconditionError("the replica holds no version yet; call update() first")

@@ -111,6 +111,8 @@ std::string OutDirSink::FolderName(uint64_t version) {
 Result<std::unique_ptr<OutDirSink>> OutDirSink::Open(const std::string& dir, int keep, OutLayout layout,
                                                      std::shared_ptr<Store> bucket) {
   if (keep < 1) return Status::InvalidArgument("--keep must be at least 1, got " + std::to_string(keep));
+  // Its file names are the bucket's anchor names, and it prunes them.
+  DS_RETURN_IF_ERROR(CheckOutsideBucket(bucket.get(), dir, "--out"));
   Result<std::unique_ptr<LocalStore>> store = LocalStore::Open(dir, /*create=*/true);
   if (!store.ok()) return store.status().WithContext("--out " + dir);
   if (layout == OutLayout::kFolder) DS_RETURN_IF_ERROR(CheckLatestLink(dir).WithContext("--out " + dir));

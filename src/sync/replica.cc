@@ -146,7 +146,9 @@ Result<UpdateStats> Replica::Update(std::optional<uint64_t> target) {
     // Routing around bad objects never takes the replica below the version
     // it holds (a route from an older anchor that then failed would leave a
     // follower serving older weights than before): stop on the held version.
-    if (!bad_set_.empty() && version_ > 0 && !plan->steps.empty() &&
+    // A replica that held nothing when this update began (a fresh one, which
+    // may have loaded a newer anchor in it) served nothing older: it may.
+    if (!bad_set_.empty() && stats.from_version > 0 && !plan->steps.empty() &&
         plan->steps.front().object.kind == PatchKind::kAnchor && plan->steps.front().version < version_) {
       const std::string blocked = "the only route to " + V(want) + " left without the object(s) found bad (" +
                                   DescribeBad(want) + ") starts from the older anchor " +

@@ -1,70 +1,14 @@
 // PruneVersions (retention.h): manifest first, then objects.
 #include "deltasync/retention.h"
 
-#include <xxhash.h>
-
-#include <algorithm>
-#include <cstdio>
 #include <map>
-#include <memory>
 #include <set>
 
 #include "deltasync/manifest.h"
+#include "sync/retention_routes.h"
 
 namespace deltasync {
 namespace {
-
-// Checks one stored object against its listing (size, then with kFull its
-// XXH3-128), reading it in slices so that a large anchor is never held whole;
-// adds the bytes read to *read.
-Status CheckStored(Store& store, const PartObject& o, AnchorCheck check, uint64_t* read) {
-  DS_ASSIGN_OR_RETURN(uint64_t size, store.Size(o.key));
-  if (size != o.size) {
-    return Status::Integrity(o.key + " is " + std::to_string(size) + " bytes, the manifest lists " +
-                             std::to_string(o.size));
-  }
-  if (check == AnchorCheck::kSize) return Status::OK();
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
-  if (!state) return Status::Internal("out of memory for a hash state");
-  XXH3_128bits_reset(state.get());
-  constexpr uint64_t kSlice = uint64_t{64} << 20;
-  for (uint64_t offset = 0; offset < size; offset += kSlice) {
-    DS_ASSIGN_OR_RETURN(Blob slice, store.GetRange(o.key, offset, std::min(kSlice, size - offset)));
-    if (slice.size() != std::min(kSlice, size - offset)) {
-      return Status::Integrity(o.key + " gave " + std::to_string(slice.size()) + " bytes at offset " +
-                               std::to_string(offset) + ", fewer than its size promises");
-    }
-    XXH3_128bits_update(state.get(), slice.bytes().data(), slice.size());
-    *read += slice.size();
-  }
-  const XXH128_hash_t h = XXH3_128bits_digest(state.get());
-  char hex[33];
-  std::snprintf(hex, sizeof hex, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
-                static_cast<unsigned long long>(h.low64));
-  if (o.xxh3_128 != hex) return Status::Integrity(o.key + ": XXH3-128 " + hex + ", the manifest lists " + o.xxh3_128);
-  return Status::OK();
-}
-
-// The oldest kept anchor becomes the only start of every kept version's
-// chain: pruning the versions before it also removes the route around it.
-// So it must be intact (every part of a parted anchor). A damaged one is
-// refused with what to do; a store failure is returned as it is.
-Status CheckOldestKeptAnchor(Store& store, const VersionEntry& v, uint64_t newest, uint64_t keep_anchors,
-                             AnchorCheck check, uint64_t* read) {
-  for (const PartObject& o : StoredObjects(*v.anchor())) {
-    Status checked = CheckStored(store, o, check, read);
-    if (checked.ok()) continue;
-    if (checked.code() != ErrorCode::kNotFound && checked.code() != ErrorCode::kIntegrity) return checked;
-    return Status::FailedPrecondition(
-        "not pruning " + store.Describe() + ": the oldest anchor --keep-anchors " + std::to_string(keep_anchors) +
-        " keeps (version " + std::to_string(v.version) + ") is damaged or missing (" +
-        (checked.code() == ErrorCode::kNotFound ? o.key + " is missing" : checked.message()) +
-        "), and removing the versions before it would leave versions " + std::to_string(v.version) + "-" +
-        std::to_string(newest) + " without a route around it; nothing was changed. Run deltasync verify --all, "
-        "and gc with a larger --keep-anchors (or publish a new anchor first)");
-  }
-  return Status::OK();
-}
 
 // After a failed delete: no version lists the objects of the removed
 // versions any more, so no later gc finds them (it deletes only what the
@@ -109,6 +53,7 @@ Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_r
     for (PartObject& stored : StoredObjects(o)) doomed.push_back(std::move(stored));
   };
   std::set<uint64_t> kept;
+  std::set<uint64_t> entered;  // kept versions a removed version's delta leads into
   // Side file objects: content-addressed, so shared between versions; one is
   // doomed when only removed versions list it.
   std::map<std::string, uint64_t> removed_files, kept_files;  // key -> size
@@ -136,6 +81,7 @@ Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_r
       // A delta from a removed version is of no use to anyone any more.
       if (o.kind == PatchKind::kDelta && !kept.count(*o.base_version)) {
         doom(o);
+        entered.insert(v.version);
       } else {
         entry.objects.push_back(o);
       }
@@ -152,9 +98,7 @@ Result<PruneStats> PruneVersions(Store& store, uint64_t keep_anchors, bool dry_r
   for (const PartObject& o : doomed) stats.bytes_deleted += o.size;
   for (const PartObject& o : doomed_files) stats.bytes_deleted += o.size;
   if (!stats.removed_versions.empty()) {
-    DS_RETURN_IF_ERROR(CheckOldestKeptAnchor(store, pruned.versions.front(), manifest.Latest()->version,
-                                             keep_anchors, anchor_check, &stats.anchor_bytes_read));
-    stats.anchor_checked = pruned.versions.front().version;
+    DS_RETURN_IF_ERROR(CheckKeptRoutes(store, manifest, pruned, entered, keep_anchors, anchor_check, &stats));
   }
   if (dry_run || (doomed.empty() && doomed_files.empty())) {
     stats.objects_deleted = dry_run ? doomed.size() + doomed_files.size() : 0;

@@ -55,6 +55,7 @@ Result<std::vector<SideFile>> FetchSideFiles(Store& store, const FileSet& set, s
 
 Status WriteReplicaFolder(Store& store, const Replica& replica, const std::string& dir, HfWriteOptions options) {
   if (replica.version() == 0) return Status::FailedPrecondition("the replica holds no version yet; update it first");
+  DS_RETURN_IF_ERROR(CheckOutsideBucket(&store, dir, "the model folder"));
   const std::string what = "version " + std::to_string(replica.version());
   DS_ASSIGN_OR_RETURN(std::vector<SideFile> files,
                       FetchSideFiles(store, replica.manifest().FilesAt(replica.version()), what));

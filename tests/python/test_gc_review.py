@@ -103,3 +103,42 @@ def test_gc_leaves_files_it_did_not_write_alone(tmp_path, run):
     assert tree(tmp_path / "bucket10") == other
     manifest = json.loads((bucket / "manifest.json").read_text())
     assert [v["version"] for v in manifest["versions"]] == [6, 7]
+
+
+def test_gc_checks_the_route_to_a_version_a_removed_delta_leads_into(tmp_path, run):
+    """Session 50: a kept version reached through a delta from a removed
+    version (here a cumulative delta from anchor 1, spliced in from a second
+    bucket of the same checkpoints: the format allows any base) is checked
+    before pruning; when its route through the kept objects is broken, gc
+    refuses and changes nothing."""
+    bucket, other = tmp_path / "bucket", tmp_path / "other"
+    expected = publish_versions(run, tmp_path, bucket, list(range(1, 11)), "--anchor-interval", 4)  # anchors 1, 4, 8
+    for v in range(1, 11):
+        run("publish", other, tmp_path / f"c{v}.safetensors", "--version", v, "--anchor-interval", 100,
+            "--cumulative-every", 9)
+    theirs = json.loads((other / "manifest.json").read_text())
+    ours = json.loads((bucket / "manifest.json").read_text())
+    [cumulative] = [o for v in theirs["versions"] if v["version"] == 10 for o in v["objects"]
+                    if o.get("base_version") == 1]
+    (bucket / cumulative["key"]).parent.mkdir(parents=True, exist_ok=True)
+    (bucket / cumulative["key"]).write_bytes((other / cumulative["key"]).read_bytes())
+    next(v for v in ours["versions"] if v["version"] == 10)["objects"].append(cumulative)
+    (bucket / "manifest.json").write_text(json.dumps(ours))
+    pull_and_check(run, tmp_path, bucket, 10, expected[10])
+    sizes = tree(bucket)
+    step = "ds/deltas/step_{:06d}.safetensors"
+    out = json.loads(run("gc", bucket, "--keep-anchors", 1, "--dry-run", "--json").stdout)["pruned"]
+    assert out["routes_checked"] == [8, 10] and out["check_objects"] == 3, out
+    assert out["check_bytes_read"] == (sizes["ds/anchors/step_000008.safetensors"] + sizes[step.format(9)]
+                                       + sizes[step.format(10)]), out
+    assert out["anchor_bytes_read"] == sizes["ds/anchors/step_000008.safetensors"]
+    text = run("gc", bucket, "--keep-anchors", 1, "--dry-run").stdout
+    assert "and the routes to version(s) 10, which deltas from removed versions lead into: 3 object(s)" in text, text
+
+    os.remove(bucket / step.format(9))
+    before = tree(bucket)
+    for extra in (["--dry-run"], [], ["--anchor-check", "size"]):
+        proc = run("gc", bucket, "--keep-anchors", 1, *extra, check=False)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "version 10," in proc.stderr and step.format(9) in proc.stderr, proc.stderr
+    assert tree(bucket) == before

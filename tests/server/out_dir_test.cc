@@ -10,6 +10,7 @@
 #include <fstream>
 #include <span>
 
+#include "deltasync/manifest.h"
 #include "deltasync/patch.h"
 #include "deltasync/safetensors.h"
 #include "deltasync/temp_file.h"
@@ -296,6 +297,49 @@ TEST(OutDirTest, BadOptionsAreRefusedAtStart) {
   ASSERT_FALSE(server.ok());
   EXPECT_EQ(server.status().code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(server.status().message().find("--keep"), std::string::npos);
+}
+
+// --out inside the local bucket (or holding it) is refused at start, as
+// pull -o is (CheckOutsideBucket): with --out BUCKET/anchors --out-layout
+// file the daemon wrote step_000001.safetensors over the bucket's anchor of
+// version 1 and, with --keep 1, deleted it once version 2 was written.
+TEST(OutDirTest, AnOutFolderInsideOrHoldingTheBucketIsRefusedAtStart) {
+  TestBucket bucket;
+  bucket.Publish(1);
+  const std::string anchor = bucket.dir() + "/" + AnchorKey(1);
+  ASSERT_TRUE(fs::exists(anchor));
+  const std::string anchor_bytes = ReadText(anchor);
+  fs::create_directory_symlink(bucket.dir(), bucket.tmp().Sub("link"));
+  const std::vector<std::string> outs = {bucket.dir() + "/anchors", bucket.dir(), bucket.dir() + "/fresh/sub",
+                                         bucket.tmp().Sub("link") + "/anchors", bucket.tmp().path()};
+  for (const std::string& out : outs) {
+    ServerOptions options = DaemonOptions(bucket.store());
+    options.out_dir = out;
+    options.keep = 1;
+    options.out_layout = OutLayout::kFile;
+    options.listen = "127.0.0.1:0";
+    auto server = Server::Start(options);
+    if (server.ok()) {
+      ASSERT_TRUE(WaitForVersion((*server)->address(), 1));
+      bucket.Publish(2);
+      ASSERT_TRUE(WaitForVersion((*server)->address(), 2));
+      (*server)->Stop();
+      ADD_FAILURE() << "--out " << out << " started; after version 2 the bucket's anchor of version 1 is "
+                    << (!fs::exists(anchor) ? "gone" : ReadText(anchor) == anchor_bytes ? "intact" : "replaced");
+      return;
+    }
+    EXPECT_EQ(server.status().code(), ErrorCode::kInvalidArgument) << out;
+    EXPECT_NE(server.status().message().find("--out " + out), std::string::npos) << server.status().ToString();
+    EXPECT_NE(server.status().message().find("bucket"), std::string::npos) << server.status().ToString();
+    EXPECT_EQ(ReadText(anchor), anchor_bytes);
+  }
+  EXPECT_FALSE(fs::exists(bucket.dir() + "/fresh")) << "nothing created in the bucket";
+  // Beside the bucket is fine.
+  ServerOptions beside = DaemonOptions(bucket.store());
+  beside.out_dir = bucket.tmp().Sub("out");
+  auto daemon = StartDaemon(beside);
+  ASSERT_TRUE(daemon);
+  EXPECT_TRUE(WaitForVersion(daemon->address(), 1));
 }
 
 }  // namespace

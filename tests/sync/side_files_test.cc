@@ -166,5 +166,32 @@ TEST(SideFilesTest, PruningKeepsWhatKeptVersionsListAndRewritesAnInheritedSet) {
   EXPECT_TRUE(store->Get(tok_key).ok()) << "shared by a kept version";
 }
 
+// A model folder written over the local bucket it came from, inside it or
+// over a folder holding it is refused (CheckOutsideBucket), also with
+// replace: before, Replica.save_hf_dir(BUCKET, force=True) (Python) replaced
+// the bucket, manifest and all, with the model folder.
+TEST(SideFilesTest, AReplicaFolderIsNeverWrittenOverItsLocalBucket) {
+  TempDir tmp;
+  auto store = OpenDirStore(tmp.Sub("bucket"));
+  std::vector<SideFile> files = {File("config.json", "{}")};
+  RandomModel model(5);
+  auto pub = OpenPublisher(store);
+  ASSERT_TRUE(pub->Publish(1, model.Views(), files).ok());
+  auto replica = Replica::Create(store);
+  ASSERT_TRUE(replica->Update(1).ok());
+  const std::string manifest = ReadManifest(*store).ToJson();
+  HfWriteOptions replace;
+  replace.replace = true;
+  for (const std::string& dir : {tmp.Sub("bucket"), tmp.Sub("bucket") + "/ds", tmp.Sub("bucket") + "/model",
+                                 tmp.path()}) {
+    Status written = WriteReplicaFolder(*store, *replica, dir, replace);
+    EXPECT_EQ(written.code(), ErrorCode::kInvalidArgument) << dir << ": " << written.ToString();
+    EXPECT_NE(written.message().find("bucket"), std::string::npos) << written.ToString();
+    ASSERT_TRUE(store->Get(kManifestKey).ok()) << "the bucket is gone after writing " << dir;
+    EXPECT_EQ(ReadManifest(*store).ToJson(), manifest);
+  }
+  EXPECT_TRUE(WriteReplicaFolder(*store, *replica, tmp.Sub("model"), {}).ok());
+}
+
 }  // namespace
 }  // namespace deltasync

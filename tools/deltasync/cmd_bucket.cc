@@ -182,8 +182,8 @@ Status RunPull(const PullArgs& args) {
     DS_ASSIGN_OR_RETURN(folder.max_shard_bytes, ParseByteSize(args.max_shard_size, "--max-shard-size"));
   }
   folder.replace = args.force;
-  DS_RETURN_IF_ERROR(args.hf_dir.empty() ? CheckOutputOutsideBucket(*store, args.out_path, "-o")
-                                         : CheckOutputOutsideBucket(*store, args.hf_dir, "--hf-dir"));
+  DS_RETURN_IF_ERROR(args.hf_dir.empty() ? CheckOutsideBucket(store.get(), args.out_path, "-o")
+                                         : CheckOutsideBucket(store.get(), args.hf_dir, "--hf-dir"));
   if (!args.hf_dir.empty()) DS_RETURN_IF_ERROR(CheckHfFolderTarget(args.hf_dir, args.force));
   // What an earlier pull to the same path left when it was SIGKILLed mid-write.
   RemoveDeadWritersTemporaries(args.hf_dir.empty() ? args.out_path : args.hf_dir);
@@ -248,7 +248,10 @@ Status RunGc(const GcArgs& args) {
                      {"anchor_checked", pruned.anchor_checked == 0 ? nlohmann::ordered_json(nullptr)
                                                                    : nlohmann::ordered_json(pruned.anchor_checked)},
                      {"anchor_check", args.anchor_check_size ? "size" : "full"},
-                     {"anchor_bytes_read", pruned.anchor_bytes_read}};
+                     {"anchor_bytes_read", pruned.anchor_bytes_read},
+                     {"routes_checked", pruned.routes_checked},
+                     {"check_objects", pruned.check_objects},
+                     {"check_bytes_read", pruned.check_bytes_read}};
     std::string kept;
     for (uint64_t v : pruned.kept_anchors) kept += (kept.empty() ? "" : ", ") + std::to_string(v);
     if (text) {
@@ -269,6 +272,17 @@ Status RunGc(const GcArgs& args) {
                                     : "read and hashed, " + HumanBytes(static_cast<double>(pruned.anchor_bytes_read));
         std::printf("%s: checked the oldest kept anchor (version %llu) first: %s\n", store->Describe().c_str(),
                     static_cast<unsigned long long>(pruned.anchor_checked), how.c_str());
+      }
+      if (pruned.routes_checked.size() > 1) {
+        // Kept versions that a removed version's delta leads into (retention.h).
+        std::string routes;
+        for (uint64_t v : pruned.routes_checked) {
+          if (v != pruned.anchor_checked) routes += (routes.empty() ? "" : ", ") + std::to_string(v);
+        }
+        std::printf("%s: and the routes to version(s) %s, which deltas from removed versions lead into: %llu "
+                    "object(s) in all, %s read\n",
+                    store->Describe().c_str(), routes.c_str(), static_cast<unsigned long long>(pruned.check_objects),
+                    HumanBytes(static_cast<double>(pruned.check_bytes_read)).c_str());
       }
     }
   }

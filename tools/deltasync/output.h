@@ -24,12 +24,6 @@ Status WritePatchFile(const std::string& path, const EncodedPatch& patch);
 // format "pt", model_version).
 Status WriteStateFile(const std::string& path, const WeightState& state, uint64_t version);
 
-// Refuses an output path (`pull -o`, `pull --hf-dir`) that is the local
-// bucket's directory, lies inside it or holds it: a pull there would replace
-// the bucket's manifest or objects with model weights (or, with --force, the
-// folder holding the bucket). OK for other stores.
-Status CheckOutputOutsideBucket(const Store& store, const std::string& out_path, const std::string& flag);
-
 // Refuses an output path that names the same file as one of `inputs` (the
 // same inode: a link or another spelling of it counts): `diff -o OLD` would
 // replace the base weights, the only thing the patch applies to, with the
