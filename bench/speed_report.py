@@ -253,7 +253,7 @@ def print_report(raw: dict, threads: list[int]) -> None:
         rows.append((f"`deltasync bench` on {top} threads", "not run: " + raw["failed"].get(f"bench_t{top}", "?"), "", ""))
     else:
         print(f"Model: {b['model']}, {b['model_bytes'] / 1e9:.2f} GB bf16, {100 * b['changed_fraction']:.1f}% changed; "
-              f"memcpy {b['memcpy_gbps']:.2f} GB/s on {top} threads.\n")
+              f"memcpy {b['memcpy_gbps']:.2f} GB/s on {top} threads; SIMD route {b.get('simd_target', '?')}.\n")
         row(f"whole compact apply / memcpy ({top} thread{'s' if top > 1 else ''})", b["apply_compact_vs_memcpy"], "x", 0.5)
         for t in threads:
             bt = raw.get(f"bench_t{t}")

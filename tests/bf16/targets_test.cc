@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bf16/simd_kernels.h"
+#include "deltasync/simd_route.h"
 
 namespace deltasync {
 namespace {
@@ -51,6 +52,20 @@ TEST(KernelTargets, ListsTheTargetsAndHasEveryExpectedOne) {
     EXPECT_EQ(std::find(names.begin(), names.end(), unwanted), names.end())
         << "unexpected target " << unwanted << " in: " << list;
   }
+}
+
+TEST(KernelTargets, ThePublicRouteNameIsTheTargetTheKernelsTakeOnEveryTarget) {
+  // `deltasync bench --json` reports it as simd_target beside every figure:
+  // it must follow the dispatch, "-no-raw" routes included, and be the
+  // default again once the restriction is lifted.
+  const std::string best = SimdRouteName();
+  EXPECT_EQ(best, kernels::SupportedTargetNames().front());
+  for (const std::string& name : kernels::SupportedTargetNames()) {
+    ASSERT_TRUE(kernels::UseOnlyTarget(name)) << name;
+    EXPECT_EQ(SimdRouteName(), name);
+  }
+  ASSERT_TRUE(kernels::UseOnlyTarget(""));
+  EXPECT_EQ(SimdRouteName(), best);
 }
 
 }  // namespace

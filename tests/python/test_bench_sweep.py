@@ -16,6 +16,8 @@ def test_sweep_reports_every_size_and_rate(run):
         assert x["changed"] / (x["model_bytes"] / 2) == pytest.approx(x["rate"], rel=0.1)
         for key in ("apply_compact_gbps", "apply_compact_vs_memcpy", "decode_compact_gbps_per_core", "memcpy_gbps"):
             assert x[key] > 0
+        # The SIMD route the figures were measured on ("AVX3", "AVX2", "NEON", ...): one process, one route.
+        assert isinstance(x["simd_target"], str) and x["simd_target"] == rows[0]["simd_target"] != ""
         # The same delta's floor (bench_decode_floor.h): every stage timed, the sums reported.
         for key in ("decode_floor_gbps_per_core", "apply_floor_vs_memcpy", "decode_compact_cpu_gbps_per_core"):
             assert x[key] > 0

@@ -55,5 +55,7 @@ def test_a_failing_benchmark_is_reported_and_the_others_are_kept(deltasync_bin, 
     assert raw["bench_t1"]["apply_compact_vs_memcpy"] > 0
     # The table has the figures that ran and says which one did not.
     assert "| whole compact apply / memcpy (1 thread)" in r.stdout
+    # The Model line names the SIMD route the bench ran (its simd_target).
+    assert f"SIMD route {raw['bench_t1']['simd_target']}." in r.stdout
     assert "| `python_publish` | not run: python_publish_bench.py failed (exit 3)" in r.stdout
     assert "speed_report: python_publish: python_publish_bench.py failed (exit 3)" in r.stderr

@@ -20,6 +20,7 @@
 #include "deltasync/patch.h"
 #include "deltasync/publisher.h"
 #include "deltasync/safetensors.h"
+#include "deltasync/simd_route.h"
 #include "deltasync/state_hash.h"
 #include "deltasync/weight_state.h"
 #include "bench_apply.h"
@@ -81,7 +82,7 @@ Status RunBench(const BenchArgs& args) {
                        {"changed", f.changed}, {"delta_bytes", f.delta_bytes}, {"apply_compact_s", f.apply_s},
                        {"apply_compact_gbps", gb / f.apply_s}, {"apply_compact_vs_memcpy", f.memcpy_s / f.apply_s},
                        {"decode_compact_s", f.decode_s}, {"decode_compact_gbps_per_core", gb / f.decode_1thread_s},
-                       {"memcpy_gbps", gb / f.memcpy_s}});
+                       {"memcpy_gbps", gb / f.memcpy_s}, {"simd_target", SimdRouteName()}});
         AddDecodeFloorJson(f.floor, f.memcpy_s, f.apply_s, out.back());
       }
     }
@@ -244,6 +245,7 @@ Status RunBench(const BenchArgs& args) {
   nlohmann::ordered_json out;
   out["model"] = args.quick ? "qwen3-0.6b-shapes, 2 layers, 16k vocab (--quick)" : "qwen3-0.6b-shapes";
   out["threads"] = threads;
+  out["simd_target"] = SimdRouteName();
   out["model_bytes"] = published.total_bytes();
   out["changed_fraction"] = static_cast<double>(changed) / static_cast<double>(published.total_elements());
   out["detect_encode_gbps"] = gb / detect_s;
