@@ -127,7 +127,7 @@ def _bf16_file(path, n: int, seed: int) -> int:
     return os.path.getsize(path)
 
 
-@pytest.mark.parametrize("command", ["publish", "diff", "apply"])
+@pytest.mark.parametrize("command", ["publish", "diff", "apply", "inspect"])
 def test_a_file_rewritten_while_the_cli_reads_it_is_refused(tmp_path, command, deltasync_bin):
     exe = deltasync_bin
     ckpt = tmp_path / "model.safetensors"
@@ -135,7 +135,7 @@ def test_a_file_rewritten_while_the_cli_reads_it_is_refused(tmp_path, command, d
     size = _bf16_file(ckpt, 16 << 20, 1)
     _bf16_file(old, 16 << 20, 2)
     patch = tmp_path / "p.patch"
-    if command == "apply":
+    if command in ("apply", "inspect"):
         # A raw delta from the file to another state, without the base state hash (as TRL writes
         # them): nothing but the file check stops it from applying to a torn base.
         subprocess.run([exe, "diff", str(ckpt), str(old), "-o", str(patch), "--encoding", "raw"], check=True,
@@ -143,6 +143,10 @@ def test_a_file_rewritten_while_the_cli_reads_it_is_refused(tmp_path, command, d
         with safe_open(str(patch), "np") as f:
             meta = {k: v for k, v in f.metadata().items() if k != "deltasync_base_state_hash"}
         save_file(load_file(str(patch)), str(patch), metadata=meta)
+    if command == "inspect":
+        # inspect decodes a delta's changes (session 50, H4): one written into while it is read
+        # (a trainer saving a TRL-style delta in place) must not be described from a torn read.
+        ckpt, size = patch, os.path.getsize(patch)
     writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(ckpt), str(size)], stdout=subprocess.PIPE,
                               text=True)
     try:
@@ -151,8 +155,10 @@ def test_a_file_rewritten_while_the_cli_reads_it_is_refused(tmp_path, command, d
             args = [exe, "publish", str(tmp_path / "bucket"), str(ckpt), "--version", "1"]
         elif command == "diff":
             args = [exe, "diff", str(old), str(ckpt), "-o", str(tmp_path / "d.patch"), "--version", "2"]
-        else:
+        elif command == "apply":
             args = [exe, "apply", str(ckpt), str(patch), "-o", str(tmp_path / "d.patch")]
+        else:
+            args = [exe, "inspect", str(ckpt), "--json"]
         run = subprocess.run(args, capture_output=True, text=True, timeout=300)
     finally:
         writer.kill()
