@@ -107,6 +107,29 @@ def test_an_unchanged_torch_publish_is_not_refused(tmp_path):
     pub.close()
 
 
+def test_inference_mode_tensors_publish_and_their_other_changes_are_still_refused(tmp_path):
+    # Session 50, H4: tensors made under torch.inference_mode() have no version counter
+    # (t._version raises RuntimeError), so the held-tensor check made every publish of them fail
+    # with that RuntimeError. They publish; a resize or a new storage is still refused.
+    with torch.inference_mode():
+        w = _weights()
+    assert w["a"].is_inference()
+    pub = deltasync.Publisher(str(tmp_path / "bucket"))
+    assert dtorch.publish(pub, 1, w).version == 1
+    real = pub._native
+
+    def resize():
+        with torch.inference_mode():  # outside it, torch refuses in-place changes to them
+            w["b"].resize_(10)
+
+    pub._native = _Trainer(real, resize)
+    with pytest.raises(FailedPreconditionError, match="tensor b changed while version 2 was read"):
+        dtorch.publish(pub, 2, w)
+    pub._native = real
+    assert pub.latest_version == 1
+    pub.close()
+
+
 _WRITER = r"""
 import os, sys
 path, size = sys.argv[1], int(sys.argv[2])
