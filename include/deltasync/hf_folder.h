@@ -60,7 +60,7 @@ struct HfFolder {
   std::vector<TensorView> tensors;
   std::vector<SideFile> side_files;     // sorted by name; the index among them
   std::vector<std::string> left_out;    // other entries, not carried (sorted)
-  std::vector<HfFileStamp> stamps;      // the index and every shard, taken before each was opened
+  std::vector<HfFileStamp> stamps;      // the index, every shard and side file, each taken before it was read
 };
 
 // Reads the folder `dir`. With an index, its weight_map is checked against
@@ -71,8 +71,8 @@ struct HfFolder {
 // naming the file and the rule; kIOError for the file system.
 Result<HfFolder> ReadHfFolder(const std::string& dir);
 
-// OK when every weight file and the index are still the files ReadHfFolder
-// read (same inode, size and times) and no weight file was cut short while
+// OK when every weight file, side file and the index are still the files
+// ReadHfFolder read (same inode, size and times) and no weight file was cut short while
 // it was mapped (Blob::cut). kFailedPrecondition naming the first one
 // replaced, rewritten, cut or removed since: a folder saved into while it is
 // read would publish a version that mixes two checkpoints, so a publisher

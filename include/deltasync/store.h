@@ -129,7 +129,9 @@ Result<std::shared_ptr<Store>> OpenStore(std::string_view url, bool create = tru
 // Refuses `path`, where a command writes its output (`pull -o`, `pull
 // --hf-dir`, `serve --out`: a file or a folder, there or not yet), when
 // `store` is a local bucket whose directory it is, lies inside or holds
-// (symbolic links, "." and ".." resolved as far as the path exists): writing
+// (symbolic links, "." and ".." resolved as far as the path exists; the
+// bucket's directory reached by another path, a bind mount, is found by
+// device and inode): writing
 // there would replace the bucket's files (its manifest, or its anchors:
 // `serve --out` names its files as the bucket names anchors, and prunes
 // them). kInvalidArgument naming `flag` and the bucket; OK for other stores

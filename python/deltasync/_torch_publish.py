@@ -185,7 +185,9 @@ class _HeldTensors:
     """What each tensor of a publish was when it began, to refuse the version if a trainer thread
     changed one while the publisher read it without the GIL: ``resize_`` (a shape that no longer
     matches, or storage reallocated under the read), ``set_`` (another storage), or an in-place
-    write (``t._version``: the version would mix two states). Holds each storage, so that memory
+    write (``t._version``: the version would mix two states). Writes that bypass the version
+    counter are not seen: through ``t.data`` (a detached alias with a counter of its own), through
+    a numpy view, or to an inference tensor (which has no counter). Holds each storage, so that memory
     ``set_`` lets go of stays valid while it is read; a ``resize_`` that grows a storage frees its
     memory at once, which nothing outside torch can prevent (the read may crash before this
     check refuses the version)."""
@@ -196,7 +198,10 @@ class _HeldTensors:
 
     @staticmethod
     def _now(t: torch.Tensor):
-        return (t.untyped_storage().data_ptr(), t.data_ptr(), tuple(t.shape), t.stride(), t._version)
+        # An inference tensor (made under torch.inference_mode()) has no version counter: its
+        # in-place writes cannot be seen, only a new storage or shape.
+        written = None if t.is_inference() else t._version
+        return (t.untyped_storage().data_ptr(), t.data_ptr(), tuple(t.shape), t.stride(), written)
 
     def changed(self) -> str | None:
         for name, t, _storage, was in self._was:

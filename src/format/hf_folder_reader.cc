@@ -220,6 +220,10 @@ Result<HfFolder> ReadHfFolder(const std::string& dir_in) {
   for (const auto& [name, regular] : entries) {
     if (regular && EndsWith(name, ".safetensors")) continue;  // a shard, read above
     if (regular && IsSideFileName(name) && ValidateSideFileName(name).ok()) {
+      // Stamped before it is read, like a shard: a save writing config.json
+      // or a tokenizer file meanwhile would publish it torn.
+      DS_ASSIGN_OR_RETURN(HfFileStamp stamp, StampFile(Join(dir, name)));
+      folder.stamps.push_back(std::move(stamp));
       DS_ASSIGN_OR_RETURN(SideFile file, ReadSideFile(dir, name));
       folder.side_files.push_back(std::move(file));
     } else {

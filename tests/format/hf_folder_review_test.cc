@@ -189,5 +189,22 @@ TEST(HfFolderReview, AWeightFileReplacedOrRewrittenAfterTheReadIsSeen) {
   EXPECT_EQ(changed.code(), ErrorCode::kFailedPrecondition) << changed.ToString();
 }
 
+TEST(HfFolderReview, ASideFileRewrittenWhileTheFolderIsReadIsSeen) {
+  // Session 50, H4: a save writes config.json and the tokenizer files too
+  // (open, truncate, write): one read while it was written is published torn
+  // (empty or cut JSON) unless it is stamped like the weight files.
+  Folder f;
+  WriteText(f.dir + "/config.json", "{\"model_type\": \"llama\"}");
+  auto folder = ReadHfFolder(f.dir);
+  ASSERT_TRUE(folder.ok()) << folder.status().ToString();
+  ASSERT_EQ(folder->side_files.size(), 2u);  // config.json and the index
+  EXPECT_TRUE(CheckHfFolderUnchanged(*folder).ok());
+  WriteText(f.dir + "/config.json", "{\"model_type\": \"qwen2\"}");  // same size, same inode
+  fs::last_write_time(f.dir + "/config.json", fs::last_write_time(f.dir + "/config.json") + std::chrono::seconds(2));
+  Status changed = CheckHfFolderUnchanged(*folder);
+  EXPECT_EQ(changed.code(), ErrorCode::kFailedPrecondition) << changed.ToString();
+  EXPECT_NE(changed.message().find("config.json changed while"), std::string::npos) << changed.ToString();
+}
+
 }  // namespace
 }  // namespace deltasync

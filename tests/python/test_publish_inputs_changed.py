@@ -107,6 +107,29 @@ def test_an_unchanged_torch_publish_is_not_refused(tmp_path):
     pub.close()
 
 
+def test_inference_mode_tensors_publish_and_their_other_changes_are_still_refused(tmp_path):
+    # Session 50, H4: tensors made under torch.inference_mode() have no version counter
+    # (t._version raises RuntimeError), so the held-tensor check made every publish of them fail
+    # with that RuntimeError. They publish; a resize or a new storage is still refused.
+    with torch.inference_mode():
+        w = _weights()
+    assert w["a"].is_inference()
+    pub = deltasync.Publisher(str(tmp_path / "bucket"))
+    assert dtorch.publish(pub, 1, w).version == 1
+    real = pub._native
+
+    def resize():
+        with torch.inference_mode():  # outside it, torch refuses in-place changes to them
+            w["b"].resize_(10)
+
+    pub._native = _Trainer(real, resize)
+    with pytest.raises(FailedPreconditionError, match="tensor b changed while version 2 was read"):
+        dtorch.publish(pub, 2, w)
+    pub._native = real
+    assert pub.latest_version == 1
+    pub.close()
+
+
 _WRITER = r"""
 import os, sys
 path, size = sys.argv[1], int(sys.argv[2])
@@ -127,7 +150,7 @@ def _bf16_file(path, n: int, seed: int) -> int:
     return os.path.getsize(path)
 
 
-@pytest.mark.parametrize("command", ["publish", "diff", "apply"])
+@pytest.mark.parametrize("command", ["publish", "diff", "apply", "inspect"])
 def test_a_file_rewritten_while_the_cli_reads_it_is_refused(tmp_path, command, deltasync_bin):
     exe = deltasync_bin
     ckpt = tmp_path / "model.safetensors"
@@ -135,7 +158,7 @@ def test_a_file_rewritten_while_the_cli_reads_it_is_refused(tmp_path, command, d
     size = _bf16_file(ckpt, 16 << 20, 1)
     _bf16_file(old, 16 << 20, 2)
     patch = tmp_path / "p.patch"
-    if command == "apply":
+    if command in ("apply", "inspect"):
         # A raw delta from the file to another state, without the base state hash (as TRL writes
         # them): nothing but the file check stops it from applying to a torn base.
         subprocess.run([exe, "diff", str(ckpt), str(old), "-o", str(patch), "--encoding", "raw"], check=True,
@@ -143,6 +166,10 @@ def test_a_file_rewritten_while_the_cli_reads_it_is_refused(tmp_path, command, d
         with safe_open(str(patch), "np") as f:
             meta = {k: v for k, v in f.metadata().items() if k != "deltasync_base_state_hash"}
         save_file(load_file(str(patch)), str(patch), metadata=meta)
+    if command == "inspect":
+        # inspect decodes a delta's changes (session 50, H4): one written into while it is read
+        # (a trainer saving a TRL-style delta in place) must not be described from a torn read.
+        ckpt, size = patch, os.path.getsize(patch)
     writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(ckpt), str(size)], stdout=subprocess.PIPE,
                               text=True)
     try:
@@ -151,8 +178,10 @@ def test_a_file_rewritten_while_the_cli_reads_it_is_refused(tmp_path, command, d
             args = [exe, "publish", str(tmp_path / "bucket"), str(ckpt), "--version", "1"]
         elif command == "diff":
             args = [exe, "diff", str(old), str(ckpt), "-o", str(tmp_path / "d.patch"), "--version", "2"]
-        else:
+        elif command == "apply":
             args = [exe, "apply", str(ckpt), str(patch), "-o", str(tmp_path / "d.patch")]
+        else:
+            args = [exe, "inspect", str(ckpt), "--json"]
         run = subprocess.run(args, capture_output=True, text=True, timeout=300)
     finally:
         writer.kill()

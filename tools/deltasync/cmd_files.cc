@@ -243,8 +243,11 @@ Status RunApply(const ApplyArgs& args) {
   return Status::OK();
 }
 
-Status RunInspect(const InspectArgs& args) {
-  DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(args.path));
+namespace {
+
+// What inspect prints (docs/cli.md's keys), from the file's header and, for
+// deltas and anchors, its decoded bytes.
+Result<nlohmann::ordered_json> DescribeFile(SafetensorsFile file, const InspectArgs& args) {
   const uint64_t size = file.blob().size();
   nlohmann::ordered_json out;
   out["path"] = args.path;
@@ -364,7 +367,23 @@ Status RunInspect(const InspectArgs& args) {
                                      : nlohmann::ordered_json(changed ? static_cast<double>(size) / changed : 0.0);
   out["tensors"] = tensors;
   out["part"] = part;
+  return out;
+}
 
+}  // namespace
+
+Status RunInspect(const InspectArgs& args) {
+  DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(args.path));
+  Result<nlohmann::ordered_json> described = DescribeFile(file, args);
+  // A file written into or cut short while it was read (a delta a trainer
+  // saves in place) is described from a torn read: refused, also when that
+  // made the decode fail (the change is the error to report).
+  DS_RETURN_IF_ERROR(file.CheckUnchanged());
+  if (!described.ok()) return described.status();
+  const nlohmann::ordered_json& out = *described;
+  const uint64_t size = out["size_bytes"].get<uint64_t>(), total = out["total_elements"].get<uint64_t>();
+  const uint64_t changed = out["changed_elements"].get<uint64_t>(), params = out["changed_params"].get<uint64_t>();
+  const nlohmann::ordered_json& part = out["part"];
   if (args.json) {
     std::cout << out.dump() << "\n";
     return Status::OK();
