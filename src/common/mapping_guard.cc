@@ -13,10 +13,15 @@ namespace deltasync {
 namespace {
 
 // Slots are claimed and read without locks: the handler may run in any
-// thread at any time, so it only loads atomics.
+// thread at any time, so it only loads atomics. `gen` moves on every guard
+// and unguard of a slot: the handler takes a slot's range only when its
+// generation was the same before and after reading begin and end (a slot
+// freed and claimed again for another mapping meanwhile would otherwise
+// give it a range made of both, and zero pages over memory of neither).
 enum : int { kFree = 0, kClaimed = 1, kActive = 2 };
 struct Slot {
   std::atomic<int> state{kFree};
+  std::atomic<uint64_t> gen{0};
   std::atomic<uintptr_t> begin{0}, end{0};
   std::atomic<bool> cut{false};
 };
@@ -47,9 +52,12 @@ void OnSigbus(int sig, siginfo_t* info, void* context) {
   const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
   const uintptr_t page = g_page;
   for (Slot& s : g_slots) {
+    const uint64_t gen = s.gen.load(std::memory_order_acquire);
     if (s.state.load(std::memory_order_acquire) != kActive) continue;
     const uintptr_t begin = s.begin.load(std::memory_order_relaxed);
     const uintptr_t end = s.end.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.gen.load(std::memory_order_relaxed) != gen) continue;  // changed while read
     if (addr < begin || addr >= end) continue;
     // Zero pages from the faulting one to the end (the file is cut there or
     // before), so that one signal covers the rest of the read.
@@ -87,6 +95,8 @@ int GuardMapping(const void* addr, size_t len) {
     Slot& s = g_slots[i];
     int expected = kFree;
     if (!s.state.compare_exchange_strong(expected, kClaimed, std::memory_order_acquire)) continue;
+    s.gen.fetch_add(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);  // a seqlock's write side
     s.begin.store(begin, std::memory_order_relaxed);
     s.end.store((begin + len + page - 1) & ~(page - 1), std::memory_order_relaxed);
     s.cut.store(false, std::memory_order_relaxed);
@@ -99,6 +109,7 @@ int GuardMapping(const void* addr, size_t len) {
 void UnguardMapping(int slot) {
   if (slot < 0) return;
   g_slots[slot].state.store(kFree, std::memory_order_release);
+  g_slots[slot].gen.fetch_add(1, std::memory_order_release);
 }
 
 bool MappingCut(int slot) {
