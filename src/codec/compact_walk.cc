@@ -22,6 +22,16 @@ constexpr uint64_t kNone = ~uint64_t{0};
 constexpr uint64_t kBlock = 1024;  // ClassCountsBytes16's and ClassMasksOfBytes16's block
 constexpr size_t kWords = kBlock / 64;
 
+// Whether Place prefetches the next block into L1 (see there).
+bool PrefetchNextBlock() {
+#if defined(__x86_64__)
+  static const bool intel = __builtin_cpu_is("intel");
+  return !intel;
+#else
+  return true;
+#endif
+}
+
 }  // namespace
 
 // Where the walk of a chunk starts, per class: rem class elements to skip
@@ -264,6 +274,7 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   }
   uint64_t* const indices = run ? nullptr : t.out->indices.data();
   uint8_t* const values = run ? nullptr : t.out->values.data();
+  const bool prefetch_next = PrefetchNextBlock();
   for (size_t blk = 0; blk < blocks && k < k_end; ++blk) {
     const uint64_t at = chunk.begin + blk * kBlock;
     // Block blk's share of the chunk walked next (AheadOf), into L2
@@ -292,8 +303,10 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
     if (need == 0) continue;
     // The next block's base and class bytes into L1 while this one is
     // placed: they are in L2 (the counting pass read them), and the walk's
-    // loads of them otherwise wait on L2 about once per change.
-    if (blk + 1 < blocks) {
+    // loads of them otherwise wait on L2 about once per change. Not on
+    // Intel: there the burst of 48 prefetches a block cost more than it
+    // saved (docs/benchmarks.md, session 50 h1).
+    if (prefetch_next && blk + 1 < blocks) {
       const auto* next_base = reinterpret_cast<const uint8_t*>(data + at + kBlock);
       for (size_t b = 0; b < 2 * kBlock; b += 64) __builtin_prefetch(next_base + b);
       for (size_t b = 0; b < kBlock; b += 64) __builtin_prefetch(bytes + (blk + 1) * kBlock + b);
