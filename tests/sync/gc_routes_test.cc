@@ -166,7 +166,7 @@ TEST_P(GcCutRouteTest, RefusesToCutTheOnlyRouteToAKeptVersion) {
         return;
       }
       EXPECT_EQ(refused.status().code(), ErrorCode::kFailedPrecondition);
-      const std::string& message = refused.status().message();
+      const std::string message = refused.status().message();
       EXPECT_NE(message.find("version 10,"), std::string::npos) << message;
       EXPECT_NE(message.find(b.step9), std::string::npos) << message;
       EXPECT_NE(message.find("--keep-anchors"), std::string::npos) << message;
