@@ -3,6 +3,7 @@
 // Reading it is Manifest::Parse: the gate before the fields
 // (manifest_load.cc) and the fields' checks (manifest_parse.cc).
 #include "deltasync/manifest.h"
+#include "sync/xxh_hex.h"
 
 #include <xxhash.h>
 
@@ -144,6 +145,10 @@ std::string Xxh3Hex(std::span<const ByteSpan> parts) {
     for (ByteSpan part : parts) joined.insert(joined.end(), part.begin(), part.end());
     hash = XXH3_128bits(joined.data(), joined.size());
   }
+  return Xxh128Hex(hash);
+}
+
+std::string Xxh128Hex(const XXH128_hash_t& hash) {
   // Canonical form: big-endian, high 64 bits first, as xxhsum prints it.
   XXH128_canonical_t canonical;
   XXH128_canonicalFromHash(&canonical, hash);

@@ -5,7 +5,6 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "deltasync/plan.h"
+#include "sync/xxh_hex.h"
 
 namespace deltasync {
 namespace {
@@ -40,10 +40,7 @@ Status CheckStored(Store& store, const PartObject& o, AnchorCheck check, uint64_
     XXH3_128bits_update(state.get(), slice.bytes().data(), slice.size());
     *read += slice.size();
   }
-  const XXH128_hash_t h = XXH3_128bits_digest(state.get());
-  char hex[33];
-  std::snprintf(hex, sizeof hex, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
-                static_cast<unsigned long long>(h.low64));
+  const std::string hex = Xxh128Hex(XXH3_128bits_digest(state.get()));
   if (o.xxh3_128 != hex) return Status::Integrity(o.key + ": XXH3-128 " + hex + ", the manifest lists " + o.xxh3_128);
   return Status::OK();
 }
