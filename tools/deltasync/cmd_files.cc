@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <optional>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "codec_stats.h"
@@ -72,6 +74,20 @@ void PrintDiffLine(const std::string& out_path, uint64_t changed_tensors, uint64
               total > 0 ? 100.0 * static_cast<double>(changed) / total : 0.0,
               HumanBytes(static_cast<double>(patch_size)).c_str(),
               changed ? static_cast<double>(patch_size) / static_cast<double>(changed) : 0.0);
+}
+
+// BASE as `diff` reads OLD (fp32 rounded to bf16, docs/cli.md), when that
+// state, not BASE as it is, has the hash `want` that a delta names: so that
+// `apply OLD PATCH` takes the fp32 OLD that `diff OLD NEW` read (it was
+// refused as "another base"). Nothing when BASE has no fp32 to round.
+std::optional<WeightState> BaseAsDiffReadIt(const SafetensorsFile& base, const StateHash& want) {
+  Result<PublishedViews> published = ViewAsPublished(base.tensors(), PublishedPolicy(true));
+  if (!published.ok() || published->rounded.tensors().empty() || !(HashTensors(published->tensors) == want)) {
+    return std::nullopt;
+  }
+  Result<WeightState> state = WeightState::FromViews(published->tensors);
+  if (!state.ok()) return std::nullopt;
+  return std::move(state).value();
 }
 
 }  // namespace
@@ -183,6 +199,7 @@ Status RunApply(const ApplyArgs& args) {
   DS_ASSIGN_OR_RETURN(SafetensorsFile base_file, SafetensorsFile::Open(args.base_path));
   DS_ASSIGN_OR_RETURN(WeightState state, WeightState::FromViews(base_file.tensors()));
   std::optional<uint64_t> version = ParseU64(base_file.metadata(), "model_version");
+  bool state_is_base = true;  // nothing applied yet (BaseAsDiffReadIt may replace it)
   std::vector<uint8_t> undo;  // ApplyGapChanges' scratch, reused across patches
   // Every input read mapped, checked once all were read: a file cut short
   // while mapped reads as zeros past the cut (Blob::MapFile) and must not
@@ -191,7 +208,14 @@ Status RunApply(const ApplyArgs& args) {
   for (const std::string& path : args.patch_paths) {
     DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
     inputs.push_back(file);
+    const bool first = std::exchange(state_is_base, false);
     if (IsCompactDelta(file)) {
+      auto named = file.metadata().find(std::string(kBaseStateHashKey));
+      if (first && named != file.metadata().end()) {
+        Result<StateHash> want = StateHash::FromHex(named->second);
+        std::optional<WeightState> read = want.ok() ? BaseAsDiffReadIt(base_file, *want) : std::nullopt;
+        if (read) state = std::move(*read);
+      }
       // Checked against the state's own hash: refused unless it is the base.
       Result<CompactDelta> delta = DecodeCompactDelta(file, state, HashState(state));
       if (!delta.ok()) return delta.status().WithContext(path);
@@ -214,6 +238,9 @@ Status RunApply(const ApplyArgs& args) {
                                           " but the state is at version " + std::to_string(*version));
       }
       if (patch.info.base_state_hash) {
+        std::optional<WeightState> read = first ? BaseAsDiffReadIt(base_file, *patch.info.base_state_hash)
+                                                : std::nullopt;
+        if (read) state = std::move(*read);
         const StateHash have = HashState(state);
         if (!(have == *patch.info.base_state_hash)) {
           return Status::FailedPrecondition(
