@@ -30,7 +30,37 @@ _NUMPY_OF_TORCH = {
     torch.int32: np.int32,
     torch.int64: np.int64,
     torch.bool: np.bool_,
+    torch.uint16: np.uint16,
+    torch.uint32: np.uint32,
+    torch.uint64: np.uint64,
 }
+# torch dtypes numpy has no dtype of its own for: carried as ml_dtypes' (as the replica gives them).
+_ML_DTYPES_OF_TORCH = {
+    torch.bfloat16: ml_dtypes.bfloat16,
+    torch.float8_e4m3fn: ml_dtypes.float8_e4m3fn,
+    torch.float8_e5m2: ml_dtypes.float8_e5m2,
+}
+_TORCH_OF_ML_DTYPES = {np.dtype(v): k for k, v in _ML_DTYPES_OF_TORCH.items()}
+# By (kind, width): numpy has two names for some widths (the replica's U64 is numpy.ulonglong,
+# which torch.from_numpy refuses, though it takes numpy.uint64).
+_TORCH_OF_NUMPY = {(np.dtype(v).kind, np.dtype(v).itemsize): k for k, v in _NUMPY_OF_TORCH.items()}
+# Signed integers of each width: the dtypes for which torch implements every comparison and
+# index op (index_select/index_copy_ are missing for F8 and the unsigned dtypes).
+_SIGNED_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits_view(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bit patterns as signed integers of its width, for every dtype: compares NaN and
+    -0.0 bitwise, and gives F8, BOOL and the unsigned dtypes the index ops torch lacks for them."""
+    return t.view(_SIGNED_OF_SIZE[t.element_size()])
+
+
+def torch_view(arr: np.ndarray) -> torch.Tensor:
+    """A torch tensor sharing ``arr``'s memory, of the matching dtype (bf16 and F8 included)."""
+    dtype = _TORCH_OF_ML_DTYPES.get(arr.dtype) or _TORCH_OF_NUMPY.get((arr.dtype.kind, arr.dtype.itemsize))
+    if dtype is None:
+        raise InvalidArgumentError(f"dtype {arr.dtype} has no torch dtype")
+    return torch.from_numpy(arr.view(np.dtype(f"i{arr.dtype.itemsize}"))).view(dtype)
 
 # Wrapper prefixes that do not belong to a parameter's checkpoint name:
 # DistributedDataParallel / Accelerate ("module."), torch.compile ("_orig_mod.").
@@ -55,8 +85,8 @@ def _published_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
 
 def _numpy_view(name: str, t: torch.Tensor) -> np.ndarray:
     """A zero-copy numpy view of a contiguous CPU tensor (bf16 as ml_dtypes.bfloat16)."""
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype in _ML_DTYPES_OF_TORCH:
+        return bits_view(t).numpy().view(_ML_DTYPES_OF_TORCH[t.dtype])
     np_dtype = _NUMPY_OF_TORCH.get(t.dtype)
     if np_dtype is None:
         raise InvalidArgumentError(f"tensor {name}: dtype {t.dtype} cannot be published")

@@ -13,7 +13,7 @@ import torch
 
 from . import _native
 from ._errors import InvalidArgumentError
-from ._torch_common import _host_snapshot, _numpy_view, _published_dtype, _side_get, _side_set, to_publishable
+from ._torch_common import _host_snapshot, bits_view, _numpy_view, _published_dtype, _side_get, _side_set, to_publishable
 
 
 class DeviceTracker:
@@ -65,7 +65,7 @@ class DeviceTracker:
         for name, snap in self._snapshots.items():
             arr = np.ascontiguousarray(state[name])
             host = torch.from_numpy(arr.view(_int_view_dtype(arr.dtype)).copy())
-            _bits(snap).copy_(host.reshape(snap.shape))
+            bits_view(snap).copy_(host.reshape(snap.shape))
         self._dirty = False
 
     def publish(self, publisher, version: int, tensors, *, background: bool = False):
@@ -109,11 +109,11 @@ class DeviceTracker:
                 raise InvalidArgumentError(
                     f"tensor {name}: shape {tuple(t.shape)} differs from the published {tuple(snap.shape)}")
             new = t.to(device=snap.device, dtype=snap.dtype).reshape(-1)
-            bits_new, bits_old = _bits(new), _bits(snap.view(-1))
+            bits_new, bits_old = bits_view(new), bits_view(snap.view(-1))
             idx = torch.nonzero(bits_new != bits_old).squeeze(1)
             if idx.numel() == 0:
                 continue
-            vals = new.index_select(0, idx)
+            vals = bits_new.index_select(0, idx).view(new.dtype)
             found.append((name, idx, vals))
         # Copy the sparse parts to the host (one transfer per tensor), then
         # update the device snapshots: only once every tensor was read.
@@ -121,7 +121,7 @@ class DeviceTracker:
         for name, idx, vals in found:
             changes[name] = (idx.cpu().numpy(), _numpy_view(name, vals.cpu()))
         for name, idx, vals in found:
-            self._snapshots[name].view(-1).index_copy_(0, idx, vals)
+            bits_view(self._snapshots[name].view(-1)).index_copy_(0, idx, bits_view(vals))
         try:
             result = publisher.publish_changes(version, changes, background=background)
         except BaseException:
@@ -130,14 +130,6 @@ class DeviceTracker:
         if background:
             self._watch(result, changes, first=False)
         return result
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bit patterns as integers (compares NaN/-0.0 bitwise)."""
-    size = t.element_size()
-    if not t.is_floating_point():
-        return t
-    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
 
 
 def _int_view_dtype(dtype: np.dtype):

@@ -29,14 +29,14 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 
-import ml_dtypes
 import numpy as np
 import torch
 
 from ._sharded import ShardedPublisher
 from ._errors import FailedPreconditionError, InvalidArgumentError
 from ._torch_attach import AttachHandle, attach
-from ._torch_common import KEEP_FP32_SUFFIXES, _side_get, _side_set, strip_wrapper_prefix, to_publishable  # noqa: F401
+from ._torch_common import (KEEP_FP32_SUFFIXES, _side_get, _side_set, bits_view, strip_wrapper_prefix,  # noqa: F401
+                            to_publishable, torch_view)
 from ._torch_publish import DeviceTracker, publish, tracker_for
 from ._torch_targets import check_disjoint
 
@@ -71,10 +71,7 @@ def tensors(replica) -> dict[str, torch.Tensor]:
         # torch.from_numpy warns about read-only arrays; they are read-only by contract.
         warnings.filterwarnings("ignore", message=".*not writable.*")
         for name, arr in replica.tensors().items():
-            if arr.dtype == ml_dtypes.bfloat16:
-                out[name] = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-            else:
-                out[name] = torch.from_numpy(arr)
+            out[name] = torch_view(arr)
     return out
 
 
@@ -84,16 +81,12 @@ def _fingerprint(targets: dict[str, torch.Tensor]) -> tuple:
 
 
 def _flat_put(target: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> None:
+    # On the bit patterns: torch has no index_copy_/index_put_ for F8 and the unsigned dtypes.
+    target, vals = bits_view(target), bits_view(vals)
     if target.is_contiguous():
         target.view(-1).index_copy_(0, idx, vals)
     else:
         target.index_put_(torch.unravel_index(idx, target.shape), vals)
-
-
-def _as_bits(t: torch.Tensor) -> torch.Tensor:
-    if not t.is_floating_point():
-        return t
-    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 def _check_tied(sources: dict[str, torch.Tensor], targets: dict[str, torch.Tensor]) -> None:
@@ -106,7 +99,7 @@ def _check_tied(sources: dict[str, torch.Tensor], targets: dict[str, torch.Tenso
         other = first.setdefault(key, name)
         if other == name:
             continue
-        if not torch.equal(_as_bits(sources[other]), _as_bits(sources[name])):  # -0.0, NaN: bitwise
+        if not torch.equal(bits_view(sources[other]), bits_view(sources[name])):  # -0.0, NaN: bitwise
             raise InvalidArgumentError(
                 f"load_into: tensors {other} and {name} have one target (tied weights) but differ in the "
                 "replica: the model cannot hold both; untie them in the model or publish them tied")
@@ -169,7 +162,7 @@ def load_into(replica, state_dict: Mapping[str, torch.Tensor]) -> int:
                 src = sources[name]
                 dst = targets[name]
                 idx = torch.from_numpy(np.asarray(idx_np).astype(np.int64, copy=False))
-                vals = src.reshape(-1).index_select(0, idx)
+                vals = bits_view(src.reshape(-1)).index_select(0, idx).view(src.dtype)
                 if dst.device.type != "cpu":
                     idx, vals = idx.to(dst.device, non_blocking=True), vals.to(dst.device, non_blocking=True)
                 _flat_put(dst, idx, vals)

@@ -186,3 +186,40 @@ def test_apply_takes_the_fp32_old_that_diff_read(tmp_path, run):
     new["r.e_score_correction_bias"][2] = -0.0
     want = {"w": new["w"].to(torch.bfloat16), "r.e_score_correction_bias": new["r.e_score_correction_bias"]}
     diff_apply_everywhere(run, tmp_path, old, new, want=want)
+
+
+# dtypes a torch trainer may hold beside bf16 that the C++ publisher carries bitwise.
+TORCH_ONLY_DTYPES = ["float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64", "int8", "bool", "float16", "float64"]
+
+
+def torch_states(versions):
+    out = []
+    for v in range(versions):
+        s = {"w": random_tensor(torch.bfloat16, 2000, 900 + v)}
+        for i, name in enumerate(TORCH_ONLY_DTYPES):
+            dt = getattr(torch, name)
+            s[name] = (torch.arange(300) % (v + 2) == 0) if dt == torch.bool else random_tensor(dt, 300, 10 * v + i)
+        s["scalar_f8"] = random_tensor(torch.float8_e4m3fn, 1, v).reshape(())
+        out.append(s)
+    return out
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_torch_publish_and_replica_views_carry_every_dtype(tmp_path, sparse):
+    # deltasync.torch.publish (dense from CPU tensors, or the DeviceTracker's sparse path), the
+    # replica's torch views (deltasync.torch.tensors) and load_into, for the dtypes the C++
+    # publisher carries bitwise: they refused F8 and the unsigned dtypes, which numpy arrays
+    # publish (a raw TypeError from torch.from_numpy for a replica holding F8).
+    deltasync_mod = pytest.importorskip("deltasync")
+    import deltasync.torch as dst
+    bucket = str(tmp_path / "bucket")
+    states = torch_states(4)
+    targets = {k: torch.empty_like(t) for k, t in states[0].items()}
+    with deltasync_mod.Publisher(bucket, allow_nonfinite=True, anchor_interval=3) as pub:
+        replica = deltasync_mod.Replica(bucket)
+        for v, s in enumerate(states, 1):
+            dst.publish(pub, v, s, sparse=sparse)
+            assert replica.update() == v
+            assert_same(dst.tensors(replica), s, f"version {v} views")
+            dst.load_into(replica, targets)
+            assert_same(targets, s, f"version {v} load_into")
