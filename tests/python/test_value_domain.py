@@ -223,3 +223,30 @@ def test_torch_publish_and_replica_views_carry_every_dtype(tmp_path, sparse):
             assert_same(dst.tensors(replica), s, f"version {v} views")
             dst.load_into(replica, targets)
             assert_same(targets, s, f"version {v} load_into")
+
+
+@pytest.mark.parametrize("encoding", ["compact", "gap_delta", "raw"])
+def test_publisher_from_fp32_masters_rounds_like_torch_every_version(tmp_path, encoding):
+    # The C++ publisher's fused detect from fp32 masters (numpy arrays), version after version:
+    # finite masters and +-Inf publish torch's .to(torch.bfloat16) bit for bit; NaN masters the
+    # quiet NaN of their sign (src/bf16/round.h); a master that moves only within its bf16 value
+    # changes nothing, one whose sign bit alone flips (0.0 -> -0.0) is a change.
+    deltasync_mod = pytest.importorskip("deltasync")
+    nans = [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF]
+    base = f32(MASTERS * 60 + nans * 12)
+    rolls = [0, 1, 5, 5, 7]  # the same state twice in a row (version 4): nothing changes
+    with deltasync_mod.Publisher(str(tmp_path / "bucket"), encoding=encoding, allow_nonfinite=True,
+                                 anchor_interval=3) as pub:
+        replica = deltasync_mod.Replica(str(tmp_path / "bucket"))
+        for v, roll in enumerate(rolls, 1):
+            masters = torch.roll(base, roll).contiguous()
+            if v == 5:
+                masters.view(torch.int32)[masters.view(torch.int32) == 0] = -0x80000000  # +0.0 -> -0.0
+            pub.publish(v, {"w": masters.numpy()})
+            assert replica.update() == v
+            bits = masters.view(torch.int32)
+            nan = (bits & 0x7FFFFFFF) > 0x7F800000
+            want = masters.to(torch.bfloat16).view(torch.int16).clone()
+            want[nan] = torch.where(bits[nan] < 0, -64, 0x7FC0).to(torch.int16)  # 0xFFC0 / 0x7FC0
+            got = torch.from_numpy(replica.tensors()["w"].view("i2").copy())
+            assert torch.equal(got, want), f"version {v}"
