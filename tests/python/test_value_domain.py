@@ -250,3 +250,18 @@ def test_publisher_from_fp32_masters_rounds_like_torch_every_version(tmp_path, e
             want[nan] = torch.where(bits[nan] < 0, -64, 0x7FC0).to(torch.int16)  # 0xFFC0 / 0x7FC0
             got = torch.from_numpy(replica.tensors()["w"].view("i2").copy())
             assert torch.equal(got, want), f"version {v}"
+
+
+def test_inspect_names_the_tensors_of_a_delta_whose_base_holds_nan(tmp_path, run):
+    # `inspect PATCH --base OLD` only names a container-2 delta's tensors from OLD (whose hash must
+    # be the delta's base hash); it refused an OLD holding NaN (diff --allow-nonfinite wrote the
+    # delta), and inspect has no --allow-nonfinite.
+    old = {"w": bf16([0x3F80, 0x7FC1, 0x4000, 0xFF80]), "v": bf16([0x3F80, 0xFFC0])}
+    new = {"w": bf16([0x3F80, 0x7FC1, 0x4040, 0xFF80]), "v": bf16([0x3F80, 0x7FC0])}
+    save_file(old, tmp_path / "old.safetensors")
+    save_file(new, tmp_path / "new.safetensors")
+    run("diff", tmp_path / "old.safetensors", tmp_path / "new.safetensors", "-o", tmp_path / "d.safetensors",
+        "--encoding", "compact", "--container", "2", "--allow-nonfinite")
+    out = run("inspect", tmp_path / "d.safetensors", "--base", tmp_path / "old.safetensors").stdout
+    named = [line.split() for line in out.splitlines() if line.strip().endswith("1 changed")]
+    assert [(fields[0], fields[1]) for fields in named] == [("v", "BF16"), ("w", "BF16")], out

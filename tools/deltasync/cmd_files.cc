@@ -50,7 +50,8 @@ DetectOptions PublishedPolicy(bool allow_nonfinite) {
 // published) must hash to the delta's base state hash.
 Result<std::vector<std::string>> BaseNames(const std::string& base_path, const Metadata& delta_metadata) {
   DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(base_path));
-  Result<PublishedViews> base = ViewAsPublished(file.tensors(), PublishedPolicy(false));
+  // NaN/Inf pass: the base is only named and hashed (a bucket may allow them).
+  Result<PublishedViews> base = ViewAsPublished(file.tensors(), PublishedPolicy(true));
   if (!base.ok()) return base.status().WithContext(base_path);
   const std::string hash = HashTensors(base->tensors).Hex();
   auto want = delta_metadata.find(std::string(kBaseStateHashKey));
