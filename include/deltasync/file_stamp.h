@@ -30,6 +30,6 @@ std::string FileChangeSince(const FileStamp& was);
 
 // The change of a mapped file that was cut short while it was read
 // (Blob::cut), in FileChangeSince's words.
-inline constexpr const char* kCutWhileRead = "it was cut short while it was read; the bytes past the cut read as zeros";
+inline constexpr const char* kCutWhileRead = "part of it could not be read while it was read (cut short by a writer, or an I/O error of its storage); those bytes read as zeros";
 
 }  // namespace deltasync
