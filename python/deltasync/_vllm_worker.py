@@ -63,6 +63,13 @@ def _vllm_engine_class():
             layout.check(names)  # names and shapes, before anything is touched
             layout.check_shapes(src, names)
             layout.check_dtypes(src, names)  # a cast that rounds is refused, before anything is touched
+            stale = layout.stale_aliases(names)  # a tied lm_head's kernel copy: re-derived after the writes
+            try:
+                return self._deliver_checked(layout, src, names, changes)
+            finally:
+                layout.refresh_aliases(stale)
+
+        def _deliver_checked(self, layout, src, names, changes):
             # In place only where a write into the parameter is what runs
             # (unquantized, not repacked); the rest is reloaded whole, layerwise.
             reload = [n for n in names if not layout.plain(n)] if self.init_info.layerwise_reload else []
