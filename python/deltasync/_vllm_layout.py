@@ -274,7 +274,7 @@ class EngineLayout:
             return False
         lo, hi = torch.searchsorted(idx, torch.tensor([pl.lo, pl.hi])).tolist()
         idx, vals = idx[lo:hi], vals[lo:hi].to(pl.dst.device)
-        if pl.k != pl.cols:
+        if pl.k and pl.k != pl.cols:  # k 0: whole rows (a replicated tensor's Place)
             put_elements(pl.dst, idx, vals, offset=pl.lo, cols=pl.cols, c0=pl.c0, k=pl.k)
         else:
             put_elements(pl.dst[pl.base:pl.base + pl.hi - pl.lo], idx, vals, offset=pl.lo)

@@ -108,6 +108,9 @@ def test_delivered_weights_equal_vllms_own_load(tmp_path, tie):
                 st = update_llm(llm, v)
                 assert [s["version"] for s in st] == [v] * TP, st
                 kinds.append(st[0]["last_update"]["kind"])
+                retried = st[0]["last_update"].get("retried_full_after")
+                assert retried is None, f"version {v} redelivered whole after: {retried}"
+            assert kinds == ["dense", "sparse_flat" if plain else "sparse_flat+reload"], kinds
             got = served(llm)
         finally:
             close(llm)
