@@ -116,3 +116,25 @@ def test_delivered_weights_equal_vllms_own_load(tmp_path, tie):
             close(llm)
         bad = differences(ref, got)
         assert not bad, f"{'plain' if plain else 'stock'} engine (deliveries {kinds}): " + "; ".join(bad[:8])
+
+
+def test_a_dummy_engine_refuses_a_version_without_every_parameter(tmp_path):
+    """An engine started with random (dummy) weights and a bucket that never publishes one
+    parameter: the whole first delivery left it random, verification passing (it checks what was
+    delivered). Refused before any write now, naming it."""
+    model_dir = str(tmp_path / "model")
+    state = make_qwen2_dir(model_dir, vocab=VOCAB, kv_heads=1, tie_word_embeddings=False)
+    missing = "model.layers.1.post_attention_layernorm.weight"
+    bucket = str(tmp_path / "bucket")
+    pub = deltasync.Publisher(bucket)
+    dt.publish(pub, 1, {n: t for n, t in state.items() if n != missing})
+    pub.close()
+    llm = engine(model_dir, plain=True, load_format="dummy")
+    try:
+        init(llm, bucket, verify=True)
+        with pytest.raises(Exception, match=missing.replace(".", r"\.")):
+            update_llm(llm, 1)
+        st = llm.collective_rpc("deltasync_status")[0]
+        assert st["version"] == 0 and "dummy" in st["last_error"], st
+    finally:
+        close(llm)
