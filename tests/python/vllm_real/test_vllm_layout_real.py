@@ -38,7 +38,7 @@ TP = 2
 
 def _served(self):
     """In each worker: its rank, and every weight as the engine holds it: each parameter under
-    every name (tied ones twice), and each linear layer's weight as its kernel computes with it
+    every name (tied ones twice), every buffer (rotary caches), and each linear layer's weight as its kernel computes with it
     ("<module>.weight@kernel": probed through a packed kernel, the parameter under F.linear)."""
     import torch.nn.functional as F
 
@@ -46,6 +46,7 @@ def _served(self):
 
     model = self.model_runner.model
     out = {n: p.detach().cpu().clone() for n, p in model.named_parameters(remove_duplicate=False) if p.numel()}
+    out.update((n + "@buffer", b.detach().cpu().clone()) for n, b in model.named_buffers())  # rotary caches
     layout = EngineLayout(model)
     for name, m in model.named_modules():
         kernel = getattr(m, "cpu_linear", None)
@@ -136,5 +137,27 @@ def test_a_dummy_engine_refuses_a_version_without_every_parameter(tmp_path):
             update_llm(llm, 1)
         st = llm.collective_rpc("deltasync_status")[0]
         assert st["version"] == 0 and "dummy" in st["last_error"], st
+    finally:
+        close(llm)
+
+
+def test_a_checkpoint_of_another_head_count_is_refused_before_any_write(tmp_path):
+    """k_proj of two KV heads (128 rows) for an engine built with one (64): refused, naming it
+    and both shapes; the engine keeps its weights (vLLM's own loader would fail an assertion)."""
+    model_dir = str(tmp_path / "model")
+    state = make_qwen2_dir(model_dir, vocab=VOCAB, kv_heads=1, tie_word_embeddings=False)
+    k = "model.layers.0.self_attn.k_proj.weight"
+    bucket = str(tmp_path / "bucket")
+    pub = deltasync.Publisher(bucket)
+    dt.publish(pub, 1, {**state, k: torch.cat([state[k], state[k]])})
+    pub.close()
+    llm = engine(model_dir, plain=True)
+    try:
+        before = served(llm)
+        init(llm, bucket, verify=True)
+        with pytest.raises(Exception, match=r"k_proj\.weight is \[128, 256\], the model's is \[64, 256\]"):
+            update_llm(llm, 1)
+        assert llm.collective_rpc("deltasync_status")[0]["version"] == 0
+        assert not differences(before, served(llm))
     finally:
         close(llm)
