@@ -38,8 +38,9 @@ TP = 2
 
 def _served(self):
     """In each worker: its rank, and every weight as the engine holds it: each parameter under
-    every name (tied ones twice), every buffer (rotary caches), and each linear layer's weight as its kernel computes with it
-    ("<module>.weight@kernel": probed through a packed kernel, the parameter under F.linear)."""
+    every name (tied ones twice), every buffer (rotary caches), and each linear layer's weight as
+    its kernel computes with it ("<module>.weight@kernel": probed through a packed kernel, the
+    parameter under F.linear)."""
     import torch.nn.functional as F
 
     from deltasync._vllm_layout import EngineLayout
