@@ -39,6 +39,19 @@ _EXPONENT = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F8
 _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+def _runs_parameter(m, attr: str) -> bool:
+    """Whether module ``m`` computes with its parameter ``attr`` itself: unquantized, not emptied,
+    and (vLLM CPU) not through a packed kernel copy."""
+    qm = getattr(m, "quant_method", None)
+    if qm is not None and type(qm).__name__ not in _PLAIN_METHODS:
+        return False
+    p = getattr(m, attr, None)
+    if not isinstance(p, torch.Tensor) or p.numel() == 0 or p.is_meta:
+        return False
+    cpu_linear = getattr(m, "cpu_linear", None)  # vLLM CPU: a packed kernel unless plain F.linear
+    return cpu_linear is None or cpu_linear is torch.nn.functional.linear
+
+
 @dataclass
 class Target:
     """One checkpoint tensor's place: ``module.<param>`` rows/columns of this rank."""
@@ -79,6 +92,14 @@ class EngineLayout:
                     self._add(Target(cname, mod_name, module, attr, ("q", "k", "v")[i] if qkv else i))
             else:
                 self._add(Target(pname, mod_name, module, attr))
+        # Other modules computing with a target's Parameter object (a tied lm_head: vLLM's
+        # tie_weights shares the embedding's; on CPU each module packs a kernel copy of its own).
+        holders: dict[int, list[tuple[str, Any, str]]] = {}
+        for mod_name, module in modules.items():
+            for attr, p in module.named_parameters(recurse=False):
+                holders.setdefault(id(p), []).append((mod_name, module, attr))
+        self.aliases = {n: [h for h in holders.get(id(getattr(t.module, t.param)), []) if h[1] is not t.module]
+                        for n, t in self.targets.items()}
 
     def _add(self, t: Target) -> None:
         self.targets[t.name] = t
@@ -179,17 +200,35 @@ class EngineLayout:
 
     # --- plain tensors ---------------------------------------------------------------------
     def plain(self, name: str) -> bool:
-        """Whether a write into the parameter is what the forward pass reads."""
+        """Whether a write into the parameter is what the forward pass reads (through every module
+        that computes with it: a tied lm_head too)."""
         t = self.targets[name]
-        m = t.module
-        qm = getattr(m, "quant_method", None)
-        if qm is not None and type(qm).__name__ not in _PLAIN_METHODS:
-            return False
-        p = getattr(m, t.param, None)
-        if not isinstance(p, torch.Tensor) or p.numel() == 0 or p.is_meta:
-            return False
-        cpu_linear = getattr(m, "cpu_linear", None)  # vLLM CPU: a packed kernel unless plain F.linear
-        return cpu_linear is None or cpu_linear is torch.nn.functional.linear
+        return _runs_parameter(t.module, t.param) and all(_runs_parameter(m, a) for _, m, a in self.aliases[name])
+
+    def stale_aliases(self, names) -> list[tuple[str, Any]]:
+        """The other modules computing with ``names``' parameters through a kernel copy of their own
+        (vLLM CPU's tied lm_head), once each: a write into the parameter, a layerwise reload of
+        its module included, leaves them computing with the old values until re-processed
+        (``refresh_aliases``). Raises ValueError, before anything is written, where one is
+        quantized (its processing is not repeatable)."""
+        out, seen = [], set()
+        for n in names:
+            for mod_name, m, attr in self.aliases.get(n, ()):
+                if mod_name in seen or _runs_parameter(m, attr):
+                    continue
+                seen.add(mod_name)
+                if type(getattr(m, "quant_method", None)).__name__ != "UnquantizedEmbeddingMethod":
+                    raise ValueError(f"cannot deliver {n}: {mod_name} computes with the same parameter through "
+                                     f"a {type(m.quant_method).__name__} kernel that a delivery cannot "
+                                     "re-derive; serve with the weights untied or unquantized")
+                out.append((mod_name, m))
+        return out
+
+    @staticmethod
+    def refresh_aliases(stale) -> None:
+        """Re-derives each of ``stale_aliases``' kernels from the parameter, as vLLM does after a load."""
+        for _, m in stale:
+            m.quant_method.process_weights_after_loading(m)
 
     def place(self, name: str):
         """Where this rank's part of checkpoint tensor ``name`` lies in its plain parameter
@@ -235,7 +274,7 @@ class EngineLayout:
             return False
         lo, hi = torch.searchsorted(idx, torch.tensor([pl.lo, pl.hi])).tolist()
         idx, vals = idx[lo:hi], vals[lo:hi].to(pl.dst.device)
-        if pl.k != pl.cols:
+        if pl.k and pl.k != pl.cols:  # k 0: whole rows (a replicated tensor's Place)
             put_elements(pl.dst, idx, vals, offset=pl.lo, cols=pl.cols, c0=pl.c0, k=pl.k)
         else:
             put_elements(pl.dst[pl.base:pl.base + pl.hi - pl.lo], idx, vals, offset=pl.lo)
@@ -337,6 +376,12 @@ def verify_engine(model, src, names=None, override=None) -> int:
             n = bits_differ(getattr(t.module, t.param).detach()[:rows], want)
             if n:
                 bad.append(f"{name} ({n} of {want.numel()} elements of the embedding table)")
+        for mod_name, m, attr in layout.aliases[name]:  # a tied lm_head's own kernel copy
+            if attr == "weight" and not _runs_parameter(m, attr) and want.dim() == 2:
+                _, rows, local = layout._rows(Target(name, mod_name, m, attr), want.shape[0])
+                n = bits_differ(layout._probe(m, want.shape[1])[local:local + rows], want, signed_zero=False)
+                if n:
+                    bad.append(f"{name} ({n} of {want.numel()} elements, through {mod_name}'s kernel)")
     if bad:
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
         raise IntegrityError(f"the engine's weights differ from the replica's verified state: "

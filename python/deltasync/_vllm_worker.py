@@ -63,6 +63,29 @@ def _vllm_engine_class():
             layout.check(names)  # names and shapes, before anything is touched
             layout.check_shapes(src, names)
             layout.check_dtypes(src, names)  # a cast that rounds is refused, before anything is touched
+            if changes is None:
+                self._check_covered(layout, names)
+            stale = layout.stale_aliases(names)  # a tied lm_head's kernel copy: re-derived after the writes
+            try:
+                return self._deliver_checked(layout, src, names, changes)
+            finally:
+                layout.refresh_aliases(stale)
+
+        def _check_covered(self, layout, names) -> None:
+            """An engine started with dummy (random) weights takes a whole version only if it covers
+            every parameter: one it lacks would keep its random values (vLLM's own loader refuses
+            such a checkpoint). Engines loaded from a checkpoint keep its values (frozen tensors)."""
+            fmt = getattr(getattr(self.vllm_config, "load_config", None), "load_format", "")
+            if str(getattr(fmt, "value", fmt)) != "dummy":
+                return
+            missing = sorted(set(layout.targets) - set(names))
+            if missing:
+                more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+                raise ValueError(f"the engine was started with load_format='dummy' (random weights) and the "
+                                 f"version has no {', '.join(missing[:5])}{more}: they would keep random values; "
+                                 "publish every parameter (frozen ones too) or start from the checkpoint")
+
+        def _deliver_checked(self, layout, src, names, changes):
             # In place only where a write into the parameter is what runs
             # (unquantized, not repacked); the rest is reloaded whole, layerwise.
             reload = [n for n in names if not layout.plain(n)] if self.init_info.layerwise_reload else []

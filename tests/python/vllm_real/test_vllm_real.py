@@ -107,7 +107,8 @@ def run(tmp_path_factory):
 
 
 # --- engines --------------------------------------------------------------------------------
-def engine(model, *, plain, tp=1, verify=True):
+def engine(model, *, plain, tp=1, verify=True, **options):
+    """An offline engine of ``model`` (``options``: more of LLM's, e.g. load_format)."""
     from vllm import LLM
 
     os.environ["DS_TEST_VLLM_WEIGHTS"] = "plain" if plain else "stock"  # engine_kinds.py
@@ -117,7 +118,7 @@ def engine(model, *, plain, tp=1, verify=True):
         if tp > 1 else "auto"
     return LLM(model=model, dtype="bfloat16", enforce_eager=True, max_model_len=512, seed=0,
                tensor_parallel_size=tp, distributed_executor_backend="mp" if tp > 1 else None,
-               weight_transfer_config={"backend": "deltasync"}, worker_extension_cls=EXTENSION)
+               weight_transfer_config={"backend": "deltasync"}, worker_extension_cls=EXTENSION, **options)
 
 
 def close(llm):

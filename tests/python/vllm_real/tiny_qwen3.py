@@ -68,3 +68,31 @@ def prompt_words(n, seed):
 def bf16_bits(model):
     """{name: bf16 tensor} of the model's parameters as the trainer publishes them."""
     return {n: p.detach().to(torch.bfloat16).clone() for n, p in model.named_parameters()}
+
+
+def make_qwen2_dir(path, *, vocab, kv_heads, tie_word_embeddings, seed=0):
+    """A tiny random-init Qwen2 (hidden 256, 2 layers, 4 query heads of 64, q/k/v biases, bf16) with
+    ``vocab`` words and ``kv_heads`` KV heads, written at ``path`` with a word-level tokenizer of
+    that vocabulary; returns its checkpoint tensors (bf16, as saved)."""
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=1024,
+                         tie_word_embeddings=tie_word_embeddings, bos_token_id=1, eos_token_id=2)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():  # biases and norms away from their init's zeros and ones: every element tells
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+    tok = Tokenizer(models.WordLevel(vocab={"<unk>": 0, **{f"w{i}": i for i in range(1, vocab)}}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="w1",
+                            eos_token="w2").save_pretrained(path)
+    cfg = json.loads(open(os.path.join(path, "config.json")).read())
+    cfg["torch_dtype"] = cfg["dtype"] = "bfloat16"
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return {n: t.contiguous() for n, t in load_file(os.path.join(path, "model.safetensors")).items()}
