@@ -219,16 +219,23 @@ class ShardedHandle:
 
     # -- on the training thread ------------------------------------------
     def _on_step(self, optimizer, args, kwargs) -> None:
-        self._raise_pending()
-        items = [(name, *_host_array(name, _local(p))) for name, p in self._blocks]
+        # Every step is queued on every rank, even one that then raises an
+        # earlier version's failure: the ranks see a failure at different
+        # steps (each at its first step after the outcome), and a step queued
+        # on one rank but not on another would pair different steps' parts
+        # in every later version. A snapshot that fails here is queued as
+        # this rank's failed part, so every rank refuses that version.
+        try:
+            job = [(name, *_host_array(name, _local(p))) for name, p in self._blocks]
+        except Exception as e:  # noqa: BLE001 - reported as this rank's part of the version
+            job = e
         # The version is taken when the job runs, not here: with jobs queued
         # the worker has not yet advanced next_version past the ones ahead.
-        job = items
         if self._background:
             self._queue.put(job)
         else:
             self._run(job)
-            self._raise_pending()
+        self._raise_pending()
 
     def flush(self) -> None:
         """Waits until every queued version is committed or refused; raises a failure."""
@@ -272,6 +279,8 @@ class ShardedHandle:
         receipt = None
         if self._native is not None:
             try:
+                if isinstance(items, BaseException):
+                    raise items
                 if self.fail_next_publish:
                     self.fail_next_publish = False
                     raise RuntimeError(f"injected failure of part {self._part}")
