@@ -345,7 +345,7 @@ def attach(model, optimizer, publisher: ShardedPublisher, params, *, start_versi
     group = dist.new_group(backend="gloo")
 
     def map_blocks():
-        mine = []     # (name, dtype, global shape, offset, shape)
+        mine = []     # (name, published dtype, global shape, offset, shape, torch dtype)
         blocks = []   # (name, parameter)
         for name, p in params:
             block = _local_block(name, p, rank)
@@ -353,10 +353,10 @@ def attach(model, optimizer, publisher: ShardedPublisher, params, *, start_versi
             entry = (name, dtype, tuple(int(d) for d in p.shape))
             if block is not None:
                 offset, shape, _ = block
-                mine.append(entry + (offset, shape))
+                mine.append(entry + (offset, shape, str(p.dtype)))
                 blocks.append((name, p))
             else:
-                mine.append(entry + (None, None))
+                mine.append(entry + (None, None, str(p.dtype)))
         return mine, blocks
 
     mine, blocks = _on_every_rank(group, map_blocks)
@@ -373,9 +373,13 @@ def attach(model, optimizer, publisher: ShardedPublisher, params, *, start_versi
                 f"{rank if name in theirs else r}; every rank must hold (a shard of) every parameter "
                 "(pipeline stages cannot be published as parts)")
         for name, e in theirs.items():
-            if e[1:3] != names[name][1:3]:
-                raise InvalidArgumentError(f"attach: parameter '{name}' is {names[name][1:3]} on rank {rank} "
-                                           f"but {e[1:3]} on rank {r}")
+            # The torch dtypes too: fp32 on one rank and bf16 on another both publish as BF16,
+            # but then the ranks do not hold one tensor.
+            if (e[1], e[2], e[5]) != (names[name][1], names[name][2], names[name][5]):
+                ours = names[name]
+                raise InvalidArgumentError(f"attach: parameter '{name}' is {ours[5]} {ours[2]} on rank {rank} "
+                                           f"but {e[5]} {e[2]} on rank {r}; every rank must hold its shard of "
+                                           "one tensor, in one dtype and shape")
     ordered = sorted(names)
     index = {n: i for i, n in enumerate(ordered)}
     tensors = [(n, names[n][1], list(names[n][2])) for n in ordered]

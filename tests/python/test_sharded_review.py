@@ -172,13 +172,19 @@ TWO_RANKS = textwrap.dedent(
 )
 
 
-def test_a_failure_raised_at_different_steps_on_two_ranks_never_mixes_their_steps(tmp_path):
+def run_two_ranks(script, tmp_path):
+    """Runs `script` as ranks 0 and 1 (argv: bucket, out, rank); returns (bucket, out)."""
     bucket, out = tmp_path / "bucket", tmp_path / "out"
     out.mkdir()
-    procs = [subprocess.Popen([sys.executable, "-c", TWO_RANKS, str(bucket), str(out), str(r)],
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(bucket), str(out), str(r)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
     logs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
+    return bucket, out
+
+
+def test_a_failure_raised_at_different_steps_on_two_ranks_never_mixes_their_steps(tmp_path):
+    bucket, out = run_two_ranks(TWO_RANKS, tmp_path)
     errors = [(out / f"errors-{r}.txt").read_text() for r in range(2)]
     assert all("version 1 was not committed" in e for e in errors), errors
     # The slow rank saw the failure at step 2, the fast one later: the runs differ.
@@ -195,3 +201,39 @@ def test_a_failure_raised_at_different_steps_on_two_ranks_never_mixes_their_step
         halves = [torch.load(out / f"r{r}-step{step}.pt") for r in range(2)]
         np.testing.assert_array_equal(held, bf16_bits(torch.cat(halves)),
                                       err_msg=f"version {version} is not step {step} on both ranks")
+
+
+# One DTensor whose local shard is fp32 on rank 0 and bf16 on rank 1: both publish as BF16,
+# but the ranks do not hold one tensor (session 51, H1: it was accepted).
+MIXED_DTYPES = textwrap.dedent(
+    """
+    import sys
+    import torch, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    import deltasync, deltasync.torch as dt
+    bucket, out, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    dist.init_process_group("gloo", init_method="file://" + out + "/init", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    local = torch.randn(3, 4, dtype=torch.bfloat16 if rank == 1 else torch.float32)
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(DTensor.from_local(local, mesh, [Shard(0)], run_check=False))
+    try:
+        dt.attach(model, torch.optim.SGD(model.parameters(), lr=0.1), dt.ShardedPublisher(bucket))
+        message = "attached"
+    except deltasync.InvalidArgumentError as e:
+        message = str(e)
+    with open(out + f"/refused-{rank}.txt", "w") as f:
+        f.write(message)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_a_tensor_whose_ranks_hold_different_dtypes_is_refused_at_attach(tmp_path):
+    bucket, out = run_two_ranks(MIXED_DTYPES, tmp_path)
+    for rank, other in ((0, 1), (1, 0)):
+        message = (out / f"refused-{rank}.txt").read_text()
+        assert "parameter 'w' is" in message and f"on rank {other}" in message, message
+        assert "torch.float32" in message and "torch.bfloat16" in message, message
+    assert not (bucket / "manifest.json").exists()
