@@ -13,6 +13,7 @@ gloo group created at attach, never on the trainer's own group.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import queue
@@ -25,6 +26,7 @@ import torch.distributed as dist
 
 from . import _native
 from ._errors import FailedPreconditionError, InvalidArgumentError
+from ._torch_common import _published_dtype as _published_torch_dtype
 
 __all__ = ["ShardedHandle", "ShardedPublisher", "attach"]
 
@@ -92,11 +94,14 @@ def _published_dtype(name: str, dtype: torch.dtype) -> str:
 
 
 def _local_block(name: str, p: torch.Tensor, rank: int):
-    """(offset, shape, local tensor) of the block this rank publishes, or None."""
+    """(offset, shape, local tensor, publishes) of the block this rank holds, or None.
+
+    ``publishes`` is False for a copy that another rank publishes: a plain
+    tensor off rank 0, a replica group off coordinate 0 (HSDP)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
     if not isinstance(p, DTensor):
         # Replicated on every rank (DDP, or not wrapped): rank 0 publishes it.
-        return ((0,) * p.dim(), tuple(p.shape), p.detach()) if rank == 0 else None
+        return (0,) * p.dim(), tuple(p.shape), p.detach(), rank == 0
     mesh, placements = p.device_mesh, p.placements
     for pl in placements:
         # Partial holds sums, not values.
@@ -109,8 +114,8 @@ def _local_block(name: str, p: torch.Tensor, rank: int):
     coordinate = mesh.get_coordinate()
     if coordinate is None:
         return None
-    if any(type(pl) is Replicate and coordinate[i] != 0 for i, pl in enumerate(placements)):
-        return None  # another replica group publishes it (HSDP)
+    # Another replica group publishes it (HSDP).
+    publishes = not any(type(pl) is Replicate and coordinate[i] != 0 for i, pl in enumerate(placements))
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     shape, offset = compute_local_shape_and_global_offset(p.shape, mesh, placements)
     local = p.to_local().detach()
@@ -120,7 +125,35 @@ def _local_block(name: str, p: torch.Tensor, rank: int):
             f"{placements} give {tuple(shape)}; deltasync cannot tell which elements it holds")
     if math.prod(shape) == 0:
         return None
-    return tuple(int(o) for o in offset), tuple(int(s) for s in shape), local
+    return tuple(int(o) for o in offset), tuple(int(s) for s in shape), local, publishes
+
+
+def _may_be_copied(p: torch.Tensor, world: int) -> bool:
+    """Whether other ranks may hold the same block: a plain tensor, a Replicate placement, a sub-mesh."""
+    from torch.distributed.tensor import DTensor, Replicate
+    return (not isinstance(p, DTensor) or p.device_mesh.size() < world
+            or any(type(pl) is Replicate for pl in p.placements))
+
+
+def _digest(name: str, t: torch.Tensor) -> str:
+    """A digest of the block as it would be published (fp32 rounded to bf16)."""
+    t = t.detach().to("cpu", dtype=_published_torch_dtype(name, t.dtype), copy=True).contiguous()
+    return hashlib.blake2b(t.reshape(-1).view(torch.uint8).numpy(), digest_size=16).hexdigest()
+
+
+def _check_copies_agree(copies_of_everyone) -> None:
+    """Ranks holding one block (replica groups, data-parallel or tensor-parallel copies) must hold the
+    same values: only one of them publishes it, so a disagreement would go unnoticed. Raised on every rank."""
+    first: dict = {}
+    for r, copies in enumerate(copies_of_everyone):
+        for name, offset, shape, digest in copies:
+            r0, d0 = first.setdefault((name, offset, shape), (r, digest))
+            if d0 != digest:
+                raise InvalidArgumentError(
+                    f"attach: parameter '{name}': ranks {r0} and {r} hold different values for its block at "
+                    f"offset {list(offset)}, shape {list(shape)}, which both hold a copy of (replica groups, "
+                    "data-parallel or tensor-parallel copies) and only one would publish; initialize or load "
+                    "them identically (the same seed, or a broadcast) before attach")
 
 
 def _is_strided(pl) -> bool:
@@ -347,21 +380,24 @@ def attach(model, optimizer, publisher: ShardedPublisher, params, *, start_versi
     def map_blocks():
         mine = []     # (name, published dtype, global shape, offset, shape, torch dtype)
         blocks = []   # (name, parameter)
+        copies = []   # (name, offset, shape, digest) of blocks other ranks may hold too
         for name, p in params:
             block = _local_block(name, p, rank)
             dtype = _published_dtype(name, p.dtype)
             entry = (name, dtype, tuple(int(d) for d in p.shape))
-            if block is not None:
-                offset, shape, _ = block
-                mine.append(entry + (offset, shape, str(p.dtype)))
+            if block is not None and _may_be_copied(p, dist.get_world_size()):
+                copies.append((name, block[0], block[1], _digest(name, block[2])))
+            if block is not None and block[3]:
+                mine.append(entry + (block[0], block[1], str(p.dtype)))
                 blocks.append((name, p))
             else:
                 mine.append(entry + (None, None, str(p.dtype)))
-        return mine, blocks
+        return mine, blocks, copies
 
-    mine, blocks = _on_every_rank(group, map_blocks)
-    everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine, group=group)
+    mine, blocks, copies = _on_every_rank(group, map_blocks)
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (mine, copies), group=group)
+    everyone = [entries for entries, _ in gathered]
     # Every rank must hold the same parameters (pipeline stages holding
     # disjoint layers cannot be mapped to one model).
     names = {e[0]: e for e in mine}
@@ -380,6 +416,7 @@ def attach(model, optimizer, publisher: ShardedPublisher, params, *, start_versi
                 raise InvalidArgumentError(f"attach: parameter '{name}' is {ours[5]} {ours[2]} on rank {rank} "
                                            f"but {e[5]} {e[2]} on rank {r}; every rank must hold its shard of "
                                            "one tensor, in one dtype and shape")
+    _check_copies_agree([theirs for _, theirs in gathered])
     ordered = sorted(names)
     index = {n: i for i, n in enumerate(ordered)}
     tensors = [(n, names[n][1], list(names[n][2])) for n in ordered]

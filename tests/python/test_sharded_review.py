@@ -237,3 +237,52 @@ def test_a_tensor_whose_ranks_hold_different_dtypes_is_refused_at_attach(tmp_pat
         assert "parameter 'w' is" in message and f"on rank {other}" in message, message
         assert "torch.float32" in message and "torch.bfloat16" in message, message
     assert not (bucket / "manifest.json").exists()
+
+
+# Copies of one block that differ: a Replicate() DTensor (an HSDP replica group) and a plain
+# parameter (data-parallel) initialized with a different seed on each rank. Only rank 0 (the
+# replica at coordinate 0) publishes each, so the other rank's values were never looked at
+# (session 51, H1: attached, and rank 0's copy published as the trainer's).
+COPIES = textwrap.dedent(
+    """
+    import sys
+    import torch, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    import deltasync, deltasync.torch as dt
+    bucket, out, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    dist.init_process_group("gloo", init_method="file://" + out + "/init", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    messages = []
+    for case in ("same", "replicate", "plain"):
+        torch.manual_seed(0)
+        same = torch.randn(4, 4)
+        torch.manual_seed(rank)  # a different seed on each rank
+        differs = torch.randn(4, 4)
+        model = torch.nn.Module()
+        model.a = torch.nn.Parameter(DTensor.from_local(same.clone(), mesh, [Shard(0)], run_check=False))
+        model.r = torch.nn.Parameter(DTensor.from_local(differs if case == "replicate" else same.clone(), mesh,
+                                                        [Replicate()], run_check=False))
+        model.p = torch.nn.Parameter(differs if case == "plain" else same.clone())
+        try:
+            handle = dt.attach(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                               dt.ShardedPublisher(bucket + "-" + case))
+            handle.remove()
+            messages.append(case + ": attached")
+        except deltasync.InvalidArgumentError as e:
+            messages.append(case + ": " + str(e))
+    with open(out + f"/refused-{rank}.txt", "w") as f:
+        f.write("\\n".join(messages))
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_copies_of_one_block_that_differ_between_ranks_are_refused_at_attach(tmp_path):
+    bucket, out = run_two_ranks(COPIES, tmp_path)
+    for rank in (0, 1):
+        same, replicate, plain = (out / f"refused-{rank}.txt").read_text().splitlines()
+        assert same == "same: attached"
+        for line, name in ((replicate, "r"), (plain, "p")):
+            assert f"parameter '{name}': ranks 0 and 1 hold different values for its block at offset [0, 0], " \
+                   "shape [4, 4]" in line, line
