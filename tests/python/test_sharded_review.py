@@ -286,3 +286,64 @@ def test_copies_of_one_block_that_differ_between_ranks_are_refused_at_attach(tmp
         for line, name in ((replicate, "r"), (plain, "p")):
             assert f"parameter '{name}': ranks 0 and 1 hold different values for its block at offset [0, 0], " \
                    "shape [4, 4]" in line, line
+
+
+# Rank 1's copy of its blocks to the host fails at step 2 (session 51, H1: the step raised on
+# rank 1 alone and was queued on rank 0 only, so rank 0's step 2 waited for rank 1's step 3).
+SNAPSHOT_FAILS = textwrap.dedent(
+    """
+    import sys
+    import torch, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    import deltasync.torch as dt
+    bucket, out, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    dist.init_process_group("gloo", init_method="file://" + out + "/init", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(DTensor.from_local(torch.randn(8, 4).chunk(2)[rank].clone(), mesh, [Shard(0)],
+                                              run_check=False))
+    opt = torch.optim.SGD([w], lr=0.5)
+    model = torch.nn.Module()
+    model.w = w
+    handle = dt.attach(model, opt, dt.ShardedPublisher(bucket, threads=1), background=False)
+
+    class Unreadable:  # its local shard cannot be copied to the host
+        def to_local(self):
+            raise RuntimeError("the host copy failed")
+
+    errors = []
+    for step in range(1, 5):
+        g = torch.Generator().manual_seed(step)
+        w.grad = DTensor.from_local(torch.randn(8, 4, generator=g).chunk(2)[rank], mesh, [Shard(0)], run_check=False)
+        blocks = handle._blocks
+        if step == 2 and rank == 1:
+            handle._blocks = [(name, Unreadable()) for name, _ in blocks]
+        try:
+            opt.step()
+        except Exception as e:
+            errors.append(f"step {step} raised: {e}")
+        handle._blocks = blocks
+        torch.save(w.to_local().detach().clone(), out + f"/r{rank}-step{step}.pt")
+    handle.remove()
+    with open(out + f"/errors-{rank}.txt", "w") as f:
+        f.write("\\n".join(errors))
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_a_host_copy_failing_on_one_rank_fails_that_version_on_every_rank(tmp_path):
+    bucket, out = run_two_ranks(SNAPSHOT_FAILS, tmp_path)
+    for rank in (0, 1):
+        errors = (out / f"errors-{rank}.txt").read_text()
+        assert errors.startswith("step 2 raised: version 2 was not committed") and \
+            "part 1 failed: RuntimeError: the host copy failed" in errors, errors
+    m = json.loads((bucket / "manifest.json").read_text())
+    assert [v["version"] for v in m["versions"]] == [1, 2, 3]
+    replica = deltasync.Replica(str(bucket))
+    for version, step in ((1, 1), (2, 3), (3, 4)):
+        assert replica.update(version) == version
+        halves = [torch.load(out / f"r{r}-step{step}.pt") for r in range(2)]
+        np.testing.assert_array_equal(replica.tensors()["w"].view(np.int16), bf16_bits(torch.cat(halves)),
+                                      err_msg=f"version {version} is not step {step} on both ranks")
