@@ -120,14 +120,6 @@ def test_a_failed_version_is_published_again_by_the_next_queued_step(tmp_path):
 # different steps and a version commits half of one step and half of another.
 TWO_RANKS = textwrap.dedent(
     """
-    import sys, time
-    import torch, torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard
-    import deltasync.torch as dt
-    bucket, out, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    dist.init_process_group("gloo", init_method="file://" + out + "/init", rank=rank, world_size=2)
-    mesh = init_device_mesh("cpu", (2,))
     torch.manual_seed(0)
     full = torch.randn(8, 4)
     w = torch.nn.Parameter(DTensor.from_local(full.chunk(2)[rank].clone(), mesh, [Shard(0)], run_check=False))
@@ -150,42 +142,61 @@ TWO_RANKS = textwrap.dedent(
     else:
         handle._native = Slow()
     pause = 0.1 if rank == 0 else 1.0   # rank 0 steps fast, rank 1 slowly
-    errors = []
     for step in range(1, 7):
         g = torch.Generator().manual_seed(step)
         w.grad = DTensor.from_local(torch.randn(8, 4, generator=g).chunk(2)[rank], mesh, [Shard(0)], run_check=False)
         try:
             opt.step()
         except Exception as e:
-            errors.append(f"step {step} raised: {e}")
+            lines.append(f"step {step} raised: {e}")
         torch.save(w.to_local().detach().clone(), out + f"/r{rank}-step{step}.pt")
         time.sleep(pause)
     try:
         handle.flush()
     except Exception as e:
-        errors.append(str(e))
+        lines.append(str(e))
     handle.remove()
-    with open(out + f"/errors-{rank}.txt", "w") as f:
-        f.write("\\n".join(errors))
+    """
+)
+
+
+# What every two-rank job below starts and ends with: `mesh` (1-D, 2 ranks), and `lines`
+# that the job appends to and the test reads back (one list per rank).
+PROLOGUE = textwrap.dedent(
+    """
+    import sys, time
+    import torch, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    import deltasync, deltasync.torch as dt
+    bucket, out, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    dist.init_process_group("gloo", init_method="file://" + out + "/init", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    lines = []
+    """
+)
+EPILOGUE = textwrap.dedent(
+    """
+    with open(out + f"/lines-{rank}.txt", "w") as f:
+        f.write("\\n".join(lines))
     dist.destroy_process_group()
     """
 )
 
 
 def run_two_ranks(script, tmp_path):
-    """Runs `script` as ranks 0 and 1 (argv: bucket, out, rank); returns (bucket, out)."""
+    """Runs PROLOGUE + `script` + EPILOGUE as ranks 0 and 1; returns (bucket, out, lines of each rank)."""
     bucket, out = tmp_path / "bucket", tmp_path / "out"
     out.mkdir()
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(bucket), str(out), str(r)],
+    procs = [subprocess.Popen([sys.executable, "-c", PROLOGUE + script + EPILOGUE, str(bucket), str(out), str(r)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
     logs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
-    return bucket, out
+    return bucket, out, [(out / f"lines-{r}.txt").read_text() for r in range(2)]
 
 
 def test_a_failure_raised_at_different_steps_on_two_ranks_never_mixes_their_steps(tmp_path):
-    bucket, out = run_two_ranks(TWO_RANKS, tmp_path)
-    errors = [(out / f"errors-{r}.txt").read_text() for r in range(2)]
+    bucket, out, errors = run_two_ranks(TWO_RANKS, tmp_path)
     assert all("version 1 was not committed" in e for e in errors), errors
     # The slow rank saw the failure at step 2, the fast one later: the runs differ.
     raised = [{int(line.split()[1]) for line in e.splitlines() if line.startswith("step ")} for e in errors]
@@ -207,33 +218,22 @@ def test_a_failure_raised_at_different_steps_on_two_ranks_never_mixes_their_step
 # but the ranks do not hold one tensor (session 51, H1: it was accepted).
 MIXED_DTYPES = textwrap.dedent(
     """
-    import sys
-    import torch, torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard
-    import deltasync, deltasync.torch as dt
-    bucket, out, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    dist.init_process_group("gloo", init_method="file://" + out + "/init", rank=rank, world_size=2)
-    mesh = init_device_mesh("cpu", (2,))
     local = torch.randn(3, 4, dtype=torch.bfloat16 if rank == 1 else torch.float32)
     model = torch.nn.Module()
     model.w = torch.nn.Parameter(DTensor.from_local(local, mesh, [Shard(0)], run_check=False))
     try:
         dt.attach(model, torch.optim.SGD(model.parameters(), lr=0.1), dt.ShardedPublisher(bucket))
-        message = "attached"
+        lines.append("attached")
     except deltasync.InvalidArgumentError as e:
-        message = str(e)
-    with open(out + f"/refused-{rank}.txt", "w") as f:
-        f.write(message)
-    dist.destroy_process_group()
+        lines.append(str(e))
     """
 )
 
 
 def test_a_tensor_whose_ranks_hold_different_dtypes_is_refused_at_attach(tmp_path):
-    bucket, out = run_two_ranks(MIXED_DTYPES, tmp_path)
+    bucket, _, messages = run_two_ranks(MIXED_DTYPES, tmp_path)
     for rank, other in ((0, 1), (1, 0)):
-        message = (out / f"refused-{rank}.txt").read_text()
+        message = messages[rank]
         assert "parameter 'w' is" in message and f"on rank {other}" in message, message
         assert "torch.float32" in message and "torch.bfloat16" in message, message
     assert not (bucket / "manifest.json").exists()
@@ -245,15 +245,6 @@ def test_a_tensor_whose_ranks_hold_different_dtypes_is_refused_at_attach(tmp_pat
 # (session 51, H1: attached, and rank 0's copy published as the trainer's).
 COPIES = textwrap.dedent(
     """
-    import sys
-    import torch, torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-    import deltasync, deltasync.torch as dt
-    bucket, out, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    dist.init_process_group("gloo", init_method="file://" + out + "/init", rank=rank, world_size=2)
-    mesh = init_device_mesh("cpu", (2,))
-    messages = []
     for case in ("same", "replicate", "plain"):
         torch.manual_seed(0)
         same = torch.randn(4, 4)
@@ -268,20 +259,17 @@ COPIES = textwrap.dedent(
             handle = dt.attach(model, torch.optim.SGD(model.parameters(), lr=0.1),
                                dt.ShardedPublisher(bucket + "-" + case))
             handle.remove()
-            messages.append(case + ": attached")
+            lines.append(case + ": attached")
         except deltasync.InvalidArgumentError as e:
-            messages.append(case + ": " + str(e))
-    with open(out + f"/refused-{rank}.txt", "w") as f:
-        f.write("\\n".join(messages))
-    dist.destroy_process_group()
+            lines.append(case + ": " + str(e))
     """
 )
 
 
 def test_copies_of_one_block_that_differ_between_ranks_are_refused_at_attach(tmp_path):
-    bucket, out = run_two_ranks(COPIES, tmp_path)
+    _, _, lines = run_two_ranks(COPIES, tmp_path)
     for rank in (0, 1):
-        same, replicate, plain = (out / f"refused-{rank}.txt").read_text().splitlines()
+        same, replicate, plain = lines[rank].splitlines()
         assert same == "same: attached"
         for line, name in ((replicate, "r"), (plain, "p")):
             assert f"parameter '{name}': ranks 0 and 1 hold different values for its block at offset [0, 0], " \
@@ -292,14 +280,6 @@ def test_copies_of_one_block_that_differ_between_ranks_are_refused_at_attach(tmp
 # rank 1 alone and was queued on rank 0 only, so rank 0's step 2 waited for rank 1's step 3).
 SNAPSHOT_FAILS = textwrap.dedent(
     """
-    import sys
-    import torch, torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard
-    import deltasync.torch as dt
-    bucket, out, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    dist.init_process_group("gloo", init_method="file://" + out + "/init", rank=rank, world_size=2)
-    mesh = init_device_mesh("cpu", (2,))
     torch.manual_seed(0)
     w = torch.nn.Parameter(DTensor.from_local(torch.randn(8, 4).chunk(2)[rank].clone(), mesh, [Shard(0)],
                                               run_check=False))
@@ -312,7 +292,6 @@ SNAPSHOT_FAILS = textwrap.dedent(
         def to_local(self):
             raise RuntimeError("the host copy failed")
 
-    errors = []
     for step in range(1, 5):
         g = torch.Generator().manual_seed(step)
         w.grad = DTensor.from_local(torch.randn(8, 4, generator=g).chunk(2)[rank], mesh, [Shard(0)], run_check=False)
@@ -322,21 +301,17 @@ SNAPSHOT_FAILS = textwrap.dedent(
         try:
             opt.step()
         except Exception as e:
-            errors.append(f"step {step} raised: {e}")
+            lines.append(f"step {step} raised: {e}")
         handle._blocks = blocks
         torch.save(w.to_local().detach().clone(), out + f"/r{rank}-step{step}.pt")
     handle.remove()
-    with open(out + f"/errors-{rank}.txt", "w") as f:
-        f.write("\\n".join(errors))
-    dist.destroy_process_group()
     """
 )
 
 
 def test_a_host_copy_failing_on_one_rank_fails_that_version_on_every_rank(tmp_path):
-    bucket, out = run_two_ranks(SNAPSHOT_FAILS, tmp_path)
-    for rank in (0, 1):
-        errors = (out / f"errors-{rank}.txt").read_text()
+    bucket, out, lines = run_two_ranks(SNAPSHOT_FAILS, tmp_path)
+    for errors in lines:
         assert errors.startswith("step 2 raised: version 2 was not committed") and \
             "part 1 failed: RuntimeError: the host copy failed" in errors, errors
     m = json.loads((bucket / "manifest.json").read_text())
