@@ -186,6 +186,18 @@ def _check_strided(name: str, shape, mesh, placements) -> None:
             "publish it gathered")
 
 
+def _refuse_fsdp1(model) -> None:
+    """FSDP1 (FullyShardedDataParallel) flattens parameters into per-rank shards: with
+    use_orig_params each parameter is a 1-D piece of its flat shard (the same shape on every
+    rank when the pieces are even), not a block deltasync can place in the tensor."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+        raise InvalidArgumentError(
+            "attach: the model is wrapped in FSDP1 (FullyShardedDataParallel), whose parameters are flattened "
+            "per-rank pieces deltasync cannot place in their tensors; shard it with FSDP2's fully_shard, or "
+            "gather the full state dict on rank 0 and publish it with deltasync.torch.publish()")
+
+
 def _drop_replicated_blocks(everyone):
     """Blocks that several ranks hold identically (a DTensor on a sub-mesh, e.g. FSDP2+TP's
     parameters that only FSDP shards: replicas across the TP dimension) are kept on the lowest
@@ -372,6 +384,7 @@ def attach(model, optimizer, publisher: ShardedPublisher, params, *, start_versi
            background: bool) -> ShardedHandle:
     if not dist.is_available() or not dist.is_initialized():
         raise FailedPreconditionError("attach() with a ShardedPublisher needs torch.distributed initialized on every rank")
+    _refuse_fsdp1(model)
     rank = dist.get_rank()
     # A dedicated gloo group: receipts cross it from the publishing thread
     # without racing the trainer's own collectives.

@@ -322,3 +322,31 @@ def test_a_host_copy_failing_on_one_rank_fails_that_version_on_every_rank(tmp_pa
         halves = [torch.load(out / f"r{r}-step{step}.pt") for r in range(2)]
         np.testing.assert_array_equal(replica.tensors()["w"].view(np.int16), bf16_bits(torch.cat(halves)),
                                       err_msg=f"version {version} is not step {step} on both ranks")
+
+
+# FSDP1 with use_orig_params: each parameter is a 1-D piece of the rank's flat shard; a 4x4
+# weight over two ranks is an (8,) piece on both, as if it were a plain (8,) parameter
+# (session 51, H1: attached, and rank 0's half published as the whole tensor).
+FSDP1 = textwrap.dedent(
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    torch.manual_seed(0)
+    model = FullyShardedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False)),
+                                     device_id=torch.device("cpu"), use_orig_params=True)
+    lines += [f"{name} {tuple(p.shape)}" for name, p in model.named_parameters()]
+    try:
+        dt.attach(model, torch.optim.SGD(model.parameters(), lr=0.1), dt.ShardedPublisher(bucket))
+        lines.append("attached")
+    except deltasync.InvalidArgumentError as e:
+        lines.append(str(e))
+    """
+)
+
+
+def test_an_fsdp1_model_is_refused_at_attach(tmp_path):
+    bucket, _, lines = run_two_ranks(FSDP1, tmp_path)
+    for text in lines:
+        shapes, message = text.split("\n", 1)
+        assert shapes == "_fsdp_wrapped_module.0.weight (8,)"
+        assert message.startswith("attach: the model is wrapped in FSDP1 (FullyShardedDataParallel)"), message
+    assert not (bucket / "manifest.json").exists()
