@@ -350,3 +350,57 @@ def test_an_fsdp1_model_is_refused_at_attach(tmp_path):
         assert shapes == "_fsdp_wrapped_module.0.weight (8,)"
         assert message.startswith("attach: the model is wrapped in FSDP1 (FullyShardedDataParallel)"), message
     assert not (bucket / "manifest.json").exists()
+
+
+# Local shards as trainers leave them (session 51, H1; held, pinned here): a transposed (non-
+# contiguous) local, a view at a storage offset, FSDP2's uneven Shard(0) with an empty last
+# shard (one row over two ranks), FSDP2's Shard(1), an empty parameter, a plain scalar. The
+# replica must hold each full tensor, bit for bit, as torch casts it to bf16.
+LOCAL_SHARDS = textwrap.dedent(
+    """
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    full_t = torch.randn(6, 8)
+    inner = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Linear(8, 4))
+    inner.register_parameter("row", torch.nn.Parameter(torch.randn(1, 5)))
+    inner.register_parameter("empty", torch.nn.Parameter(torch.zeros(0, 3)))
+    fully_shard(inner, mesh=mesh, shard_placement_fn=lambda p: Shard(1) if p.dim() == 2 and p.shape[0] == 8 else Shard(0))
+    model = torch.nn.Module()
+    model.inner = inner
+    # Shard(1) of a (6, 8) tensor whose local (6, 4) block is the transpose of a (4, 6) buffer.
+    local_t = full_t.chunk(2, dim=1)[rank].t().contiguous().t()
+    assert not local_t.is_contiguous()
+    model.t = torch.nn.Parameter(DTensor.from_local(local_t, mesh, [Shard(1)], run_check=False))
+    # Shard(0) whose local (3, 4) block starts 12 elements into a larger buffer.
+    buffer = torch.cat([torch.full((12,), 9.0), torch.randn(8, 4).chunk(2)[rank].reshape(-1)])
+    model.o = torch.nn.Parameter(DTensor.from_local(buffer[12:].view(4, 4)[1:], mesh, [Shard(0)], run_check=False))
+    assert model.o.to_local().storage_offset() == 16
+    model.s = torch.nn.Parameter(torch.tensor(1.5))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    handle = dt.attach(model, opt, dt.ShardedPublisher(bucket, threads=1))
+    for step in range(1, 4):
+        for p in model.parameters():
+            local = torch.ones_like(p.to_local() if isinstance(p, DTensor) else p) * step
+            p.grad = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                        stride=p.stride()) if isinstance(p, DTensor) else local
+        opt.step()
+        handle.flush()
+        full = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+                for n, p in model.named_parameters()}
+        if rank == 0:
+            torch.save(full, out + f"/v{step}.pt")
+    handle.remove()
+    """
+)
+
+
+def test_local_shards_as_trainers_leave_them_publish_the_full_tensors(tmp_path):
+    bucket, out, _ = run_two_ranks(LOCAL_SHARDS, tmp_path)
+    replica = deltasync.Replica(str(bucket))
+    for version in (1, 2, 3):
+        assert replica.update(version) == version
+        full = torch.load(out / f"v{version}.pt")
+        held = replica.tensors()
+        assert sorted(held) == sorted(full)
+        for name, t in full.items():
+            np.testing.assert_array_equal(held[name].view(np.int16), bf16_bits(t), err_msg=f"{name} at {version}")
