@@ -198,9 +198,10 @@ def run_two_ranks(script, tmp_path):
 def test_a_failure_raised_at_different_steps_on_two_ranks_never_mixes_their_steps(tmp_path):
     bucket, out, errors = run_two_ranks(TWO_RANKS, tmp_path)
     assert all("version 1 was not committed" in e for e in errors), errors
-    # The slow rank saw the failure at step 2, the fast one later: the runs differ.
+    # The slow rank saw the failure at one step (2 unless the machine is very slow), the fast
+    # one later or only at flush(): the ranks raised at different steps.
     raised = [{int(line.split()[1]) for line in e.splitlines() if line.startswith("step ")} for e in errors]
-    assert raised[1] == {2} and raised[0] != {2}, raised
+    assert len(raised[1]) == 1 and raised[0] != raised[1], raised
     # Every version is one step of the trainer (both halves), and every step from 2 on is a version.
     m = json.loads((bucket / "manifest.json").read_text())
     versions = [v["version"] for v in m["versions"]]
