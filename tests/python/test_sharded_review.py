@@ -160,8 +160,9 @@ TWO_RANKS = textwrap.dedent(
 )
 
 
-# What every two-rank job below starts and ends with: `mesh` (1-D, 2 ranks), and `lines`
-# that the job appends to and the test reads back (one list per rank).
+# What every two-rank job below starts and ends with: `mesh` (1-D, 2 ranks), `lines` that the
+# job appends to and the test reads back (one list per rank), and `try_attach` (attach and
+# remove, or the InvalidArgumentError's message).
 PROLOGUE = textwrap.dedent(
     """
     import sys, time
@@ -173,6 +174,14 @@ PROLOGUE = textwrap.dedent(
     dist.init_process_group("gloo", init_method="file://" + out + "/init", rank=rank, world_size=2)
     mesh = init_device_mesh("cpu", (2,))
     lines = []
+
+
+    def try_attach(model, bucket=bucket):
+        try:
+            dt.attach(model, torch.optim.SGD(model.parameters(), lr=0.1), dt.ShardedPublisher(bucket)).remove()
+            return "attached"
+        except deltasync.InvalidArgumentError as e:
+            return str(e)
     """
 )
 EPILOGUE = textwrap.dedent(
@@ -222,11 +231,7 @@ MIXED_DTYPES = textwrap.dedent(
     local = torch.randn(3, 4, dtype=torch.bfloat16 if rank == 1 else torch.float32)
     model = torch.nn.Module()
     model.w = torch.nn.Parameter(DTensor.from_local(local, mesh, [Shard(0)], run_check=False))
-    try:
-        dt.attach(model, torch.optim.SGD(model.parameters(), lr=0.1), dt.ShardedPublisher(bucket))
-        lines.append("attached")
-    except deltasync.InvalidArgumentError as e:
-        lines.append(str(e))
+    lines.append(try_attach(model))
     """
 )
 
@@ -256,13 +261,7 @@ COPIES = textwrap.dedent(
         model.r = torch.nn.Parameter(DTensor.from_local(differs if case == "replicate" else same.clone(), mesh,
                                                         [Replicate()], run_check=False))
         model.p = torch.nn.Parameter(differs if case == "plain" else same.clone())
-        try:
-            handle = dt.attach(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                               dt.ShardedPublisher(bucket + "-" + case))
-            handle.remove()
-            lines.append(case + ": attached")
-        except deltasync.InvalidArgumentError as e:
-            lines.append(case + ": " + str(e))
+        lines.append(case + ": " + try_attach(model, bucket + "-" + case))
     """
 )
 
@@ -335,11 +334,7 @@ FSDP1 = textwrap.dedent(
     model = FullyShardedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False)),
                                      device_id=torch.device("cpu"), use_orig_params=True)
     lines += [f"{name} {tuple(p.shape)}" for name, p in model.named_parameters()]
-    try:
-        dt.attach(model, torch.optim.SGD(model.parameters(), lr=0.1), dt.ShardedPublisher(bucket))
-        lines.append("attached")
-    except deltasync.InvalidArgumentError as e:
-        lines.append(str(e))
+    lines.append(try_attach(model))
     """
 )
 
