@@ -13,6 +13,7 @@ gloo group created at attach, never on the trainer's own group.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import queue
@@ -25,6 +26,7 @@ import torch.distributed as dist
 
 from . import _native
 from ._errors import FailedPreconditionError, InvalidArgumentError
+from ._torch_common import _published_dtype as _published_torch_dtype
 
 __all__ = ["ShardedHandle", "ShardedPublisher", "attach"]
 
@@ -92,11 +94,14 @@ def _published_dtype(name: str, dtype: torch.dtype) -> str:
 
 
 def _local_block(name: str, p: torch.Tensor, rank: int):
-    """(offset, shape, local tensor) of the block this rank publishes, or None."""
+    """(offset, shape, local tensor, publishes) of the block this rank holds, or None.
+
+    ``publishes`` is False for a copy that another rank publishes: a plain
+    tensor off rank 0, a replica group off coordinate 0 (HSDP)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
     if not isinstance(p, DTensor):
         # Replicated on every rank (DDP, or not wrapped): rank 0 publishes it.
-        return ((0,) * p.dim(), tuple(p.shape), p.detach()) if rank == 0 else None
+        return (0,) * p.dim(), tuple(p.shape), p.detach(), rank == 0
     mesh, placements = p.device_mesh, p.placements
     for pl in placements:
         # Partial holds sums, not values.
@@ -109,8 +114,8 @@ def _local_block(name: str, p: torch.Tensor, rank: int):
     coordinate = mesh.get_coordinate()
     if coordinate is None:
         return None
-    if any(type(pl) is Replicate and coordinate[i] != 0 for i, pl in enumerate(placements)):
-        return None  # another replica group publishes it (HSDP)
+    # Another replica group publishes it (HSDP).
+    publishes = not any(type(pl) is Replicate and coordinate[i] != 0 for i, pl in enumerate(placements))
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     shape, offset = compute_local_shape_and_global_offset(p.shape, mesh, placements)
     local = p.to_local().detach()
@@ -120,7 +125,35 @@ def _local_block(name: str, p: torch.Tensor, rank: int):
             f"{placements} give {tuple(shape)}; deltasync cannot tell which elements it holds")
     if math.prod(shape) == 0:
         return None
-    return tuple(int(o) for o in offset), tuple(int(s) for s in shape), local
+    return tuple(int(o) for o in offset), tuple(int(s) for s in shape), local, publishes
+
+
+def _may_be_copied(p: torch.Tensor, world: int) -> bool:
+    """Whether other ranks may hold the same block: a plain tensor, a Replicate placement, a sub-mesh."""
+    from torch.distributed.tensor import DTensor, Replicate
+    return (not isinstance(p, DTensor) or p.device_mesh.size() < world
+            or any(type(pl) is Replicate for pl in p.placements))
+
+
+def _digest(name: str, t: torch.Tensor) -> str:
+    """A digest of the block as it would be published (fp32 rounded to bf16)."""
+    t = t.detach().to("cpu", dtype=_published_torch_dtype(name, t.dtype), copy=True).contiguous()
+    return hashlib.blake2b(t.reshape(-1).view(torch.uint8).numpy(), digest_size=16).hexdigest()
+
+
+def _check_copies_agree(copies_of_everyone) -> None:
+    """Ranks holding one block (replica groups, data-parallel or tensor-parallel copies) must hold the
+    same values: only one of them publishes it, so a disagreement would go unnoticed. Raised on every rank."""
+    first: dict = {}
+    for r, copies in enumerate(copies_of_everyone):
+        for name, offset, shape, digest in copies:
+            r0, d0 = first.setdefault((name, offset, shape), (r, digest))
+            if d0 != digest:
+                raise InvalidArgumentError(
+                    f"attach: parameter '{name}': ranks {r0} and {r} hold different values for its block at "
+                    f"offset {list(offset)}, shape {list(shape)}, which both hold a copy of (replica groups, "
+                    "data-parallel or tensor-parallel copies) and only one would publish; initialize or load "
+                    "them identically (the same seed, or a broadcast) before attach")
 
 
 def _is_strided(pl) -> bool:
@@ -151,6 +184,18 @@ def _check_strided(name: str, shape, mesh, placements) -> None:
             f"({tuple(placements)}), and {shape[dim]} does not divide by {splits}: deltasync maps FSDP2+TP shards "
             "only when they are even; pad that dimension to a multiple of the data- x tensor-parallel size, or "
             "publish it gathered")
+
+
+def _refuse_fsdp1(model) -> None:
+    """FSDP1 (FullyShardedDataParallel) flattens parameters into per-rank shards: with
+    use_orig_params each parameter is a 1-D piece of its flat shard (the same shape on every
+    rank when the pieces are even), not a block deltasync can place in the tensor."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+        raise InvalidArgumentError(
+            "attach: the model is wrapped in FSDP1 (FullyShardedDataParallel), whose parameters are flattened "
+            "per-rank pieces deltasync cannot place in their tensors; shard it with FSDP2's fully_shard, or "
+            "gather the full state dict on rank 0 and publish it with deltasync.torch.publish()")
 
 
 def _drop_replicated_blocks(everyone):
@@ -219,16 +264,23 @@ class ShardedHandle:
 
     # -- on the training thread ------------------------------------------
     def _on_step(self, optimizer, args, kwargs) -> None:
-        self._raise_pending()
-        items = [(name, *_host_array(name, _local(p))) for name, p in self._blocks]
+        # Every step is queued on every rank, even one that then raises an
+        # earlier version's failure: the ranks see a failure at different
+        # steps (each at its first step after the outcome), and a step queued
+        # on one rank but not on another would pair different steps' parts
+        # in every later version. A snapshot that fails here is queued as
+        # this rank's failed part, so every rank refuses that version.
+        try:
+            job = [(name, *_host_array(name, _local(p))) for name, p in self._blocks]
+        except Exception as e:  # noqa: BLE001 - reported as this rank's part of the version
+            job = e
         # The version is taken when the job runs, not here: with jobs queued
         # the worker has not yet advanced next_version past the ones ahead.
-        job = items
         if self._background:
             self._queue.put(job)
         else:
             self._run(job)
-            self._raise_pending()
+        self._raise_pending()
 
     def flush(self) -> None:
         """Waits until every queued version is committed or refused; raises a failure."""
@@ -272,6 +324,8 @@ class ShardedHandle:
         receipt = None
         if self._native is not None:
             try:
+                if isinstance(items, BaseException):
+                    raise items
                 if self.fail_next_publish:
                     self.fail_next_publish = False
                     raise RuntimeError(f"injected failure of part {self._part}")
@@ -330,29 +384,33 @@ def attach(model, optimizer, publisher: ShardedPublisher, params, *, start_versi
            background: bool) -> ShardedHandle:
     if not dist.is_available() or not dist.is_initialized():
         raise FailedPreconditionError("attach() with a ShardedPublisher needs torch.distributed initialized on every rank")
+    _refuse_fsdp1(model)
     rank = dist.get_rank()
     # A dedicated gloo group: receipts cross it from the publishing thread
     # without racing the trainer's own collectives.
     group = dist.new_group(backend="gloo")
 
     def map_blocks():
-        mine = []     # (name, dtype, global shape, offset, shape)
+        mine = []     # (name, published dtype, global shape, offset, shape, torch dtype)
         blocks = []   # (name, parameter)
+        copies = []   # (name, offset, shape, digest) of blocks other ranks may hold too
         for name, p in params:
             block = _local_block(name, p, rank)
             dtype = _published_dtype(name, p.dtype)
             entry = (name, dtype, tuple(int(d) for d in p.shape))
-            if block is not None:
-                offset, shape, _ = block
-                mine.append(entry + (offset, shape))
+            if block is not None and _may_be_copied(p, dist.get_world_size()):
+                copies.append((name, block[0], block[1], _digest(name, block[2])))
+            if block is not None and block[3]:
+                mine.append(entry + (block[0], block[1], str(p.dtype)))
                 blocks.append((name, p))
             else:
-                mine.append(entry + (None, None))
-        return mine, blocks
+                mine.append(entry + (None, None, str(p.dtype)))
+        return mine, blocks, copies
 
-    mine, blocks = _on_every_rank(group, map_blocks)
-    everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine, group=group)
+    mine, blocks, copies = _on_every_rank(group, map_blocks)
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (mine, copies), group=group)
+    everyone = [entries for entries, _ in gathered]
     # Every rank must hold the same parameters (pipeline stages holding
     # disjoint layers cannot be mapped to one model).
     names = {e[0]: e for e in mine}
@@ -364,9 +422,14 @@ def attach(model, optimizer, publisher: ShardedPublisher, params, *, start_versi
                 f"{rank if name in theirs else r}; every rank must hold (a shard of) every parameter "
                 "(pipeline stages cannot be published as parts)")
         for name, e in theirs.items():
-            if e[1:3] != names[name][1:3]:
-                raise InvalidArgumentError(f"attach: parameter '{name}' is {names[name][1:3]} on rank {rank} "
-                                           f"but {e[1:3]} on rank {r}")
+            # The torch dtypes too: fp32 on one rank and bf16 on another both publish as BF16,
+            # but then the ranks do not hold one tensor.
+            if (e[1], e[2], e[5]) != (names[name][1], names[name][2], names[name][5]):
+                ours = names[name]
+                raise InvalidArgumentError(f"attach: parameter '{name}' is {ours[5]} {ours[2]} on rank {rank} "
+                                           f"but {e[5]} {e[2]} on rank {r}; every rank must hold its shard of "
+                                           "one tensor, in one dtype and shape")
+    _check_copies_agree([theirs for _, theirs in gathered])
     ordered = sorted(names)
     index = {n: i for i, n in enumerate(ordered)}
     tensors = [(n, names[n][1], list(names[n][2])) for n in ordered]

@@ -120,8 +120,9 @@ def attach(model: torch.nn.Module, optimizer: torch.optim.Optimizer, publisher, 
     bucket's numbering. A given ``start_version`` at or below it is refused
     (InvalidArgumentError).
     The optimizer's parameters are named after the model's parameters they
-    share storage with, with ``module.``/``_orig_mod.`` prefixes (DDP,
-    Accelerate, torch.compile) removed. ``names`` renames: a mapping from the
+    share storage with, with a leading ``module.`` (DDP, Accelerate) and torch's wrapper
+    components anywhere (``_orig_mod.``, ``_checkpoint_wrapped_module.``,
+    ``_fsdp_wrapped_module.``) removed. ``names`` renames: a mapping from the
     model's (or the stripped) name to the published one (names it lacks keep
     the stripped name; a None value leaves the parameter out), or a callable
     taking the model's name and returning the published one or None.

@@ -63,13 +63,19 @@ def torch_view(arr: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(arr.view(np.dtype(f"i{arr.dtype.itemsize}"))).view(dtype)
 
 # Wrapper prefixes that do not belong to a parameter's checkpoint name:
-# DistributedDataParallel / Accelerate ("module."), torch.compile ("_orig_mod.").
-_WRAPPER_PREFIX = re.compile(r"^(?:module\.|_orig_mod\.)+")
+# DistributedDataParallel / Accelerate ("module.", leading only: a model may
+# have a submodule of that name), and torch's own wrapper components anywhere
+# in the name: torch.compile ("_orig_mod.", also of one compiled layer:
+# "layers.0._orig_mod.attn.weight"), activation checkpointing
+# ("_checkpoint_wrapped_module.") and FSDP1 ("_fsdp_wrapped_module."), which
+# torchtitan-style trainers put inside every block.
+_WRAPPER_PREFIX = re.compile(r"^(?:module\.)+")
+_WRAPPER_COMPONENT = re.compile(r"(?:^|(?<=\.))(?:_orig_mod|_checkpoint_wrapped_module|_fsdp_wrapped_module)\.")
 
 
 def strip_wrapper_prefix(name: str) -> str:
-    """``module.model.layers.0.weight`` -> ``model.layers.0.weight``."""
-    return _WRAPPER_PREFIX.sub("", name)
+    """``module.model.layers.0._checkpoint_wrapped_module.weight`` -> ``model.layers.0.weight``."""
+    return _WRAPPER_PREFIX.sub("", _WRAPPER_COMPONENT.sub("", name))
 
 
 def _published_dtype(name: str, dtype: torch.dtype) -> torch.dtype:

@@ -108,7 +108,7 @@ def _check_tied(sources: dict[str, torch.Tensor], targets: dict[str, torch.Tenso
 def load_into(replica, state_dict: Mapping[str, torch.Tensor]) -> int:
     """Copies the replica's weights into ``state_dict``'s tensors; returns the elements copied.
 
-    ``state_dict`` maps names (``module.`` prefixes are ignored) to tensors on
+    ``state_dict`` maps names (wrapper prefixes as ``attach`` strips them are ignored) to tensors on
     any device (``model.state_dict()`` works: its tensors share the
     parameters' memory). Every replica tensor needs a target of the same
     shape and dtype (a bf16 model for bf16 weights); a mismatch is an

@@ -132,6 +132,29 @@ def test_ddp_module_prefix_is_stripped(tmp_path):
     assert_same(replica_bits(replica), expected_bits(wrapped, strip="module."))
 
 
+
+def test_compiled_and_checkpointed_layers_publish_their_checkpoint_names(tmp_path):
+    # torchtitan-style: each block wrapped for activation checkpointing and compiled on its own
+    # puts "_checkpoint_wrapped_module." and "_orig_mod." inside the names (session 51, H1: they
+    # were published as they are, names no checkpoint and no vLLM model has).
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    model, _ = make(2)
+    plain = sorted(n for n, _ in model.named_parameters())
+    model.up = checkpoint_wrapper(model.up)
+    model.down = torch.compile(checkpoint_wrapper(model.down))
+    wrapped = torch.compile(model)
+    raw = sorted(n for n, _ in wrapped.named_parameters())
+    assert "_orig_mod.down._orig_mod._checkpoint_wrapped_module.weight" in raw
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=LR)
+    bucket = str(tmp_path / "b")
+    publisher = deltasync.Publisher(bucket)
+    handle = dt.attach(wrapped, opt, publisher)
+    assert sorted(handle.names) == plain
+    publisher.close()
+    assert dt.strip_wrapper_prefix("_orig_mod.module.layers.0._orig_mod.w") == "layers.0.w"
+    assert dt.strip_wrapper_prefix("encoder.module.w") == "encoder.module.w"  # a submodule named "module"
+    assert dt.strip_wrapper_prefix("x_orig_mod.w") == "x_orig_mod.w"
+
 def test_names_mapping_and_exclusion(tmp_path):
     model, opt = make(3)
     publisher = deltasync.Publisher(str(tmp_path / "b"))
