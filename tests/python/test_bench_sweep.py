@@ -21,9 +21,17 @@ def test_sweep_reports_every_size_and_rate(run):
         # The same delta's floor (bench_decode_floor.h): every stage timed, the sums reported.
         for key in ("decode_floor_gbps_per_core", "apply_floor_vs_memcpy", "decode_compact_cpu_gbps_per_core"):
             assert x[key] > 0
-        for stage in ("read", "read_threads", "parse", "output", "hash", "scatter", "read_scatter",
+        for stage in ("read", "read_threads", "parse", "output", "hash", "hash_streamed", "scatter", "read_scatter",
                       "read_scatter_threads", "digest", "decode_library"):
             assert x[f"floor_{stage}_ns_per_change"] > 0 and x[f"floor_{stage}_s_per_gb"] > 0
+        # The apply floor sums the hash in cache ("hash"), not the one streamed from memory, which no
+        # decoder pays (it hashes each chunk's changes right after decoding them).
+        s = {k: x[f"floor_{k}_s_per_gb"] for k in ("read_scatter_threads", "digest", "parse", "hash")}
+        apply_floor = s["read_scatter_threads"] + (s["digest"] + s["parse"] + s["hash"]) / x["threads"]
+        assert 1 / x["apply_floor_gbps"] == pytest.approx(apply_floor, rel=1e-9)
+        # The decode floor: read, parse and output on one core.
+        decode_floor = sum(x[f"floor_{k}_s_per_gb"] for k in ("read", "parse", "output"))
+        assert 1 / x["decode_floor_gbps_per_core"] == pytest.approx(decode_floor, rel=1e-9)
         # A word with a change lies in a block with one.
         assert 0 < x["floor_words_with_change"] <= x["floor_blocks_with_change"] <= 1
     # A bigger model is bigger; a higher rate makes a bigger delta.

@@ -5,7 +5,10 @@
 // decides a change's position, and at the demo's change rate every block of
 // 1024 elements holds a change, so no block can be skipped), the entropy
 // decode (the library's own, ParseCompactDelta), the state-hash terms (the
-// decoder's kernel, HashChanges16), writing the decode's output, the
+// decoder's kernel, HashChanges16, over cache-sized slices of changes just
+// written, as the decoder hashes each chunk's changes right after decoding
+// them; the same over whole arrays streamed from memory is kept beside it,
+// outside the sums), writing the decode's output, the
 // scatter of the changed values (alone, and within the read while each
 // block is in cache), and the object's digest. Their sums bound the decode
 // per core and the whole apply on N threads from below. Figures,
@@ -36,7 +39,8 @@ struct DecodeFloorFigures {
   double read_threads_s = 0;    // the same on `threads` threads, wall clock
   double parse_s = 0;           // ParseCompactDelta: gaps into ranks, diffs, escapes
   double output_s = 0;          // storing the decode's output: u64 index + u16 value per change
-  double hash_s = 0;            // HashChanges16 of every change (index, old, new in arrays)
+  double hash_s = 0;            // HashChanges16 of every change, each decode chunk's from cache
+  double hash_streamed_s = 0;   // the same over whole tensors' arrays (streamed from memory)
   double scatter_s = 0;         // one u16 store per change at its index in the state, alone
   double read_scatter_s = 0;    // the read with each 1024-block's changes stored while it is in cache
   double read_scatter_threads_s = 0;  // the same on `threads` threads, wall clock

@@ -49,7 +49,8 @@ void AddDecodeFloorJson(const DecodeFloorFigures& f, double memcpy_s, double app
   out["floor_read_bytes"] = f.read_bytes;
   for (const auto& [name, s] :
        {std::pair{"read", f.read_s}, std::pair{"read_threads", f.read_threads_s}, std::pair{"parse", f.parse_s},
-        std::pair{"output", f.output_s}, std::pair{"hash", f.hash_s}, std::pair{"scatter", f.scatter_s},
+        std::pair{"output", f.output_s}, std::pair{"hash", f.hash_s}, std::pair{"hash_streamed", f.hash_streamed_s},
+        std::pair{"scatter", f.scatter_s},
         std::pair{"read_scatter", f.read_scatter_s}, std::pair{"read_scatter_threads", f.read_scatter_threads_s},
         std::pair{"digest", f.digest_s}, std::pair{"decode_library", f.decode_s}}) {
     const std::string k = name;
