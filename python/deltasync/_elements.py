@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from . import _native
+from ._torch_common import bits_view
 
 __all__ = ["put_elements", "take_elements"]
 
@@ -26,7 +27,8 @@ def _threads() -> int:
 def take_elements(src: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
     """``src[idx]`` for a flat contiguous CPU tensor and int64 indices (IndexError when one is out of range)."""
     out = torch.empty(len(idx), dtype=src.dtype)
-    _native.gather_elements(src, idx, out, _threads())
+    # On the bit patterns: the native call cannot take F8 tensors (no DLPack dtype for them).
+    _native.gather_elements(bits_view(src), idx, bits_view(out), _threads())
     return out
 
 
@@ -38,9 +40,19 @@ def put_elements(dst: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor, *, of
     Nothing is written when an index falls outside ``dst`` (IndexError)."""
     k = cols if k is None else k
     if dst.device.type == "cpu" and vals.device.type == "cpu" and idx.device.type == "cpu":
-        _native.scatter_elements(dst, idx.contiguous(), vals.contiguous(), offset, cols, c0, k, _threads())
+        _native.scatter_elements(bits_view(dst), idx.contiguous(), bits_view(vals.contiguous()), offset, cols, c0, k,
+                                 _threads())
         return
-    idx, vals = idx.to(dst.device), vals.to(dst.device)
+    _put_with_torch(dst, idx, vals, offset, cols, c0, k)
+
+
+def _put_with_torch(dst: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor, offset: int, cols: int, c0: int,
+                    k: int) -> None:
+    """put_elements through torch's own ops, on ``dst``'s device: on the bit patterns (signed
+    integers of the element's width), since torch has no ``index_copy_`` for F8 and the unsigned
+    dtypes on some devices (session 51)."""
+    idx, vals = idx.to(dst.device), bits_view(vals.to(dst.device))
+    dst = bits_view(dst)
     if k != cols:
         j = idx - offset
         c = j % cols

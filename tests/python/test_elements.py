@@ -76,3 +76,37 @@ def test_mismatched_arrays_are_refused():
     with pytest.raises(InvalidArgumentError, match="columns"):
         _native.scatter_elements(src, np.array([1], dtype=np.int64), torch.zeros(1, dtype=torch.bfloat16),
                                  0, 8, 6, 4, 1)
+
+
+# Every dtype a replica can hold, F8 and the unsigned ones included: the native calls take no F8 tensor and
+# torch has no index_copy_ for F8 and the unsigned dtypes on some devices, so both routes (the native one for
+# CPU tensors, torch's for a GPU destination) work on their bit patterns.
+EVERY_DTYPE = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
+               torch.bool, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.int8, torch.int64]
+
+
+@pytest.mark.parametrize("dtype", EVERY_DTYPE, ids=str)
+def test_the_torch_route_writes_every_dtype_as_the_native_one(dtype):
+    rng = np.random.default_rng(3)
+    rows, cols, k, c0 = 40, 64, 24, 16
+    size = torch.tensor([], dtype=dtype).element_size()
+    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
+    full = torch.from_numpy(rng.integers(0, 256, rows * cols * size, dtype=np.uint8)).view(bits).view(dtype)
+    if dtype == torch.bool:
+        full = full.view(torch.uint8).remainder(2).to(torch.bool)
+    idx = torch.from_numpy(_sorted_indices(rng, rows * cols, 700))
+    vals = full.view(bits)[idx].view(dtype)
+    for kw, n in (({}, rows * cols), ({"cols": cols, "c0": c0, "k": k}, rows * k)):
+        native, route = torch.zeros(n, dtype=dtype), torch.zeros(n, dtype=dtype)
+        _elements.put_elements(native, idx, vals, **kw)
+        cols_of = kw.get("cols", 1)
+        _elements._put_with_torch(route, idx, vals, 0, cols_of, kw.get("c0", 0), kw.get("k", cols_of))
+        assert torch.equal(route.view(bits), native.view(bits)), kw
+        want = torch.zeros(n, dtype=dtype).view(bits)
+        if kw:
+            j = idx[(idx % cols >= c0) & (idx % cols < c0 + k)]
+            want[(j // cols) * k + j % cols - c0] = full.view(bits)[j]
+        else:
+            want[idx] = vals.view(bits)
+        assert torch.equal(native.view(bits), want), kw
+    assert torch.equal(_elements.take_elements(full, idx.numpy()).view(bits), vals.view(bits))
