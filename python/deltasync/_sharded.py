@@ -35,7 +35,6 @@ _DTYPE_NAME = {
     torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
     torch.bool: "BOOL",
 }
-_KEEP_FP32_SUFFIXES = ("e_score_correction_bias",)
 
 
 class ShardedPublisher:
@@ -88,9 +87,7 @@ def from_publisher(publisher, world: int) -> ShardedPublisher:
 def _published_dtype(name: str, dtype: torch.dtype) -> str:
     if dtype not in _DTYPE_NAME:
         raise InvalidArgumentError(f"attach: parameter '{name}' has dtype {dtype}, which cannot be published")
-    if dtype == torch.float32 and not name.endswith(_KEEP_FP32_SUFFIXES):
-        return "BF16"
-    return _DTYPE_NAME[dtype]
+    return _DTYPE_NAME[_published_torch_dtype(name, dtype)]  # the one rule (fp32 -> BF16 unless kept)
 
 
 def _local_block(name: str, p: torch.Tensor, rank: int):
