@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "codec/codec_targets.h"
 
@@ -329,6 +330,87 @@ DS_CODEC_INLINE uint8_t* EncodeRansPieceBody(const uint8_t* diffs, const std::ar
   return ptr;
 }
 
+// One piece's encoder inside EncodeRansPieces2Body: symbols r - 1 down to lo
+// left, the current class's table down to seg_lo, state a for symbol r - 1
+// and b for the one after (they take turns), bytes below ptr.
+struct EncLane {
+  uint64_t r, lo, seg_lo;
+  int cl;
+  const RansEncSymbol* t;
+  uint32_t a, b;
+  uint8_t* ptr;
+};
+
+// Moves the lane to the class of symbol r - 1 (r > lo).
+DS_CODEC_INLINE void EncLaneClass(EncLane& l, const std::array<uint64_t, kClasses + 1>& begin,
+                                   const RansEncoderTables& tables) {
+  while (begin[l.cl] > l.r - 1) --l.cl;
+  l.seg_lo = std::max(begin[l.cl], l.lo);
+  l.t = tables.of(l.cl);
+}
+
+// EncodeRansPieces2's body, inlined into its two copies (codec_targets.h).
+// Both pieces have two states (at least kRansTwoStates changes): symbol r
+// on state (r - lo) & 1, so the states simply take turns from the last
+// symbol down. Runs of symbols where neither piece crosses a class border
+// go two symbols of each piece a step.
+DS_CODEC_INLINE void EncodeRansPieces2Body(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin,
+                                           const uint64_t lo[2], const uint64_t hi[2],
+                                           const RansEncoderTables& tables, uint8_t* const end[2],
+                                           uint8_t* start[2]) {
+  EncLane l[2];
+  for (int j = 0; j < 2; ++j) {
+    l[j] = EncLane{hi[j], lo[j], 0, kClasses - 1, nullptr, kRansLow, kRansLow, end[j]};
+    EncLaneClass(l[j], begin, tables);
+  }
+  while (l[0].r > l[0].lo && l[1].r > l[1].lo) {
+    const uint64_t m = std::min(l[0].r - l[0].seg_lo, l[1].r - l[1].seg_lo);  // >= 1
+    const RansEncSymbol* const t0 = l[0].t;
+    const RansEncSymbol* const t1 = l[1].t;
+    const uint8_t* const d0 = diffs + l[0].r;  // symbol r - 1 - k at d[-1 - k]
+    const uint8_t* const d1 = diffs + l[1].r;
+    uint32_t a0 = l[0].a, b0 = l[0].b, a1 = l[1].a, b1 = l[1].b;
+    uint8_t* p0 = l[0].ptr;
+    uint8_t* p1 = l[1].ptr;
+    uint64_t k = 0;
+    for (; k + 2 <= m; k += 2) {
+      RansPut(a0, t0[d0[-1 - static_cast<int64_t>(k)]], p0);
+      RansPut(a1, t1[d1[-1 - static_cast<int64_t>(k)]], p1);
+      RansPut(b0, t0[d0[-2 - static_cast<int64_t>(k)]], p0);
+      RansPut(b1, t1[d1[-2 - static_cast<int64_t>(k)]], p1);
+    }
+    if (k < m) {
+      RansPut(a0, t0[d0[-1 - static_cast<int64_t>(k)]], p0);
+      RansPut(a1, t1[d1[-1 - static_cast<int64_t>(k)]], p1);
+      std::swap(a0, b0);
+      std::swap(a1, b1);
+    }
+    l[0].a = a0, l[0].b = b0, l[1].a = a1, l[1].b = b1;
+    l[0].ptr = p0, l[1].ptr = p1;
+    for (EncLane& lane : l) {
+      lane.r -= m;
+      if (lane.r > lane.lo && lane.r == lane.seg_lo) EncLaneClass(lane, begin, tables);
+    }
+  }
+  for (EncLane& lane : l) {  // the longer piece's rest, one symbol at a time
+    while (lane.r > lane.lo) {
+      if (lane.r == lane.seg_lo) EncLaneClass(lane, begin, tables);
+      --lane.r;
+      RansPut(lane.a, lane.t[diffs[lane.r]], lane.ptr);
+      std::swap(lane.a, lane.b);
+    }
+    // Symbol lo took its piece's state 0 and the turn passed: a is state 1,
+    // which goes last (EncodeRansPieceBody: state 1's bytes, then state 0's below).
+    const uint32_t xs[2] = {lane.b, lane.a};
+    for (int j = 1; j >= 0; --j) {
+      lane.ptr -= 4;
+      for (int k = 0; k < 4; ++k) lane.ptr[k] = static_cast<uint8_t>(xs[j] >> (8 * k));
+    }
+  }
+  start[0] = l[0].ptr;
+  start[1] = l[1].ptr;
+}
+
 uint8_t* EncodeRansPieceBaseline(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin, uint64_t lo,
                                  uint64_t hi, const RansEncoderTables& tables, uint8_t* end) {
   return EncodeRansPieceBody(diffs, begin, lo, hi, tables, end);
@@ -340,7 +422,27 @@ DS_CODEC_BMI2_TARGET uint8_t* EncodeRansPieceBmi2(const uint8_t* diffs, const st
   return EncodeRansPieceBody(diffs, begin, lo, hi, tables, end);
 }
 
+void EncodeRansPieces2Baseline(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin,
+                               const uint64_t lo[2], const uint64_t hi[2], const RansEncoderTables& tables,
+                               uint8_t* const end[2], uint8_t* start[2]) {
+  EncodeRansPieces2Body(diffs, begin, lo, hi, tables, end, start);
+}
+
+DS_CODEC_BMI2_TARGET void EncodeRansPieces2Bmi2(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin,
+                                                const uint64_t lo[2], const uint64_t hi[2],
+                                                const RansEncoderTables& tables, uint8_t* const end[2],
+                                                uint8_t* start[2]) {
+  EncodeRansPieces2Body(diffs, begin, lo, hi, tables, end, start);
+}
+
 }  // namespace
+
+void EncodeRansPieces2(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin, const uint64_t lo[2],
+                       const uint64_t hi[2], const RansEncoderTables& tables, uint8_t* const end[2],
+                       uint8_t* start[2]) {
+  if (UseCodecBmi2()) return EncodeRansPieces2Bmi2(diffs, begin, lo, hi, tables, end, start);
+  EncodeRansPieces2Baseline(diffs, begin, lo, hi, tables, end, start);
+}
 
 uint8_t* EncodeRansPiece(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin, uint64_t lo,
                          uint64_t hi, const RansEncoderTables& tables, uint8_t* end) {

@@ -87,4 +87,13 @@ class RansEncoderTables {
 uint8_t* EncodeRansPiece(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin, uint64_t lo,
                          uint64_t hi, const RansEncoderTables& tables, uint8_t* end);
 
+// EncodeRansPiece of two pieces at once, [lo[0], hi[0]) written to end at
+// end[0] and [lo[1], hi[1]) to end at end[1] (their starts in start[0],
+// start[1]): the same bytes as two calls, the two pieces' four state chains
+// interleaved (one piece's two chains wait on their multiplies). Each piece
+// must have at least kRansTwoStates changes.
+void EncodeRansPieces2(const uint8_t* diffs, const std::array<uint64_t, kClasses + 1>& begin, const uint64_t lo[2],
+                       const uint64_t hi[2], const RansEncoderTables& tables, uint8_t* const end[2],
+                       uint8_t* start[2]);
+
 }  // namespace deltasync::compact

@@ -221,6 +221,8 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
   const uint64_t pieces = (count + kV3Piece - 1) / kV3Piece;
   // Per piece: its gap bytes and rANS bytes (the directory's entries).
   std::vector<std::pair<uint64_t, uint64_t>> lens(pieces);
+  const uint8_t* waiting = nullptr;  // the rANS bytes of the second of two pieces coded at once
+  const uint8_t* waiting_end = nullptr;
   for (uint64_t p = 0; p < pieces; ++p) {
     const uint64_t lo = p * kV3Piece, hi = std::min(count, lo + kV3Piece);
     BitWriter& w = scratch.bits;
@@ -231,12 +233,33 @@ void WriteBf16StreamV3(const Bf16Streams& s, const V3Tables& tables, std::vector
     const size_t gaps_at = body.size();
     w.FinishAppend(body);
     lens[p].first = body.size() - gaps_at;
-    // rANS, last symbol first, into the end of buf.
-    buf.resize(2 * (hi - lo) + 8);
-    uint8_t* const end = buf.data() + buf.size();
-    uint8_t* const ptr = EncodeRansPiece(diffs.data(), begin, lo, hi, encoder, end);
-    body.insert(body.end(), ptr, end);
-    lens[p].second = static_cast<uint64_t>(end - ptr);
+    // rANS, last symbol first, into the end of buf; two whole pieces at
+    // once where they follow (the second's bytes wait in buf until its gaps
+    // are written).
+    const uint8_t* from;
+    const uint8_t* to;
+    if (waiting != nullptr) {
+      from = waiting;
+      to = waiting_end;
+      waiting = nullptr;
+    } else if (hi - lo == kV3Piece && count - hi >= kV3Piece) {
+      buf.resize(2 * (2 * kV3Piece + 8));
+      const uint64_t los[2] = {lo, hi}, his[2] = {hi, hi + kV3Piece};
+      uint8_t* const ends[2] = {buf.data() + buf.size() / 2, buf.data() + buf.size()};
+      uint8_t* starts[2];
+      EncodeRansPieces2(diffs.data(), begin, los, his, encoder, ends, starts);
+      from = starts[0];
+      to = ends[0];
+      waiting = starts[1];
+      waiting_end = ends[1];
+    } else {
+      buf.resize(2 * (hi - lo) + 8);
+      uint8_t* const end = buf.data() + buf.size();
+      from = EncodeRansPiece(diffs.data(), begin, lo, hi, encoder, end);
+      to = end;
+    }
+    body.insert(body.end(), from, to);
+    lens[p].second = static_cast<uint64_t>(to - from);
   }
   // Room for all of it at once (the escape block is at most its raw bytes
   // and a 21-byte header): no growth copies of a stream of megabytes. A

@@ -3,7 +3,8 @@
 // division and a decoder that reads its renormalisation bytes one at a time.
 // Both must give the same diff bytes, or the same message, on valid pieces
 // (1-symbol and 256-symbol tables, a symbol of frequency 1, pieces of 1, 63,
-// 64, 65 and 65,536 changes, class borders at odd and even changes) and on
+// 64, 65 and 65,536 changes, class borders at odd and even changes; the
+// writer's whole pieces coded two at once) and on
 // truncated, over-long and corrupted ones.
 #include <gtest/gtest.h>
 
@@ -367,7 +368,12 @@ TEST(CompactRans, WriterPiecesAreTheReferenceEncodersBytes) {
   std::mt19937_64 rng(12);
   const std::vector<Case> cases = {MakeCase(rng, {{2, 70001}, {3, 61071}}, {2, 3}),
                                    MakeCase(rng, {{0, 63}}, {1}), MakeCase(rng, {{0, 64}, {15, 1}}, {2, 0}),
-                                   MakeCase(rng, {{6, 1}}, {3}), MakeCase(rng, {{1, 5000}, {4, 777}}, {1, 2})};
+                                   MakeCase(rng, {{6, 1}}, {3}), MakeCase(rng, {{1, 5000}, {4, 777}}, {1, 2}),
+                                   // Whole pieces coded two at once (four whole and a short one; three
+                                   // whole), classes starting at odd and even changes inside them.
+                                   MakeCase(rng, {{0, 1}, {1, 65537}, {3, 3}, {4, 70000}, {7, 131071},
+                                                  {9, 50000}, {15, 2}}, {1, 3, 2, 0, 1, 3, 2}),
+                                   MakeCase(rng, {{2, 65535}, {5, 65536}, {11, 65537}}, {3, 1, 2})};
   // Both compiled copies of the writer (codec_targets.h).
   ForEachCodecCopy([&](const char* copy) {
     for (const Case& c : cases) {
