@@ -1,0 +1,135 @@
+// The life of an RL run around a bucket: a trainer restarted while its
+// zombie (the old process, with a stale view of the bucket) still publishes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "deltasync/manifest.h"
+#include "deltasync/part_publisher.h"
+#include "deltasync/publisher.h"
+#include "deltasync/replica.h"
+#include "testing/bucket_util.h"
+#include "testing/parts_util.h"
+#include "testing/random_model.h"
+#include "testing/temp_dir.h"
+
+namespace deltasync {
+namespace {
+
+using testing::OpenDirStore;
+using testing::RandomModel;
+using testing::Ranks;
+using testing::ReadManifest;
+using testing::SplitLayout;
+using testing::TempDir;
+
+void ExpectStateIs(const WeightState& state, const RandomModel& model) {
+  std::vector<TensorView> views = model.Views();
+  ASSERT_EQ(state.tensors().size(), views.size());
+  for (const TensorView& v : views) {
+    const WeightState::Tensor* t = state.Find(v.name);
+    ASSERT_NE(t, nullptr) << v.name;
+    ASSERT_TRUE(std::equal(t->data.begin(), t->data.end(), v.data.begin(), v.data.end())) << v.name;
+  }
+}
+
+class ZombiePublisherTest : public ::testing::TestWithParam<IndexEncoding> {};
+
+// The zombie's view of the bucket stops at version 3; the restarted trainer
+// has committed 4..10 (10 an anchor). The zombie's next publishes (4, and
+// 10) use the keys of those committed versions: they must fail before any
+// upload, so that replicas still reach the trainer's weights through the
+// step deltas (a replica at 3) and through the anchor (a new replica).
+TEST_P(ZombiePublisherTest, StalePublisherNeverOverwritesCommittedVersions) {
+  TempDir dir;
+  auto store = OpenDirStore(dir.path());
+  PublisherOptions options;
+  options.encoding = GetParam();
+  RandomModel trainer(21);
+  RandomModel zombie_weights(21);
+  auto zombie = Publisher::Open(store, options);
+  ASSERT_TRUE(zombie.ok()) << zombie.status().ToString();
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) {
+      trainer.Step(0.05);
+      zombie_weights.Step(0.05);
+    }
+    ASSERT_TRUE((*zombie)->Publish(v, trainer.Views()).ok());
+  }
+  auto follower = Replica::Create(store);
+  ASSERT_TRUE(follower->Update().ok());
+  ASSERT_EQ(follower->version(), 3u);
+
+  auto restarted = Publisher::Open(store, options);
+  ASSERT_TRUE(restarted.ok()) << restarted.status().ToString();
+  for (uint64_t v = 4; v <= 10; ++v) {
+    trainer.Step(0.05);
+    ASSERT_TRUE((*restarted)->Publish(v, trainer.Views()).ok()) << v;
+  }
+  ASSERT_TRUE(ReadManifest(*store).Find(10)->anchor());
+
+  for (uint64_t v : {4u, 10u}) {
+    zombie_weights.Step(0.2);
+    auto lost = (*zombie)->Publish(v, zombie_weights.Views());
+    ASSERT_FALSE(lost.ok()) << "the zombie published version " << v;
+    EXPECT_EQ(lost.status().code(), ErrorCode::kConflict) << lost.status().ToString();
+    EXPECT_NE(lost.status().message().find("nothing of it was uploaded"), std::string::npos)
+        << lost.status().ToString();
+  }
+
+  ASSERT_TRUE(follower->Update().ok()) << "a replica at 3 must reach 10 through the step deltas";
+  EXPECT_EQ(follower->version(), 10u);
+  ExpectStateIs(follower->state(), trainer);
+  auto fresh = Replica::Create(store);
+  auto started = fresh->Update();
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  ExpectStateIs(fresh->state(), trainer);
+
+  // The restarted trainer goes on, unaffected.
+  trainer.Step(0.05);
+  ASSERT_TRUE((*restarted)->Publish(11, trainer.Views()).ok());
+  ASSERT_TRUE(follower->Update().ok());
+  ExpectStateIs(follower->state(), trainer);
+}
+
+INSTANTIATE_TEST_SUITE_P(Encodings, ZombiePublisherTest, testing::AllEncodings(), testing::EncodingParamName);
+
+// The same with sharded jobs: the zombie job's ranks hold version 3; the
+// restarted job has committed 4 (its part objects are keyed by version, base
+// and part, the zombie's too). The zombie's parts must upload nothing.
+TEST(ZombiePartedJobTest, StalePartedJobNeverOverwritesCommittedParts) {
+  TempDir dir;
+  auto store = OpenDirStore(dir.path());
+  RandomModel trainer(23);
+  RandomModel zombie_weights(23);
+  PublisherOptions options;
+  options.threads = 2;
+  PartLayout layout = SplitLayout(trainer.Views(), 3, 0);
+  ASSERT_TRUE(layout.Validate().ok());
+  Ranks zombie(store, layout, options);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) {
+      trainer.Step(0.05);
+      zombie_weights.Step(0.05);
+    }
+    ASSERT_TRUE(zombie.Publish(v, trainer.Views()).ok());
+  }
+  auto follower = Replica::Create(store);
+  ASSERT_TRUE(follower->Update().ok());
+  Ranks restarted(store, layout, options);
+  for (uint64_t v = 4; v <= 5; ++v) {
+    trainer.Step(0.05);
+    ASSERT_TRUE(restarted.Publish(v, trainer.Views()).ok()) << v;
+  }
+  zombie_weights.Step(0.2);
+  auto lost = zombie.Publish(4, zombie_weights.Views());
+  ASSERT_FALSE(lost.ok()) << "the zombie job published version 4";
+  EXPECT_NE(lost.status().message().find("nothing of it was uploaded"), std::string::npos) << lost.status().ToString();
+  auto caught_up = follower->Update();
+  ASSERT_TRUE(caught_up.ok()) << caught_up.status().ToString();
+  EXPECT_EQ(follower->version(), 5u);
+  ExpectStateIs(follower->state(), trainer);
+}
+
+}  // namespace
+}  // namespace deltasync
