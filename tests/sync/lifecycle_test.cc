@@ -11,6 +11,7 @@
 #include "testing/bucket_util.h"
 #include "testing/parts_util.h"
 #include "testing/random_model.h"
+#include "testing/s3_test_env.h"
 #include "testing/temp_dir.h"
 
 namespace deltasync {
@@ -33,18 +34,14 @@ void ExpectStateIs(const WeightState& state, const RandomModel& model) {
   }
 }
 
-class ZombiePublisherTest : public ::testing::TestWithParam<IndexEncoding> {};
-
 // The zombie's view of the bucket stops at version 3; the restarted trainer
 // has committed 4..10 (10 an anchor). The zombie's next publishes (4, and
 // 10) use the keys of those committed versions: they must fail before any
 // upload, so that replicas still reach the trainer's weights through the
 // step deltas (a replica at 3) and through the anchor (a new replica).
-TEST_P(ZombiePublisherTest, StalePublisherNeverOverwritesCommittedVersions) {
-  TempDir dir;
-  auto store = OpenDirStore(dir.path());
+void StalePublisherNeverOverwritesCommittedVersions(std::shared_ptr<Store> store, IndexEncoding encoding) {
   PublisherOptions options;
-  options.encoding = GetParam();
+  options.encoding = encoding;
   RandomModel trainer(21);
   RandomModel zombie_weights(21);
   auto zombie = Publisher::Open(store, options);
@@ -92,14 +89,32 @@ TEST_P(ZombiePublisherTest, StalePublisherNeverOverwritesCommittedVersions) {
   ExpectStateIs(follower->state(), trainer);
 }
 
+class ZombiePublisherTest : public ::testing::TestWithParam<IndexEncoding> {};
+
+TEST_P(ZombiePublisherTest, StalePublisherNeverOverwritesCommittedVersions) {
+  TempDir dir;
+  StalePublisherNeverOverwritesCommittedVersions(OpenDirStore(dir.path()), GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Encodings, ZombiePublisherTest, testing::AllEncodings(), testing::EncodingParamName);
+
+// S3's conditional writes (ETags) instead of the local store's content tokens.
+std::shared_ptr<Store> S3BucketOrSkip(std::string_view tag) {
+  std::optional<testing::S3TestServer> server = testing::FindS3TestServer();
+  if (!server) return nullptr;
+  return testing::MakeTestBucket(*server, testing::S3TestOptions(*server), tag, "run");
+}
+
+TEST(ZombiePublisherS3Test, StalePublisherNeverOverwritesCommittedVersions) {
+  std::shared_ptr<Store> s3 = S3BucketOrSkip("zombie");
+  if (!s3) GTEST_SKIP() << testing::kNoS3Reason;
+  StalePublisherNeverOverwritesCommittedVersions(s3, IndexEncoding::kCompact);
+}
 
 // The same with sharded jobs: the zombie job's ranks hold version 3; the
 // restarted job has committed 4 (its part objects are keyed by version, base
 // and part, the zombie's too). The zombie's parts must upload nothing.
-TEST(ZombiePartedJobTest, StalePartedJobNeverOverwritesCommittedParts) {
-  TempDir dir;
-  auto store = OpenDirStore(dir.path());
+void StalePartedJobNeverOverwritesCommittedParts(std::shared_ptr<Store> store) {
   RandomModel trainer(23);
   RandomModel zombie_weights(23);
   PublisherOptions options;
@@ -129,6 +144,17 @@ TEST(ZombiePartedJobTest, StalePartedJobNeverOverwritesCommittedParts) {
   ASSERT_TRUE(caught_up.ok()) << caught_up.status().ToString();
   EXPECT_EQ(follower->version(), 5u);
   ExpectStateIs(follower->state(), trainer);
+}
+
+TEST(ZombiePartedJobTest, StalePartedJobNeverOverwritesCommittedParts) {
+  TempDir dir;
+  StalePartedJobNeverOverwritesCommittedParts(OpenDirStore(dir.path()));
+}
+
+TEST(ZombiePartedJobS3Test, StalePartedJobNeverOverwritesCommittedParts) {
+  std::shared_ptr<Store> s3 = S3BucketOrSkip("zombieparts");
+  if (!s3) GTEST_SKIP() << testing::kNoS3Reason;
+  StalePartedJobNeverOverwritesCommittedParts(s3);
 }
 
 }  // namespace
