@@ -2,12 +2,11 @@
 // zombie (the old process, with a stale view of the bucket) still publishes.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-
 #include "deltasync/manifest.h"
 #include "deltasync/part_publisher.h"
 #include "deltasync/publisher.h"
 #include "deltasync/replica.h"
+#include "deltasync/state_hash.h"
 #include "testing/bucket_util.h"
 #include "testing/parts_util.h"
 #include "testing/random_model.h"
@@ -19,19 +18,13 @@ namespace {
 
 using testing::OpenDirStore;
 using testing::RandomModel;
-using testing::Ranks;
-using testing::ReadManifest;
-using testing::SplitLayout;
 using testing::TempDir;
 
+// The state is the trainer's weights (names, shapes, dtypes and bytes), by
+// their 128-bit state hash computed from the trainer's own tensors.
 void ExpectStateIs(const WeightState& state, const RandomModel& model) {
   std::vector<TensorView> views = model.Views();
-  ASSERT_EQ(state.tensors().size(), views.size());
-  for (const TensorView& v : views) {
-    const WeightState::Tensor* t = state.Find(v.name);
-    ASSERT_NE(t, nullptr) << v.name;
-    ASSERT_TRUE(std::equal(t->data.begin(), t->data.end(), v.data.begin(), v.data.end())) << v.name;
-  }
+  EXPECT_EQ(HashState(state), HashTensors(views));
 }
 
 // The zombie's view of the bucket stops at version 3; the restarted trainer
@@ -63,7 +56,7 @@ void StalePublisherNeverOverwritesCommittedVersions(std::shared_ptr<Store> store
     trainer.Step(0.05);
     ASSERT_TRUE((*restarted)->Publish(v, trainer.Views()).ok()) << v;
   }
-  ASSERT_TRUE(ReadManifest(*store).Find(10)->anchor());
+  ASSERT_TRUE(testing::ReadManifest(*store).Find(10)->anchor());
 
   for (uint64_t v : {4u, 10u}) {
     zombie_weights.Step(0.2);
@@ -119,9 +112,9 @@ void StalePartedJobNeverOverwritesCommittedParts(std::shared_ptr<Store> store) {
   RandomModel zombie_weights(23);
   PublisherOptions options;
   options.threads = 2;
-  PartLayout layout = SplitLayout(trainer.Views(), 3, 0);
+  PartLayout layout = testing::SplitLayout(trainer.Views(), 3, 0);
   ASSERT_TRUE(layout.Validate().ok());
-  Ranks zombie(store, layout, options);
+  testing::Ranks zombie(store, layout, options);
   for (uint64_t v = 1; v <= 3; ++v) {
     if (v > 1) {
       trainer.Step(0.05);
@@ -131,7 +124,7 @@ void StalePartedJobNeverOverwritesCommittedParts(std::shared_ptr<Store> store) {
   }
   auto follower = Replica::Create(store);
   ASSERT_TRUE(follower->Update().ok());
-  Ranks restarted(store, layout, options);
+  testing::Ranks restarted(store, layout, options);
   for (uint64_t v = 4; v <= 5; ++v) {
     trainer.Step(0.05);
     ASSERT_TRUE(restarted.Publish(v, trainer.Views()).ok()) << v;
