@@ -8,6 +8,7 @@
 #include "deltasync/replica.h"
 #include "deltasync/state_hash.h"
 #include "testing/bucket_util.h"
+#include "testing/fault_store.h"
 #include "testing/parts_util.h"
 #include "testing/random_model.h"
 #include "testing/s3_test_env.h"
@@ -148,6 +149,34 @@ TEST(ZombiePartedJobS3Test, StalePartedJobNeverOverwritesCommittedParts) {
   std::shared_ptr<Store> s3 = S3BucketOrSkip("zombieparts");
   if (!s3) GTEST_SKIP() << testing::kNoS3Reason;
   StalePartedJobNeverOverwritesCommittedParts(s3);
+}
+
+// Not a zombie: this publisher's own commit landed although the store
+// reported a failure (an answer lost after the write). The manifest then
+// lists its version under its own writer id; publishing that version again
+// with the same weights is recognised as its own commit (as before the
+// pre-upload check), and the publisher goes on.
+TEST(ZombieOwnCommitTest, OwnCommitThatReportedAFailureIsNotAnotherPublisher) {
+  TempDir dir;
+  auto faulty = std::make_shared<testing::FaultStore>(OpenDirStore(dir.path()));
+  auto pub = Publisher::Open(faulty);
+  ASSERT_TRUE(pub.ok());
+  RandomModel model(25);
+  ASSERT_TRUE((*pub)->Publish(1, model.Views()).ok());
+  model.Step(0.05);
+  faulty->fail_after_conditional_write = [](std::string_view) {
+    return Status::IOError("injected: the answer to a landed manifest write was lost");
+  };
+  ASSERT_FALSE((*pub)->Publish(2, model.Views()).ok());
+  faulty->fail_after_conditional_write = nullptr;
+  ASSERT_EQ(testing::ReadManifest(*faulty).Latest()->version, 2u) << "the write landed";
+  auto again = (*pub)->Publish(2, model.Views());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  model.Step(0.05);
+  ASSERT_TRUE((*pub)->Publish(3, model.Views()).ok());
+  auto replica = Replica::Create(faulty);
+  ASSERT_TRUE(replica->Update().ok());
+  ExpectStateIs(replica->state(), model);
 }
 
 }  // namespace
