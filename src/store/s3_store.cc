@@ -128,6 +128,16 @@ Result<uint64_t> S3Store::Size(std::string_view key) {
   return static_cast<uint64_t>(std::strtoull(len.c_str(), nullptr, 10));
 }
 
+Result<std::string> S3Store::Token(std::string_view key) {
+  DS_ASSIGN_OR_RETURN(std::string object, client_->ObjectKey(key));
+  S3Call head{"HEAD", object};
+  HttpResponse r = client_->Send(head);
+  if (!r.ok()) return client_->Error(head, r);
+  std::string etag = r.Header("etag");
+  if (etag.empty()) return Status::IOError(client_->Url(object) + ": HEAD answered without an ETag");
+  return etag;
+}
+
 Result<std::vector<std::string>> S3Store::List(std::string_view prefix) {
   s3::S3Client& c = *client_;
   const std::string full_prefix = c.prefix() + std::string(prefix);

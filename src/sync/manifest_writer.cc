@@ -128,7 +128,11 @@ Status CheckNoOtherCommit(Store& store, const std::string& writer_id, const Mani
                           const std::optional<std::string>& token, uint64_t version) {
   const std::string v = "version " + std::to_string(version);
   const std::string where = store.Describe() + "/" + std::string(kManifestKey);
-  Result<Store::Versioned> now = store.GetVersioned(kManifestKey);
+  // The token first (a HEAD on S3); the manifest itself only when it moved.
+  Result<std::string> moved = store.Token(kManifestKey);
+  if (moved.ok() && token && *moved == *token) return Status::OK();
+  Result<Store::Versioned> now =
+      moved.ok() ? store.GetVersioned(kManifestKey) : Result<Store::Versioned>(moved.status());
   if (!now.ok()) {
     if (now.status().code() != ErrorCode::kNotFound) {
       return now.status().WithContext("re-reading " + where + " before uploading " + v);
