@@ -117,8 +117,8 @@ Status CommitManifest(Store& store, const std::string& writer_id, Manifest& curr
 Status OtherPublisherConflict(Store& store, uint64_t stored_newest, uint64_t own_newest, uint64_t version) {
   auto name = [](uint64_t v) { return v > 0 ? "version " + std::to_string(v) : std::string("no version"); };
   return Status::Conflict("another publisher wrote " + store.Describe() + "/" + std::string(kManifestKey) +
-                          " since this one read it (it now lists " + name(stored_newest) + ", this publisher's newest is " +
-                          name(own_newest) + "); version " + std::to_string(version) +
+                          " since this one read it (it now lists " + name(stored_newest) +
+                          ", this publisher's newest is " + name(own_newest) + "); version " + std::to_string(version) +
                           " was not published and nothing of it was uploaded, so the objects of that publisher's "
                           "versions stay intact. Two publishers on one bucket: stop the other one (a trainer's "
                           "zombie), then open the publisher again to continue from the bucket's newest version");
