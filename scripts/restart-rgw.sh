@@ -14,7 +14,7 @@ D=${1:-${DS_RGW_DIR:-}}
 [ -f "$D/ceph.conf" ] || { echo "restart-rgw: $D is not a directory made by start-rgw.sh" >&2; exit 2; }
 TIMEOUT=${RGW_START_TIMEOUT:-60}
 export CEPH_CONF=$D/ceph.conf
-PORT=$(sed -n 's/^rgw frontends = beast endpoint=127\.0\.0\.1:\([0-9]*\)$/\1/p' "$CEPH_CONF")
+PORT=$(sed -n 's/^rgw frontends = beast endpoint=127\.0\.0\.1:\([0-9]*\)\( .*\)\{0,1\}$/\1/p' "$CEPH_CONF")
 [ -n "$PORT" ] || { echo "restart-rgw: no radosgw port in $CEPH_CONF" >&2; exit 1; }
 
 if [ -f "$D/rgw.pid" ]; then

@@ -182,7 +182,9 @@ osd max object name len = 460
 osd max object namespace len = 64
 
 [client.rgw.a]
-rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT
+# tcp_nodelay=1: without it every small GET on a kept-alive connection
+# stalls ~40 ms (Nagle against the client's delayed ACK; measured: 47 ms a GET).
+rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT tcp_nodelay=1
 rgw data = $D/rgw
 rgw thread pool size = 64
 # Virtual-hosted addressing: http://BUCKET.localhost:PORT/key
@@ -249,8 +251,8 @@ for try in $(seq 1 "$TRIES"); do
   done
   find_free_range 1 || die "no free port for radosgw"
   RGW_PORT=$FOUND
-  sed -i "s|^rgw frontends = beast endpoint=127\.0\.0\.1:[0-9]*\$|rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT|" "$CONF"
-  grep -q "^rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT\$" "$CONF" || die "could not set the new radosgw port in $CONF"
+  sed -i "s|^rgw frontends = beast endpoint=127\.0\.0\.1:[0-9]* |rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT |" "$CONF"
+  grep -q "^rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT " "$CONF" || die "could not set the new radosgw port in $CONF"
 done
 log "radosgw answering on 127.0.0.1:$RGW_PORT"
 

@@ -119,6 +119,8 @@ class S3Store : public Store {
   std::string Describe() const override;  // "s3://bucket/prefix"
   // token = the object's ETag.
   Result<Versioned> GetVersioned(std::string_view key) override;
+  // The ETag of a HEAD.
+  Result<std::string> Token(std::string_view key) override;
   // A single PUT with If-Match: <etag> or If-None-Match: *; 412 -> kConflict.
   // Limited to 5 GiB (no multipart): meant for the manifest.
   Result<std::string> PutIfUnchanged(std::string_view key, std::span<const ByteSpan> parts,

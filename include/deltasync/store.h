@@ -65,6 +65,12 @@ class Store {
   };
   // The object with its current token. kNotFound when it does not exist.
   virtual Result<Versioned> GetVersioned(std::string_view key) = 0;
+  // Only the current token (what GetVersioned would give), without the
+  // bytes where the store can: S3 answers a HEAD. kNotFound when missing.
+  virtual Result<std::string> Token(std::string_view key) {
+    DS_ASSIGN_OR_RETURN(Versioned v, GetVersioned(key));
+    return std::move(v.token);
+  }
   // Writes `key` only if it still has `expected_token` (from GetVersioned),
   // or, when expected_token is nullopt, only if it does not exist yet.
   // kConflict when another writer got there first. Returns the new token.

@@ -8,6 +8,7 @@
 #include "server/out_dir.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -95,7 +96,30 @@ void RemoveStaleLeftovers(const std::string& dir) {
   }
 }
 
+// An exclusive flock on DIR itself: one daemon per --out DIR.
+Result<int> LockOutDir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::IOError("--out " + dir + ": cannot open: " + ErrnoText(errno));
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      return Status::FailedPrecondition(
+          "--out " + dir + " is in use by another running daemon (it holds the directory's lock): two daemons on " +
+          "one --out replace each other's folders, and one behind points latest at an older version; give each " +
+          "daemon its own --out directory");
+    }
+    return Status::IOError("--out " + dir + ": cannot lock: " + ErrnoText(err));
+  }
+  return fd;
+}
+
 }  // namespace
+
+OutDirSink::~OutDirSink() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the lock
+}
 
 std::string OutDirSink::FileName(uint64_t version) {
   // The bucket's own naming (anchors/step_000012.safetensors) without the folder.
@@ -115,10 +139,12 @@ Result<std::unique_ptr<OutDirSink>> OutDirSink::Open(const std::string& dir, int
   DS_RETURN_IF_ERROR(CheckOutsideBucket(bucket.get(), dir, "--out"));
   Result<std::unique_ptr<LocalStore>> store = LocalStore::Open(dir, /*create=*/true);
   if (!store.ok()) return store.status().WithContext("--out " + dir);
+  DS_ASSIGN_OR_RETURN(int lock_fd, LockOutDir(dir));
+  std::unique_ptr<OutDirSink> sink(new OutDirSink(std::shared_ptr<LocalStore>(std::move(*store)), dir, keep, layout,
+                                                  std::move(bucket), lock_fd));
   if (layout == OutLayout::kFolder) DS_RETURN_IF_ERROR(CheckLatestLink(dir).WithContext("--out " + dir));
   RemoveStaleLeftovers(dir);
-  return std::unique_ptr<OutDirSink>(
-      new OutDirSink(std::shared_ptr<LocalStore>(std::move(*store)), dir, keep, layout, std::move(bucket)));
+  return sink;
 }
 
 Status OutDirSink::Export(uint64_t version, const StateHash& hash, const WeightState& state, const FileSet& files) {

@@ -32,10 +32,18 @@ namespace deltasync::server {
 class OutDirSink : public StateSink {
  public:
   // Creates DIR when missing. kInvalidArgument for keep < 1;
-  // kFailedPrecondition when DIR/latest exists and is not a symlink (kFolder).
+  // kFailedPrecondition when DIR/latest exists and is not a symlink (kFolder),
+  // or when another live process holds DIR (another daemon's --out: two would
+  // replace each other's folders, and one behind would point DIR/latest back
+  // at an older version). The sink holds an exclusive flock(2) on DIR itself
+  // for its lifetime; the kernel drops it when the process dies.
   // `bucket`: where side files are fetched from (kFolder).
   static Result<std::unique_ptr<OutDirSink>> Open(const std::string& dir, int keep, OutLayout layout,
                                                   std::shared_ptr<Store> bucket);
+
+  ~OutDirSink() override;
+  OutDirSink(const OutDirSink&) = delete;
+  OutDirSink& operator=(const OutDirSink&) = delete;
 
   Status Export(uint64_t version, const StateHash& hash, const WeightState& state, const FileSet& files) override;
   std::string Describe() const override { return "--out " + dir_; }
@@ -47,8 +55,13 @@ class OutDirSink : public StateSink {
 
  private:
   OutDirSink(std::shared_ptr<LocalStore> store, std::string dir, int keep, OutLayout layout,
-             std::shared_ptr<Store> bucket)
-      : store_(std::move(store)), dir_(std::move(dir)), keep_(keep), layout_(layout), bucket_(std::move(bucket)) {}
+             std::shared_ptr<Store> bucket, int lock_fd)
+      : store_(std::move(store)),
+        dir_(std::move(dir)),
+        keep_(keep),
+        layout_(layout),
+        bucket_(std::move(bucket)),
+        lock_fd_(lock_fd) {}
   // What latest.json says of a written version (paths relative to DIR).
   struct Written {
     std::string dir;   // "step_000012" (kFolder) or empty
@@ -71,6 +84,7 @@ class OutDirSink : public StateSink {
   // The side files last fetched, and the listing they were fetched for.
   std::optional<FileSet> cached_set_;
   std::vector<SideFile> cached_files_;
+  int lock_fd_;  // DIR, opened and flocked (exclusive)
 };
 
 }  // namespace deltasync::server

@@ -54,6 +54,18 @@ Result<std::string> WrittenWithoutETag(s3::S3Client& c, const std::string& objec
                          "PUT, or give MD5 ETags; docs/s3.md)");
 }
 
+// A HEAD of `key`: the answer's header `name` (lower case), which must be
+// there (`what` names it in the error).
+Result<std::string> HeadHeader(s3::S3Client& c, std::string_view key, const char* name, const char* what) {
+  DS_ASSIGN_OR_RETURN(std::string object, c.ObjectKey(key));
+  S3Call head{"HEAD", object};
+  HttpResponse r = c.Send(head);
+  if (!r.ok()) return c.Error(head, r);
+  std::string value = r.Header(name);
+  if (value.empty()) return Status::IOError(c.Url(object) + ": HEAD answered without " + what);
+  return value;
+}
+
 }  // namespace
 
 S3Store::S3Store(std::unique_ptr<s3::S3Client> client) : client_(std::move(client)) {}
@@ -119,14 +131,11 @@ Status S3Store::Put(std::string_view key, std::span<const ByteSpan> parts) {
 }
 
 Result<uint64_t> S3Store::Size(std::string_view key) {
-  DS_ASSIGN_OR_RETURN(std::string object, client_->ObjectKey(key));
-  S3Call head{"HEAD", object};
-  HttpResponse r = client_->Send(head);
-  if (!r.ok()) return client_->Error(head, r);
-  std::string len = r.Header("content-length");
-  if (len.empty()) return Status::IOError(client_->Url(object) + ": HEAD answered without Content-Length");
+  DS_ASSIGN_OR_RETURN(std::string len, HeadHeader(*client_, key, "content-length", "Content-Length"));
   return static_cast<uint64_t>(std::strtoull(len.c_str(), nullptr, 10));
 }
+
+Result<std::string> S3Store::Token(std::string_view key) { return HeadHeader(*client_, key, "etag", "an ETag"); }
 
 Result<std::vector<std::string>> S3Store::List(std::string_view prefix) {
   s3::S3Client& c = *client_;

@@ -114,4 +114,49 @@ Status CommitManifest(Store& store, const std::string& writer_id, Manifest& curr
   }
 }
 
+Status OtherPublisherConflict(Store& store, uint64_t stored_newest, uint64_t own_newest, uint64_t version) {
+  auto name = [](uint64_t v) { return v > 0 ? "version " + std::to_string(v) : std::string("no version"); };
+  return Status::Conflict("another publisher wrote " + store.Describe() + "/" + std::string(kManifestKey) +
+                          " since this one read it (it now lists " + name(stored_newest) +
+                          ", this publisher's newest is " + name(own_newest) + "); version " + std::to_string(version) +
+                          " was not published and nothing of it was uploaded, so the objects of that publisher's "
+                          "versions stay intact. Two publishers on one bucket: stop the other one (a trainer's "
+                          "zombie), then open the publisher again to continue from the bucket's newest version");
+}
+
+Status CheckNoOtherCommit(Store& store, const std::string& writer_id, const Manifest& current,
+                          const std::optional<std::string>& token, uint64_t version) {
+  const std::string v = "version " + std::to_string(version);
+  const std::string where = store.Describe() + "/" + std::string(kManifestKey);
+  // The token first (a HEAD on S3); the manifest itself only when it moved.
+  Result<std::string> moved = store.Token(kManifestKey);
+  if (moved.ok() && token && *moved == *token) return Status::OK();
+  Result<Store::Versioned> now =
+      moved.ok() ? store.GetVersioned(kManifestKey) : Result<Store::Versioned>(moved.status());
+  if (!now.ok()) {
+    if (now.status().code() != ErrorCode::kNotFound) {
+      return now.status().WithContext("re-reading " + where + " before uploading " + v);
+    }
+    if (!token) return Status::OK();  // still a new bucket
+    return Status::Conflict(where + " is gone since this publisher read it (the bucket was deleted or replaced); " +
+                            v + " was not published and nothing of it was uploaded: open the publisher again");
+  }
+  if (token && now->token == *token) return Status::OK();
+  DS_ASSIGN_OR_RETURN(Manifest stored, Manifest::Parse(now->blob.bytes(), where));
+  const VersionEntry* ours = current.Latest();
+  const VersionEntry* theirs = stored.Latest();
+  if (ours == nullptr && theirs == nullptr) return Status::OK();
+  if (ours != nullptr && theirs != nullptr && ours->version == theirs->version &&
+      ours->state_hash == theirs->state_hash) {
+    return Status::OK();  // pruned by gc; CommitManifest rebases onto it
+  }
+  // This writer's own commit of `version` landed although its write reported
+  // a failure: a retry of it, which CommitManifest accepts only with the
+  // same state hash.
+  if (theirs != nullptr && theirs->version == version && stored.writer && stored.writer->id == writer_id) {
+    return Status::OK();
+  }
+  return OtherPublisherConflict(store, theirs ? theirs->version : 0, ours ? ours->version : 0, version);
+}
+
 }  // namespace deltasync

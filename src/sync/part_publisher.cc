@@ -16,6 +16,7 @@
 #include "deltasync/compact.h"
 #include "deltasync/replica.h"
 #include "sync/bucket_settings.h"
+#include "sync/manifest_writer.h"
 #include "sync/part_rebuild.h"
 #include "sync/part_settings.h"
 
@@ -168,6 +169,12 @@ Result<PartReceipt> PartPublisher::Publish(uint64_t version, std::span<const Ten
   }
   DS_RETURN_IF_ERROR(CheckNextVersion(version, latest_, options_.allow_version_jump, store_->Describe()));
   DS_RETURN_IF_ERROR(CheckBlocks(blocks));
+  // Another job committed since this part's view (a zombie beside its
+  // restarted job): this version's part keys are its too; upload nothing.
+  Result<Manifest> now = FetchManifest(*store_);
+  if (!now.ok() && now.status().code() != ErrorCode::kNotFound) return now.status();
+  const uint64_t newest = now.ok() && now->Latest() ? now->Latest()->version : 0;
+  if (newest != latest_) return OtherPublisherConflict(*store_, newest, latest_, version);
   const bool anchor = AnchorDue(settings_, version, latest_, last_anchor_);
   if (latest_ > 0) return PublishDelta(version, blocks, anchor);
 

@@ -417,9 +417,10 @@ Result<PublishStats> Publisher::Commit(uint64_t version, std::optional<WeightSta
     entry.objects.push_back(ObjectEntry{kind, key, encoding, patch.size, std::move(checksum), base, {}});
     return Status::OK();
   };
-  Status uploaded = Status::OK();
+  // Refused before any upload when another publisher committed meanwhile (same keys).
+  Status uploaded = CheckNoOtherCommit(*store_, writer_id_, manifest_, manifest_token_, version);
   later_hash.Start();
-  if (!first) {
+  if (uploaded.ok() && !first) {
     uploaded = upload(PatchKind::kDelta, compact ? CompactDeltaKey(version) : DeltaKey(version), delta, previous);
     stats.wrote_delta = uploaded.ok();
     stats.delta_bytes = delta.size;

@@ -212,6 +212,33 @@ TEST(OutDirTest, ALatestThatIsNotALinkIsRefusedAtStart) {
   EXPECT_TRUE(fs::exists(options.out_dir + "/latest/model.safetensors"));
 }
 
+// Two daemons on one --out (of two buckets, or one lagging behind the
+// other) would replace each other's step folders and point latest back at
+// an older version, each reporting its own state: the second is refused
+// at start, for as long as the first holds the directory.
+TEST(OutDirTest, ASecondDaemonOnTheSameOutIsRefusedWhileTheFirstRuns) {
+  TestBucket first(1);
+  TestBucket second(2);
+  first.Publish(1);
+  second.Publish(1);
+  ServerOptions options = DaemonOptions(first.store());
+  options.out_dir = first.tmp().Sub("out");
+  options.listen = "127.0.0.1:0";
+  auto running = Server::Start(options);
+  ASSERT_TRUE(running.ok()) << running.status().ToString();
+  ServerOptions other = DaemonOptions(second.store());
+  other.out_dir = options.out_dir;
+  other.listen = "127.0.0.1:0";
+  auto refused = Server::Start(other);
+  ASSERT_FALSE(refused.ok()) << "two daemons on one --out";
+  EXPECT_EQ(refused.status().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("is in use by another running daemon"), std::string::npos)
+      << refused.status().ToString();
+  running->reset();
+  auto after = Server::Start(other);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+}
+
 TEST(OutDirTest, FileLayoutOneFilePerVersionNewestKeptOthersUntouched) {
   TestBucket bucket;
   bucket.Publish(1);

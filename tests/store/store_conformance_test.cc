@@ -329,6 +329,24 @@ TEST_P(StoreConformanceTest, PutIfUnchangedDetectsAnotherWriter) {
   EXPECT_EQ(store_->GetVersioned("absent.json").status().code(), ErrorCode::kNotFound);
 }
 
+// Token (a HEAD on S3) is the token GetVersioned and PutIfUnchanged give:
+// the publisher's pre-upload check compares it with the one it holds.
+TEST_P(StoreConformanceTest, TokenIsTheTokenOfGetVersionedAndPutIfUnchanged) {
+  ByteSpan first = Span("v1");
+  auto created = store_->PutIfUnchanged("t.json", std::span<const ByteSpan>(&first, 1), std::nullopt);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  auto token = store_->Token("t.json");
+  ASSERT_TRUE(token.ok()) << token.status().ToString();
+  EXPECT_EQ(*token, *created);
+  EXPECT_EQ(*token, store_->GetVersioned("t.json")->token);
+  ASSERT_TRUE(store_->Put("t.json", Span("v2 by someone else")).ok());
+  auto moved = store_->Token("t.json");
+  ASSERT_TRUE(moved.ok());
+  EXPECT_NE(*moved, *token);
+  EXPECT_EQ(*moved, store_->GetVersioned("t.json")->token);
+  EXPECT_EQ(store_->Token("absent.json").status().code(), ErrorCode::kNotFound);
+}
+
 TEST_P(StoreConformanceTest, ConcurrentCompareAndSwapHasOneWinnerPerRound) {
   ASSERT_TRUE(store_->Put("counter", Span("0")).ok());
   std::atomic<int> wins{0};
