@@ -21,6 +21,7 @@
 
 #include "deltasync/hf_folder.h"
 #include "deltasync/safetensors.h"
+#include "fuzz/fuzz_check.h"
 
 namespace {
 
@@ -28,12 +29,7 @@ using namespace deltasync;
 
 constexpr const char* kShard = "model-00001-of-00001.safetensors";
 
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "hf_index_fuzz: property failed: %s\n", what);
-    std::abort();
-  }
-}
+using deltasync::fuzz::Check;
 
 struct Folder {
   std::string dir;

@@ -16,18 +16,14 @@
 #include <nlohmann/json.hpp>
 
 #include "deltasync/part_publisher.h"
+#include "fuzz/fuzz_check.h"
 
 namespace {
 
 using deltasync::PartReceipt;
 using Json = nlohmann::json;
 
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "part_receipt_fuzz: property failed: %s\n", what);
-    std::abort();
-  }
-}
+using deltasync::fuzz::Check;
 
 }  // namespace
 

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "deltasync/store.h"
+#include "fuzz/fuzz_check.h"
 #include "server/auth.h"
 #include "server/requests.h"
 
@@ -29,12 +30,7 @@ namespace {
 using namespace deltasync;
 using namespace deltasync::server;
 
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "requests_fuzz: property failed: %s\n", what);
-    std::abort();
-  }
-}
+using deltasync::fuzz::Check;
 
 }  // namespace
 

@@ -16,18 +16,14 @@
 #include <string>
 #include <string_view>
 
+#include "fuzz/fuzz_check.h"
 #include "store/s3_config.h"
 
 namespace {
 
 using namespace deltasync::s3;
 
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "s3_config_fuzz: property failed: %s\n", what);
-    std::abort();
-  }
-}
+using deltasync::fuzz::Check;
 
 bool Trimmed(std::string_view s) {
   auto space = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };

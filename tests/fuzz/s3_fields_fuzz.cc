@@ -17,18 +17,14 @@
 #include <string>
 #include <string_view>
 
+#include "fuzz/fuzz_check.h"
 #include "store/s3_fields.h"
 
 namespace {
 
 using namespace deltasync::s3;
 
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "s3_fields_fuzz: property failed: %s\n", what);
-    std::abort();
-  }
-}
+using deltasync::fuzz::Check;
 
 // Each run of digits without its leading zeros ("bytes 007-9/10" -> "bytes 7-9/10").
 std::string Canonical(std::string_view s) {

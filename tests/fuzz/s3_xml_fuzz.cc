@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fuzz/fuzz_check.h"
 #include "store/s3_listing.h"
 #include "store/s3_xml.h"
 
@@ -24,12 +25,7 @@ namespace {
 
 using namespace deltasync::s3;
 
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "s3_xml_fuzz: property failed: %s\n", what);
-    std::abort();
-  }
-}
+using deltasync::fuzz::Check;
 
 bool Inside(std::string_view part, std::string_view whole) {
   return part.empty() || (part.data() >= whole.data() && part.data() + part.size() <= whole.data() + whole.size());

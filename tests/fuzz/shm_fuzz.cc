@@ -21,18 +21,14 @@
 #include "deltasync/shm.h"
 #include "deltasync/state_hash.h"
 #include "deltasync/weight_state.h"
+#include "fuzz/fuzz_check.h"
 #include "server/shm_export.h"
 
 namespace {
 
 using namespace deltasync;
 
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "shm_fuzz: property failed: %s\n", what);
-    std::abort();
-  }
-}
+using deltasync::fuzz::Check;
 
 const std::string& Name() {
   static const std::string name = "/deltasync-fuzz-" + std::to_string(::getpid());

@@ -19,17 +19,13 @@
 #include <string_view>
 
 #include "deltasync/temp_file.h"
+#include "fuzz/fuzz_check.h"
 
 namespace {
 
 using namespace deltasync;
 
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "temp_name_fuzz: property failed: %s\n", what);
-    std::abort();
-  }
-}
+using deltasync::fuzz::Check;
 
 }  // namespace
 

@@ -15,6 +15,7 @@
 #include "deltasync/shm.h"
 #include "server/server_test_util.h"
 #include "server/shm_export.h"
+#include "testing/parts_util.h"
 
 namespace deltasync::testing {
 namespace {
@@ -58,29 +59,12 @@ std::vector<uint8_t> ShmRegion() {
   return bytes;
 }
 
-PartReceipt Receipt(bool with_error) {
-  PartReceipt r;
-  r.version = 12;
-  r.part = 1;
-  r.parts = 4;
-  r.layout = "5f0c6a3b9d2e4f718a0b1c2d3e4f5a6b";
-  r.base_version = 11;
-  r.state_hash = StateHash{0x0123456789abcdefULL, 0xfedcba9876543210ULL};
-  r.changed_elements = 4096;
-  r.objects.push_back({PatchKind::kDelta, "deltas/step_000012.part1of4.safetensors", 12345,
-                       "00112233445566778899aabbccddeeff", 11});
-  r.objects.push_back({PatchKind::kAnchor, "anchors/step_000012.part1of4.safetensors", 987654,
-                       "ffeeddccbbaa99887766554433221100", 0});
-  if (with_error) r.error = "rank 1: disk full";
-  return r;
-}
-
 std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 TEST(FuzzSeeds, DISABLED_Write) {
   WriteAll(kCorpus / "shm/two_versions.region", ShmRegion());
-  WriteAll(kCorpus / "part_receipt/receipt.json", Bytes(Receipt(false).Serialize()));
-  WriteAll(kCorpus / "part_receipt/failed.json", Bytes(Receipt(true).Serialize()));
+  WriteAll(kCorpus / "part_receipt/receipt.json", Bytes(SampleReceipt(false).Serialize()));
+  WriteAll(kCorpus / "part_receipt/failed.json", Bytes(SampleReceipt(true).Serialize()));
 }
 
 TEST(FuzzSeeds, CheckedInShmRegionOpens) {
@@ -106,7 +90,7 @@ TEST(FuzzSeeds, CheckedInReceiptsParse) {
     const std::vector<uint8_t> bytes = ReadAll(kCorpus / "part_receipt" / (with_error ? "failed.json" : "receipt.json"));
     Result<PartReceipt> r = PartReceipt::Parse(std::string(bytes.begin(), bytes.end()));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
-    EXPECT_EQ(*r, Receipt(with_error));
+    EXPECT_EQ(*r, SampleReceipt(with_error));
   }
 }
 

@@ -23,18 +23,6 @@ using testing::ScriptedReply;
 using testing::ScriptedRequest;
 using testing::ScriptedS3;
 
-S3Options Options(const ScriptedS3& server) {
-  S3Options o;
-  o.endpoint = server.endpoint();
-  o.region = "us-east-1";
-  o.access_key = "AKIDEXAMPLE";
-  o.secret_key = "secret";
-  o.addressing = S3Addressing::kPath;
-  o.read_environment = false;
-  o.max_attempts = 1;
-  return o;
-}
-
 TEST(S3Fields, ContentLengthIsDigitsOnly) {
   EXPECT_EQ(s3::ParseContentLength("0"), 0u);
   EXPECT_EQ(s3::ParseContentLength("18446744073709551615"), UINT64_MAX);
@@ -85,7 +73,7 @@ TEST(S3Fields, SizeRefusesAContentLengthThatIsNotANumber) {
         },
         &error);
     ASSERT_NE(server, nullptr) << error;
-    Result<std::unique_ptr<S3Store>> store = S3Store::Open("s3://bkt", Options(*server));
+    Result<std::unique_ptr<S3Store>> store = S3Store::Open("s3://bkt", testing::ScriptedS3Options(*server));
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     Result<uint64_t> size = (*store)->Size("k");
     EXPECT_FALSE(size.ok()) << "read as " << *size;
@@ -122,7 +110,7 @@ TEST(S3Fields, GcDoesNotAbortAnUploadWithAnUnreadableStart) {
       },
       &error);
   ASSERT_NE(server, nullptr) << error;
-  Result<std::unique_ptr<S3Store>> store = S3Store::Open("s3://bkt", Options(*server));
+  Result<std::unique_ptr<S3Store>> store = S3Store::Open("s3://bkt", testing::ScriptedS3Options(*server));
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   size_t aborted = 0;
   Status st = (*store)->AbortStaleUploads(std::chrono::hours(24), &aborted);

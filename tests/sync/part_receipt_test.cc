@@ -8,34 +8,21 @@
 #include <nlohmann/json.hpp>
 
 #include "deltasync/part_publisher.h"
+#include "testing/parts_util.h"
 
 namespace deltasync {
 namespace {
 
 using Json = nlohmann::json;
 
-PartReceipt Receipt() {
-  PartReceipt r;
-  r.version = 12;
-  r.part = 1;
-  r.parts = 4;
-  r.layout = "5f0c6a3b9d2e4f718a0b1c2d3e4f5a6b";
-  r.base_version = 11;
-  r.state_hash = StateHash{1, 2};
-  r.changed_elements = 4096;
-  r.objects.push_back({PatchKind::kDelta, "deltas/step_000012.part1of4.safetensors", 12345,
-                       "00112233445566778899aabbccddeeff", 11});
-  return r;
-}
-
 TEST(PartReceiptParse, RoundTrips) {
-  Result<PartReceipt> r = PartReceipt::Parse(Receipt().Serialize());
+  Result<PartReceipt> r = PartReceipt::Parse(testing::SampleReceipt().Serialize());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(*r, Receipt());
+  EXPECT_EQ(*r, testing::SampleReceipt());
 }
 
 TEST(PartReceiptParse, RefusesNumbersThatAreNotTheFieldsType) {
-  const Json good = Json::parse(Receipt().Serialize());
+  const Json good = Json::parse(testing::SampleReceipt().Serialize());
   const std::vector<std::pair<std::string, Json>> cases = {
       {"/objects/0/size", 98.654},          {"/objects/0/size", -1},
       {"/part", uint64_t{4294967297}},      {"/parts", 1.0},
@@ -53,7 +40,7 @@ TEST(PartReceiptParse, RefusesNumbersThatAreNotTheFieldsType) {
 }
 
 TEST(PartReceiptParse, RefusesObjectsThatAreNotAnArray) {
-  Json bad = Json::parse(Receipt().Serialize());
+  Json bad = Json::parse(testing::SampleReceipt().Serialize());
   bad["objects"] = Json{{"first", bad["objects"][0]}};
   Result<PartReceipt> r = PartReceipt::Parse(bad.dump());
   EXPECT_FALSE(r.ok()) << "read " << (r.ok() ? r->objects.size() : 0) << " objects";
