@@ -7,7 +7,7 @@
 #   3. an end-to-end demo on a reduced model, and a quick benchmark run
 #   4. unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer
 #   5. each libFuzzer target for FUZZ_SECONDS (default 30); the small-field
-#      decoders (SMALL_FUZZERS below) for FUZZ_SMALL_SECONDS (default 10)
+#      decoders (SMALL_FUZZERS below) for FUZZ_SMALL_SECONDS (default 8)
 # Set QUICK=1 to skip 4 and 5 while iterating. DS_WITH_S3=0 skips the S3 step
 # (no Ceph installed), DS_WITH_TORCH=0 the torch example and benchmark (no
 # torch installed; the torch tests skip themselves), DS_WITH_VLLM=0 the
@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS="${JOBS:-$(nproc)}"
 FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
-FUZZ_SMALL_SECONDS="${FUZZ_SMALL_SECONDS:-10}"
+FUZZ_SMALL_SECONDS="${FUZZ_SMALL_SECONDS:-8}"
 # Targets over small, flat inputs (S3 answers, HTTP bodies, config files,
 # receipts, the shm header, file names): they reach their coverage within seconds.
 SMALL_FUZZERS=" s3_xml s3_fields requests s3_config part_receipt hf_index shm temp_name "
