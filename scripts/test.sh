@@ -6,7 +6,8 @@
 #      against the RGW and against a local bucket
 #   3. an end-to-end demo on a reduced model, and a quick benchmark run
 #   4. unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer
-#   5. each libFuzzer target for FUZZ_SECONDS (default 30)
+#   5. each libFuzzer target for FUZZ_SECONDS (default 30); the small-field
+#      decoders (SMALL_FUZZERS below) for FUZZ_SMALL_SECONDS (default 8)
 # Set QUICK=1 to skip 4 and 5 while iterating. DS_WITH_S3=0 skips the S3 step
 # (no Ceph installed), DS_WITH_TORCH=0 the torch example and benchmark (no
 # torch installed; the torch tests skip themselves), DS_WITH_VLLM=0 the
@@ -15,6 +16,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS="${JOBS:-$(nproc)}"
 FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
+FUZZ_SMALL_SECONDS="${FUZZ_SMALL_SECONDS:-8}"
+# Targets over small, flat inputs (S3 answers, HTTP bodies, config files,
+# receipts, the shm header, file names): they reach their coverage within seconds.
+SMALL_FUZZERS=" s3_xml s3_fields requests s3_config part_receipt hf_index shm temp_name "
 step() { printf '\n=== %s\n' "$*"; }
 
 step "dependencies (the build's and the tests')"
@@ -111,7 +116,7 @@ cmake --build build-asan -j "$JOBS"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j "$JOBS" -L unit
 
-step "fuzzers, ${FUZZ_SECONDS}s each (build-fuzz/, clang + libFuzzer)"
+step "fuzzers, ${FUZZ_SECONDS}s each, small ones ${FUZZ_SMALL_SECONDS}s (build-fuzz/, clang + libFuzzer)"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDS_FUZZ=ON \
   -DDS_BENCH=OFF -DDS_TESTS=ON >/dev/null
 fuzzers=()
@@ -119,15 +124,17 @@ for src in tests/fuzz/*_fuzz.cc; do fuzzers+=("$(basename "$src" .cc)"); done
 cmake --build build-fuzz -j "$JOBS" --target "${fuzzers[@]}"
 for f in "${fuzzers[@]}"; do
   name=${f%_fuzz}
+  seconds=$FUZZ_SECONDS
+  [[ "$SMALL_FUZZERS" == *" $name "* ]] && seconds=$FUZZ_SMALL_SECONDS
   scratch=$(mktemp -d)
   log="$scratch.log"
-  if ! build-fuzz/tests/$f -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 "$scratch" \
+  if ! build-fuzz/tests/$f -max_total_time="$seconds" -print_final_stats=1 "$scratch" \
       "tests/fuzz/corpus/$name" >"$log" 2>&1; then
     tail -40 "$log"
     echo "fuzzer $f found a failure (the input is saved as crash-* in $PWD)"
     exit 1
   fi
-  echo "$f: $(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}') inputs in ${FUZZ_SECONDS}s, no failure"
+  echo "$f: $(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}') inputs in ${seconds}s, no failure"
   rm -rf "$scratch" "$log"
 done
 echo "all test suites passed"

@@ -62,14 +62,4 @@ double Sparsity(uint64_t changed, uint64_t total) {
   return 1.0 - static_cast<double>(changed) / static_cast<double>(std::max<uint64_t>(total, 1));
 }
 
-std::optional<uint64_t> ParseDecimal(std::string_view text) {
-  if (text.empty() || !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return std::nullopt;
-  }
-  uint64_t value = 0;
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || ptr != text.data() + text.size()) return std::nullopt;
-  return value;
-}
-
 }  // namespace deltasync::patchmeta

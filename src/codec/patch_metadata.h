@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/decimal.h"
+
 namespace deltasync::patchmeta {
 
 // Keys written by TRL's current (idx/val) writer, anchors and deltas alike.
@@ -54,7 +56,7 @@ std::string PythonFloatRepr(double value);
 double Sparsity(uint64_t changed, uint64_t total);
 
 // A non-negative decimal integer as Python's str(int) writes it (digits only);
-// nullopt for anything else or on overflow.
-std::optional<uint64_t> ParseDecimal(std::string_view text);
+// nullopt for anything else or on overflow (common/decimal.h).
+using ::deltasync::ParseDecimal;
 
 }  // namespace deltasync::patchmeta

@@ -2,6 +2,8 @@
 // environment and AWS profiles (precedence as the AWS CLI's, see s3_config.h).
 #include "store/s3_config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 
 #include "deltasync/blob.h"
@@ -11,6 +13,33 @@ namespace {
 
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 bool IsLowerAlnum(char c) { return (c >= 'a' && c <= 'z') || IsDigit(c); }
+
+// A host is a name or an address: nothing that would read as another host
+// or port when the URL is written back (a ':', a NUL, a space).
+bool IsHostName(std::string_view h) {
+  return !h.empty() && std::all_of(h.begin(), h.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
+  });
+}
+
+// "[...]": hex digits, ':' and '.', then an optional zone ("%25eth0").
+bool IsIpv6Literal(std::string_view h) {
+  if (h.size() < 4 || h.front() != '[' || h.back() != ']') return false;
+  std::string_view inner = h.substr(1, h.size() - 2);
+  std::string_view zone;
+  if (size_t pct = inner.find('%'); pct != std::string_view::npos) {
+    zone = inner.substr(pct + 1);
+    inner = inner.substr(0, pct);
+    if (zone.empty() || !std::all_of(zone.begin(), zone.end(), [](char c) {
+          return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
+        })) {
+      return false;
+    }
+  }
+  return inner.find(':') != std::string_view::npos && std::all_of(inner.begin(), inner.end(), [](char c) {
+           return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.';
+         });
+}
 
 // S3's bucket naming rules (the DNS-compatible ones every provider accepts).
 Status CheckBucketName(std::string_view b) {
@@ -98,6 +127,7 @@ Result<Endpoint> ParseEndpoint(std::string_view url) {
   if (rest.find_first_of("/?#@") != std::string_view::npos) {
     return bad("only scheme, host and port are supported (no path, query or user)");
   }
+  bool has_port = false;
   if (!rest.empty() && rest.front() == '[') {  // [IPv6]:port
     size_t close = rest.find(']');
     if (close == std::string_view::npos) return bad("unterminated IPv6 address");
@@ -105,18 +135,24 @@ Result<Endpoint> ParseEndpoint(std::string_view url) {
     rest.remove_prefix(close + 1);
     if (!rest.empty()) {
       if (rest.front() != ':') return bad("unexpected text after the IPv6 address");
+      has_port = true;
       ep.port = std::string(rest.substr(1));
     }
   } else {
     size_t colon = rest.rfind(':');
     ep.host = std::string(rest.substr(0, colon));
-    if (colon != std::string_view::npos) ep.port = std::string(rest.substr(colon + 1));
+    has_port = colon != std::string_view::npos;
+    if (has_port) ep.port = std::string(rest.substr(colon + 1));
   }
   if (ep.host.empty()) return bad("no host");
+  if (!IsHostName(ep.host) && !IsIpv6Literal(ep.host)) {
+    return bad("the host must be a name or address (letters, digits, '.', '-', '_'; or [IPv6])");
+  }
+  if (has_port && ep.port.empty()) return bad("a ':' without a port");
   for (char c : ep.port) {
     if (!IsDigit(c)) return bad("the port must be a number");
   }
-  if (!ep.port.empty() && (ep.port.size() > 5 || std::atoi(ep.port.c_str()) > 65535 || ep.port == "0")) {
+  if (!ep.port.empty() && (ep.port.size() > 5 || std::atoi(ep.port.c_str()) > 65535 || std::atoi(ep.port.c_str()) < 1)) {
     return bad("the port must be 1 to 65535");
   }
   return ep;

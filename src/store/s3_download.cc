@@ -11,8 +11,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -20,6 +18,7 @@
 #include "common/parallel.h"
 #include "deltasync/s3_store.h"
 #include "store/s3_client.h"
+#include "store/s3_fields.h"
 
 namespace deltasync {
 namespace {
@@ -30,26 +29,6 @@ using s3::S3Client;
 
 // A download that saw the object change under it is tried this many times.
 constexpr int kMaxRounds = 3;
-
-struct ContentRange {
-  uint64_t first = 0, last = 0, total = 0;
-};
-
-// "bytes 0-99/1000"; "bytes */1000" (416 answers) gives total only.
-std::optional<ContentRange> ParseContentRange(const std::string& v, bool total_only = false) {
-  ContentRange cr;
-  unsigned long long a = 0, b = 0, t = 0;
-  if (total_only) {
-    if (std::sscanf(v.c_str(), "bytes */%llu", &t) != 1) return std::nullopt;
-    cr.total = t;
-    return cr;
-  }
-  if (std::sscanf(v.c_str(), "bytes %llu-%llu/%llu", &a, &b, &t) != 3 || b < a || b >= t) return std::nullopt;
-  cr.first = a;
-  cr.last = b;
-  cr.total = t;
-  return cr;
-}
 
 std::string RangeHeader(uint64_t first, uint64_t end) {  // [first, end)
   return "bytes=" + std::to_string(first) + "-" + std::to_string(end - 1);
@@ -73,8 +52,12 @@ Result<Fetched> FetchEmpty(S3Client& c, const std::string& object, uint64_t offs
   S3Call head{"HEAD", object};
   HttpResponse r = c.Send(head);
   if (!r.ok()) return c.Error(head, r);
-  uint64_t size = std::strtoull(r.Header("content-length").c_str(), nullptr, 10);
-  if (offset > size) return RangeTooLong(c, object, offset, offset, size);
+  std::optional<uint64_t> size = s3::ParseContentLength(r.Header("content-length"));
+  if (!size) {
+    return Status::IOError(c.Url(object) + ": HEAD answered Content-Length '" + r.Header("content-length") +
+                           "', not a number of bytes, at " + c.EndpointDescription());
+  }
+  if (offset > *size) return RangeTooLong(c, object, offset, offset, *size);
   return Fetched{{}, r.Header("etag")};
 }
 
@@ -94,10 +77,10 @@ Result<Fetched> FetchInOneGet(S3Client& c, const std::string& object, uint64_t o
   all.grow_into = &out.bytes;
   HttpResponse r = c.Send(all);
   if (!r.ok()) return c.Error(all, r);
-  std::optional<ContentRange> cr;
+  std::optional<s3::ContentRange> cr;
   if (r.status == 200 && out.bytes.size() == total) {
     KeepRange(out, offset, end);  // the whole object (no range asked, or a server that ignores Range)
-  } else if (r.status != 206 || !(cr = ParseContentRange(r.Header("content-range"))) || cr->first != offset ||
+  } else if (r.status != 206 || !(cr = s3::ParseContentRange(r.Header("content-range"))) || cr->first != offset ||
              cr->last + 1 != end || cr->total != total || out.bytes.size() != end - offset) {
     return Status::IOError(c.Url(object) + ": GET " + RangeHeader(offset, end) + " (in one request: the server "
                            "sends no ETag to pin ranges to): got " + std::to_string(out.bytes.size()) +
@@ -130,9 +113,7 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
       out.etag = r.Header("etag");
       return out;
     }
-    std::optional<ContentRange> cr = ParseContentRange(r.Header("content-range"), true);
-    return RangeTooLong(c, object, offset, offset + first_len,
-                        cr ? std::optional<uint64_t>(cr->total) : std::nullopt);
+    return RangeTooLong(c, object, offset, offset + first_len, s3::ParseUnsatisfiedRange(r.Header("content-range")));
   }
   if (!r.ok()) return c.Error(first, r);
   out.etag = r.Header("etag");
@@ -145,7 +126,7 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
     KeepRange(out, offset, end);
     return out;
   }
-  std::optional<ContentRange> cr = ParseContentRange(r.Header("content-range"));
+  std::optional<s3::ContentRange> cr = s3::ParseContentRange(r.Header("content-range"));
   if (!cr || cr->first != offset || out.bytes.size() != cr->last - cr->first + 1) {
     return Status::IOError(c.Url(object) + ": GET: malformed partial answer (Content-Range '" +
                            r.Header("content-range") + "', " + std::to_string(out.bytes.size()) +
@@ -188,7 +169,7 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
     // A server that ignores If-Match answers with the new ETag instead of 412.
     const std::string part_etag = pr.ok() ? pr.Header("etag") : std::string();
     const bool replaced = pr.ok() && !part_etag.empty() && part_etag != out.etag;
-    std::optional<ContentRange> pcr;
+    std::optional<s3::ContentRange> pcr;
     if (pr.transport_error == 0 && (pr.status == 412 || replaced)) {
       *changed = true;
       st = Status::Conflict(c.Url(object) + ": replaced while being downloaded");
@@ -201,7 +182,7 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
     } else if (pr.status != 206 || pr.sink_bytes != hi - lo) {
       st = Status::IOError(c.Url(object) + ": GET " + RangeHeader(lo, hi) + ": got " +
                            std::to_string(pr.sink_bytes) + " bytes (HTTP " + std::to_string(pr.status) + ")");
-    } else if (!(pcr = ParseContentRange(pr.Header("content-range"))) || pcr->first != lo || pcr->last != hi - 1 ||
+    } else if (!(pcr = s3::ParseContentRange(pr.Header("content-range"))) || pcr->first != lo || pcr->last != hi - 1 ||
                pcr->total != cr->total) {
       // The right length for another range (a proxy mixing up its entries).
       st = Status::IOError(c.Url(object) + ": GET " + RangeHeader(lo, hi) + ": answered with Content-Range '" +

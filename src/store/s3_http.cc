@@ -8,6 +8,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
+
+#include "store/s3_fields.h"
 
 namespace deltasync::s3 {
 namespace {
@@ -95,9 +98,11 @@ size_t HeaderCallback(char* buffer, size_t size, size_t nitems, void* userdata) 
   // Reserve the whole body up front when it is going to a growable buffer.
   if (name == "content-length" && t->request->grow_into != nullptr && t->response->status >= 200 &&
       t->response->status < 300) {
-    uint64_t len = std::strtoull(value.c_str(), nullptr, 10);
+    std::optional<uint64_t> len = ParseContentLength(value);
     // Out of memory here is reported when the body arrives.
-    if (len > 0 && len < (uint64_t{1} << 40)) (void)t->request->grow_into->Reserve(t->request->grow_into->size() + len);
+    if (len && *len > 0 && *len < (uint64_t{1} << 40)) {
+      (void)t->request->grow_into->Reserve(t->request->grow_into->size() + *len);
+    }
   }
   t->response->headers[name] = std::move(value);
   return n;

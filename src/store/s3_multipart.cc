@@ -8,8 +8,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <cstdio>
-#include <cstdlib>
 #include <ctime>
 #include <mutex>
 #include <optional>
@@ -20,6 +18,8 @@
 #include "common/parallel.h"
 #include "deltasync/s3_store.h"
 #include "store/s3_client.h"
+#include "store/s3_fields.h"
+#include "store/s3_listing.h"
 #include "store/s3_signer.h"
 #include "store/s3_xml.h"
 
@@ -39,11 +39,6 @@ constexpr uint64_t kMaxParts = 10000;
 uint64_t PartSizeFor(uint64_t configured, uint64_t size) {
   uint64_t needed = (size + kMaxParts - 1) / kMaxParts;
   return std::max({configured, needed, kMinPartSize});
-}
-
-std::string_view UnquotedETag(std::string_view etag) {
-  if (etag.size() >= 2 && etag.front() == '"' && etag.back() == '"') return etag.substr(1, etag.size() - 2);
-  return etag;
 }
 
 Status Abort(S3Client& c, const std::string& object, const std::string& upload_id) {
@@ -67,7 +62,7 @@ std::optional<std::string> MultipartETag(const std::vector<std::string>& part_et
   };
   std::string digests;
   for (const std::string& etag : part_etags) {
-    std::string_view hex = UnquotedETag(etag);
+    std::string_view hex = s3::UnquotedETag(etag);
     if (hex.size() != 32) return std::nullopt;
     for (size_t i = 0; i < 32; i += 2) {
       int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
@@ -99,12 +94,12 @@ Status CheckCompletedEarlier(S3Client& c, const std::string& object, const std::
     return Status::IOError(what + "the parts' ETags are not MD5s (encryption with SSE-KMS or SSE-C?), so the "
                            "object at the key cannot be proven to be this upload" + then);
   }
-  std::string found(UnquotedETag(h.Header("etag")));
+  std::string found(s3::UnquotedETag(h.Header("etag")));
   std::transform(found.begin(), found.end(), found.begin(), [](unsigned char ch) { return std::tolower(ch); });
-  uint64_t found_size = std::strtoull(h.Header("content-length").c_str(), nullptr, 10);
+  std::optional<uint64_t> found_size = s3::ParseContentLength(h.Header("content-length"));
   if (found == *expected && found_size == size) return Status::OK();
-  return Status::IOError(what + "the object at the key is another one (ETag \"" + found + "\", " +
-                         std::to_string(found_size) + " bytes; this upload's would be \"" + *expected + "\", " +
+  return Status::IOError(what + "the object at the key is another one (ETag \"" + found + "\", Content-Length '" +
+                         h.Header("content-length") + "'; this upload's would be \"" + *expected + "\", " +
                          std::to_string(size) + " bytes)" + then);
 }
 
@@ -144,20 +139,6 @@ Status Complete(S3Client& c, const std::string& object, const std::string& uploa
       return c.Error(post, r);
     }
   }
-}
-
-// Seconds since the epoch for "2024-05-01T12:00:00.000Z"; nullopt if malformed.
-std::optional<int64_t> ParseIsoTime(const std::string& s) {
-  std::tm tm{};
-  int y, mo, d, h, mi, sec;
-  if (std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d", &y, &mo, &d, &h, &mi, &sec) != 6) return std::nullopt;
-  tm.tm_year = y - 1900;
-  tm.tm_mon = mo - 1;
-  tm.tm_mday = d;
-  tm.tm_hour = h;
-  tm.tm_min = mi;
-  tm.tm_sec = sec;
-  return static_cast<int64_t>(timegm(&tm));
 }
 
 }  // namespace
@@ -232,21 +213,20 @@ Status S3Store::AbortStaleUploads(std::chrono::seconds older_than, size_t* abort
     if (!id_marker.empty()) list.query.emplace_back("upload-id-marker", id_marker);
     HttpResponse r = c.Send(list);
     if (!r.ok()) return c.Error(list, r).WithContext("listing multipart uploads");
-    for (std::string_view upload : s3::XmlElements(r.body, "Upload")) {
-      std::string key = s3::XmlText(upload, "Key").value_or("");
-      std::string id = s3::XmlText(upload, "UploadId").value_or("");
-      std::optional<int64_t> started = ParseIsoTime(s3::XmlText(upload, "Initiated").value_or(""));
-      if (key.empty() || id.empty() || !started || *started > cutoff) continue;
+    s3::UploadsPage page = s3::ParseUploadsPage(r.body);
+    for (const s3::UploadEntry& u : page.uploads) {
+      // An upload whose start cannot be read is never proven stale.
+      if (!u.initiated || *u.initiated > cutoff) continue;
       // Under this bucket's prefix only, even when a server answers with
       // uploads outside the prefix asked for (another run's, "run10/"
       // beside "run1/"), as List skips such keys.
-      if (key.compare(0, c.prefix().size(), c.prefix()) != 0) continue;
-      DS_RETURN_IF_ERROR(Abort(c, key, id).WithContext("aborting upload " + id));
+      if (u.key.compare(0, c.prefix().size(), c.prefix()) != 0) continue;
+      DS_RETURN_IF_ERROR(Abort(c, u.key, u.upload_id).WithContext("aborting upload " + u.upload_id));
       if (aborted != nullptr) ++*aborted;
     }
-    if (s3::XmlText(r.body, "IsTruncated").value_or("false") != "true") break;
-    std::string next_key = s3::XmlText(r.body, "NextKeyMarker").value_or("");
-    std::string next_id = s3::XmlText(r.body, "NextUploadIdMarker").value_or("");
+    if (!page.truncated) break;
+    std::string next_key = std::move(page.next_key);
+    std::string next_id = std::move(page.next_upload_id);
     if (!seen_markers.emplace(next_key, next_id).second || (next_key.empty() && next_id.empty())) {
       return Status::IOError(c.Url(c.prefix()) + ": upload listing is truncated but its markers do not advance");
     }

@@ -5,11 +5,12 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdlib>
 #include <set>
 
 #include "store/s3_client.h"
 #include "store/s3_config.h"
+#include "store/s3_fields.h"
+#include "store/s3_listing.h"
 #include "store/s3_signer.h"
 #include "store/s3_xml.h"
 
@@ -132,7 +133,13 @@ Status S3Store::Put(std::string_view key, std::span<const ByteSpan> parts) {
 
 Result<uint64_t> S3Store::Size(std::string_view key) {
   DS_ASSIGN_OR_RETURN(std::string len, HeadHeader(*client_, key, "content-length", "Content-Length"));
-  return static_cast<uint64_t>(std::strtoull(len.c_str(), nullptr, 10));
+  std::optional<uint64_t> size = s3::ParseContentLength(len);
+  if (!size) {
+    DS_ASSIGN_OR_RETURN(std::string object, client_->ObjectKey(key));
+    return Status::IOError(client_->Url(object) + ": HEAD answered Content-Length '" + len +
+                           "', not a number of bytes, at " + client_->EndpointDescription());
+  }
+  return *size;
 }
 
 Result<std::string> S3Store::Token(std::string_view key) { return HeadHeader(*client_, key, "etag", "an ETag"); }
@@ -152,23 +159,14 @@ Result<std::vector<std::string>> S3Store::List(std::string_view prefix) {
     if (!token.empty()) list.query.emplace_back("continuation-token", token);
     HttpResponse r = c.Send(list);
     if (!r.ok()) return c.Error(list, r).WithContext("listing '" + full_prefix + "'");
-    // A page must be one whole document, and every entry must name its key:
-    // a page misread (cut short, a CDATA section that never ends) must not
-    // drop keys silently.
-    std::vector<std::string_view> page = s3::XmlElements(r.body, "ListBucketResult");
-    if (page.size() != 1) {
-      return Status::IOError(c.Url(full_prefix) + ": a listing page is not one whole <ListBucketResult> document");
+    Result<s3::ListPage> page = s3::ParseListPage(r.body);
+    if (!page.ok()) return page.status().WithContext(c.Url(full_prefix));
+    for (const std::string& key : page->keys) {
+      if (key.compare(0, c.prefix().size(), c.prefix()) != 0) continue;
+      keys.push_back(key.substr(c.prefix().size()));
     }
-    for (std::string_view contents : s3::XmlElements(page[0], "Contents")) {
-      std::optional<std::string> key = s3::XmlText(contents, "Key");
-      if (!key || key->empty()) {
-        return Status::IOError(c.Url(full_prefix) + ": a listing entry has no <Key>");
-      }
-      if (key->compare(0, c.prefix().size(), c.prefix()) != 0) continue;
-      keys.push_back(key->substr(c.prefix().size()));
-    }
-    if (s3::XmlText(page[0], "IsTruncated").value_or("false") != "true") break;
-    std::string next = s3::XmlText(page[0], "NextContinuationToken").value_or("");
+    if (!page->truncated) break;
+    std::string next = std::move(page->next_token);
     if (next.empty() || !seen_tokens.insert(next).second) {
       return Status::IOError(c.Url(full_prefix) + ": listing is truncated but gives no new continuation token" +
                              (next.empty() ? "" : " (it repeats an earlier one)"));

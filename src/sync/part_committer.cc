@@ -2,6 +2,8 @@
 // version, from the receipts of its parts.
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
@@ -48,25 +50,37 @@ std::string PartReceipt::Serialize() const {
 }
 
 Result<PartReceipt> PartReceipt::Parse(std::string_view text) {
+  // get<uint32_t>() would convert any number: 98.654 to 98, -1 to 2^64-1,
+  // 2^32 + 1 to 1. A field is read only when it is that type's integer.
+  auto whole = [](const Json& o, const char* field, uint64_t max) -> uint64_t {
+    const Json& v = o.at(field);
+    if (!v.is_number_unsigned() || v.get<uint64_t>() > max) {
+      throw std::invalid_argument(std::string("\"") + field + "\" is " + v.dump() + ", not an integer of 0 to " +
+                                  std::to_string(max));
+    }
+    return v.get<uint64_t>();
+  };
+  constexpr uint64_t k64 = UINT64_MAX, k32 = UINT32_MAX;
   try {
     const Json j = Json::parse(text);
     PartReceipt r;
-    r.version = j.at("version").get<uint64_t>();
-    r.part = j.at("part").get<uint32_t>();
-    r.parts = j.at("parts").get<uint32_t>();
+    r.version = whole(j, "version", k64);
+    r.part = static_cast<uint32_t>(whole(j, "part", k32));
+    r.parts = static_cast<uint32_t>(whole(j, "parts", k32));
     r.layout = j.at("layout").get<std::string>();
-    r.base_version = j.at("base_version").get<uint64_t>();
+    r.base_version = whole(j, "base_version", k64);
     DS_ASSIGN_OR_RETURN(r.state_hash, StateHash::FromHex(j.at("state_hash").get<std::string>()));
-    r.changed_elements = j.at("changed_elements").get<uint64_t>();
+    r.changed_elements = whole(j, "changed_elements", k64);
+    if (!j.at("objects").is_array()) return Status::Corruption("part receipt: \"objects\" is not an array");
     for (const Json& o : j.at("objects")) {
       Object obj;
       const std::string kind = o.at("kind").get<std::string>();
       if (kind != "anchor" && kind != "delta") return Status::Corruption("part receipt: unknown object kind '" + kind + "'");
       obj.kind = kind == "anchor" ? PatchKind::kAnchor : PatchKind::kDelta;
       obj.key = o.at("key").get<std::string>();
-      obj.size = o.at("size").get<uint64_t>();
+      obj.size = whole(o, "size", k64);
       obj.xxh3_128 = o.at("xxh3_128").get<std::string>();
-      obj.base_version = o.at("base_version").get<uint64_t>();
+      obj.base_version = whole(o, "base_version", k64);
       r.objects.push_back(std::move(obj));
     }
     if (j.contains("error")) r.error = j.at("error").get<std::string>();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "deltasync/safetensors.h"
+#include "fuzz/fuzz_check.h"
 
 namespace {
 
@@ -18,12 +19,7 @@ using deltasync::Blob;
 using deltasync::SafetensorsFile;
 using deltasync::TensorView;
 
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "safetensors_fuzz: property failed: %s\n", what);
-    std::abort();
-  }
-}
+using deltasync::fuzz::Check;
 
 bool SameTensors(const std::vector<TensorView>& a, const std::vector<TensorView>& b) {
   if (a.size() != b.size()) return false;

@@ -55,15 +55,7 @@ TEST(GcAbortReviewTest, AbortsOnlyTheStaleUploadsUnderItsOwnPrefix) {
   std::string error;
   std::unique_ptr<ScriptedS3> server = ScriptedS3::Start(handler, &error);
   ASSERT_NE(server, nullptr) << error;
-  S3Options o;
-  o.endpoint = server->endpoint();
-  o.region = "us-east-1";
-  o.access_key = "AKIDEXAMPLE";
-  o.secret_key = "secret";
-  o.addressing = S3Addressing::kPath;
-  o.read_environment = false;
-  o.max_attempts = 1;
-  Result<std::unique_ptr<S3Store>> store = S3Store::Open("s3://bkt/run1", o);
+  Result<std::unique_ptr<S3Store>> store = S3Store::Open("s3://bkt/run1", testing::ScriptedS3Options(*server));
   ASSERT_TRUE(store.ok()) << store.status().ToString();
 
   size_t aborted = 0;

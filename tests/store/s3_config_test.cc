@@ -88,6 +88,22 @@ TEST(S3Endpoint, Forms) {
   }
 }
 
+// Session 52 (h1, found by s3_config_fuzz): a host is a name or an address,
+// so that the endpoint written back (scheme://host:port) is the same one.
+// Before, "http://a:b:" was host "a:b" (re-read: host "a", port "b"), a NUL
+// from a config file cut the host short when curl read the URL, and a port
+// "00" was port 0.
+TEST(S3Endpoint, RefusesHostsThatAreNoNameOrAddressAndPortZero) {
+  using namespace std::string_literals;
+  EXPECT_EQ(ParseEndpoint("http://[fe80::1%25eth0]:80")->host, "[fe80::1%25eth0]");
+  EXPECT_EQ(ParseEndpoint("http://my-rgw_1.local:7480")->port, "7480");
+  for (const std::string& bad : {"http://a:b:"s, "http://h:"s, "http://a b"s, "http://good\0evil"s, "http://h\x01"s,
+                                 "http://[]"s, "http://[::1]]"s, "http://[g::1]"s, "http://h]"s, "http://h:00"s,
+                                 "http://h:0000"s}) {
+    EXPECT_FALSE(ParseEndpoint(bad).ok()) << bad;
+  }
+}
+
 // An environment and a home directory made up for each test.
 class S3ResolveTest : public ::testing::Test {
  protected:

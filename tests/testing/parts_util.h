@@ -20,6 +20,25 @@
 
 namespace deltasync::testing {
 
+// A part receipt as a rank hands it over: a delta and an anchor, and (with
+// `with_error`) a failure. The part_receipt fuzz seeds are written from it.
+inline PartReceipt SampleReceipt(bool with_error = false) {
+  PartReceipt r;
+  r.version = 12;
+  r.part = 1;
+  r.parts = 4;
+  r.layout = "5f0c6a3b9d2e4f718a0b1c2d3e4f5a6b";
+  r.base_version = 11;
+  r.state_hash = StateHash{0x0123456789abcdefULL, 0xfedcba9876543210ULL};
+  r.changed_elements = 4096;
+  r.objects.push_back({PatchKind::kDelta, "deltas/step_000012.part1of4.safetensors", 12345,
+                       "00112233445566778899aabbccddeeff", 11});
+  r.objects.push_back({PatchKind::kAnchor, "anchors/step_000012.part1of4.safetensors", 987654,
+                       "ffeeddccbbaa99887766554433221100", 0});
+  if (with_error) r.error = "rank 1: disk full";
+  return r;
+}
+
 // FSDP2-style: each tensor split along `dim` (0, or 1 for matrices when
 // dim is 1) into `parts` chunks of ceil(n / parts), the last ones smaller
 // or absent.

@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "deltasync/s3_store.h"
+
 namespace deltasync::testing {
 
 struct ScriptedRequest {
@@ -84,5 +86,19 @@ class ScriptedS3 {
   std::vector<std::thread> workers_;
   std::vector<std::string> log_;
 };
+
+// Options for an S3Store on `server`: path-style, made-up credentials, no
+// environment, one attempt (a scripted answer is never retried).
+inline S3Options ScriptedS3Options(const ScriptedS3& server) {
+  S3Options o;
+  o.endpoint = server.endpoint();
+  o.region = "us-east-1";
+  o.access_key = "AKIDEXAMPLE";
+  o.secret_key = "secret";
+  o.addressing = S3Addressing::kPath;
+  o.read_environment = false;
+  o.max_attempts = 1;
+  return o;
+}
 
 }  // namespace deltasync::testing
