@@ -48,6 +48,10 @@ if [[ "${DS_WITH_S3:-1}" == 1 ]]; then
   # The S3 instantiations register only when AWS_ENDPOINT_URL is set at start,
   # so this runs the binary directly rather than through CTest's list.
   build/tests/store_tests --gtest_brief=1 --gtest_filter='*S3*:SigV4*:*Conformance*'
+  # The sync suite's S3 cases (gc's route checks, zombie publishers) and the
+  # Python ones that need the server (they skip without AWS_ENDPOINT_URL).
+  build/tests/sync_tests --gtest_brief=1 --gtest_filter='*S3*'
+  DELTASYNC_BIN="$PWD/build/deltasync" .venv/bin/python -m pytest -q -rs tests/python/test_lifecycle_zombie.py -k s3
   build/deltasync demo --layers 2 --steps 5 --anchor-interval 3 --bucket s3://deltasync-ci/demo --create-bucket
   build/deltasync gc s3://deltasync-ci/demo
   step "soak: faults against the RGW, radosgw itself killed and restarted (~1.5 min)"
