@@ -1,8 +1,10 @@
 #include "store/s3_client.h"
 
 #include <chrono>
+#include <optional>
 #include <thread>
 
+#include "store/s3_fields.h"
 #include "store/s3_retry.h"
 #include "store/s3_signer.h"
 #include "store/s3_xml.h"
@@ -64,6 +66,17 @@ Result<std::string> S3Client::ObjectKey(std::string_view key) const {
                                    std::to_string(object.size()) + " bytes; S3 allows 1024");
   }
   return object;
+}
+
+Result<uint64_t> S3Client::ContentLength(std::string_view object, const HttpResponse& head) const {
+  const std::string len = head.Header("content-length");
+  if (len.empty()) return Status::IOError(Url(object) + ": HEAD answered without Content-Length");
+  std::optional<uint64_t> size = s3::ParseContentLength(len);
+  if (!size) {
+    return Status::IOError(Url(object) + ": HEAD answered Content-Length '" + len + "', not a number of bytes, at " +
+                           EndpointDescription());
+  }
+  return *size;
 }
 
 std::string S3Client::EndpointDescription() const {

@@ -45,6 +45,11 @@ class S3Client {
   // kNotFound for 404, kIOError otherwise. Never contains a secret.
   Status Error(const S3Call& call, const HttpResponse& response) const;
 
+  // The size a HEAD of `object` answered: its Content-Length, digits only
+  // (s3::ParseContentLength); kIOError naming the value when it is missing
+  // or not a number of bytes.
+  Result<uint64_t> ContentLength(std::string_view object, const HttpResponse& head) const;
+
   // The object key for a store key: checks ValidateKey, puts the prefix in
   // front, and refuses results longer than S3's 1024 bytes (kInvalidArgument).
   Result<std::string> ObjectKey(std::string_view key) const;

@@ -52,12 +52,8 @@ Result<Fetched> FetchEmpty(S3Client& c, const std::string& object, uint64_t offs
   S3Call head{"HEAD", object};
   HttpResponse r = c.Send(head);
   if (!r.ok()) return c.Error(head, r);
-  std::optional<uint64_t> size = s3::ParseContentLength(r.Header("content-length"));
-  if (!size) {
-    return Status::IOError(c.Url(object) + ": HEAD answered Content-Length '" + r.Header("content-length") +
-                           "', not a number of bytes, at " + c.EndpointDescription());
-  }
-  if (offset > *size) return RangeTooLong(c, object, offset, offset, *size);
+  DS_ASSIGN_OR_RETURN(uint64_t size, c.ContentLength(object, r));
+  if (offset > size) return RangeTooLong(c, object, offset, offset, size);
   return Fetched{{}, r.Header("etag")};
 }
 

@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <cctype>
 #include <set>
+#include <utility>
 
 #include "store/s3_client.h"
 #include "store/s3_config.h"
-#include "store/s3_fields.h"
 #include "store/s3_listing.h"
 #include "store/s3_signer.h"
 #include "store/s3_xml.h"
@@ -55,16 +55,13 @@ Result<std::string> WrittenWithoutETag(s3::S3Client& c, const std::string& objec
                          "PUT, or give MD5 ETags; docs/s3.md)");
 }
 
-// A HEAD of `key`: the answer's header `name` (lower case), which must be
-// there (`what` names it in the error).
-Result<std::string> HeadHeader(s3::S3Client& c, std::string_view key, const char* name, const char* what) {
+// A HEAD of `key`: its object name and the answer (kNotFound etc. when it failed).
+Result<std::pair<std::string, HttpResponse>> Head(s3::S3Client& c, std::string_view key) {
   DS_ASSIGN_OR_RETURN(std::string object, c.ObjectKey(key));
   S3Call head{"HEAD", object};
   HttpResponse r = c.Send(head);
   if (!r.ok()) return c.Error(head, r);
-  std::string value = r.Header(name);
-  if (value.empty()) return Status::IOError(c.Url(object) + ": HEAD answered without " + what);
-  return value;
+  return std::make_pair(std::move(object), std::move(r));
 }
 
 }  // namespace
@@ -132,17 +129,16 @@ Status S3Store::Put(std::string_view key, std::span<const ByteSpan> parts) {
 }
 
 Result<uint64_t> S3Store::Size(std::string_view key) {
-  DS_ASSIGN_OR_RETURN(std::string len, HeadHeader(*client_, key, "content-length", "Content-Length"));
-  std::optional<uint64_t> size = s3::ParseContentLength(len);
-  if (!size) {
-    DS_ASSIGN_OR_RETURN(std::string object, client_->ObjectKey(key));
-    return Status::IOError(client_->Url(object) + ": HEAD answered Content-Length '" + len +
-                           "', not a number of bytes, at " + client_->EndpointDescription());
-  }
-  return *size;
+  DS_ASSIGN_OR_RETURN(auto head, Head(*client_, key));
+  return client_->ContentLength(head.first, head.second);
 }
 
-Result<std::string> S3Store::Token(std::string_view key) { return HeadHeader(*client_, key, "etag", "an ETag"); }
+Result<std::string> S3Store::Token(std::string_view key) {
+  DS_ASSIGN_OR_RETURN(auto head, Head(*client_, key));
+  std::string etag = head.second.Header("etag");
+  if (etag.empty()) return Status::IOError(client_->Url(head.first) + ": HEAD answered without an ETag");
+  return etag;
+}
 
 Result<std::vector<std::string>> S3Store::List(std::string_view prefix) {
   s3::S3Client& c = *client_;
