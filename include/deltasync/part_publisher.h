@@ -103,7 +103,13 @@ class PartPublisher {
   Result<PartReceipt> Publish(uint64_t version, std::span<const TensorView> blocks);
   // The committer's outcome for the pending version: kept when committed,
   // rolled back (undo log) otherwise. No-op without a pending version.
-  void Finish(bool committed);
+  // `manifest_token` (optional): the token of the manifest the committer
+  // wrote (PartCommitter::manifest_token()). With it the next Publish's
+  // check for another job's commit is a HEAD of the manifest (Store::Token)
+  // instead of a GET and parse of all of it on every rank; without it, or
+  // when the manifest moved since (gc, another job), the whole manifest is
+  // read as before.
+  void Finish(bool committed, std::optional<std::string> manifest_token = std::nullopt);
 
   uint64_t latest_version() const { return latest_; }
   const PartLayout& layout() const { return layout_; }
@@ -130,6 +136,9 @@ class PartPublisher {
   WeightState state_;
   StateHash hash_;
   uint64_t latest_ = 0;
+  // The committed manifest's token when it lists latest_ as its newest
+  // version (Finish's), else nullopt.
+  std::optional<std::string> manifest_token_;
   uint64_t last_anchor_ = 0;
   std::unique_ptr<bf16::CompactScan> scan_;
   bool framed_ = false;  // every block one run: the scan computes the full tensors' hash terms
@@ -162,6 +171,9 @@ class PartCommitter {
 
   uint64_t latest_version() const;
   const Manifest& manifest() const { return manifest_; }
+  // The token of the manifest as this committer last read or wrote it (for
+  // PartPublisher::Finish); nullopt before a bucket's first commit.
+  const std::optional<std::string>& manifest_token() const { return token_; }
 
  private:
   PartCommitter() = default;

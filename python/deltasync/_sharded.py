@@ -331,7 +331,7 @@ class ShardedHandle:
                 receipt = ("error", self._part, f"{type(e).__name__}: {e}")
         gathered = [None] * dist.get_world_size() if self._rank == 0 else None
         dist.gather_object(receipt, gathered, dst=0, group=self._group)
-        outcome = [None]
+        outcome = [None, None]  # (failure, the committed manifest's token)
         if self._rank == 0:
             receipts, failure = [], None
             for r in gathered:
@@ -344,11 +344,13 @@ class ShardedHandle:
                     self.last_stats = self._committer.commit(version, receipts)
                 except Exception as e:
                     failure = f"{type(e).__name__}: {e}"
-            outcome = [failure]
+            outcome = [failure, self._committer.manifest_token if failure is None else None]
         dist.broadcast_object_list(outcome, src=0, group=self._group)
-        failure = outcome[0]
+        failure, token = outcome
         if self._native is not None:
-            self._native.finish(failure is None)
+            # With the token the next publish checks for another job's commit
+            # with a HEAD of the manifest instead of reading all of it.
+            self._native.finish(failure is None, token)
         if failure is None:
             self.next_version = version + 1
         else:

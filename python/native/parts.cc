@@ -78,8 +78,8 @@ class PyPartPublisher {
     return r->Serialize();
   }
 
-  void Finish(bool committed) {
-    WithoutGil(mu_, [&] { pub_->Finish(committed); });
+  void Finish(bool committed, std::optional<std::string> manifest_token) {
+    WithoutGil(mu_, [&] { pub_->Finish(committed, std::move(manifest_token)); });
   }
   uint64_t LatestVersion() {
     return WithoutGil(mu_, [&] { return pub_->latest_version(); });
@@ -135,6 +135,10 @@ class PyPartCommitter {
   uint64_t LatestVersion() {
     return WithoutGil(mu_, [&] { return committer_->latest_version(); });
   }
+  // The token of the manifest it last read or wrote (for the ranks' finish).
+  std::optional<std::string> ManifestToken() {
+    return WithoutGil(mu_, [&] { return committer_->manifest_token(); });
+  }
 
  private:
   std::mutex mu_;
@@ -151,7 +155,7 @@ void BindParts(nb::module_& m) {
            "bucket"_a, "tensors"_a, "parts"_a, "part"_a, "anchor_interval"_a.none(), "threads"_a, "allow_nonfinite"_a,
            "allow_version_jump"_a, "create_bucket"_a)
       .def("publish", &PyPartPublisher::Publish, "version"_a, "items"_a)
-      .def("finish", &PyPartPublisher::Finish, "committed"_a)
+      .def("finish", &PyPartPublisher::Finish, "committed"_a, "manifest_token"_a = nb::none())
       .def_prop_ro("latest_version", &PyPartPublisher::LatestVersion)
       .def_prop_ro("part_hash", &PyPartPublisher::PartHash);
   nb::class_<PyPartCommitter>(m, "PartCommitter")
@@ -159,7 +163,8 @@ void BindParts(nb::module_& m) {
                     std::optional<uint64_t>, bool, bool>(),
            "bucket"_a, "tensors"_a, "parts"_a, "anchor_interval"_a.none(), "allow_version_jump"_a, "create_bucket"_a)
       .def("commit", &PyPartCommitter::Commit, "version"_a, "receipts"_a)
-      .def_prop_ro("latest_version", &PyPartCommitter::LatestVersion);
+      .def_prop_ro("latest_version", &PyPartCommitter::LatestVersion)
+      .def_prop_ro("manifest_token", &PyPartCommitter::ManifestToken);
 }
 
 }  // namespace deltasync::py

@@ -100,7 +100,7 @@ Result<FolderPartsStats> PublishFolderParts(std::shared_ptr<Store> store, uint64
   Result<PublishStats> committed = failed.ok()
                                        ? committer->Commit(version, ok, std::span<const SideFile>(folder.side_files))
                                        : Result<PublishStats>(failed);
-  for (std::unique_ptr<PartPublisher>& pub : pubs) pub->Finish(committed.ok());
+  for (std::unique_ptr<PartPublisher>& pub : pubs) pub->Finish(committed.ok(), committer->manifest_token());
   DS_ASSIGN_OR_RETURN(PublishStats stats, std::move(committed));
   stats.detect_encode_ms = encode_ms;
   return FolderPartsStats{stats, static_cast<uint32_t>(n), std::move(resolved.changed)};

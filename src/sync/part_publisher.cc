@@ -171,10 +171,15 @@ Result<PartReceipt> PartPublisher::Publish(uint64_t version, std::span<const Ten
   DS_RETURN_IF_ERROR(CheckBlocks(blocks));
   // Another job committed since this part's view (a zombie beside its
   // restarted job): this version's part keys are its too; upload nothing.
-  Result<Manifest> now = FetchManifest(*store_);
-  if (!now.ok() && now.status().code() != ErrorCode::kNotFound) return now.status();
-  const uint64_t newest = now.ok() && now->Latest() ? now->Latest()->version : 0;
-  if (newest != latest_) return OtherPublisherConflict(*store_, newest, latest_, version);
+  // A HEAD suffices while the manifest is the one the committer wrote.
+  Result<std::string> token = manifest_token_ ? store_->Token(kManifestKey) : Result<std::string>(std::string());
+  if (!manifest_token_ || !token.ok() || *token != *manifest_token_) {
+    manifest_token_.reset();
+    Result<Manifest> now = FetchManifest(*store_);
+    if (!now.ok() && now.status().code() != ErrorCode::kNotFound) return now.status();
+    const uint64_t newest = now.ok() && now->Latest() ? now->Latest()->version : 0;
+    if (newest != latest_) return OtherPublisherConflict(*store_, newest, latest_, version);
+  }
   const bool anchor = AnchorDue(settings_, version, latest_, last_anchor_);
   if (latest_ > 0) return PublishDelta(version, blocks, anchor);
 
@@ -293,14 +298,16 @@ Result<PartReceipt> PartPublisher::PublishDelta(uint64_t version, std::span<cons
   return r;
 }
 
-void PartPublisher::Finish(bool committed) {
+void PartPublisher::Finish(bool committed, std::optional<std::string> manifest_token) {
   if (!pending_) return;
   Pending p = std::move(*pending_);
   pending_.reset();
+  manifest_token_.reset();
   if (!committed) {
     if (p.rollback) p.rollback();
     return;
   }
+  manifest_token_ = std::move(manifest_token);
   if (p.first) state_ = std::move(*p.first);
   hash_ = p.hash;
   latest_ = p.version;

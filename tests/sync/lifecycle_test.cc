@@ -151,6 +151,65 @@ TEST(ZombiePartedJobS3Test, StalePartedJobNeverOverwritesCommittedParts) {
   StalePartedJobNeverOverwritesCommittedParts(s3);
 }
 
+// Counts whole reads (Get, GetVersioned) of manifest.json; a Token (a HEAD
+// on S3) is not one.
+class ManifestReadCounter : public testing::FaultStore {
+ public:
+  using FaultStore::FaultStore;
+  Result<Blob> Get(std::string_view key) override {
+    if (key == kManifestKey) ++reads;
+    return FaultStore::Get(key);
+  }
+  Result<Versioned> GetVersioned(std::string_view key) override {
+    if (key == kManifestKey) ++reads;
+    return FaultStore::GetVersioned(key);
+  }
+  int reads = 0;
+};
+
+// The ranks' check for another job's commit costs a HEAD while the manifest
+// is the one their committer wrote, not a read of the whole manifest on
+// every rank for every version; once it moved (another job), they read it
+// and refuse.
+TEST(PartedJobCheckTest, RanksReadTheManifestOnlyWhenItMovedSinceTheirCommit) {
+  TempDir dir;
+  std::shared_ptr<Store> store = OpenDirStore(dir.path());
+  RandomModel trainer(29);
+  PublisherOptions options;
+  options.threads = 2;
+  PartLayout layout = testing::SplitLayout(trainer.Views(), 3, 0);
+  ASSERT_TRUE(layout.Validate().ok());
+  std::vector<std::shared_ptr<ManifestReadCounter>> counters;
+  std::vector<std::shared_ptr<Store>> part_stores;
+  for (size_t p = 0; p < layout.parts.size(); ++p) {
+    counters.push_back(std::make_shared<ManifestReadCounter>(store));
+    part_stores.push_back(counters.back());
+  }
+  testing::Ranks job(store, layout, options, part_stores);
+  ASSERT_TRUE(job.Publish(1, trainer.Views()).ok());
+  for (uint64_t v = 2; v <= 5; ++v) {
+    trainer.Step(0.05);
+    for (auto& c : counters) c->reads = 0;
+    ASSERT_TRUE(job.Publish(v, trainer.Views()).ok()) << v;
+    for (size_t p = 0; p < counters.size(); ++p) EXPECT_EQ(counters[p]->reads, 0) << "part " << p << ", version " << v;
+  }
+  // Another job commits 6: the ranks' next check reads the manifest and refuses.
+  testing::Ranks other(store, layout, options);
+  trainer.Step(0.05);
+  ASSERT_TRUE(other.Publish(6, trainer.Views()).ok());
+  for (auto& c : counters) c->reads = 0;
+  RandomModel zombie_weights(29);
+  zombie_weights.Step(0.2);
+  auto lost = job.Publish(6, zombie_weights.Views());
+  ASSERT_FALSE(lost.ok()) << "a stale job published version 6";
+  EXPECT_NE(lost.status().message().find("nothing of it was uploaded"), std::string::npos) << lost.status().ToString();
+  EXPECT_GE(counters[0]->reads, 1);
+  auto follower = Replica::Create(store);
+  ASSERT_TRUE(follower->Update().ok());
+  EXPECT_EQ(follower->version(), 6u);
+  ExpectStateIs(follower->state(), trainer);
+}
+
 // Not a zombie: this publisher's own commit landed although the store
 // reported a failure (an answer lost after the write). The manifest then
 // lists its version under its own writer id; publishing that version again

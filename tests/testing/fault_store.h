@@ -46,6 +46,11 @@ class FaultStore : public Store {
     if (fail_read) DS_RETURN_IF_ERROR(fail_read(key));
     return base_->GetVersioned(key);
   }
+  // The base's own Token (a HEAD on S3), failing as reads do.
+  Result<std::string> Token(std::string_view key) override {
+    if (fail_read) DS_RETURN_IF_ERROR(fail_read(key));
+    return base_->Token(key);
+  }
   Result<std::string> PutIfUnchanged(std::string_view key, std::span<const ByteSpan> parts,
                                      const std::optional<std::string>& expected_token) override {
     if (fail_write) DS_RETURN_IF_ERROR(fail_write(key));

@@ -126,7 +126,7 @@ class Ranks {
       receipts.push_back(*parsed);
     }
     Result<PublishStats> stats = committer_->Commit(version, receipts);
-    for (auto& pub : pubs_) pub->Finish(stats.ok());
+    for (auto& pub : pubs_) pub->Finish(stats.ok(), committer_->manifest_token());
     return stats;
   }
 
