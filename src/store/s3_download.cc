@@ -7,7 +7,8 @@
 // If-Match with the first answer's ETag, so an object replaced meanwhile
 // makes the download start over instead of mixing two versions. The bytes
 // land in a BlobBuffer (anonymous pages, never zero-filled) that becomes the
-// returned Blob: curl's writes are the only copy.
+// returned Blob: curl's writes are the only copy (the parallel parts' with
+// non-temporal stores: s3_http.cc, common/stream_copy.h).
 
 #include <algorithm>
 #include <atomic>

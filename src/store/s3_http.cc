@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 
+#include "common/stream_copy.h"
 #include "store/s3_fields.h"
 
 namespace deltasync::s3 {
@@ -21,6 +22,10 @@ constexpr size_t kMaxIdleHandles = 64;
 // a loopback or datacenter link is not bounded by callback overhead.
 constexpr long kRecvBuffer = 512 * 1024;
 constexpr long kSendBuffer = 512 * 1024;
+// A fixed sink at least this large (a large download's part) is written with
+// non-temporal stores: it cannot stay cached, and a plain copy would first
+// read every destination line from memory (common/stream_copy.h).
+constexpr size_t kUncachedSink = 4u << 20;
 
 std::once_flag g_curl_init;
 
@@ -119,7 +124,12 @@ size_t WriteCallback(char* data, size_t size, size_t nmemb, void* userdata) {
       r.sink_overflow = true;
       return 0;  // more than asked for: stop (curl reports CURLE_WRITE_ERROR)
     }
-    std::memcpy(into.data() + r.sink_bytes, data, n);
+    uint8_t* dst = into.data() + r.sink_bytes;
+    if (into.size() >= kUncachedSink) {
+      CopyToUncached(dst, reinterpret_cast<const uint8_t*>(data), n);
+    } else {
+      std::memcpy(dst, data, n);
+    }
     r.sink_bytes += n;
   } else if (success && t->request->grow_into != nullptr) {
     if (!t->request->grow_into->Append(ByteSpan(reinterpret_cast<const uint8_t*>(data), n))) {
