@@ -195,8 +195,8 @@ int main(int argc, char** argv) {
         classes |= uint32_t{s.parsed.class_begin[cl + 1] > s.parsed.class_begin[cl]} << cl;
       }
       const auto* data = reinterpret_cast<const uint16_t*>(s.base->data.data());
-      for (uint64_t at = 0; at < s.elements; at += compact::kDecodeChunkElements) {
-        const uint64_t len = std::min<uint64_t>(compact::kDecodeChunkElements, s.elements - at);
+      for (uint64_t at = 0; at < s.elements; at += compact::DecodeChunkElements()) {
+        const uint64_t len = std::min<uint64_t>(compact::DecodeChunkElements(), s.elements - at);
         block_counts.resize((len + 1023) / 1024 * compact::kClasses);
         class_bytes.resize((len + 1023) / 1024 * 1024 + 64);
         uint8_t* const bytes = class_bytes.data() + (-reinterpret_cast<uintptr_t>(class_bytes.data()) & 63);

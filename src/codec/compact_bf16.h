@@ -106,9 +106,16 @@ inline Status CorruptTensor(const std::string& label, std::string_view tensor, c
   return Status::Corruption(label + ": tensor '" + std::string(tensor) + "': " + msg);
 }
 
-// The decoder rebuilds positions in chunks of this many elements of a
-// tensor, all chunks in parallel (compact_decode.cc).
-inline constexpr uint64_t kDecodeChunkElements = uint64_t{1} << 16;
+// The decoder rebuilds positions in chunks of DecodeChunkElements()
+// elements of a tensor, all chunks in parallel (compact_decode.cc): 128 Ki
+// on Intel CPUs, 64 Ki on every other (session 53 h1: on the Intel Xeon
+// host the larger chunk's per-chunk costs, halved, paid more than its
+// larger working set in L2 cost; the AMD hosts were tuned at 64 Ki and
+// cannot be measured there). One value per process: a replica's held
+// class totals are kept per chunk and keyed by it (CompactClassTotals).
+inline constexpr uint64_t kDecodeChunkSmall = uint64_t{1} << 16;
+inline constexpr uint64_t kDecodeChunkLarge = uint64_t{1} << 17;
+uint64_t DecodeChunkElements();
 
 // DecodeCompactDelta with chunks of `chunk_elements` (>= 1; tests use tiny
 // ones). The result does not depend on it or on `threads`.

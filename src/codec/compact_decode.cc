@@ -374,29 +374,34 @@ Result<CompactDelta> ApplyCompactDeltaChunked(const SafetensorsFile& file, Weigh
   return ApplyFused(file, views, base_hash, threads, chunk_elements, fused);
 }
 
+uint64_t DecodeChunkElements() {
+  static const uint64_t chunk = CpuIsIntel() ? kDecodeChunkLarge : kDecodeChunkSmall;
+  return chunk;
+}
+
 Result<CompactDelta> ApplyCompactDeltaToViews(const SafetensorsFile& file, std::span<const TensorView> base,
                                               std::span<uint8_t* const> writable, const StateHash& base_hash,
                                               int threads, CompactUndo& undo) {
   undo.runs.clear();
   const Fused fused{writable, &undo};
-  return ApplyFused(file, base, base_hash, threads, kDecodeChunkElements, fused);
+  return ApplyFused(file, base, base_hash, threads, DecodeChunkElements(), fused);
 }
 
 }  // namespace compact
 
 Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, std::span<const TensorView> base,
                                         const StateHash& base_hash, int threads) {
-  return compact::DecodeCompactDeltaChunked(file, base, base_hash, threads, compact::kDecodeChunkElements);
+  return compact::DecodeCompactDeltaChunked(file, base, base_hash, threads, compact::DecodeChunkElements());
 }
 
 Status DecodeCompactDelta(const SafetensorsFile& file, std::span<const TensorView> base, const StateHash& base_hash,
                           int threads, CompactDelta& out) {
-  return compact::DecodeCompactDeltaChunked(file, base, base_hash, threads, compact::kDecodeChunkElements, out);
+  return compact::DecodeCompactDeltaChunked(file, base, base_hash, threads, compact::DecodeChunkElements(), out);
 }
 
 Result<CompactDelta> ApplyCompactDelta(const SafetensorsFile& file, WeightState& state, const StateHash& base_hash,
                                        int threads, CompactUndo& undo) {
-  return compact::ApplyCompactDeltaChunked(file, state, base_hash, threads, compact::kDecodeChunkElements, undo);
+  return compact::ApplyCompactDeltaChunked(file, state, base_hash, threads, compact::DecodeChunkElements(), undo);
 }
 
 Result<CompactDelta> DecodeCompactDelta(const SafetensorsFile& file, const WeightState& base,

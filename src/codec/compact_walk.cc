@@ -1,7 +1,8 @@
-// The compact decoder's walk (compact_walk.h): per chunk of 64 Ki elements,
-// one pass over the base counts each class's elements per block of 1024
-// and keeps every element's class byte (kernels::ClassCountsBytes16: vector
-// compares and byte sums; 64 KiB of bytes per chunk, reused per thread); the
+// The compact decoder's walk (compact_walk.h): per chunk of 64 or 128 Ki
+// elements (DecodeChunkElements), one pass over the base counts each
+// class's elements per block of 1024 and keeps every element's class byte
+// (kernels::ClassCountsBytes16: vector compares and byte sums; a byte per
+// element of the chunk, reused per thread); the
 // chunk's class totals go to the next chunk through a decoupled look-back;
 // then, block by block, only the classes with a change in the block get
 // their per-word masks (kernels::ClassMasksOfBytes16, from the class bytes)
@@ -22,17 +23,16 @@ constexpr uint64_t kNone = ~uint64_t{0};
 constexpr uint64_t kBlock = 1024;  // ClassCountsBytes16's and ClassMasksOfBytes16's block
 constexpr size_t kWords = kBlock / 64;
 
-// Whether Place prefetches the next block into L1 (see there).
-bool PrefetchNextBlock() {
+}  // namespace
+
+bool CpuIsIntel() {
 #if defined(__x86_64__)
   static const bool intel = __builtin_cpu_is("intel");
-  return !intel;
+  return intel;
 #else
-  return true;
+  return false;
 #endif
 }
-
-}  // namespace
 
 // Where the walk of a chunk starts, per class: rem class elements to skip
 // before change g, whose escape (if it is one) is escapes[e].
@@ -274,7 +274,7 @@ Status ChunkWalker::Place(const Bf16Tensor& t, const Chunk& chunk, size_t blocks
   }
   uint64_t* const indices = run ? nullptr : t.out->indices.data();
   uint8_t* const values = run ? nullptr : t.out->values.data();
-  const bool prefetch_next = PrefetchNextBlock();
+  const bool prefetch_next = !CpuIsIntel();
   for (size_t blk = 0; blk < blocks && k < k_end; ++blk) {
     const uint64_t at = chunk.begin + blk * kBlock;
     // Block blk's share of the chunk walked next (AheadOf), into L2

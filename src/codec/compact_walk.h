@@ -58,6 +58,10 @@ struct Bf16Tensor {
 // the loop change by change took ~5% of a 2-thread apply's CPU).
 void AddClassMoves(const uint16_t* old16, const uint16_t* new16, uint64_t n, std::array<int32_t, kClasses>& moves);
 
+// Whether the CPU is Intel's (x86-64; false elsewhere): the walk's two
+// settings tuned apart on Intel (DecodeChunkElements, Place's prefetch).
+bool CpuIsIntel();
+
 // A chunk of a tensor's elements.
 struct Chunk {
   size_t tensor = 0;

@@ -103,7 +103,7 @@ TEST(CompactApply, RawModeTensorsApplyAndRestore) {
   WeightState want = Copy(base);
   ApplyChanges(want, changes, 1);
   CompactUndo undo;
-  for (uint64_t chunk : {uint64_t{1}, uint64_t{64}, compact::kDecodeChunkElements}) {
+  for (uint64_t chunk : {uint64_t{1}, uint64_t{64}, compact::DecodeChunkElements()}) {
     WeightState s = Copy(base);
     Result<CompactDelta> d = Apply(bytes, s, hash, 2, chunk, undo);
     ASSERT_TRUE(d.ok()) << d.status().ToString();
@@ -154,7 +154,7 @@ TEST(CompactApply, AnUndoLogOutgrownByALargerDeltaGrowsAndPutsEveryValueBack) {
       WeightState want = Copy(c->state);
       ApplyChanges(want, c->changes, 1);
       WeightState s = Copy(c->state);
-      Result<CompactDelta> d = Apply(c->bytes, s, c->hash, threads, compact::kDecodeChunkElements, undo);
+      Result<CompactDelta> d = Apply(c->bytes, s, c->hash, threads, compact::DecodeChunkElements(), undo);
       ASSERT_TRUE(d.ok()) << d.status().ToString();
       EXPECT_EQ(d->hash_delta, HashChanges(c->state, c->changes, 1));
       ASSERT_TRUE(SameBytes(s, want));
@@ -175,7 +175,7 @@ TEST(CompactApply, GapsPastTheBaseLeaveTheStateAsItWas) {
   ForEachRankRoute(c, [&] {
     testing_bf16::ForEachTarget([&] {
       for (int threads : {1, 2, 3}) {
-        for (uint64_t chunk : {uint64_t{1}, uint64_t{64}, uint64_t{1000}, compact::kDecodeChunkElements}) {
+        for (uint64_t chunk : {uint64_t{1}, uint64_t{64}, uint64_t{1000}, compact::DecodeChunkElements()}) {
           SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
           WeightState s = Copy(other);
           Result<CompactDelta> d = Apply(c.bytes, s, c.hash, threads, chunk, undo);
@@ -227,7 +227,7 @@ TEST(CompactApply, AppliesFailingMidwayWithALogGrownWithoutZeroingLeaveTheStateE
                              Step{&small, &small_short}, Step{&large, &large_short}}) {
       const uint64_t count = ChangeCount(*step.c);
       WeightState s = Copy(step.onto ? *step.onto : step.c->state);
-      Result<CompactDelta> d = Apply(step.c->bytes, s, step.c->hash, threads, compact::kDecodeChunkElements, undo);
+      Result<CompactDelta> d = Apply(step.c->bytes, s, step.c->hash, threads, compact::DecodeChunkElements(), undo);
       EXPECT_EQ(undo.pos32.size(), count);
       if (step.onto) {
         ASSERT_NO_FATAL_FAILURE(ExpectRefusedLeavingTheState(d, s, *step.onto));
@@ -275,7 +275,7 @@ TEST(CompactApply, FirstAndLaterAppliesOverUnzeroedParseBuffersAreExact) {
         const Step& step = steps[i];
         SCOPED_TRACE("step " + std::to_string(i) + ", stream version " + std::to_string(step.version));
         WeightState s = Copy(step.onto ? *step.onto : step.c->state);
-        Result<CompactDelta> d = Apply(bytes[i], s, step.c->hash, threads, compact::kDecodeChunkElements, undo);
+        Result<CompactDelta> d = Apply(bytes[i], s, step.c->hash, threads, compact::DecodeChunkElements(), undo);
         if (step.onto) {
           ASSERT_NO_FATAL_FAILURE(ExpectRefusedLeavingTheState(d, s, *step.onto));
           continue;

@@ -228,8 +228,8 @@ inline Case MakeEdgeCase() {
 // A case large enough (2^20 + 1 elements and more) that the decoder walks
 // its chunks on every thread it is given (compact_decode.cc walks fewer
 // elements on one thread): "large" (1,050,000 elements spanning every
-// class, about 3% changed, a run of 1,100 changes across the border of the
-// decoder's 64 Ki chunks, none from element 900,000 on: its last chunks
+// class, about 3% changed, runs of 1,100 changes across the borders of the
+// decoder's 64 Ki and 128 Ki chunks, none from element 900,000 on: its last chunks
 // hold no change) and "after" (40,000 elements, changes only among its
 // first 500).
 inline Case MakeLargeCase() {
@@ -242,7 +242,7 @@ inline Case MakeLargeCase() {
   std::bernoulli_distribution p(0.03);
   std::vector<uint64_t> large, after;
   for (uint64_t i = 0; i < 900000; ++i) {
-    if ((i >= 65000 && i < 66100) || p(rng)) large.push_back(i);
+    if ((i >= 65000 && i < 66100) || (i >= 130500 && i < 131600) || p(rng)) large.push_back(i);
   }
   for (uint64_t i = 0; i < 500; ++i) {
     if (p(rng) || i == 499) after.push_back(i);
@@ -258,7 +258,7 @@ inline Case MakeLargeCase() {
 inline void ForEachTargetThreadCountAndLargeChunk(const std::function<void(int, uint64_t)>& fn) {
   testing_bf16::ForEachTarget([&] {
     for (int threads : {1, 2, 3}) {
-      for (uint64_t chunk : {uint64_t{1000}, uint64_t{4096}, compact::kDecodeChunkElements}) {
+      for (uint64_t chunk : {uint64_t{1000}, uint64_t{4096}, compact::kDecodeChunkSmall, compact::kDecodeChunkLarge}) {
         SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
         fn(threads, chunk);
         if (::testing::Test::HasFatalFailure()) return;
@@ -337,13 +337,14 @@ inline void ForEachRankRoute(const Case& c, const std::function<void()>& fn) {
 
 // fn(threads, chunk) for every rank route (ForEachRankRoute), SIMD target,
 // 1 to 3 threads and chunk size from 1 element (borders inside every run of
-// changes) to the decoder's own, traced; stops at a fatal failure.
+// changes) to the decoder's own (both sizes, DecodeChunkElements), traced; stops at a fatal failure.
 inline void ForEachRouteTargetThreadCountAndChunk(const Case& c, const std::function<void(int, uint64_t)>& fn) {
   ForEachRankRoute(c, [&] {
     testing_bf16::ForEachTarget([&] {
       for (int threads : {1, 2, 3}) {
         for (uint64_t chunk : {uint64_t{1}, uint64_t{7}, uint64_t{63}, uint64_t{64}, uint64_t{100}, uint64_t{1023},
-                               uint64_t{1024}, uint64_t{1025}, uint64_t{4096}, compact::kDecodeChunkElements}) {
+                               uint64_t{1024}, uint64_t{1025}, uint64_t{4096}, compact::kDecodeChunkSmall,
+                               compact::kDecodeChunkLarge}) {
           SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
           fn(threads, chunk);
           if (::testing::Test::HasFatalFailure()) return;

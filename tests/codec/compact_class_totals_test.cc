@@ -179,7 +179,7 @@ TEST(CompactClassTotals, AStateChangedBehindTheTotalsIsFoundAndTheResultIsExact)
   const Chain c = MakeChain(2);
   for (int threads : {1, 2, 3}) {
     SCOPED_TRACE("threads " + std::to_string(threads));
-    const uint64_t chunk = compact::kDecodeChunkElements;
+    const uint64_t chunk = compact::DecodeChunkElements();
     WeightState s = Copy(c.states[0]);
     CompactUndo kept;
     ASSERT_TRUE(Apply(c.deltas[0], s, c.hashes[0], threads, chunk, kept).ok());
@@ -206,7 +206,7 @@ TEST(CompactClassTotals, AStateChangedBehindTheTotalsIsFoundAndTheResultIsExact)
 // that is not the delta's); a later apply runs the look-back again.
 TEST(CompactClassTotals, RestoreAndAFailedApplyForgetTheTotals) {
   const Chain c = MakeChain(2);
-  const uint64_t chunk = compact::kDecodeChunkElements;
+  const uint64_t chunk = compact::DecodeChunkElements();
   WeightState s = Copy(c.states[0]);
   CompactUndo kept;
   ASSERT_TRUE(Apply(c.deltas[0], s, c.hashes[0], 2, chunk, kept).ok());
@@ -366,7 +366,7 @@ TEST(CompactClassTotals, AnUnheldOneChunkTensorKeepsTheHeldRoute) {
   testing_bf16::ForEachTarget([&] {
     for (int threads : {1, 2, 3}) {
       SCOPED_TRACE("threads " + std::to_string(threads));
-      const uint64_t chunk = compact::kDecodeChunkElements;
+      const uint64_t chunk = compact::DecodeChunkElements();
       WeightState s = Copy(c.states[0]);
       CompactUndo kept;
       Result<CompactDelta> first = Apply(c.deltas[0], s, c.hashes[0], threads, chunk, kept);

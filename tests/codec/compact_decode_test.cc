@@ -158,7 +158,7 @@ TEST(CompactDecode, IntoReusedOutputsGivesWhatAFreshDecodeGives) {
   const std::vector<TensorView> views = c.state.views();
   out = Junk();
   ASSERT_TRUE(DecodeCompactDelta(*f, views, c.hash, 2, out).ok());
-  ExpectSameAsFresh(c, 2, compact::kDecodeChunkElements, out);
+  ExpectSameAsFresh(c, 2, compact::DecodeChunkElements(), out);
 }
 
 // Entry k keeps its memory: decoding the same delta again leaves every
@@ -184,14 +184,14 @@ TEST(CompactDecode, IntoReusedOutputsKeepsTheirMemory) {
   ASSERT_GT(big, sparse.changes[0].indices.size());
   for (int threads : {1, 2}) {
     ASSERT_TRUE(DecodeCompactDelta(*ff, full_views, full.hash, threads, out).ok());
-    ExpectSameAsFresh(full, threads, compact::kDecodeChunkElements, out);
+    ExpectSameAsFresh(full, threads, compact::DecodeChunkElements(), out);
     for (size_t k = 0; k < out.changes.size(); ++k) {
       EXPECT_EQ(out.changes[k].indices.data(), indices[k]) << k;
       EXPECT_EQ(out.changes[k].values.data(), values[k]) << k;
     }
   }
   ASSERT_TRUE(DecodeCompactDelta(*fs, sparse_views, sparse.hash, 1, out).ok());
-  ExpectSameAsFresh(sparse, 1, compact::kDecodeChunkElements, out);
+  ExpectSameAsFresh(sparse, 1, compact::DecodeChunkElements(), out);
   EXPECT_GE(out.changes[0].indices.capacity(), big);
   EXPECT_GE(out.changes[0].values.capacity(), 2 * big);
   EXPECT_EQ(out.changes[0].indices.data(), indices[0]);
@@ -233,7 +233,7 @@ TEST(CompactDecode, GapsPastTheBaseAreRefusedWhateverTheChunks) {
   ForEachRankRoute(c, [&] {
     testing_bf16::ForEachTarget([&] {
       for (int threads : {1, 2}) {
-        for (uint64_t chunk : {uint64_t{1}, uint64_t{64}, uint64_t{1000}, compact::kDecodeChunkElements}) {
+        for (uint64_t chunk : {uint64_t{1}, uint64_t{64}, uint64_t{1000}, compact::DecodeChunkElements()}) {
           SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
           Result<CompactDelta> d = Decode(c, other, threads, chunk);
           ASSERT_FALSE(d.ok());

@@ -271,7 +271,7 @@ TEST(CompactUndoChain, RandomChainsWithDamagedDeltasAndStaleTotalsStayExact) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const Chain c = MakeChain(seed, 7);
     for (int threads : {1, 2, 3}) {
-      for (uint64_t chunk : {uint64_t{1000}, uint64_t{4096}, compact::kDecodeChunkElements}) {
+      for (uint64_t chunk : {uint64_t{1000}, uint64_t{4096}, compact::DecodeChunkElements()}) {
         SCOPED_TRACE("threads " + std::to_string(threads) + ", chunk " + std::to_string(chunk));
         RunChain(c, seed, threads, chunk, counts);
         if (HasFatalFailure()) return;

@@ -182,7 +182,7 @@ TEST(PartedHeldTotals, ACorruptHeldTotalOfAPartIsStaleAndTheStateExact) {
   ASSERT_TRUE(v3.ok()) << v3.status().ToString();
   EXPECT_EQ(v3->held_applies, 2u);
   CompactClassTotals::State* held =
-      totals.parts[1].Find(r.manifest().Find(3)->parts[1].state_hash, compact::kDecodeChunkElements);
+      totals.parts[1].Find(r.manifest().Find(3)->parts[1].state_hash, compact::DecodeChunkElements());
   ASSERT_NE(held, nullptr);
   for (CompactClassTotals::Tensor& t : held->tensors) {
     if (t.elements == 0) continue;

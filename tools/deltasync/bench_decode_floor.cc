@@ -58,8 +58,8 @@ void OnThreads(const std::vector<Piece>& pieces, int threads, std::atomic<uint64
   for (std::thread& th : pool) th.join();
 }
 
-// The decoder sums the hash terms of each chunk of 64 Ki elements
-// (compact_bf16.h kDecodeChunkElements: ~2 Ki changes at the demo's rate)
+// The decoder sums the hash terms of each chunk of 64 or 128 Ki elements
+// (compact_bf16.h DecodeChunkElements(): ~2-4 Ki changes at the demo's rate)
 // right after decoding them, so it reads them from L1/L2, never from
 // memory. The floor hashes slices of at most this many changes (192 KiB of
 // index, old and new: in L2) from buffers just written. Slices of the
