@@ -192,13 +192,15 @@ bool BlobBuffer::Reserve(size_t bytes) {
     p = reused.data;
     if (data_ != nullptr) {
       // mremap to the same size does not move: the displaced pages are
-      // moved onto a reserved range instead.
-      // Where pages are copied rather than moved (a ThreadSanitizer build,
-      // common/pages.h), the old bytes overwrite them instead.
-      void* out = kPagesMoveByMremap ? ::mmap(nullptr, capacity_, PROT_NONE,
-                                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
-                                     : MAP_FAILED;
-      if (out != MAP_FAILED && ::mremap(p, capacity_, capacity_, MREMAP_MAYMOVE | MREMAP_FIXED, out) == MAP_FAILED) {
+      // moved onto a reserved range instead. Where pages are copied, not
+      // moved (a ThreadSanitizer build, common/pages.h), their bytes are
+      // copied into a fresh range, and the old bytes then over them.
+      void* out = ::mmap(nullptr, capacity_, kPagesMoveByMremap ? PROT_NONE : PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (out != MAP_FAILED && !kPagesMoveByMremap) {
+        std::memcpy(out, p, capacity_);
+      } else if (out != MAP_FAILED &&
+                 ::mremap(p, capacity_, capacity_, MREMAP_MAYMOVE | MREMAP_FIXED, out) == MAP_FAILED) {
         ::munmap(out, capacity_);
         out = MAP_FAILED;
       }
