@@ -31,6 +31,7 @@ if [[ "${DS_WITH_VLLM:-1}" == 1 && ! -f .venv-vllm/.deltasync-recipe ]]; then
   add 4300 1500 ".venv-vllm, a real vLLM (~4.3 GB, ~1.5 GB of downloads)"
 fi
 [[ -d build-asan ]] || add 2500 0 "the sanitizer and fuzzer builds (~2.5 GB)"
+[[ -d build-tsan ]] || add 2000 0 "the ThreadSanitizer build (~2 GB)"
 # Every run: the test data (buckets, soak states, pytest's folders) and the
 # builds' growth.
 add 500 2000 "one test run's scratch data (~2 GB under TMPDIR)"

@@ -62,10 +62,14 @@ bool ScratchBuffer::Reserve(size_t bytes) {
     return true;
   }
   const size_t grown = RoundUp(wanted, kPage);
-  void* p = data_ == nullptr
-                ? mmap(nullptr, grown, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-                : mremap(data_, capacity_, grown, MREMAP_MAYMOVE);
-  if (p == MAP_FAILED) return false;
+  void* p = nullptr;
+  if (data_ == nullptr) {
+    p = mmap(nullptr, grown, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return false;
+  } else {
+    p = GrowMapping(data_, capacity_, grown);  // mremap (common/pages.h)
+    if (p == nullptr) return false;
+  }
   data_ = static_cast<uint8_t*>(p);
   capacity_ = grown;
   return true;

@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "common/mapping_guard.h"
-#include "common/pages.h"  // AdviseHugePages
+#include "common/pages.h"  // AdviseHugePages, MovePages, GrowMapping
 
 namespace deltasync {
 namespace {
@@ -192,14 +192,20 @@ bool BlobBuffer::Reserve(size_t bytes) {
     p = reused.data;
     if (data_ != nullptr) {
       // mremap to the same size does not move: the displaced pages are
-      // moved onto a reserved range instead.
-      void* out = ::mmap(nullptr, capacity_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-      if (out != MAP_FAILED && ::mremap(p, capacity_, capacity_, MREMAP_MAYMOVE | MREMAP_FIXED, out) == MAP_FAILED) {
+      // moved onto a reserved range instead. Where pages are copied, not
+      // moved (a ThreadSanitizer build, common/pages.h), their bytes are
+      // copied into a fresh range, and the old bytes then over them.
+      void* out = ::mmap(nullptr, capacity_, kPagesMoveByMremap ? PROT_NONE : PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (out != MAP_FAILED && !kPagesMoveByMremap) {
+        std::memcpy(out, p, capacity_);
+      } else if (out != MAP_FAILED &&
+                 ::mremap(p, capacity_, capacity_, MREMAP_MAYMOVE | MREMAP_FIXED, out) == MAP_FAILED) {
         ::munmap(out, capacity_);
         out = MAP_FAILED;
       }
       if (out != MAP_FAILED) pool->Give({static_cast<uint8_t*>(out), capacity_});
-      if (::mremap(data_, capacity_, capacity_, MREMAP_MAYMOVE | MREMAP_FIXED, p) == MAP_FAILED) {
+      if (!MovePages(data_, capacity_, p)) {
         if (out != MAP_FAILED) {
           // The hole at p's start stays unmapped: give back only the rest.
           pool->Give({p + capacity_, reused.bytes - capacity_});
@@ -213,14 +219,13 @@ bool BlobBuffer::Reserve(size_t bytes) {
   } else if (data_ == nullptr || grown >= kHugePage) {
     p = MapFresh(grown);
     if (p == nullptr) return false;
-    if (data_ != nullptr &&
-        ::mremap(data_, capacity_, capacity_, MREMAP_MAYMOVE | MREMAP_FIXED, p) == MAP_FAILED) {
+    if (data_ != nullptr && !MovePages(data_, capacity_, p)) {
       ::munmap(p, grown);
       return false;
     }
   } else {
-    void* moved = ::mremap(data_, capacity_, grown, MREMAP_MAYMOVE);
-    if (moved == MAP_FAILED) return false;
+    void* moved = GrowMapping(data_, capacity_, grown);
+    if (moved == nullptr) return false;
     p = static_cast<uint8_t*>(moved);
   }
   data_ = p;

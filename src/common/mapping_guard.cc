@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <mutex>
 
+#include "common/tsan.h"
+
 namespace deltasync {
 namespace {
 
@@ -117,3 +119,11 @@ bool MappingCut(int slot) {
 }
 
 }  // namespace deltasync
+
+#if DS_UNDER_TSAN
+// A ThreadSanitizer build: a SIGBUS that is none of ours must end the
+// process by the signal, as in every other build (PassOn), not as TSan's
+// own handler ends it ("ThreadSanitizer: BUS", exit 66). TSAN_OPTIONS
+// still overrides this default.
+extern "C" const char* __tsan_default_options() { return "handle_sigbus=0"; }
+#endif

@@ -1,6 +1,7 @@
 #include "common/pages.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "common/parallel.h"
@@ -37,6 +38,29 @@ void PopulateRange(uintptr_t lo, uintptr_t hi) {
 }
 
 }  // namespace
+
+#if defined(__linux__)
+bool MovePages(void* from, size_t bytes, void* to) {
+  if constexpr (kPagesMoveByMremap) {
+    return ::mremap(from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, to) != MAP_FAILED;
+  } else {
+    std::memcpy(to, from, bytes);
+    ::munmap(from, bytes);
+    return true;
+  }
+}
+
+void* GrowMapping(void* p, size_t old_bytes, size_t new_bytes) {
+  if constexpr (kPagesMoveByMremap) {
+    void* moved = ::mremap(p, old_bytes, new_bytes, MREMAP_MAYMOVE);
+    return moved == MAP_FAILED ? nullptr : moved;
+  } else {
+    void* fresh = ::mmap(nullptr, new_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (fresh == MAP_FAILED) return nullptr;
+    return MovePages(p, old_bytes, fresh) ? fresh : nullptr;
+  }
+}
+#endif
 
 void AdviseHugePages(void* p, size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)

@@ -15,10 +15,33 @@
 #include <span>
 #include <vector>
 
+#include "common/tsan.h"
 #include "deltasync/tensor.h"
 #include "deltasync/uninit_vector.h"
 
 namespace deltasync {
+
+// Whether MovePages and GrowMapping move page tables (mremap) rather than
+// copy bytes. False in a ThreadSanitizer build: TSan has no mremap
+// interceptor, so pages moved by it keep the old address's access history
+// in TSan's shadow and take over whatever the new address had, and TSan then
+// reports races between unrelated buffers (one thread's earlier buffer at
+// the address another thread's buffer was moved to; docs/benchmarks.md,
+// session 53). There they copy (mmap, memcpy, munmap: all seen), slower,
+// the same contents.
+inline constexpr bool kPagesMoveByMremap = !DS_UNDER_TSAN;
+
+#if defined(__linux__)
+// Puts the bytes of the mapping [from, from + bytes) at `to` (the start of a
+// writable mapping of at least `bytes` that the caller owns; its pages there
+// are replaced) and unmaps `from`. False, nothing changed, when the system
+// refuses (mremap).
+bool MovePages(void* from, size_t bytes, void* to);
+// Grows the anonymous read-write mapping [p, p + old_bytes) to new_bytes
+// (page multiples), keeping its bytes; it may move. The new start, or
+// nullptr (the old mapping unchanged) when out of memory.
+void* GrowMapping(void* p, size_t old_bytes, size_t new_bytes);
+#endif
 
 // Advises the kernel to back the whole 2 MiB pages inside [p, p + bytes)
 // with transparent huge pages; ranges under 2 MiB are left alone. A no-op

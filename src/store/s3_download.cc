@@ -152,6 +152,9 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
   const uint64_t rest_begin = offset + got;
   const size_t n = static_cast<size_t>((end - rest_begin + chunk - 1) / chunk);
   std::atomic<bool> stop{false};
+  // Set by any part's thread (several may see the new object at once), read
+  // after they all finished.
+  std::atomic<bool> replaced_seen{false};
   std::mutex mu;
   Status failure;
   ParallelFor(n, c.options().parallelism, [&](size_t i) {
@@ -168,7 +171,7 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
     const bool replaced = pr.ok() && !part_etag.empty() && part_etag != out.etag;
     std::optional<s3::ContentRange> pcr;
     if (pr.transport_error == 0 && (pr.status == 412 || replaced)) {
-      *changed = true;
+      replaced_seen.store(true);
       st = Status::Conflict(c.Url(object) + ": replaced while being downloaded");
     } else if (pr.ok() && part_etag.empty()) {
       st = Status::IOError(c.Url(object) + ": GET " + RangeHeader(lo, hi) +
@@ -191,6 +194,7 @@ Result<Fetched> FetchOnce(S3Client& c, const std::string& object, uint64_t offse
       if (failure.ok()) failure = st;
     }
   });
+  *changed = replaced_seen.load();
   if (!failure.ok()) return failure;
   return out;
 }

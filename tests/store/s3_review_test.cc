@@ -300,6 +300,31 @@ TEST_F(S3ReviewTest, ARangeOfAReplacedObjectOnAServerIgnoringIfMatchRestarts) {
   EXPECT_TRUE(Str(*got) == new_bytes) << "a download stitched from two versions of the object";
 }
 
+// Every later range answered 412 (the object replaced after the first
+// answer, again on every attempt): all parts of a round see it at once, on
+// their own threads (session 53: each set the caller's flag through a plain
+// bool*, a data race ThreadSanitizer reports). The download gives up after
+// its rounds, never stitched.
+TEST_F(S3ReviewTest, PartsThatAllSeeTheObjectReplacedAtOnceRetryThenFail) {
+  bucket_.Set("big", Pattern(8 * kPart + 5, 8));
+  std::atomic<int> refused{0};
+  bucket_.misbehave = [&](const ScriptedRequest& r, const std::string& key) -> std::optional<ScriptedReply> {
+    if (key != "big" || r.method != "GET" || r.Header("if-match").empty()) return std::nullopt;
+    ++refused;
+    return S3ErrorReply(412, "PreconditionFailed");
+  };
+  S3Options o = Options();
+  o.parallelism = 8;
+  auto store = Open(o);
+  ASSERT_NE(store, nullptr);
+  Result<Blob> got = store->Get("big");
+  ASSERT_FALSE(got.ok()) << "a download whose every later range was refused";
+  EXPECT_EQ(got.status().code(), ErrorCode::kIOError) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("replaced during each of 3 download attempts"), std::string::npos)
+      << got.status().message();
+  EXPECT_GE(refused.load(), 3);
+}
+
 // Without an ETag the ranges of a large object cannot be pinned to one
 // version: never stitched unchecked, but read in one GET instead (one answer
 // is one version of the object), the slower exact route. A small object (one
