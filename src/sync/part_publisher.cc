@@ -172,9 +172,8 @@ Result<PartReceipt> PartPublisher::Publish(uint64_t version, std::span<const Ten
   // Another job committed since this part's view (a zombie beside its
   // restarted job): this version's part keys are its too; upload nothing.
   // A HEAD suffices while the manifest is the one the committer wrote.
-  Result<std::string> token = manifest_token_ ? store_->Token(kManifestKey) : Result<std::string>(std::string());
-  if (!manifest_token_ || !token.ok() || *token != *manifest_token_) {
-    manifest_token_.reset();
+  Result<std::string> token = manifest_token_ ? store_->Token(kManifestKey) : Status::NotFound("no token held");
+  if (!token.ok() || *token != *manifest_token_) {
     Result<Manifest> now = FetchManifest(*store_);
     if (!now.ok() && now.status().code() != ErrorCode::kNotFound) return now.status();
     const uint64_t newest = now.ok() && now->Latest() ? now->Latest()->version : 0;
